@@ -1,0 +1,40 @@
+# EnvPipe toolkit. `make demo` and `make test` set themselves up on a fresh machine.
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
+OUTDIR  ?= out
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+# torch is pinned to the CPU build that lies on disk (plain `torch` would pull a multi-GB CUDA build).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[all,test]'
+	touch $@
+
+# The main job on the embedded default: no GPU, no cluster.
+demo: $(STAMP)
+	mkdir -p $(OUTDIR)
+	$(VENV)/bin/envpipe plan --profile $(PROFILE) --microbatches 12 --schedule envpipe \
+	  --policy envelope --reconfig balanced --idle-power 83.64 --gpu a100 \
+	  --out $(OUTDIR)/plan.json --text --gantt $(OUTDIR)/gantt.png
+	$(VENV)/bin/envpipe simulate --profile $(PROFILE) --plan $(OUTDIR)/plan.json --idle-power 83.64
+
+# pytest exits 5 when it collects nothing; that is not a failure of the code under test.
+test: $(STAMP)
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy envpipe
+
+clean:
+	rm -rf $(VENV) $(OUTDIR) .pytest_cache .ruff_cache .mypy_cache
+
+-include images/images.mk
