@@ -1,0 +1,1 @@
+"""Pure planning: schedules, EnvPipe policies, reconfiguration, simulator, plan I/O and rendering."""
