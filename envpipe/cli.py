@@ -127,8 +127,8 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
 @transfer_option
 @click.option("--text", is_flag=True, help="print EnvPipe's text trace")
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
-def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: float | None, gpu: str, transfer_time: float,
-             text: bool, gantt: str | None) -> None:
+def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: float | None, gpu: str,
+             transfer_time: float, text: bool, gantt: str | None) -> None:
     """Recompute iteration time and energy of any plan (also one written by hand)."""
     watts = _idle_power(idle_power, gpu.lower())
     try:

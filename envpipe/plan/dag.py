@@ -7,6 +7,7 @@ and then simulated many times (planning loops) with numpy, one topological level
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ class PipelineDag:
                 missing = sorted(expected - seen, key=lambda u: (u[0], u[1]))
                 raise ScheduleError(f"stage {s}: missing unit(s) {', '.join(f'{k}{m}' for k, m in missing[:6])}")
             ids = tuple(idx(s, k, m) for k, m in units)
-            for a, b in zip(ids, ids[1:], strict=False):
+            for a, b in itertools.pairwise(ids):
                 pred_same[b] = a
             per_stage.append(ids)
 

@@ -66,10 +66,7 @@ def reschedule_counts(
     if len(fwd_time_opt) != P:
         raise ValueError("bwd_time_max and fwd_time_opt must have one entry per stage")
     caps: list[int | None]
-    if memory_cap is None or isinstance(memory_cap, int):
-        caps = [memory_cap] * P
-    else:
-        caps = list(memory_cap)
+    caps = [memory_cap] * P if memory_cap is None or isinstance(memory_cap, int) else list(memory_cap)
     r = []
     for s in range(P):
         if s == P - 1:
