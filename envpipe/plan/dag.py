@@ -11,6 +11,7 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -36,7 +37,9 @@ class PipelineDag:
     pred_data: np.ndarray  # (N,) the unit whose output this one needs, or N
     data_crosses: np.ndarray  # (N,) bool: pred_data is on another stage (pays a transfer)
     levels: tuple[np.ndarray, ...]  # unit indices grouped by topological depth
+    level_edges: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]  # per level: units, preds, crosses
     topo: np.ndarray  # (N,) a topological order
+    depth: np.ndarray  # (N,) topological level of each unit
     order: tuple[tuple[int, ...], ...]  # per stage: unit indices in execution order
 
     @property
@@ -46,6 +49,11 @@ class PipelineDag:
     def index(self, stage: int, kind: str, mb: int) -> int:
         """Index of a unit: units are numbered stage-major, F0..F(M-1) then B0..B(M-1)."""
         return stage * 2 * self.num_microbatches + (0 if kind == "F" else self.num_microbatches) + mb
+
+    @cached_property
+    def as_lists(self) -> tuple[list[int], list[bool], list[int], list[int]]:
+        """stage, is_fwd, pred_same, pred_data as plain lists, for per-unit Python walks."""
+        return self.stage.tolist(), self.is_fwd.tolist(), self.pred_same.tolist(), self.pred_data.tolist()
 
     def unit(self, i: int) -> tuple[int, str, int]:
         return int(self.stage[i]), "F" if self.is_fwd[i] else "B", int(self.mb[i])
@@ -97,7 +105,9 @@ class PipelineDag:
         order_by_depth = np.argsort(depth, kind="stable")
         bounds = np.flatnonzero(np.diff(depth[order_by_depth])) + 1
         levels = tuple(np.split(order_by_depth, bounds))
-        return cls(S, M, stage, is_fwd, mb, pred_same, pred_data, crosses, levels, topo, tuple(per_stage))
+        level_edges = tuple((lv, pred_same[lv], pred_data[lv], crosses[lv]) for lv in levels)
+        return cls(S, M, stage, is_fwd, mb, pred_same, pred_data, crosses, levels, level_edges, topo, depth,
+                   tuple(per_stage))
 
 
 def _topological(

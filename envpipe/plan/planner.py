@@ -67,12 +67,12 @@ def make_plan(
         fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
         reschedule = reschedule_counts(bwd_max, fwd_opt, M, memory_cap)
     dag = PipelineDag.from_orders(build_schedule(schedule, S, M, reschedule), M)
-    clock_index = {int(f): k for k, f in enumerate(profile.freqs)}
+    clock_index = np.zeros(profile.f_max + 1, int)  # MHz -> column of the profile
+    clock_index[profile.freqs] = np.arange(profile.freqs.size)
 
-    def simulate_freqs(freqs: np.ndarray) -> Timeline:
-        idx = np.fromiter((clock_index[int(f)] for f in freqs), int, freqs.size)
-        dur, en = unit_costs(dag, profile, idx)
-        return simulate(dag, dur, en, idle_power_w, transfer_s)
+    def simulate_freqs(freqs: np.ndarray, previous: Timeline | None, changed: np.ndarray | None) -> Timeline:
+        dur, en = unit_costs(dag, profile, clock_index[freqs])
+        return simulate(dag, dur, en, idle_power_w, transfer_s, previous=previous, changed=changed)
 
     start = initial_clocks(policy, dag, profile.f_max, valley)
     method = "default" if policy == "baseline" else reconfig

@@ -50,21 +50,20 @@ def envpipe_critical_path(tl: Timeline, threshold_scale: float) -> list[int]:
     positive = last_stage[last_stage > 0]
     threshold = threshold_scale * float(positive.min()) if positive.size else _MIN_THRESHOLD_S
     first, cur = dag.order[0][0], dag.order[0][-1]
+    stage, fwd, pred_same, pred_data = dag.as_lists
+    stall = recv.tolist()
+    N, last = dag.num_units, dag.num_stages - 1
     path = [cur]
-    for _ in range(dag.num_units):
+    for _ in range(N):
         if cur == first:
             break
-        s, kind, mb = dag.unit(cur)
-        if recv[cur] < threshold or (kind == "F" and s == 0) or (kind == "B" and s == dag.num_stages - 1):
-            pos = dag.order[s].index(cur)
-            if pos == 0:  # the first unit of a stage with no stall of its own: follow its data
-                cur = dag.index(s - 1, "F", mb) if kind == "F" else dag.index(s + 1, "B", mb)
-            else:
-                cur = dag.order[s][pos - 1]
-        elif kind == "F":
-            cur = dag.index(s - 1, "F", mb)
+        s = stage[cur]
+        # F of stage 0 and B of the last stage have no recv; a first unit of a stage has no predecessor
+        delayed_by_data = stall[cur] >= threshold or pred_same[cur] == N
+        if delayed_by_data and pred_data[cur] != N and (s > 0 if fwd[cur] else s < last):
+            cur = pred_data[cur]
         else:
-            cur = dag.index(s + 1, "B", mb)
+            cur = pred_same[cur]
         path.append(cur)
     return path
 
@@ -79,7 +78,7 @@ def reconfigure(
     dag: PipelineDag,
     freqs_mhz: np.ndarray,
     profile_clocks: np.ndarray,
-    simulate_freqs: Callable[[np.ndarray], Timeline],
+    simulate_freqs: Callable[[np.ndarray, Timeline | None, np.ndarray | None], Timeline],
     method: str,
     threshold_scale: float = 4.0,
     max_rounds: int = 100_000,
@@ -92,7 +91,7 @@ def reconfigure(
     ascending = np.sort(np.asarray(profile_clocks))
     f_max = int(ascending[-1])
     envelope = is_envelope(dag)
-    tl = simulate_freqs(freqs)
+    tl = simulate_freqs(freqs, None, None)
     if method == "default":
         return ReconfigResult(freqs, tl, 0, 0, "reconfiguration off (default)")
     raises = 0
@@ -105,12 +104,12 @@ def reconfigure(
         if below.size == 0:
             return ReconfigResult(freqs, tl, rnd, raises, "every critical unit is at the highest clock")
         if method == "greedy":
-            u = int(below[0])  # the path is in reverse time order: first = latest in time
-            freqs[u] = _raise_to(ascending, freqs[u] + 3 * RECONFIGURE_GRANULARITY_MHZ)
+            targets = below[:1]  # the path is in reverse time order: first = latest in time
+            freqs[targets] = _raise_to(ascending, freqs[targets[0]] + 3 * RECONFIGURE_GRANULARITY_MHZ)
         else:
             lowest = freqs[below].min()
             targets = below[freqs[below] == lowest]
             freqs[targets] = _raise_to(ascending, lowest + RECONFIGURE_GRANULARITY_MHZ)
         raises += 1
-        tl = simulate_freqs(freqs)
+        tl = simulate_freqs(freqs, tl, targets)
     return ReconfigResult(freqs, tl, max_rounds, raises, f"stopped after {max_rounds} rounds (guard)")

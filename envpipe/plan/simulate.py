@@ -73,21 +73,40 @@ class Timeline:
 
 
 def simulate(
-    dag: PipelineDag, duration: np.ndarray, energy: np.ndarray, idle_power_w: float, transfer_s: float = 0.0
+    dag: PipelineDag,
+    duration: np.ndarray,
+    energy: np.ndarray,
+    idle_power_w: float,
+    transfer_s: float = 0.0,
+    *,
+    previous: Timeline | None = None,
+    changed: np.ndarray | None = None,
 ) -> Timeline:
-    """Simulate with per-unit ``duration`` (s) and ``energy`` (J), indexed like the DAG's units."""
+    """Simulate with per-unit ``duration`` (s) and ``energy`` (J), indexed like the DAG's units.
+
+    With ``previous`` (a timeline of the same DAG and transfer time) and ``changed`` (the units whose
+    duration differs from it), only the levels from the earliest changed unit on are recomputed:
+    planning loops that change a few late units pay for those levels only.
+    """
     if transfer_s < 0:
         raise ValueError("transfer time must not be negative")
     N = dag.num_units
     end = np.zeros(N + 1)  # index N is the "no predecessor" sentinel, ending at 0
-    start = np.zeros(N)
-    ready_same = np.zeros(N)
-    ready_data = np.zeros(N)
-    transfer = np.where(dag.data_crosses, transfer_s, 0.0)
-    for level in dag.levels:
-        rs = end[dag.pred_same[level]]
-        rd = end[dag.pred_data[level]] + np.where(dag.pred_data[level] != N, transfer[level], 0.0)
-        st = np.maximum(rs, rd)
-        start[level], ready_same[level], ready_data[level] = st, rs, rd
-        end[level] = st + duration[level]
+    first_level = 0
+    if previous is not None and changed is not None:
+        if changed.size == 0:
+            return Timeline(dag, previous.start, previous.end, previous.ready_same, previous.ready_data,
+                            np.asarray(energy, float), float(idle_power_w))
+        end[:N] = previous.end
+        first_level = int(dag.depth[changed].min())
+    duration = np.asarray(duration, float)
+    for level, ps, pd, crosses in dag.level_edges[first_level:]:
+        ready = end[pd]
+        if transfer_s:
+            ready = ready + crosses * transfer_s
+        end[level] = np.maximum(end[ps], ready) + duration[level]
+    # with every end known, the ready times of all units follow in one vectorised step
+    ready_same = end[dag.pred_same]
+    ready_data = end[dag.pred_data] + dag.data_crosses * transfer_s
+    start = np.maximum(ready_same, ready_data)
     return Timeline(dag, start, end[:N], ready_same, ready_data, np.asarray(energy, float), float(idle_power_w))

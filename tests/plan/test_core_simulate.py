@@ -116,3 +116,19 @@ def test_vectorised_simulation_matches_event_by_event_reference(S, M, seed):
         data = end[dag.pred_data[i]] + (0.05 if dag.data_crosses[i] else 0.0)
         end[i] = max(end[dag.pred_same[i]], data) + dur[i]
     assert np.allclose(tl.end, end[:-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 10), st.integers(0, 10_000), st.floats(0, 0.2))
+def test_incremental_resimulation_equals_full(S, M, seed, transfer):
+    rng = np.random.default_rng(seed)
+    dag = PipelineDag.from_orders(build_schedule("1f1b", S, M), M)
+    dur = rng.uniform(0.1, 1.0, dag.num_units)
+    before = simulate(dag, dur, dur, 2.0, transfer)
+    changed = rng.choice(dag.num_units, size=min(dag.num_units, int(rng.integers(0, 4))), replace=False)
+    dur2 = dur.copy()
+    dur2[changed] *= rng.uniform(0.3, 1.5, changed.size)
+    full = simulate(dag, dur2, dur2, 2.0, transfer)
+    quick = simulate(dag, dur2, dur2, 2.0, transfer, previous=before, changed=changed)
+    assert np.allclose(full.end, quick.end) and np.allclose(full.start, quick.start)
+    assert full.energy == pytest.approx(quick.energy)
