@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def embedded_profile_path(name: str = "gpt3-175b+a100_sxm_bf16") -> Path:
     return path
 
 
-def _number(path: Path, line: int, column: str, text: str, kind: type) -> float:
+def _number(path: Path, line: int, column: str, text: str, kind: Callable[[str], float]) -> float:
     try:
         value = kind(text)
     except (TypeError, ValueError):
