@@ -14,6 +14,7 @@ from envpipe.runtime.schedule import (
     envpipe_order,
     max_in_flight,
     one_f_one_b,
+    simulate_orders,
     validate_orders,
 )
 
@@ -89,3 +90,10 @@ def test_instructions_and_clock_changes() -> None:
     assert any(isinstance(c, ISendActivation) for s in mid for c in s)
     with pytest.raises(ScheduleError, match="3 clocks for 4 units"):
         UnitOrderSchedule(order, 2, 2, 0, clocks=[1, 2, 3])
+
+
+def test_simulated_1f1b_iteration_time() -> None:
+    # P stages, F=1, B=2: 1F1B takes (M + P - 1) * (F + B)
+    for P, M in [(2, 4), (4, 8)]:
+        times = simulate_orders(one_f_one_b(P, M), lambda s, k: 1.0 if k == "F" else 2.0)
+        assert max(end for st in times for _, end in st) == pytest.approx((M + P - 1) * 3.0)

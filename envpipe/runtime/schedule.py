@@ -8,7 +8,7 @@ extra warm-up forwards never wait for a neighbour that is not receiving yet.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from deepspeed.runtime.pipe import schedule as ds
 
@@ -102,21 +102,38 @@ def validate_orders(orders: Sequence[Sequence[Unit]], num_microbatches: int) -> 
             if s == P - 1 and k == "B" and order[i - 1] != ("F", m):
                 raise ScheduleError(f"last stage: B{m} must directly follow F{m} "
                                     "(DeepSpeed's backward uses the latest loss)")
-    done = [0] * P
+    simulate_orders(orders, lambda s, kind: 1.0)
+
+
+def simulate_orders(orders: Sequence[Sequence[Unit]],
+                    duration: Callable[[int, str], float]) -> list[list[tuple[float, float]]]:
+    """(start, end) of every unit when each runs as soon as its stage and its input are free.
+
+    F(s,m) needs F(s-1,m) done, B(s,m) needs B(s+1,m); sends never block. `duration(stage, kind)`
+    gives unit times (p2p time is not modelled). Raises ScheduleError if the orders deadlock.
+    """
+    P = len(orders)
+    pos = [{u: i for i, u in enumerate(o)} for o in orders]
+    times: list[list[tuple[float, float]]] = [[] for _ in range(P)]
     progress = True
     while progress:
         progress = False
         for s in range(P):
-            while done[s] < len(orders[s]):
-                kind, m = orders[s][done[s]]
+            while len(times[s]) < len(orders[s]):
+                kind, m = orders[s][len(times[s])]
                 dep = s - 1 if kind == "F" else s + 1
-                if 0 <= dep < P and orders[dep].index((kind, m)) >= done[dep]:
-                    break
-                done[s] += 1
+                ready = times[s][-1][1] if times[s] else 0.0
+                if 0 <= dep < P:
+                    j = pos[dep][(kind, m)]
+                    if j >= len(times[dep]):
+                        break
+                    ready = max(ready, times[dep][j][1])
+                times[s].append((ready, ready + duration(s, kind)))
                 progress = True
-    if any(done[s] < len(orders[s]) for s in range(P)):
-        stuck = {s: orders[s][done[s]] for s in range(P) if done[s] < len(orders[s])}
+    if any(len(times[s]) < len(orders[s]) for s in range(P)):
+        stuck = {s: orders[s][len(times[s])] for s in range(P) if len(times[s]) < len(orders[s])}
         raise ScheduleError(f"the orders deadlock; stages wait at {stuck}")
+    return times
 
 
 class UnitOrderSchedule(ds.PipeSchedule):
