@@ -31,12 +31,18 @@ def batches(seed: int):
 
 def make_engine(kind: str, stages: int, M: int):
     torch.manual_seed(1234)
-    layers = [torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh())
-              for _ in range(2 * stages)]
-    model = PipelineModule(layers=layers, num_stages=stages, loss_fn=torch.nn.MSELoss(),
-                           partition_method="uniform")
-    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": M,
-              "steps_per_print": 10**9, "wall_clock_breakdown": False}
+    layers = [
+        torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()) for _ in range(2 * stages)
+    ]
+    model = PipelineModule(
+        layers=layers, num_stages=stages, loss_fn=torch.nn.MSELoss(), partition_method="uniform"
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": M,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     init = deepspeed.initialize if kind == "stock" else initialize
     engine, *_ = init(model=model, optimizer=opt, config=config)

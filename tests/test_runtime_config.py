@@ -25,16 +25,19 @@ def test_split_leaves_input_alone() -> None:
     assert rest == {"train_batch_size": 8} and cfg.type == "baseline" and "envpipe" in ds
 
 
-@pytest.mark.parametrize(("block", "env", "message"), [
-    ({"type": "fast"}, {}, r"'envpipe.type' is 'fast'; choose one of baseline, uniform, envelope"),
-    ({}, {"ENVPIPE_SCHEDULING": "gpipe"}, r"ENVPIPE_SCHEDULING is 'gpipe'; choose one of 1f1b, envpipe"),
-    ({}, {"ENVPIPE_RECONFIGURE": "fast"}, r"ENVPIPE_RECONFIGURE is 'fast'"),
-    ({"clock": "nvml"}, {}, r"'envpipe.clock' is 'nvml'"),
-    ({"shedule": "1f1b"}, {}, r"unknown key\(s\) in 'envpipe' block: shedule"),
-    ({"gpu": 3}, {}, r"'envpipe.gpu' must be a non-empty string"),
-    ({"plan": "a.json", "profile": "b.csv"}, {}, r"either 'plan'"),
-    ([1], {}, r"must be an object, got list"),
-])
+@pytest.mark.parametrize(
+    ("block", "env", "message"),
+    [
+        ({"type": "fast"}, {}, r"'envpipe.type' is 'fast'; choose one of baseline, uniform, envelope"),
+        ({}, {"ENVPIPE_SCHEDULING": "gpipe"}, r"ENVPIPE_SCHEDULING is 'gpipe'; choose one of 1f1b, envpipe"),
+        ({}, {"ENVPIPE_RECONFIGURE": "fast"}, r"ENVPIPE_RECONFIGURE is 'fast'"),
+        ({"clock": "nvml"}, {}, r"'envpipe.clock' is 'nvml'"),
+        ({"shedule": "1f1b"}, {}, r"unknown key\(s\) in 'envpipe' block: shedule"),
+        ({"gpu": 3}, {}, r"'envpipe.gpu' must be a non-empty string"),
+        ({"plan": "a.json", "profile": "b.csv"}, {}, r"either 'plan'"),
+        ([1], {}, r"must be an object, got list"),
+    ],
+)
 def test_invalid_values_are_explained(block, env, message) -> None:
     with pytest.raises(EnvPipeConfigError, match=message):
         parse(block, env)

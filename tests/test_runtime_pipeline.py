@@ -27,15 +27,26 @@ def _free_port() -> int:
 
 def run_pipeline(stages: int, runs: list[dict], tmp_path: Path) -> list[dict]:
     """Start one process per stage; kill them all and fail if they do not finish within the watchdog."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(stages), "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(stages),
+        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+    }
     spec = json.dumps({"stages": stages, "runs": runs})
-    procs = [subprocess.Popen([sys.executable, str(WORKER), spec, str(tmp_path)],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(stages)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), spec, str(tmp_path)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(stages)
+    ]
     deadline = time.monotonic() + WATCHDOG_S
     try:
         for p in procs:
@@ -60,18 +71,47 @@ def test_envpipe_order_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_p
     full = [M] * stages  # every non-last stage runs all its forwards first: the most in-flight sends
     runs = [
         {"name": "stock", "engine": "stock", "M": M, "steps": steps, "orders": None},
-        {"name": "1f1b", "engine": "envpipe", "M": M, "steps": steps,
-         "orders": _orders(one_f_one_b(stages, M))},
-        {"name": "envpipe", "engine": "envpipe", "M": M, "steps": steps,
-         "orders": _orders(envpipe_order(stages, M, [1] * stages))},
-        {"name": "envpipe_full", "engine": "envpipe", "M": M, "steps": steps,
-         "orders": _orders(envpipe_order(stages, M, full))},
+        {
+            "name": "1f1b",
+            "engine": "envpipe",
+            "M": M,
+            "steps": steps,
+            "orders": _orders(one_f_one_b(stages, M)),
+        },
+        {
+            "name": "envpipe",
+            "engine": "envpipe",
+            "M": M,
+            "steps": steps,
+            "orders": _orders(envpipe_order(stages, M, [1] * stages)),
+        },
+        {
+            "name": "envpipe_full",
+            "engine": "envpipe",
+            "M": M,
+            "steps": steps,
+            "orders": _orders(envpipe_order(stages, M, full)),
+        },
     ]
     for extra_m in (8, 16):
-        runs.append({"name": f"envpipe_full_M{extra_m}", "engine": "envpipe", "M": extra_m, "steps": 1,
-                     "orders": _orders(envpipe_order(stages, extra_m, [extra_m] * stages))})
-        runs.append({"name": f"envpipe_r1_M{extra_m}", "engine": "envpipe", "M": extra_m, "steps": 1,
-                     "orders": _orders(envpipe_order(stages, extra_m, [1] * stages))})
+        runs.append(
+            {
+                "name": f"envpipe_full_M{extra_m}",
+                "engine": "envpipe",
+                "M": extra_m,
+                "steps": 1,
+                "orders": _orders(envpipe_order(stages, extra_m, [extra_m] * stages)),
+            }
+        )
+        runs.append(
+            {
+                "name": f"envpipe_r1_M{extra_m}",
+                "engine": "envpipe",
+                "M": extra_m,
+                "steps": 1,
+                "orders": _orders(envpipe_order(stages, extra_m, [1] * stages)),
+            }
+        )
     results = run_pipeline(stages, runs, tmp_path)
     last = results[-1]
     assert last["stock"]["engine"] == "PipelineEngine" and last["envpipe"]["engine"] == "EnvPipeEngine"

@@ -53,8 +53,9 @@ def parse(block: Any, environ: Mapping[str, str] | None = None) -> EnvPipeConfig
     known = set(_CHOICES) | set(_STRINGS)
     unknown = sorted(set(block) - known)
     if unknown:
-        raise EnvPipeConfigError(f"unknown key(s) in 'envpipe' block: {', '.join(unknown)} "
-                                 f"(known: {', '.join(sorted(known))})")
+        raise EnvPipeConfigError(
+            f"unknown key(s) in 'envpipe' block: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
     values: dict[str, Any] = dict(block)
     sources = {k: f"'envpipe.{k}'" for k in values}
     for key, var in _ENV.items():
@@ -67,13 +68,15 @@ def parse(block: Any, environ: Mapping[str, str] | None = None) -> EnvPipeConfig
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise EnvPipeConfigError(f"{sources[key]} must be a non-empty string")
     if values.get("plan") and values.get("profile"):
-        raise EnvPipeConfigError("give either 'plan' (skip profiling and planning) or 'profile' "
-                                 "(skip profiling), not both")
+        raise EnvPipeConfigError(
+            "give either 'plan' (skip profiling and planning) or 'profile' (skip profiling), not both"
+        )
     return EnvPipeConfig(**values)
 
 
-def split(ds_config: Mapping[str, Any],
-          environ: Mapping[str, str] | None = None) -> tuple[dict, EnvPipeConfig]:
+def split(
+    ds_config: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> tuple[dict, EnvPipeConfig]:
     """(DeepSpeed config without the `envpipe` block, parsed block); the input is not modified."""
     rest = copy.deepcopy(dict(ds_config))
     return rest, parse(rest.pop("envpipe", None), environ)

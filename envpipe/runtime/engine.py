@@ -51,8 +51,9 @@ class EnvPipeEngine(PipelineEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.is_pipe_partitioned or self.is_grad_partitioned:
-            raise RuntimeError("the EnvPipe runtime does not support partitioned (tensor-parallel) "
-                               "activations")
+            raise RuntimeError(
+                "the EnvPipe runtime does not support partitioned (tensor-parallel) activations"
+            )
         self._fwd_group, self._bwd_group = self._direction_groups()
         self._pending: list[tuple[Any, torch.Tensor]] = []
         self.unit_orders: list[list[Unit]] | None = None
@@ -72,14 +73,23 @@ class EnvPipeEngine(PipelineEngine):
         nxt = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else None
         prv = self.grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage() else None
         # fwd group: my link to the next stage (I send activations); bwd: link to the previous one.
-        fwd = {"next": mine[(me, nxt)][0] if nxt is not None else None,
-               "prev": mine[(prv, me)][0] if prv is not None else None}
-        bwd = {"next": mine[(me, nxt)][1] if nxt is not None else None,
-               "prev": mine[(prv, me)][1] if prv is not None else None}
+        fwd = {
+            "next": mine[(me, nxt)][0] if nxt is not None else None,
+            "prev": mine[(prv, me)][0] if prv is not None else None,
+        }
+        bwd = {
+            "next": mine[(me, nxt)][1] if nxt is not None else None,
+            "prev": mine[(prv, me)][1] if prv is not None else None,
+        }
         return fwd, bwd
 
-    def set_unit_orders(self, orders: Sequence[Sequence[Unit]], clocks: Sequence[Sequence[int]] | None = None,
-                        clock: Clock | None = None, timing: bool = False) -> None:
+    def set_unit_orders(
+        self,
+        orders: Sequence[Sequence[Unit]],
+        clocks: Sequence[Sequence[int]] | None = None,
+        clock: Clock | None = None,
+        timing: bool = False,
+    ) -> None:
         """Use these per-stage orders (all stages, same on every rank) for the following iterations."""
         if len(orders) != self.num_stages:
             raise ValueError(f"the plan has {len(orders)} stages, the pipeline {self.num_stages}")
@@ -93,14 +103,41 @@ class EnvPipeEngine(PipelineEngine):
         if self.unit_orders is None:
             self.unit_orders = one_f_one_b(self.num_stages, self.micro_batches)
         clocks = self.unit_clocks[self.stage_id] if self.unit_clocks is not None else None
-        return UnitOrderSchedule(self.unit_orders[self.stage_id], self.micro_batches, self.num_stages,
-                                 self.stage_id, clocks=clocks, timed=self._timing)
+        return UnitOrderSchedule(
+            self.unit_orders[self.stage_id],
+            self.micro_batches,
+            self.num_stages,
+            self.stage_id,
+            clocks=clocks,
+            timed=self._timing,
+        )
 
     def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
         self.units = []
+        self._gpu_units: list[tuple[str, int, Any, Any, int | None]] = []
         self._t0 = time.perf_counter()
+        if self._on_gpu:
+            self._t0_event = self._event()
         super()._exec_schedule(pipe_schedule)
         self._wait_sends()  # every posted send is waited on and its tensor released each iteration
+        if self._gpu_units:  # resolve GPU unit times once per iteration, not per unit
+            torch.cuda.synchronize()
+            self.units = [
+                UnitRecord(
+                    k, m, self._t0_event.elapsed_time(a) / 1e3, self._t0_event.elapsed_time(b) / 1e3, mhz
+                )
+                for k, m, a, b, mhz in self._gpu_units
+            ]
+
+    @property
+    def _on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @staticmethod
+    def _event() -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     # --- non-blocking p2p -------------------------------------------------------------------------
     def _isend(self, tensors: Sequence[torch.Tensor], dst_stage: int, group: Any) -> None:
@@ -163,8 +200,9 @@ class EnvPipeEngine(PipelineEngine):
                 self.grad_layer = self._allocate_or_extend_buffers(0, list(outputs.size()), outputs.dtype)
             else:
                 shapes = [(list(t.size()), t.dtype) for t in outputs if t.is_floating_point()]
-                self.grad_layer = [self._allocate_or_extend_buffers(i, s, d)
-                                   for i, (s, d) in enumerate(shapes)]
+                self.grad_layer = [
+                    self._allocate_or_extend_buffers(i, s, d) for i, (s, d) in enumerate(shapes)
+                ]
         group = self._bwd_group["next"]
         for buf in [self.grad_layer] if isinstance(self.grad_layer, torch.Tensor) else self.grad_layer:
             self._recv(buf, self.next_stage, group)
@@ -181,13 +219,14 @@ class EnvPipeEngine(PipelineEngine):
             self.clock.set(mhz)
 
     def _exec_unit_start(self, kind: str, mb: int) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+        if self._on_gpu:  # CUDA events: no synchronisation per unit
+            self._unit_event = self._event()
         self._unit_t = time.perf_counter()
 
     def _exec_unit_end(self, kind: str, mb: int) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+        if self._on_gpu:
+            self._gpu_units.append((kind, mb, self._unit_event, self._event(), self._current_mhz))
+            return
         end = time.perf_counter()
         if self.clock is not None:
             self.clock.after_unit(end - self._unit_t)

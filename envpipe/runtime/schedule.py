@@ -61,8 +61,10 @@ def envpipe_order(num_stages: int, num_microbatches: int, reschedule: Sequence[i
         raise ScheduleError(f"need one reschedule count per stage ({num_stages}), got {len(reschedule)}")
     if any(r < 0 for r in reschedule):
         raise ScheduleError(f"reschedule counts must be >= 0, got {list(reschedule)}")
-    return [warmup_order(num_microbatches, num_stages - s + (0 if s == num_stages - 1 else reschedule[s]))
-            for s in range(num_stages)]
+    return [
+        warmup_order(num_microbatches, num_stages - s + (0 if s == num_stages - 1 else reschedule[s]))
+        for s in range(num_stages)
+    ]
 
 
 def max_in_flight(order: Sequence[Unit]) -> int:
@@ -91,8 +93,9 @@ def validate_orders(orders: Sequence[Sequence[Unit]], num_microbatches: int) -> 
         if any(k not in ("F", "B") for k, _ in order):
             raise ScheduleError(f"stage {s}: unit kinds must be 'F' or 'B'")
         if fwd != list(range(M)) or bwd != list(range(M)):
-            raise ScheduleError(f"stage {s}: forwards and backwards must each cover micro-batches "
-                                f"0..{M - 1} in order")
+            raise ScheduleError(
+                f"stage {s}: forwards and backwards must each cover micro-batches 0..{M - 1} in order"
+            )
         seen: set[int] = set()
         for i, (k, m) in enumerate(order):
             if k == "F":
@@ -100,13 +103,15 @@ def validate_orders(orders: Sequence[Sequence[Unit]], num_microbatches: int) -> 
             elif m not in seen:
                 raise ScheduleError(f"stage {s}: B{m} comes before F{m}")
             if s == P - 1 and k == "B" and order[i - 1] != ("F", m):
-                raise ScheduleError(f"last stage: B{m} must directly follow F{m} "
-                                    "(DeepSpeed's backward uses the latest loss)")
+                raise ScheduleError(
+                    f"last stage: B{m} must directly follow F{m} (DeepSpeed's backward uses the latest loss)"
+                )
     simulate_orders(orders, lambda s, kind: 1.0)
 
 
-def simulate_orders(orders: Sequence[Sequence[Unit]],
-                    duration: Callable[[int, str], float]) -> list[list[tuple[float, float]]]:
+def simulate_orders(
+    orders: Sequence[Sequence[Unit]], duration: Callable[[int, str], float]
+) -> list[list[tuple[float, float]]]:
     """(start, end) of every unit when each runs as soon as its stage and its input are free.
 
     F(s,m) needs F(s-1,m) done, B(s,m) needs B(s+1,m); sends never block. `duration(stage, kind)`
@@ -139,8 +144,15 @@ def simulate_orders(orders: Sequence[Sequence[Unit]],
 class UnitOrderSchedule(ds.PipeSchedule):
     """DeepSpeed PipeSchedule for one stage's unit order (and planned clocks, MHz per unit)."""
 
-    def __init__(self, order: Sequence[Unit], micro_batches: int, stages: int, stage_id: int,
-                 clocks: Sequence[int] | None = None, timed: bool = False) -> None:
+    def __init__(
+        self,
+        order: Sequence[Unit],
+        micro_batches: int,
+        stages: int,
+        stage_id: int,
+        clocks: Sequence[int] | None = None,
+        timed: bool = False,
+    ) -> None:
         super().__init__(micro_batches=micro_batches, stages=stages, stage_id=stage_id)
         if clocks is not None and len(clocks) != len(order):
             raise ScheduleError(f"stage {stage_id}: {len(clocks)} clocks for {len(order)} units")
