@@ -58,7 +58,7 @@ class SlowClient:
 
 def test_daemon_clock_never_blocks_the_training_thread() -> None:
     client = SlowClient()
-    clock = DaemonClock(client, "GPU-1")
+    clock = DaemonClock(client, "GPU-1", [1410, 1005])
     t0 = time.perf_counter()
     for mhz in (1400, 1200, 1000):
         clock.set(mhz)
@@ -79,7 +79,7 @@ def test_daemon_clock_survives_a_failing_request() -> None:
             raise OSError("socket gone")
 
     client = Failing()
-    clock = DaemonClock(client, "GPU-2")
+    clock = DaemonClock(client, "GPU-2", [1410])
     clock.set(900)
     time.sleep(0.05)
     clock.set(800)

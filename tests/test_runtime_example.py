@@ -110,3 +110,47 @@ def test_example_refuses_bad_settings(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(SystemExit):
         train_gpt.main(["--tiny", "--steps", "0"])
     assert list(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
+
+
+def test_online_profile_needs_clock_control(tmp_path: Path) -> None:
+    proc = _torchrun(
+        [
+            "--microbatches",
+            "4",
+            "--steps",
+            "1",
+            "--calibration-steps",
+            "1",
+            "--clock",
+            "none",
+            "--report-dir",
+            "rep",
+        ],
+        {"ENVPIPE_TYPE": "envelope"},
+        tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "profiling clocks needs clock control" in proc.stdout + proc.stderr
+
+
+def test_online_profile_and_plan(tmp_path: Path) -> None:
+    pytest.importorskip("envpipe.plan.planner", reason="the planner (envpipe.plan) is merged separately")
+    proc = _torchrun(
+        ["--microbatches", "8", "--steps", "2", "--calibration-steps", "1", "--report-dir", "rep"],
+        {"ENVPIPE_TYPE": "envelope", "ENVPIPE_SCHEDULING": "envpipe"},
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    phases = [
+        json.loads(x)["phase"] for x in (tmp_path / "rep" / "iterations.rank0.jsonl").read_text().splitlines()
+    ]
+    assert phases[0] == "calibrate" and phases[-1] == "steady"
+    assert [p for p in phases if p.startswith("profile@")] == [
+        "profile@1410",
+        "profile@1230",
+        "profile@1035",
+        "profile@855",
+    ]
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["baseline_source"] == "planner prediction (simulated)"
+    assert (tmp_path / "rep" / "plan.json").exists()

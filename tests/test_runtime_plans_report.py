@@ -108,3 +108,11 @@ def test_summary_and_gantt(tmp_path: Path) -> None:
 def test_summary_without_energy() -> None:
     s = summarize([_stage(0, [1.0], [None])], 8, "none", None, None)
     assert s["energy_per_iteration_j"] is None and s["predicted_error"] is None and "baseline" not in s
+
+
+def test_profile_clocks_spread_over_supported() -> None:
+    from envpipe.runtime.runner import profile_clocks
+
+    assert profile_clocks([1410, 1395, 1380, 1365, 1350], 3) == [1410, 1380, 1350]
+    assert profile_clocks([1005, 1410], 4) == [1410, 1005]
+    assert profile_clocks([1410, 1200], 1) == [1410]

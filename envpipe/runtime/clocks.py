@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from envpipe.profile import FrequencyModel
 
@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 class Clock(Protocol):
     energy_label: str  # "simulated" or "measured"
+    controls_clocks: bool  # False: requests are only recorded (no daemon): clocks stay as they are
+    supported_mhz: list[int]  # SM clocks this GPU accepts, descending
+    requested: list[int]  # every clock requested so far, in order
 
     def set(self, mhz: int) -> None:
         """Request an SM clock; must return without waiting for it to apply."""
@@ -38,9 +41,11 @@ class SimClock:
     """Emulates a GPU clock on CPU with a frequency model; energy is simulated."""
 
     energy_label = "simulated"
+    controls_clocks = True
 
     def __init__(self, model: FrequencyModel | None = None) -> None:
         self.model = model or FrequencyModel.default()
+        self.supported_mhz = list(self.model.clocks_mhz)
         self.mhz = self.model.max_mhz
         self.requested: list[int] = []
         self._busy_j = 0.0
@@ -74,10 +79,12 @@ class DaemonClock:
     """
 
     energy_label = "measured"
+    controls_clocks = True
 
-    def __init__(self, client: object, gpu_uuid: str) -> None:
+    def __init__(self, client: object, gpu_uuid: str, supported_mhz: list[int]) -> None:
         self._client = client
         self._uuid = gpu_uuid
+        self.supported_mhz = supported_mhz
         self.requested: list[int] = []
         self._pending: int | None = None
         self._cv = threading.Condition()
@@ -122,6 +129,7 @@ class NvmlEnergyClock:
     """No clock changes (default clocks); real energy from the NVML counter. Used when no daemon runs."""
 
     energy_label = "measured"
+    controls_clocks = False
 
     def __init__(self, device_index: int) -> None:
         import pynvml  # lazily: CPU machines have no NVML
@@ -129,6 +137,7 @@ class NvmlEnergyClock:
         pynvml.nvmlInit()
         self._nvml = pynvml
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        self.supported_mhz = supported_clocks(pynvml, self._handle)
         self.requested: list[int] = []
 
     def set(self, mhz: int) -> None:
@@ -144,13 +153,21 @@ class NvmlEnergyClock:
         self._nvml.nvmlShutdown()
 
 
+def supported_clocks(nvml: Any, handle: Any) -> list[int]:
+    """SM clocks supported at the highest memory clock (a read-only NVML query), descending."""
+    mem = max(nvml.nvmlDeviceGetSupportedMemoryClocks(handle))
+    return sorted({int(f) for f in nvml.nvmlDeviceGetSupportedGraphicsClocks(handle, mem)}, reverse=True)
+
+
 def gpu_clock(device_index: int, socket_path: str | None = None) -> Clock:
     """The clock for a real GPU: the daemon when it answers, else default clocks with NVML energy."""
     import pynvml
 
     pynvml.nvmlInit()
-    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(device_index))
+    handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+    uuid = pynvml.nvmlDeviceGetUUID(handle)
     uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    supported = supported_clocks(pynvml, handle)
     pynvml.nvmlShutdown()
     try:
         from envpipe.clock.client import ClockClient, ClockDaemonUnavailable
@@ -158,7 +175,7 @@ def gpu_clock(device_index: int, socket_path: str | None = None) -> Clock:
         log.warning("envpipe.clock is not installed: running at default clocks (no clock changes)")
         return NvmlEnergyClock(device_index)
     try:
-        return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid)
+        return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported)
     except ClockDaemonUnavailable as exc:
         log.warning("envpipe-clockd unavailable (%s): running at default clocks (no clock changes)", exc)
         return NvmlEnergyClock(device_index)

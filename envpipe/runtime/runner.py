@@ -10,11 +10,14 @@ import resource
 import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as tdist
 
+from envpipe.profile import Profile, load_profile
 from envpipe.runtime.clocks import Clock, SimClock, gpu_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.engine import EnvPipeEngine
@@ -35,21 +38,36 @@ def make_clock(cfg: EnvPipeConfig, engine: EnvPipeEngine) -> Clock | None:
     return None
 
 
+def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
+    """`count` clocks spread evenly over the supported ones, from the highest to the lowest."""
+    clocks = sorted(set(supported_mhz), reverse=True)
+    if count < 2 or len(clocks) <= count:
+        return clocks[: max(1, count)]
+    return [clocks[round(i * (len(clocks) - 1) / (count - 1))] for i in range(count)]
+
+
 def _requested(clock: Clock | None) -> list[int]:
     return list(getattr(clock, "requested", []))
 
 
 class Runner:
     def __init__(
-        self, engine: EnvPipeEngine, cfg: EnvPipeConfig, clock: Clock | None, samples_per_iteration: int
+        self,
+        engine: EnvPipeEngine,
+        cfg: EnvPipeConfig,
+        clock: Clock | None,
+        samples_per_iteration: int,
+        profile_points: int = 4,
     ):
         self.engine, self.cfg, self.clock = engine, cfg, clock
         self.samples = samples_per_iteration
         label = clock.energy_label if clock is not None else "none"
         self.reporter = Reporter(cfg.report_dir, tdist.get_rank(), engine.stage_id, label)
         self._iteration = 0
+        self.profile_points = profile_points
+        self.idle_power_w: float | None = None
 
-    def _step(self, data_iter: Iterator[Any], phase: str) -> None:
+    def _step(self, data_iter: Iterator[Any], phase: str) -> tuple[float, float | None]:
         seen = len(_requested(self.clock))
         e0 = self.clock.energy_j() if self.clock is not None else None
         t0 = time.perf_counter()
@@ -64,31 +82,95 @@ class Runner:
             self._iteration, phase, t, energy, _requested(self.clock)[seen:], self.engine.units, value
         )
         self._iteration += 1
+        return t, energy
 
-    def _unit_means(self) -> tuple[list[float], list[float]]:
-        """Per-stage mean forward/backward time of the last iteration, from every rank."""
-        mine = {
-            k: statistics.mean(u.end_s - u.start_s for u in self.engine.units if u.kind == k) for k in "FB"
-        }
+    def _gather_stages(self, mine: dict[str, float]) -> list[dict[str, float]]:
+        """This rank's numbers from every stage, in stage order (any data-parallel replica will do)."""
         everyone: list[Any] = [None] * tdist.get_world_size()
         tdist.all_gather_object(everyone, (self.engine.stage_id, mine))
-        per_stage = dict(everyone)  # data-parallel replicas of a stage: any one will do
-        P = self.engine.num_stages
-        return [per_stage[s]["F"] for s in range(P)], [per_stage[s]["B"] for s in range(P)]
+        per_stage = dict(everyone)
+        return [per_stage[s] for s in range(self.engine.num_stages)]
 
-    def plan(self, fwd_s: list[float], bwd_s: list[float]) -> RunPlan:
+    def _unit_stats(self, t: float, energy: float | None, idle_w: float) -> dict[str, float]:
+        """Mean F/B time of the last iteration and, from the energy counter, F/B energy.
+
+        The counter is read at iteration boundaries; the energy above idle power for the waits is
+        spread over the units in proportion to their time (linear interpolation at unit boundaries).
+        """
+        units = self.engine.units
+        stats = {k: statistics.mean(u.end_s - u.start_s for u in units if u.kind == k) for k in "FB"}
+        busy = sum(u.end_s - u.start_s for u in units)
+        busy_w = ((energy or 0.0) - idle_w * max(0.0, t - busy)) / busy
+        stats.update(F_j=stats["F"] * busy_w, B_j=stats["B"] * busy_w)
+        return stats
+
+    def _idle_power(self) -> float:
+        if isinstance(self.clock, SimClock):
+            return self.clock.model.idle_power_w
+        assert self.clock is not None
+        e0, t0 = self.clock.energy_j(), time.perf_counter()
+        time.sleep(0.5)
+        return ((self.clock.energy_j() or 0.0) - (e0 or 0.0)) / (time.perf_counter() - t0)
+
+    def profile(self, data_iter: Iterator[Any]) -> Profile:
+        """Run one 1F1B iteration at each of `profile_points` clocks and measure every stage's units."""
+        if self.clock is None or not self.clock.controls_clocks:
+            raise ValueError(
+                "profiling clocks needs clock control (envpipe-clockd or the sim clock): give "
+                "envpipe.profile or envpipe.plan, or use type 'baseline'"
+            )
+        clocks = profile_clocks(self.clock.supported_mhz, self.profile_points)
+        idle_w = self._idle_power()
+        P, M = self.engine.num_stages, self.engine.micro_batches
+        orders = one_f_one_b(P, M)
+        rows = []
+        for mhz in clocks:
+            self.engine.set_unit_orders(orders, [[mhz] * len(o) for o in orders], self.clock, timing=True)
+            t, energy = self._step(data_iter, f"profile@{mhz}")
+            rows.append(self._gather_stages(self._unit_stats(t, energy, idle_w)))
+        self.idle_power_w = idle_w
+
+        def table(key: str) -> np.ndarray:
+            return np.array([[rows[k][s][key] for k in range(len(clocks))] for s in range(P)])
+
+        return Profile(np.array(clocks), table("F"), table("B"), table("F_j"), table("B_j"), source="online")
+
+    def plan(self, data_iter: Iterator[Any], fwd_s: list[float], bwd_s: list[float]) -> RunPlan:
+        """A plan file; EnvPipe's own rule for 'baseline'; else profile (or a profile file) and plan."""
         P, M = self.engine.num_stages, self.engine.micro_batches
         if self.cfg.plan:
             return load_plan(self.cfg.plan, P, M)
-        if self.cfg.type != "baseline":
-            raise ValueError(
-                f"envpipe.type {self.cfg.type!r} needs a plan file (envpipe.plan): online planning "
-                "is not available in this runtime yet; use type 'baseline' to run without one"
-            )
-        plan = builtin_plan(self.cfg.scheduling, P, M, fwd_s, bwd_s)
-        times = simulate_orders(plan.orders, lambda s, k: fwd_s[s] if k == "F" else bwd_s[s])
-        plan.predicted_time_s = max(end for st in times for _, end in st)
-        return plan
+        if self.cfg.type == "baseline" and not self.cfg.profile:
+            plan = builtin_plan(self.cfg.scheduling, P, M, fwd_s, bwd_s)
+            times = simulate_orders(plan.orders, lambda s, k: fwd_s[s] if k == "F" else bwd_s[s])
+            plan.predicted_time_s = max(end for st in times for _, end in st)
+            return plan
+        profile = load_profile(self.cfg.profile) if self.cfg.profile else self.profile(data_iter)
+        if profile.num_stages != P:
+            raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {P}")
+        from envpipe.plan.planner import make_plan  # the planner is only needed for this phase
+
+        idle_w = self.idle_power_w if self.idle_power_w is not None else self._idle_power()
+        result = make_plan(
+            profile,
+            M,
+            schedule=self.cfg.scheduling,
+            policy=self.cfg.type,
+            reconfig=self.cfg.reconfig,
+            idle_power_w=idle_w,
+            gpu=self.cfg.gpu or "all",
+        )
+        if tdist.get_rank() == 0:
+            result.plan.save(Path(self.cfg.report_dir) / "plan.json")
+        pred = result.plan.predicted
+        return RunPlan(
+            result.plan.orders(),
+            [[u.freq_mhz for u in units] for units in result.plan.stages],
+            pred.get("iteration_time_s"),
+            {"time_s": pred["baseline_time_s"], "energy_j": pred["baseline_energy_j"]}
+            if "baseline_time_s" in pred and "baseline_energy_j" in pred
+            else None,
+        )
 
     def train(
         self, data_iter: Iterator[Any], steps: int, calibration_steps: int = 2
@@ -97,9 +179,11 @@ class Runner:
         engine.set_unit_orders(
             one_f_one_b(engine.num_stages, engine.micro_batches), clock=self.clock, timing=True
         )
+        last = (0.0, None)
         for _ in range(max(1, calibration_steps)):
-            self._step(data_iter, "calibrate")
-        plan = self.plan(*self._unit_means())
+            last = self._step(data_iter, "calibrate")
+        stages = self._gather_stages(self._unit_stats(last[0], last[1], 0.0))
+        plan = self.plan(data_iter, [st["F"] for st in stages], [st["B"] for st in stages])
         engine.set_unit_orders(plan.orders, plan.clocks, self.clock, timing=True)
         if engine.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -126,6 +210,7 @@ class Runner:
             stages=engine.num_stages,
             microbatches=engine.micro_batches,
             plan_file=self.cfg.plan,
+            baseline_source="planner prediction (simulated)" if plan.baseline else None,
             orders=[[f"{k}{m}" for k, m in o] for o in plan.orders],
         )
         write_summary(
