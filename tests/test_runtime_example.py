@@ -38,6 +38,7 @@ def _torchrun(args: list[str], env_extra: dict[str, str], cwd: Path) -> subproce
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
 def test_example_runs_a_plan_with_simulated_clocks(model: str, tmp_path: Path) -> None:
     M = 4
@@ -112,6 +113,7 @@ def test_example_refuses_bad_settings(tmp_path: Path, monkeypatch: pytest.Monkey
     assert list(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
 
 
+@pytest.mark.slow
 def test_online_profile_needs_clock_control(tmp_path: Path) -> None:
     proc = _torchrun(
         [
@@ -133,6 +135,7 @@ def test_online_profile_needs_clock_control(tmp_path: Path) -> None:
     assert "profiling clocks needs clock control" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_online_profile_and_plan(tmp_path: Path) -> None:
     pytest.importorskip("envpipe.plan.planner", reason="the planner (envpipe.plan) is merged separately")
     proc = _torchrun(

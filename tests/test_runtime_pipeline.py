@@ -65,6 +65,7 @@ def _orders(orders):
     return [[list(u) for u in o] for o in orders]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [2, 4])
 def test_envpipe_order_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_path: Path) -> None:
     M, steps = 4, 3
