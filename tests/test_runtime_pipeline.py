@@ -25,14 +25,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pipeline(stages: int, runs: list[dict], tmp_path: Path) -> list[dict]:
-    """Start one process per stage; kill them all and fail if they do not finish within the watchdog."""
+def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | None = None) -> list[dict]:
+    """Start one process per rank (default: one per stage); kill them all if the watchdog expires."""
+    world = world or stages
     env = {
         **os.environ,
         "DS_ACCELERATOR": "cpu",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
-        "WORLD_SIZE": str(stages),
+        "WORLD_SIZE": str(world),
         "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
         "OMP_NUM_THREADS": "1",
     }
@@ -45,7 +46,7 @@ def run_pipeline(stages: int, runs: list[dict], tmp_path: Path) -> list[dict]:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for r in range(stages)
+        for r in range(world)
     ]
     deadline = time.monotonic() + WATCHDOG_S
     try:
@@ -58,7 +59,7 @@ def run_pipeline(stages: int, runs: list[dict], tmp_path: Path) -> list[dict]:
     for r, p in enumerate(procs):
         out = p.stdout.read() if p.stdout else ""
         assert p.returncode == 0, f"rank {r} failed:\n{out[-3000:]}"
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(stages)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def _orders(orders):
@@ -126,3 +127,24 @@ def test_envpipe_order_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_p
     for extra_m in (8, 16):
         for name in (f"envpipe_full_M{extra_m}", f"envpipe_r1_M{extra_m}"):
             assert len(last[name]["losses"]) == 1
+
+
+@pytest.mark.slow
+def test_two_data_parallel_pipelines(tmp_path: Path) -> None:
+    """2 stages x 2 data-parallel replicas: the per-direction groups of both pipelines stay apart."""
+    M, steps = 4, 2
+    runs = [
+        {"name": "stock", "engine": "stock", "M": M, "steps": steps, "orders": None},
+        {
+            "name": "envpipe",
+            "engine": "envpipe",
+            "M": M,
+            "steps": steps,
+            "orders": _orders(envpipe_order(2, M, [M, 0])),
+        },
+    ]
+    results = run_pipeline(2, runs, tmp_path, world=4)
+    for rank in results:
+        for pname, values in rank["stock"]["params"].items():
+            assert rank["envpipe"]["params"][pname] == pytest.approx(values, rel=1e-5, abs=1e-6), pname
+        assert rank["envpipe"]["losses"] == pytest.approx(rank["stock"]["losses"], rel=1e-6, abs=1e-7)
