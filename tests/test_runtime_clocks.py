@@ -85,3 +85,20 @@ def test_daemon_clock_survives_a_failing_request() -> None:
     clock.set(800)
     clock.close()
     assert clock.requested == [900, 800]
+
+
+def test_clock_backend_choice() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from envpipe.runtime.config import parse
+    from envpipe.runtime.runner import make_clock
+
+    cpu, gpu = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device=torch.device("cuda", 0))
+    assert isinstance(make_clock(parse({}, {}), cpu), SimClock)
+    assert make_clock(parse({"clock": "none"}, {}), cpu) is None
+    with pytest.raises(ValueError, match="'daemon' needs a GPU"):
+        make_clock(parse({"clock": "daemon"}, {}), cpu)
+    with pytest.raises(ValueError, match="'sim' emulates clocks on CPU only"):
+        make_clock(parse({"clock": "sim"}, {}), gpu)

@@ -1,7 +1,7 @@
 """The `envpipe` block of a DeepSpeed config and the ENVPIPE_* environment variables.
 
     "envpipe": {"type": "envelope", "scheduling": "envpipe", "reconfig": "default", "gpu": "a100",
-                "clock": "sim", "plan": "plan.json", "profile": "profile.csv", "report_dir": "envpipe-report"}
+                "clock": "auto", "plan": "plan.json", "report_dir": "envpipe-report"}
 
 ENVPIPE_TYPE, ENVPIPE_SCHEDULING and ENVPIPE_RECONFIGURE override the block, as in EnvPipe.
 """
@@ -17,7 +17,7 @@ from typing import Any
 TYPES = ("baseline", "uniform", "envelope")
 SCHEDULINGS = ("1f1b", "envpipe")
 RECONFIGS = ("default", "greedy", "balanced")
-CLOCKS = ("sim", "daemon", "none")
+CLOCKS = ("auto", "sim", "daemon", "none")
 _ENV = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reconfig": "ENVPIPE_RECONFIGURE"}
 _CHOICES = {"type": TYPES, "scheduling": SCHEDULINGS, "reconfig": RECONFIGS, "clock": CLOCKS}
 _STRINGS = ("gpu", "plan", "profile", "report_dir")
@@ -32,7 +32,7 @@ class EnvPipeConfig:
     type: str = "envelope"
     scheduling: str = "envpipe"
     reconfig: str = "default"
-    clock: str = "sim"
+    clock: str = "auto"  # sim on CPU, daemon on GPUs
     gpu: str | None = None
     plan: str | None = None  # skip profiling and planning: run this plan file
     profile: str | None = None  # skip profiling: plan from this profile CSV

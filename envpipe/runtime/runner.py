@@ -29,11 +29,17 @@ log = logging.getLogger(__name__)
 
 
 def make_clock(cfg: EnvPipeConfig, engine: EnvPipeEngine) -> Clock | None:
-    if cfg.clock == "sim":
+    on_gpu = engine.device.type == "cuda"
+    kind = ("daemon" if on_gpu else "sim") if cfg.clock == "auto" else cfg.clock
+    if kind == "sim":
+        if on_gpu:  # the sim clock stretches wall time between units, which GPU timing does not see
+            raise ValueError(
+                "envpipe.clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs"
+            )
         return SimClock()
-    if cfg.clock == "daemon":
-        if engine.device.type != "cuda":
-            raise ValueError("envpipe.clock 'daemon' needs a GPU; use 'sim' on CPU")
+    if kind == "daemon":
+        if not on_gpu:
+            raise ValueError("envpipe.clock 'daemon' needs a GPU; use 'sim' or 'auto' on CPU")
         return gpu_clock(engine.device.index or 0)
     return None
 
