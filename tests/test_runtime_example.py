@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from envpipe.plan.schedules import envpipe_schedule
 from envpipe.runtime.config import EnvPipeConfigError
-from envpipe.runtime.schedule import envpipe_order
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
@@ -42,7 +42,7 @@ def _torchrun(args: list[str], env_extra: dict[str, str], cwd: Path) -> subproce
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
 def test_example_runs_a_plan_with_simulated_clocks(model: str, tmp_path: Path) -> None:
     M = 4
-    orders = envpipe_order(2, M, [2, 0])
+    orders = envpipe_schedule(2, M, [2, 0])
     clocks = [[1005 if k == "F" else 1410 for k, _ in o] for o in orders]  # slow forwards on every stage
     plan = {
         "version": 1,

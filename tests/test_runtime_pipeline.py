@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envpipe.runtime.schedule import envpipe_order, one_f_one_b
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 
 WORKER = Path(__file__).with_name("pipe_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def _orders(orders):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stages", [2, 4])
-def test_envpipe_order_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_path: Path) -> None:
+def test_envpipe_schedule_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_path: Path) -> None:
     M, steps = 4, 3
     full = [M] * stages  # every non-last stage runs all its forwards first: the most in-flight sends
     runs = [
@@ -85,14 +85,14 @@ def test_envpipe_order_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_p
             "engine": "envpipe",
             "M": M,
             "steps": steps,
-            "orders": _orders(envpipe_order(stages, M, [1] * stages)),
+            "orders": _orders(envpipe_schedule(stages, M, [1] * stages)),
         },
         {
             "name": "envpipe_full",
             "engine": "envpipe",
             "M": M,
             "steps": steps,
-            "orders": _orders(envpipe_order(stages, M, full)),
+            "orders": _orders(envpipe_schedule(stages, M, full)),
         },
     ]
     for extra_m in (8, 16):
@@ -102,7 +102,7 @@ def test_envpipe_order_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_p
                 "engine": "envpipe",
                 "M": extra_m,
                 "steps": 1,
-                "orders": _orders(envpipe_order(stages, extra_m, [extra_m] * stages)),
+                "orders": _orders(envpipe_schedule(stages, extra_m, [extra_m] * stages)),
             }
         )
         runs.append(
@@ -111,7 +111,7 @@ def test_envpipe_order_matches_stock_1f1b_and_never_deadlocks(stages: int, tmp_p
                 "engine": "envpipe",
                 "M": extra_m,
                 "steps": 1,
-                "orders": _orders(envpipe_order(stages, extra_m, [1] * stages)),
+                "orders": _orders(envpipe_schedule(stages, extra_m, [1] * stages)),
             }
         )
     results = run_pipeline(stages, runs, tmp_path)
@@ -140,7 +140,7 @@ def test_two_data_parallel_pipelines(tmp_path: Path) -> None:
             "engine": "envpipe",
             "M": M,
             "steps": steps,
-            "orders": _orders(envpipe_order(2, M, [M, 0])),
+            "orders": _orders(envpipe_schedule(2, M, [M, 0])),
         },
     ]
     results = run_pipeline(2, runs, tmp_path, world=4)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.runtime.engine import UnitRecord
-from envpipe.runtime.plans import PlanFileError, builtin_plan, load_plan, reschedule_counts
+from envpipe.runtime.plans import PlanFileError, builtin_plan, load_plan
 from envpipe.runtime.report import StageReport, summarize, write_summary
-from envpipe.runtime.schedule import envpipe_order, one_f_one_b
 
 
 def plan_json(orders, clocks=1410, **extra) -> dict:
@@ -33,7 +33,7 @@ def plan_json(orders, clocks=1410, **extra) -> dict:
 
 
 def test_load_plan(tmp_path: Path) -> None:
-    orders = envpipe_order(2, 4, [2, 0])
+    orders = envpipe_schedule(2, 4, [2, 0])
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan_json(orders, 1200)))
     plan = load_plan(path, 2, 4)
@@ -72,9 +72,9 @@ def test_plan_that_breaks_engine_constraints(tmp_path: Path) -> None:
 
 def test_reschedule_counts_follow_envpipe() -> None:
     # Tb = 2 Tf: stage s can fill 2 (P-s-1) forwards, capped at M-(P-s); last stage 0
-    assert reschedule_counts([1, 1, 1, 1], [2, 2, 2, 2], 16) == [6, 4, 2, 0]
-    assert reschedule_counts([1, 1, 1, 1], [2, 2, 2, 2], 4) == [0, 1, 2, 0]
-    assert builtin_plan("envpipe", 4, 16, [1] * 4, [2] * 4).orders == envpipe_order(4, 16, [6, 4, 2, 0])
+    assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 16) == [6, 4, 2, 0]
+    assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 4) == [0, 1, 2, 0]
+    assert builtin_plan("envpipe", 4, 16, [1] * 4, [2] * 4).orders == envpipe_schedule(4, 16, [6, 4, 2, 0])
     assert builtin_plan("1f1b", 2, 4).orders == one_f_one_b(2, 4)
     with pytest.raises(ValueError, match="measured"):
         builtin_plan("envpipe", 2, 4)

@@ -38,9 +38,14 @@ def one_f_one_b(num_stages: int, num_microbatches: int) -> list[list[Unit]]:
 
 
 def envpipe_schedule(num_stages: int, num_microbatches: int, reschedule: Sequence[int]) -> list[list[Unit]]:
+    """Stage s runs min(M, P-s+r_s) warm-up forwards; the last stage always runs 1F1B (its B(m) must
+    follow its F(m) directly), whatever r is given for it."""
     if len(reschedule) != num_stages:
         raise ValueError(f"need one reschedule count per stage ({num_stages}), got {len(reschedule)}")
-    return [warmup_order(num_microbatches, num_stages - s + reschedule[s]) for s in range(num_stages)]
+    if any(r < 0 for r in reschedule):
+        raise ValueError(f"reschedule counts must be >= 0, got {list(reschedule)}")
+    extra = [*reschedule[:-1], 0]
+    return [warmup_order(num_microbatches, num_stages - s + extra[s]) for s in range(num_stages)]
 
 
 def gpipe(num_stages: int, num_microbatches: int) -> list[list[Unit]]:

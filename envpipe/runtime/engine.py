@@ -22,6 +22,7 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock
 from envpipe.runtime.schedule import (
     ISendActivation,
@@ -31,7 +32,6 @@ from envpipe.runtime.schedule import (
     UnitEnd,
     UnitOrderSchedule,
     UnitStart,
-    one_f_one_b,
     validate_orders,
 )
 

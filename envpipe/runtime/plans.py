@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envpipe.runtime.schedule import Unit, envpipe_order, one_f_one_b, validate_orders
+from envpipe.plan.schedules import Unit, envpipe_schedule, one_f_one_b, reschedule_counts
+from envpipe.runtime.schedule import validate_orders
 
 
 class PlanFileError(ValueError):
@@ -63,21 +63,6 @@ def load_plan(path: str | Path, num_stages: int, num_microbatches: int) -> RunPl
     return RunPlan(orders, clocks, float(t) if t is not None else None, baseline)
 
 
-def reschedule_counts(fwd_s: Sequence[float], bwd_s: Sequence[float], num_microbatches: int) -> list[int]:
-    """EnvPipe's extra warm-up forwards r_s from unit times at the current clock.
-
-    After its warm-up, stage s waits for B0's gradient, which passes through the P-s-1 downstream
-    stages; r_s forwards fill that wait: floor(Tb * (P-s-1) / Tf), capped at M-(P-s); 0 on the last.
-    """
-    P = len(fwd_s)
-    return [
-        0
-        if s == P - 1
-        else max(0, min(math.floor(bwd_s[s] * (P - s - 1) / fwd_s[s]), num_microbatches - (P - s)))
-        for s in range(P)
-    ]
-
-
 def builtin_plan(
     scheduling: str,
     num_stages: int,
@@ -91,5 +76,5 @@ def builtin_plan(
     if fwd_s is None or bwd_s is None:
         raise ValueError("EnvPipe scheduling without a plan needs measured forward/backward times")
     return RunPlan(
-        envpipe_order(num_stages, num_microbatches, reschedule_counts(fwd_s, bwd_s, num_microbatches)), None
+        envpipe_schedule(num_stages, num_microbatches, reschedule_counts(bwd_s, fwd_s, num_microbatches)), None
     )

@@ -17,13 +17,14 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
 from envpipe.runtime.clocks import Clock, SimClock, gpu_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.engine import EnvPipeEngine
 from envpipe.runtime.plans import RunPlan, builtin_plan, load_plan
 from envpipe.runtime.report import Reporter, summarize, write_summary
-from envpipe.runtime.schedule import one_f_one_b, simulate_orders
+from envpipe.runtime.schedule import simulate_orders
 
 log = logging.getLogger(__name__)
 

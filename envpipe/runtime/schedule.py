@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from deepspeed.runtime.pipe import schedule as ds
 
-Unit = tuple[str, int]
+from envpipe.plan.schedules import Unit
 
 
 class ScheduleError(ValueError):
@@ -37,34 +37,6 @@ class UnitStart(ds.PipeInstruction):
 
 class UnitEnd(ds.PipeInstruction):
     """Marks the end of a forward/backward unit."""
-
-
-def warmup_order(num_microbatches: int, warmup: int) -> list[Unit]:
-    """`warmup` forwards, then alternate B,F, then drain the Bs."""
-    w = max(1, min(num_microbatches, warmup))
-    order: list[Unit] = [("F", m) for m in range(w)]
-    for m in range(num_microbatches):
-        order.append(("B", m))
-        if w + m < num_microbatches:
-            order.append(("F", w + m))
-    return order
-
-
-def one_f_one_b(num_stages: int, num_microbatches: int) -> list[list[Unit]]:
-    """DeepSpeed's 1F1B: stage s runs P-s forwards before its first backward."""
-    return [warmup_order(num_microbatches, num_stages - s) for s in range(num_stages)]
-
-
-def envpipe_order(num_stages: int, num_microbatches: int, reschedule: Sequence[int]) -> list[list[Unit]]:
-    """EnvPipe: stage s runs min(M, P-s+r_s) warm-up forwards; the last stage is always 1F1B."""
-    if len(reschedule) != num_stages:
-        raise ScheduleError(f"need one reschedule count per stage ({num_stages}), got {len(reschedule)}")
-    if any(r < 0 for r in reschedule):
-        raise ScheduleError(f"reschedule counts must be >= 0, got {list(reschedule)}")
-    return [
-        warmup_order(num_microbatches, num_stages - s + (0 if s == num_stages - 1 else reschedule[s]))
-        for s in range(num_stages)
-    ]
 
 
 def max_in_flight(order: Sequence[Unit]) -> int:
