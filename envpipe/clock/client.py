@@ -41,6 +41,7 @@ class ClockClient:
         self.last_error: Exception | None = None  # the latest failed set(), for the runtime to report
         self.applied: dict[str, int] = {}  # gpu uuid -> clock the daemon applied last
         self._pending: dict[str, int] = {}
+        self._busy = False  # a lock request is in flight
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="envpipe-clock-client", daemon=True)
         self._thread.start()
@@ -108,6 +109,7 @@ class ClockClient:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._busy = True
             while self._pending:
                 uuid, mhz = self._pending.popitem()
                 try:
@@ -116,6 +118,7 @@ class ClockClient:
                 except (ClockDaemonUnavailable, ClockRequestError) as exc:
                     self.last_error = exc
                     log.warning("clock set %s -> %d MHz failed: %s", uuid, mhz, exc)
+            self._busy = False
 
     def _queue(self, uuid: str, mhz: int) -> None:
         self._pending[uuid] = mhz  # latest wins: an older pending request for this GPU is replaced
@@ -135,7 +138,7 @@ class ClockClient:
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until every set() so far has been answered (tests and benchmarks)."""
         async def drained() -> None:
-            while self._pending or self._wake.is_set():
+            while self._pending or self._wake.is_set() or self._busy:
                 await asyncio.sleep(0.001)
             await asyncio.sleep(0)
         self._run(drained(), timeout)
