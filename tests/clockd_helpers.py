@@ -50,9 +50,13 @@ def call(sock: str, method: str, path: str, body: Any = None, raw: bytes | None 
 
 
 @contextlib.contextmanager
-def daemon_thread(sock: str, backend: Backend | None = None, policy: OwnershipPolicy | None = None,
-                  config: ServiceConfig | None = None, max_rps: float = 5000.0,
-                  ) -> Iterator[ClockService]:
+def daemon_thread(
+    sock: str,
+    backend: Backend | None = None,
+    policy: OwnershipPolicy | None = None,
+    config: ServiceConfig | None = None,
+    max_rps: float = 5000.0,
+) -> Iterator[ClockService]:
     service = ClockService(backend or SimBackend(4), policy or LocalPolicy(), config or ServiceConfig())
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
@@ -61,7 +65,9 @@ def daemon_thread(sock: str, backend: Backend | None = None, policy: OwnershipPo
 
     def run() -> None:
         try:
-            loop.run_until_complete(serve(service, ServeOptions(sock, None, 0, 0o660, max_rps), stop, ready.set))
+            loop.run_until_complete(
+                serve(service, ServeOptions(sock, None, 0, 0o660, max_rps), stop, ready.set)
+            )
         except BaseException as exc:
             failed.append(exc)
             ready.set()
@@ -80,9 +86,13 @@ def daemon_thread(sock: str, backend: Backend | None = None, policy: OwnershipPo
 
 
 def daemon_process(sock: str, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock,
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
     for line in proc.stdout:

@@ -11,19 +11,19 @@ NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
 NVMLError = pynvml.NVMLError
 
 
-class NVMLError_NoPermission(pynvml.NVMLError_NoPermission):  # noqa: N801 (pynvml's names)
+class NVMLError_NoPermission(pynvml.NVMLError_NoPermission):
     pass
 
 
-class NVMLError_NotSupported(pynvml.NVMLError_NotSupported):  # noqa: N801
+class NVMLError_NotSupported(pynvml.NVMLError_NotSupported):
     pass
 
 
-class NVMLError_InvalidArgument(pynvml.NVMLError_InvalidArgument):  # noqa: N801
+class NVMLError_InvalidArgument(pynvml.NVMLError_InvalidArgument):
     pass
 
 
-class NVMLError_Uninitialized(pynvml.NVMLError_Uninitialized):  # noqa: N801
+class NVMLError_Uninitialized(pynvml.NVMLError_Uninitialized):
     pass
 
 
@@ -56,49 +56,49 @@ class FakeNvml:
         if not self.initialized:
             raise NVMLError_Uninitialized()
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         self.initialized = True
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self._check()
         self.initialized = False
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         self._check()
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
         self._check()
         if not 0 <= i < len(self.gpus):
             raise NVMLError_InvalidArgument()
         return self.gpus[i]
 
-    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
         return h.uuid
 
-    def nvmlDeviceGetName(self, h: FakeGpu) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, h: FakeGpu) -> str:
         return h.name
 
-    def nvmlDeviceGetSupportedMemoryClocks(self, h: FakeGpu) -> list[int]:  # noqa: N802
+    def nvmlDeviceGetSupportedMemoryClocks(self, h: FakeGpu) -> list[int]:
         return list(h.mem_clocks)
 
-    def nvmlDeviceGetSupportedGraphicsClocks(self, h: FakeGpu, mem_mhz: int) -> list[int]:  # noqa: N802
+    def nvmlDeviceGetSupportedGraphicsClocks(self, h: FakeGpu, mem_mhz: int) -> list[int]:
         if mem_mhz not in h.mem_clocks:
             raise NVMLError_InvalidArgument()
         return list(h.graphics) if mem_mhz == max(h.mem_clocks) else list(h.graphics[-10:])
 
-    def nvmlDeviceGetClockInfo(self, h: FakeGpu, clock_type: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, h: FakeGpu, clock_type: int) -> int:
         if clock_type != NVML_CLOCK_SM:
             raise NVMLError_InvalidArgument()
         return h.sm_mhz
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeGpu) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeGpu) -> int:
         if not h.has_energy:
             raise NVMLError_NotSupported()
         h.energy_mj += 70_000  # 70 J between two reads
         return h.energy_mj
 
-    def nvmlDeviceSetGpuLockedClocks(self, h: FakeGpu, min_mhz: int, max_mhz: int) -> None:  # noqa: N802
+    def nvmlDeviceSetGpuLockedClocks(self, h: FakeGpu, min_mhz: int, max_mhz: int) -> None:
         self._check()
         h.calls.append(("lock", min_mhz, max_mhz))
         if not h.writable:
@@ -107,7 +107,7 @@ class FakeNvml:
             raise NVMLError_InvalidArgument()
         h.sm_mhz = max_mhz
 
-    def nvmlDeviceResetGpuLockedClocks(self, h: FakeGpu) -> None:  # noqa: N802
+    def nvmlDeviceResetGpuLockedClocks(self, h: FakeGpu) -> None:
         self._check()
         h.calls.append(("reset",))
         if not h.writable:

@@ -14,6 +14,7 @@ A, B = "GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-
 
 def test_fake_errors_are_real_pynvml_errors() -> None:
     from tests import fake_pynvml
+
     exc = fake_pynvml.NVMLError_NoPermission()
     assert isinstance(exc, pynvml.NVMLError_NoPermission) and exc.value == pynvml.NVML_ERROR_NO_PERMISSION
 
@@ -53,8 +54,9 @@ def test_nvml_errors_become_clear_answers() -> None:
 
 def test_nvml_not_supported_maps_to_501() -> None:
     class NoClocks(FakeNvml):
-        def nvmlDeviceSetGpuLockedClocks(self, h, lo, hi):  # noqa: N802
+        def nvmlDeviceSetGpuLockedClocks(self, h, lo, hi):
             raise self.NVMLError_NotSupported()
+
     be = NvmlBackend(NoClocks([FakeGpu(A)]))
     with pytest.raises(NotSupported) as exc:
         be.lock(A, 1200)

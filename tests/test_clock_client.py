@@ -52,7 +52,7 @@ def test_set_is_non_blocking_latest_wins_and_close_resets(tmp_path) -> None:
             client.flush()
             assert client.applied[gpu] == 1305 and locked(sock, gpu) == {"min_mhz": 1305, "max_mhz": 1305}
             assert calls[-1] == 1305 and len(calls) < 4  # superseded requests were dropped
-            assert [g["uuid"] for g in client.gpus()][0] == gpu
+            assert next(g["uuid"] for g in client.gpus()) == gpu
             e0 = client.energy_mj(gpu)
             time.sleep(0.05)
             assert client.energy_mj(gpu) > e0
@@ -118,8 +118,12 @@ def test_client_killed_with_sigkill_resets_within_ttl(tmp_path) -> None:
     try:
         gpu = first_gpu(sock)
         ttl = 3.0
-        client = subprocess.Popen([sys.executable, "-c", CLIENT, sock, gpu, str(ttl)], stdout=subprocess.PIPE,
-                                  text=True, env={**os.environ, "PYTHONPATH": ROOT})
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, sock, gpu, str(ttl)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
         assert client.stdout is not None and client.stdout.readline().strip() == "locked"
         assert locked(sock, gpu) == {"min_mhz": 1005, "max_mhz": 1005}
         client.send_signal(signal.SIGKILL)
@@ -146,8 +150,9 @@ def test_daemon_killed_and_restarted(tmp_path) -> None:
     daemon = daemon_process(sock)  # replaces the stale socket and resets every GPU at start
     try:
         assert locked(sock, gpu) is None
-        wait_for(lambda: isinstance(client.last_error, ClockRequestError)
-                 and client.last_error.status == 404, 5)  # the old lease is gone: heartbeats say so
+        wait_for(
+            lambda: isinstance(client.last_error, ClockRequestError) and client.last_error.status == 404, 5
+        )  # the old lease is gone: heartbeats say so
         client.close()
         with ClockClient(sock, gpu_uuids=[gpu]) as again:
             assert again.lock_now(gpu, 1100)["applied_mhz"] == 1095
@@ -160,7 +165,12 @@ def test_daemon_killed_and_restarted(tmp_path) -> None:
 def test_second_daemon_on_a_live_socket_refuses_to_start(tmp_path) -> None:
     sock = str(tmp_path / "c.sock")
     with daemon_thread(sock):
-        proc = subprocess.run([sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock],
-                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=30)
+        proc = subprocess.run(
+            [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            timeout=30,
+        )
         assert proc.returncode != 0 and "already listening" in proc.stderr
         assert call(sock, "GET", "/healthz")[0] == 200

@@ -93,11 +93,15 @@ def test_close_lease_resets_its_gpus(daemon, sock) -> None:
     assert call(sock, "DELETE", f"/v1/leases/{lease}")[0] == 200
     assert call(sock, "GET", f"/v1/gpus/{gpu}")[1]["current_mhz"] == 1410
     assert call(sock, "DELETE", f"/v1/leases/{lease}")[0] == 404
-    assert call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 1000})[1]["error"] == "unknown_lease"
+    assert (
+        call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 1000})[1]["error"]
+        == "unknown_lease"
+    )
 
 
 def test_lease_expires_without_heartbeats_and_resets(sock) -> None:
     from tests.clockd_helpers import wait_for
+
     with daemon_thread(sock, config=ServiceConfig(reap_interval_s=0.05)):
         gpu = uuids(sock)[0]
         lease = open_lease(sock, gpu, ttl_s=0.6)
@@ -108,23 +112,26 @@ def test_lease_expires_without_heartbeats_and_resets(sock) -> None:
         assert call(sock, "POST", f"/v1/leases/{lease}/renew")[0] == 404
 
 
-@pytest.mark.parametrize(("method", "path", "raw", "status"), [
-    ("POST", "/v1/leases", b"{not json", 400),
-    ("POST", "/v1/leases", b"[1, 2]", 400),
-    ("POST", "/v1/leases", b'{"gpus": "GPU-x"}', 400),
-    ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "color": "red"}', 400),
-    ("POST", "/v1/leases", b'{"gpus": ["GPU-x"]}', 404),
-    ("POST", "/v1/leases", b'{"gpus": [], "ttl_s": 5}', 400),
-    ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": true}', 400),
-    ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "pod": {"name": "a"}}', 400),
-    ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": 1000}', 404),
-    ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": "1000"}', 400),
-    ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": 1000.5}', 400),
-    ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x"}', 400),
-    ("POST", "/v1/leases/abc/renew", b'{"x": 1}', 400),
-    ("GET", "/v1/nothing", b"", 404),
-    ("PUT", "/v1/gpus", b"", 405),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "raw", "status"),
+    [
+        ("POST", "/v1/leases", b"{not json", 400),
+        ("POST", "/v1/leases", b"[1, 2]", 400),
+        ("POST", "/v1/leases", b'{"gpus": "GPU-x"}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "color": "red"}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"]}', 404),
+        ("POST", "/v1/leases", b'{"gpus": [], "ttl_s": 5}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": true}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "pod": {"name": "a"}}', 400),
+        ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": 1000}', 404),
+        ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": "1000"}', 400),
+        ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": 1000.5}', 400),
+        ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x"}', 400),
+        ("POST", "/v1/leases/abc/renew", b'{"x": 1}', 400),
+        ("GET", "/v1/nothing", b"", 404),
+        ("PUT", "/v1/gpus", b"", 405),
+    ],
+)
 def test_bad_requests_get_4xx_with_a_message(daemon, sock, method, path, raw, status) -> None:
     got, body = call(sock, method, path, raw=raw)
     assert got == status and body["message"]
@@ -149,7 +156,13 @@ def test_health_and_metrics(daemon, sock) -> None:
     call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 1000})
     call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 5})
     status, health = call(sock, "GET", "/healthz")
-    assert status == 200 and health == {"ok": True, "backend": "sim", "ownership": "local", "gpus": 4, "leases": 1}
+    assert status == 200 and health == {
+        "ok": True,
+        "backend": "sim",
+        "ownership": "local",
+        "gpus": 4,
+        "leases": 1,
+    }
     text = call(sock, "GET", "/metrics")[1]
     assert f'envpipe_clockd_sm_clock_mhz{{gpu="{gpu}"}} 1005.0' in text
     assert 'envpipe_clockd_lock_requests_total{outcome="ok"} 1.0' in text

@@ -20,16 +20,21 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
         self.pods, self.get_enabled, self.calls = pods, get_enabled, []
 
     def _pod(self, ns: str, name: str) -> api_pb2.PodResources:
-        devices = [api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=self.pods[(ns, name)]),
-                   api_pb2.ContainerDevices(resource_name="example.com/nic", device_ids=["nic0"])]
-        return api_pb2.PodResources(name=name, namespace=ns, containers=[
-            api_pb2.ContainerResources(name="trainer", devices=devices, cpu_ids=[0, 1])])
+        devices = [
+            api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=self.pods[(ns, name)]),
+            api_pb2.ContainerDevices(resource_name="example.com/nic", device_ids=["nic0"]),
+        ]
+        return api_pb2.PodResources(
+            name=name,
+            namespace=ns,
+            containers=[api_pb2.ContainerResources(name="trainer", devices=devices, cpu_ids=[0, 1])],
+        )
 
-    def List(self, request, context):  # noqa: N802 (gRPC names)
+    def List(self, request, context):
         self.calls.append("List")
         return api_pb2.ListPodResourcesResponse(pod_resources=[self._pod(ns, n) for ns, n in self.pods])
 
-    def Get(self, request, context):  # noqa: N802
+    def Get(self, request, context):
         self.calls.append("Get")
         if not self.get_enabled:  # what a kubelet without the KubeletPodResourcesGet gate answers
             context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
@@ -46,7 +51,9 @@ def gpus() -> list[str]:
 
 @pytest.fixture(params=[True, False], ids=["Get", "List-fallback"])
 def kubelet(request, tmp_path, gpus):
-    fake = FakeKubelet({("team", "trainer-0"): gpus[:2], ("other", "job"): gpus[2:3]}, get_enabled=request.param)
+    fake = FakeKubelet(
+        {("team", "trainer-0"): gpus[:2], ("other", "job"): gpus[2:3]}, get_enabled=request.param
+    )
     server = grpc.server(futures.ThreadPoolExecutor(2))
     api_pb2_grpc.add_PodResourcesListerServicer_to_server(fake, server)
     path = str(tmp_path / "kubelet.sock")

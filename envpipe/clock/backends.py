@@ -6,12 +6,13 @@ ownership live in the daemon. Backend calls for one GPU are made from that GPU's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Protocol
 
 from envpipe.clock.errors import BackendFailure, ClockError, NoPermission, NotSupported, UnknownGpu
@@ -28,6 +29,7 @@ class GpuStatic:
 class Backend(Protocol):
     name: str
     applies_writes: bool  # False for readonly: lock/reset are checked and recorded, not applied
+    blocking: bool  # calls may block (driver): run them on the GPU's worker thread, off the event loop
 
     def gpus(self) -> list[GpuStatic]: ...
     def current_mhz(self, uuid: str) -> int: ...
@@ -53,9 +55,11 @@ class SimBackend:
     """
 
     applies_writes = True
+    blocking = False  # microseconds of arithmetic: cheaper inline than a thread hop
 
-    def __init__(self, count: int = 4, model: FrequencyModel | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, count: int = 4, model: FrequencyModel | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.model = model or FrequencyModel.default()
         self.name = "sim"
         self._now = clock
@@ -75,10 +79,7 @@ class SimBackend:
 
     def _advance(self, gpu: _SimGpu) -> None:
         now = self._now()
-        if gpu.locked_mhz is None:
-            power = self.model.idle_power_w
-        else:
-            power = self.model.busy_power(gpu.locked_mhz)
+        power = self.model.idle_power_w if gpu.locked_mhz is None else self.model.busy_power(gpu.locked_mhz)
         gpu.energy_j += power * (now - gpu.last_t)
         gpu.last_t = now
 
@@ -117,11 +118,12 @@ class NvmlBackend:
     """Real GPUs through NVML (nvidia-ml-py). ``nvml`` may be injected (a faithful fake in tests)."""
 
     applies_writes = True
+    blocking = True
 
-    def __init__(self, nvml: ModuleType | Any | None = None) -> None:
-        if nvml is None:
-            import pynvml as nvml  # imported here so that the sim backend runs without a driver
-        self.nvml = nvml
+    def __init__(self, nvml: Any = None) -> None:
+        # pynvml is imported here so that the sim backend runs without it
+        self.nvml: Any = nvml if nvml is not None else importlib.import_module("pynvml")
+        nvml = self.nvml
         self.name = "nvml"
         self._call(nvml.nvmlInit)
         self._handles: dict[str, Any] = {}
@@ -139,8 +141,10 @@ class NvmlBackend:
         try:
             return fn(*args)
         except nvml.NVMLError_NoPermission as exc:
-            raise NoPermission(f"NVML {fn.__name__}: no permission ({exc}); the daemon needs "
-                               "CAP_SYS_ADMIN or root to change clocks") from exc
+            raise NoPermission(
+                f"NVML {fn.__name__}: no permission ({exc}); the daemon needs "
+                "CAP_SYS_ADMIN or root to change clocks"
+            ) from exc
         except nvml.NVMLError_NotSupported as exc:
             raise NotSupported(f"NVML {fn.__name__}: not supported on this GPU ({exc})") from exc
         except nvml.NVMLError as exc:
@@ -177,10 +181,8 @@ class NvmlBackend:
         self._call(self.nvml.nvmlDeviceResetGpuLockedClocks, self._handle(uuid))
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(self.nvml.NVMLError):  # shutting down anyway
             self.nvml.nvmlShutdown()
-        except self.nvml.NVMLError:
-            pass  # shutting down anyway
 
 
 class ReadonlyBackend(NvmlBackend):
@@ -191,7 +193,7 @@ class ReadonlyBackend(NvmlBackend):
 
     applies_writes = False
 
-    def __init__(self, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, nvml: Any = None) -> None:
         super().__init__(nvml)
         self.name = "readonly"
         self.recorded: list[tuple[str, str, int | None]] = []  # (action, uuid, mhz)

@@ -34,8 +34,15 @@ class ClockRequestError(RuntimeError):
 
 
 class ClockClient:
-    def __init__(self, socket_path: str | None = None, *, gpu_uuids: list[str], ttl_s: float = 5.0,
-                 pod: dict[str, str] | None = None, connect_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        gpu_uuids: list[str],
+        ttl_s: float = 5.0,
+        pod: dict[str, str] | None = None,
+        connect_timeout_s: float = 2.0,
+    ) -> None:
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.ttl_s = ttl_s
         self.last_error: Exception | None = None  # the latest failed set(), for the runtime to report
@@ -43,7 +50,9 @@ class ClockClient:
         self._pending: dict[str, int] = {}
         self._busy = False  # a lock request is in flight
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="envpipe-clock-client", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="envpipe-clock-client", daemon=True
+        )
         self._thread.start()
         self._closed = False
         try:
@@ -61,17 +70,22 @@ class ClockClient:
             async with self._session.request(method, "http://clockd" + path, json=json) as resp:
                 body = await resp.json(content_type=None)
         except aiohttp.ClientConnectionError as exc:
-            raise ClockDaemonUnavailable(f"envpipe-clockd does not answer on {self.socket_path}: {exc}") from exc
+            raise ClockDaemonUnavailable(
+                f"envpipe-clockd does not answer on {self.socket_path}: {exc}"
+            ) from exc
         if resp.status >= 400:
             raise ClockRequestError(resp.status, body if isinstance(body, dict) else {"message": str(body)})
         return body
 
     async def _open(self, gpus: list[str], pod: dict[str, str] | None) -> str:
         if not os.path.exists(self.socket_path):
-            raise ClockDaemonUnavailable(f"no envpipe-clockd socket at {self.socket_path} "
-                                         f"(set {SOCKET_ENV}); running at default clocks")
-        self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path),
-                                              timeout=aiohttp.ClientTimeout(total=10))
+            raise ClockDaemonUnavailable(
+                f"no envpipe-clockd socket at {self.socket_path} "
+                f"(set {SOCKET_ENV}); running at default clocks"
+            )
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.socket_path), timeout=aiohttp.ClientTimeout(total=10)
+        )
         self._wake = asyncio.Event()
         body: dict[str, Any] = {"gpus": gpus, "ttl_s": self.ttl_s}
         if pod is None and os.environ.get("POD_NAME") and os.environ.get("POD_NAMESPACE"):
@@ -84,8 +98,9 @@ class ClockClient:
             await self._session.close()
             raise
         lease: str = reply["lease"]
-        self._tasks = [asyncio.create_task(t) for t in
-                       (self._heartbeat(lease), self._attach(lease), self._apply(lease))]
+        self._tasks = [
+            asyncio.create_task(t) for t in (self._heartbeat(lease), self._attach(lease), self._apply(lease))
+        ]
         return lease
 
     async def _heartbeat(self, lease: str) -> None:
@@ -100,8 +115,9 @@ class ClockClient:
     async def _attach(self, lease: str) -> None:
         # A second connection, held open: the daemon resets our GPUs the moment it closes.
         with contextlib.suppress(aiohttp.ClientError):
-            async with self._session.get(f"http://clockd/v1/leases/{lease}/attach",
-                                         timeout=aiohttp.ClientTimeout(total=None)) as resp:
+            async with self._session.get(
+                f"http://clockd/v1/leases/{lease}/attach", timeout=aiohttp.ClientTimeout(total=None)
+            ) as resp:
                 async for _ in resp.content.iter_any():
                     pass
 
@@ -137,21 +153,27 @@ class ClockClient:
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until every set() so far has been answered (tests and benchmarks)."""
+
         async def drained() -> None:
             while self._pending or self._wake.is_set() or self._busy:
                 await asyncio.sleep(0.001)
             await asyncio.sleep(0)
+
         self._run(drained(), timeout)
 
     def energy_mj(self, gpu_uuid: str) -> int:
         reply = self._run(self._request("GET", f"/v1/gpus/{gpu_uuid}"))
         if reply["energy_mj"] is None:
-            raise ClockRequestError(501, {"error": "not_supported", "message": f"{gpu_uuid} has no energy counter"})
+            raise ClockRequestError(
+                501, {"error": "not_supported", "message": f"{gpu_uuid} has no energy counter"}
+            )
         return int(reply["energy_mj"])
 
     def lock_now(self, gpu_uuid: str, mhz: int) -> dict[str, Any]:
         """Blocking lock with the daemon's answer (applied clock); set() is the non-blocking one."""
-        return dict(self._run(self._request("POST", f"/v1/gpus/{gpu_uuid}/lock", {"lease": self.lease, "mhz": mhz})))
+        return dict(
+            self._run(self._request("POST", f"/v1/gpus/{gpu_uuid}/lock", {"lease": self.lease, "mhz": mhz}))
+        )
 
     def close(self) -> None:
         """Reset this lease's GPUs and end the lease."""
@@ -168,6 +190,7 @@ class ClockClient:
                 log.warning("closing the clock lease failed (the daemon resets it at TTL): %s", exc)
             finally:
                 await self._session.close()
+
         try:
             self._run(shutdown())
         finally:

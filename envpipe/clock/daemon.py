@@ -102,8 +102,15 @@ async def _body(request: web.Request) -> bytes:
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    return web.json_response({"ok": True, "backend": svc.backend.name, "ownership": svc.policy.name,
-                              "gpus": len(svc.backend.gpus()), "leases": len(svc.leases)})
+    return web.json_response(
+        {
+            "ok": True,
+            "backend": svc.backend.name,
+            "ownership": svc.policy.name,
+            "gpus": len(svc.backend.gpus()),
+            "leases": len(svc.leases),
+        }
+    )
 
 
 @routes.get("/metrics")
@@ -217,11 +224,14 @@ def parse_tcp(value: str) -> tuple[str, int]:
             raise click.BadParameter(f"--tcp must bind a loopback address, not {host}")
         return host.strip("[]"), int(port)
     except ValueError:
-        raise click.BadParameter(f"--tcp takes HOST:PORT on loopback (e.g. 127.0.0.1:4939), got {value!r}") from None
+        raise click.BadParameter(
+            f"--tcp takes HOST:PORT on loopback (e.g. 127.0.0.1:4939), got {value!r}"
+        ) from None
 
 
-async def serve(service: ClockService, opts: ServeOptions, stop: asyncio.Event,
-                ready: Callable[[], None] | None = None) -> None:
+async def serve(
+    service: ClockService, opts: ServeOptions, stop: asyncio.Event, ready: Callable[[], None] | None = None
+) -> None:
     await service.reset_all("daemon start")
     app = make_app(service, opts.max_rps)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -250,9 +260,15 @@ async def serve(service: ClockService, opts: ServeOptions, stop: asyncio.Event,
         await metrics_runner.setup()
         await web.TCPSite(metrics_runner, "0.0.0.0", opts.metrics_port).start()
     reaper = asyncio.create_task(service.reap_forever())
-    log.info("envpipe-clockd up: backend=%s ownership=%s gpus=%d socket=%s tcp=%s metrics_port=%s",
-             service.backend.name, service.policy.name, len(service.backend.gpus()),
-             opts.socket_path, opts.tcp, opts.metrics_port or "off")
+    log.info(
+        "envpipe-clockd up: backend=%s ownership=%s gpus=%d socket=%s tcp=%s metrics_port=%s",
+        service.backend.name,
+        service.policy.name,
+        len(service.backend.gpus()),
+        opts.socket_path,
+        opts.tcp,
+        opts.metrics_port or "off",
+    )
     if ready:
         ready()
     try:
@@ -273,29 +289,78 @@ async def serve(service: ClockService, opts: ServeOptions, stop: asyncio.Event,
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--socket", "socket_path", default="/run/envpipe/clockd.sock", show_default=True,
-              help="Unix socket to serve on ('' for none).")
+@click.option(
+    "--socket",
+    "socket_path",
+    default="/run/envpipe/clockd.sock",
+    show_default=True,
+    help="Unix socket to serve on ('' for none).",
+)
 @click.option("--tcp", default=None, help="Also serve on loopback HOST:PORT (e.g. 127.0.0.1:4939).")
 @click.option("--backend", type=click.Choice(["nvml", "sim", "readonly"]), default="nvml", show_default=True)
-@click.option("--sim-gpus", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Number of simulated GPUs (sim backend).")
-@click.option("--min-mhz", type=click.IntRange(0), default=0, show_default=True,
-              help="Lowest SM clock a client may lock (allow-list).")
-@click.option("--max-mhz", type=click.IntRange(0), default=100_000, show_default=True,
-              help="Highest SM clock a client may lock (allow-list).")
-@click.option("--lease-ttl", type=click.FloatRange(0.5, 300), default=5.0, show_default=True,
-              help="Default lease TTL in seconds (clients renew by heartbeats).")
+@click.option(
+    "--sim-gpus",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Number of simulated GPUs (sim backend).",
+)
+@click.option(
+    "--min-mhz",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Lowest SM clock a client may lock (allow-list).",
+)
+@click.option(
+    "--max-mhz",
+    type=click.IntRange(0),
+    default=100_000,
+    show_default=True,
+    help="Highest SM clock a client may lock (allow-list).",
+)
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(0.5, 300),
+    default=5.0,
+    show_default=True,
+    help="Default lease TTL in seconds (clients renew by heartbeats).",
+)
 @click.option("--ownership", type=click.Choice(["kubelet", "local"]), default="local", show_default=True)
 @click.option("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, show_default=True)
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="TCP port on all interfaces for /metrics and /healthz only (0: off).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="TCP port on all interfaces for /metrics and /healthz only (0: off).",
+)
 @click.option("--socket-mode", default="660", show_default=True, help="Octal permissions of the socket file.")
-@click.option("--max-rps", type=click.FloatRange(1), default=5000.0, show_default=True,
-              help="Requests per second per caller before 429.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info", show_default=True)
-def main(socket_path: str, tcp: str | None, backend: str, sim_gpus: int, min_mhz: int, max_mhz: int,
-         lease_ttl: float, ownership: str, pod_resources_socket: str, metrics_port: int, socket_mode: str,
-         max_rps: float, log_level: str) -> None:
+@click.option(
+    "--max-rps",
+    type=click.FloatRange(1),
+    default=5000.0,
+    show_default=True,
+    help="Requests per second per caller before 429.",
+)
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning"]), default="info", show_default=True
+)
+def main(
+    socket_path: str,
+    tcp: str | None,
+    backend: str,
+    sim_gpus: int,
+    min_mhz: int,
+    max_mhz: int,
+    lease_ttl: float,
+    ownership: str,
+    pod_resources_socket: str,
+    metrics_port: int,
+    socket_mode: str,
+    max_rps: float,
+    log_level: str,
+) -> None:
     """The EnvPipe clock daemon: locks GPU SM clocks for unprivileged pods, by lease."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -307,8 +372,11 @@ def main(socket_path: str, tcp: str | None, backend: str, sim_gpus: int, min_mhz
     if tcp:
         parse_tcp(tcp)
     try:
-        service = ClockService(make_backend(backend, sim_gpus), make_policy(ownership, pod_resources_socket),
-                               ServiceConfig(min_mhz, max_mhz, lease_ttl))
+        service = ClockService(
+            make_backend(backend, sim_gpus),
+            make_policy(ownership, pod_resources_socket),
+            ServiceConfig(min_mhz, max_mhz, lease_ttl),
+        )
     except ClockError as exc:
         raise click.ClickException(f"cannot start with backend {backend!r}: {exc.message}") from None
     opts = ServeOptions(socket_path or None, tcp, metrics_port, mode, max_rps)

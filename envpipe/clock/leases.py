@@ -22,8 +22,12 @@ class Lease:
     owner: str  # peer and pod, for the audit log
 
     def to_json(self, now: float) -> dict[str, object]:
-        return {"lease": self.id, "gpus": list(self.gpus), "ttl_s": self.ttl_s,
-                "expires_in_s": round(max(0.0, self.expires - now), 3)}
+        return {
+            "lease": self.id,
+            "gpus": list(self.gpus),
+            "ttl_s": self.ttl_s,
+            "expires_in_s": round(max(0.0, self.expires - now), 3),
+        }
 
 
 class LeaseTable:

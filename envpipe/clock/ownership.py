@@ -85,8 +85,10 @@ class KubeletPolicy:
     def pod_gpus(self, pod: PodRef) -> set[str] | None:
         """Device ids (GPU UUIDs) given to ``pod``, or None if the kubelet does not know the pod."""
         try:
-            reply = self._stub.Get(api_pb2.GetPodResourcesRequest(pod_name=pod.name, pod_namespace=pod.namespace),
-                                   timeout=self.timeout_s)
+            reply = self._stub.Get(
+                api_pb2.GetPodResourcesRequest(pod_name=pod.name, pod_namespace=pod.namespace),
+                timeout=self.timeout_s,
+            )
             resources = [reply.pod_resources]
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
@@ -96,27 +98,40 @@ class KubeletPolicy:
         found = [r for r in resources if r.name == pod.name and r.namespace == pod.namespace]
         if not found:
             return None
-        return {d for r in found for c in r.containers for dev in c.devices
-                if dev.resource_name.startswith(GPU_RESOURCE_PREFIX) for d in dev.device_ids}
+        return {
+            d
+            for r in found
+            for c in r.containers
+            for dev in c.devices
+            if dev.resource_name.startswith(GPU_RESOURCE_PREFIX)
+            for d in dev.device_ids
+        }
 
     def _list(self, pod: PodRef) -> list[api_pb2.PodResources]:
         try:
-            return list(self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s).pod_resources)
+            return list(
+                self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s).pod_resources
+            )
         except grpc.RpcError as exc:
-            raise BackendFailure(f"kubelet PodResources API at {self.socket_path} failed: "
-                                 f"{exc.code().name} {exc.details()}") from exc
+            raise BackendFailure(
+                f"kubelet PodResources API at {self.socket_path} failed: {exc.code().name} {exc.details()}"
+            ) from exc
 
     def check(self, peer: Peer, pod: PodRef | None, gpus: list[str]) -> None:
         if pod is None:
-            raise BadRequest("ownership is 'kubelet': the lease request must name its pod "
-                             '({"pod": {"namespace": ..., "name": ...}})')
+            raise BadRequest(
+                "ownership is 'kubelet': the lease request must name its pod "
+                '({"pod": {"namespace": ..., "name": ...}})'
+            )
         owned = self.pod_gpus(pod)
         if owned is None:
             raise NotOwned(f"the kubelet knows no pod {pod}")
         foreign = [g for g in gpus if g not in owned]
         if foreign:
-            raise NotOwned(f"pod {pod} does not own GPU(s) {', '.join(foreign)} "
-                           f"(kubelet assigned: {', '.join(sorted(owned)) or 'none'})")
+            raise NotOwned(
+                f"pod {pod} does not own GPU(s) {', '.join(foreign)} "
+                f"(kubelet assigned: {', '.join(sorted(owned)) or 'none'})"
+            )
 
     def close(self) -> None:
         self._channel.close()

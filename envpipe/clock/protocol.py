@@ -54,8 +54,11 @@ class OpenLease:
     def parse(cls, raw: bytes) -> OpenLease:
         body = _object(raw, {"gpus", "ttl_s", "pod"}, {"gpus"})
         gpus = body["gpus"]
-        if (not isinstance(gpus, list) or not 0 < len(gpus) <= MAX_GPUS_PER_LEASE
-                or not all(isinstance(g, str) and 0 < len(g) <= 128 for g in gpus)):
+        if (
+            not isinstance(gpus, list)
+            or not 0 < len(gpus) <= MAX_GPUS_PER_LEASE
+            or not all(isinstance(g, str) and 0 < len(g) <= 128 for g in gpus)
+        ):
             raise BadRequest(f"'gpus' must be a list of 1 to {MAX_GPUS_PER_LEASE} GPU UUID strings")
         ttl = body.get("ttl_s")
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
@@ -63,7 +66,7 @@ class OpenLease:
         pod = None
         if "pod" in body:
             if not isinstance(body["pod"], dict):
-                raise BadRequest("'pod' must be an object {\"namespace\": ..., \"name\": ...}")
+                raise BadRequest('\'pod\' must be an object {"namespace": ..., "name": ...}')
             p = _object(json.dumps(body["pod"]).encode(), {"namespace", "name"}, {"namespace", "name"})
             pod = PodRef(_str(p, "namespace"), _str(p, "name"))
         return cls(gpus, None if ttl is None else float(ttl), pod)

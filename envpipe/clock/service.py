@@ -33,8 +33,13 @@ class ServiceConfig:
 
 
 class ClockService:
-    def __init__(self, backend: Backend, policy: OwnershipPolicy, config: ServiceConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        policy: OwnershipPolicy,
+        config: ServiceConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if config.min_mhz > config.max_mhz:
             raise ClockError(f"allow-list is empty: min {config.min_mhz} MHz > max {config.max_mhz} MHz")
         self.backend, self.policy, self.config = backend, policy, config
@@ -44,11 +49,15 @@ class ClockService:
         # One serial worker per GPU: commands to a GPU are applied in the order they arrive.
         self._workers = {u: ThreadPoolExecutor(1, thread_name_prefix=f"gpu-{u[:12]}") for u in self._static}
         self.registry = CollectorRegistry()
-        self.m_clock = Gauge("envpipe_clockd_sm_clock_mhz", "Current SM clock", ["gpu"], registry=self.registry)
-        self.m_energy = Gauge("envpipe_clockd_energy_mj", "GPU energy counter (mJ)", ["gpu"],
-                              registry=self.registry)
-        self.m_locks = Counter("envpipe_clockd_lock_requests", "Lock requests by outcome", ["outcome"],
-                               registry=self.registry)
+        self.m_clock = Gauge(
+            "envpipe_clockd_sm_clock_mhz", "Current SM clock", ["gpu"], registry=self.registry
+        )
+        self.m_energy = Gauge(
+            "envpipe_clockd_energy_mj", "GPU energy counter (mJ)", ["gpu"], registry=self.registry
+        )
+        self.m_locks = Counter(
+            "envpipe_clockd_lock_requests", "Lock requests by outcome", ["outcome"], registry=self.registry
+        )
         self.m_leases = Gauge("envpipe_clockd_leases", "Open leases", registry=self.registry)
 
     # ---- GPUs -------------------------------------------------------------------------------
@@ -59,17 +68,25 @@ class ClockService:
             raise UnknownGpu(f"no GPU with UUID {uuid!r} on this node (GPUs are addressed by UUID)") from None
 
     async def _on_gpu(self, uuid: str, fn: Callable[..., T], *args: Any) -> T:
+        if not self.backend.blocking:  # in order anyway: the event loop is one thread
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._workers[uuid], fn, *args)
 
     async def gpu(self, uuid: str) -> dict[str, Any]:
         static = self._gpu(uuid)
-        current, energy = await self._on_gpu(uuid, lambda: (self.backend.current_mhz(uuid),
-                                                            self.backend.energy_mj(uuid)))
+        current, energy = await self._on_gpu(
+            uuid, lambda: (self.backend.current_mhz(uuid), self.backend.energy_mj(uuid))
+        )
         locked = self._locked.get(uuid)
-        return {"uuid": uuid, "name": static.name, "supported_mhz": list(static.supported_mhz),
-                "current_mhz": current, "energy_mj": energy,
-                "locked": None if locked is None else {"min_mhz": locked, "max_mhz": locked},
-                "lease_held": self.leases.holder(uuid) is not None}
+        return {
+            "uuid": uuid,
+            "name": static.name,
+            "supported_mhz": list(static.supported_mhz),
+            "current_mhz": current,
+            "energy_mj": energy,
+            "locked": None if locked is None else {"min_mhz": locked, "max_mhz": locked},
+            "lease_held": self.leases.holder(uuid) is not None,
+        }
 
     async def gpus(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(self.gpu(u) for u in self._static)))
@@ -95,8 +112,17 @@ class ClockService:
         owner = peer.describe() + (f" pod={pod}" if pod else "")
         lease = self.leases.open(gpus, ttl, owner)
         self.m_leases.set(len(self.leases))
-        audit.info(json.dumps({"event": "lease_open", "lease": lease.id[:8], "gpus": list(lease.gpus),
-                               "ttl_s": ttl, "owner": owner}))
+        audit.info(
+            json.dumps(
+                {
+                    "event": "lease_open",
+                    "lease": lease.id[:8],
+                    "gpus": list(lease.gpus),
+                    "ttl_s": ttl,
+                    "owner": owner,
+                }
+            )
+        )
         return lease
 
     async def end_lease(self, lease_id: str, why: str) -> bool:
@@ -105,9 +131,12 @@ class ClockService:
         if lease is None:
             return False
         self.m_leases.set(len(self.leases))
-        audit.info(json.dumps({"event": "lease_end", "lease": lease.id[:8], "why": why, "owner": lease.owner}))
-        await asyncio.gather(*(self._reset(g, f"lease {lease.id[:8]} {why}") for g in lease.gpus),
-                             return_exceptions=True)
+        audit.info(
+            json.dumps({"event": "lease_end", "lease": lease.id[:8], "why": why, "owner": lease.owner})
+        )
+        await asyncio.gather(
+            *(self._reset(g, f"lease {lease.id[:8]} {why}") for g in lease.gpus), return_exceptions=True
+        )
         return True
 
     def _held(self, uuid: str, lease_id: str) -> Lease:
@@ -133,7 +162,12 @@ class ClockService:
             self.m_locks.labels(outcome=exc.code).inc()
             raise
         self.m_locks.labels(outcome="ok").inc()
-        return {"uuid": uuid, "requested_mhz": mhz, "applied_mhz": applied, "applied": self.backend.applies_writes}
+        return {
+            "uuid": uuid,
+            "requested_mhz": mhz,
+            "applied_mhz": applied,
+            "applied": self.backend.applies_writes,
+        }
 
     async def reset(self, uuid: str, lease_id: str) -> None:
         lease = self._held(uuid, lease_id)
@@ -155,8 +189,17 @@ class ClockService:
                 log.error("could not reset GPU %s (%s): %s", uuid, why, res)
 
     def _audit_change(self, uuid: str, mhz: int | None, why: str) -> None:
-        audit.info(json.dumps({"event": "clock_lock" if mhz else "clock_reset", "gpu": uuid, "mhz": mhz,
-                               "applied": self.backend.applies_writes, "by": why}))
+        audit.info(
+            json.dumps(
+                {
+                    "event": "clock_lock" if mhz else "clock_reset",
+                    "gpu": uuid,
+                    "mhz": mhz,
+                    "applied": self.backend.applies_writes,
+                    "by": why,
+                }
+            )
+        )
 
     async def reap_forever(self) -> None:
         while True:
