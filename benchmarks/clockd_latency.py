@@ -63,6 +63,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main(out_path: str) -> None:
+    load = os.getloadavg()
     sock = os.path.join(tempfile.mkdtemp(), "clockd.sock")
     daemon = subprocess.Popen(
         [
@@ -119,7 +120,8 @@ def main(out_path: str) -> None:
         f"# envpipe-clockd lock-request latency (measured, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         "",
         f"Machine: `{' '.join(platform.uname())}`, nproc={os.cpu_count()}, "
-        f"Python {platform.python_version()}.",
+        f"Python {platform.python_version()}, load average before the run "
+        f"{' '.join(f'{x:.1f}' for x in load)} (CPUs shared with other jobs).",
         "Daemon: a real `envpipe-clockd --backend sim` process; clients: HTTP/1.1 keep-alive over the Unix "
         "socket; every request is a lock that changes the clock (1000 ↔ 1100 MHz), so each one goes "
         "through lease check, allow-list, snapping, the (simulated, in-loop) backend, metrics and the "
