@@ -181,3 +181,31 @@ def test_start_and_shutdown_reset_every_gpu(sock) -> None:
         call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 1000})
         assert backend.current_mhz(gpu) == 1005
     assert backend.current_mhz(gpu) == 1410 and not os.path.exists(sock)
+
+
+def test_concurrent_lease_requests_with_a_slow_ownership_check_cannot_both_win() -> None:
+    """The kubelet check runs in threads concurrently; the lease table must still give a GPU once."""
+    import asyncio
+    import time
+
+    from envpipe.clock.errors import Held
+    from envpipe.clock.ownership import Peer
+    from envpipe.clock.service import ClockService
+
+    class SlowPolicy:
+        name = "slow"
+
+        def check(self, peer, pod, gpus) -> None:
+            time.sleep(0.1)
+
+    service = ClockService(SimBackend(1), SlowPolicy(), ServiceConfig())
+    gpu = service.backend.gpus()[0].uuid
+
+    async def race() -> list[object]:
+        return await asyncio.gather(
+            *(service.open_lease(Peer(pid=i), None, [gpu], None) for i in range(2)), return_exceptions=True
+        )
+
+    results = asyncio.run(race())
+    assert sum(isinstance(r, Held) for r in results) == 1 and len(service.leases) == 1
+    service.close()

@@ -147,8 +147,7 @@ async def reset(request: web.Request) -> web.Response:
 async def open_lease(request: web.Request) -> web.Response:
     cmd = OpenLease.parse(await _body(request))
     svc = request.app[SERVICE]
-    # The kubelet call blocks; run it off the event loop.
-    lease = await asyncio.to_thread(svc.open_lease, _peer(request), cmd.pod, cmd.gpus, cmd.ttl_s)
+    lease = await svc.open_lease(_peer(request), cmd.pod, cmd.gpus, cmd.ttl_s)
     return web.json_response(lease.to_json(time.monotonic()), status=201)
 
 

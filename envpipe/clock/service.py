@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from envpipe.clock.backends import Backend, GpuStatic
-from envpipe.clock.errors import ClockError, Held, NotOwned, OutOfRange, UnknownGpu
+from envpipe.clock.errors import ClockError, Held, NotOwned, OutOfRange, UnknownGpu, UnknownLease
 from envpipe.clock.leases import MAX_TTL_S, MIN_TTL_S, Lease, LeaseTable
 from envpipe.clock.ownership import OwnershipPolicy, Peer, PodRef
 
@@ -102,27 +102,19 @@ class ClockService:
         return min(allowed, key=lambda c: (abs(c - mhz), -c))  # ties go to the faster clock
 
     # ---- leases -----------------------------------------------------------------------------
-    def open_lease(self, peer: Peer, pod: PodRef | None, gpus: list[str], ttl_s: float | None) -> Lease:
+    async def open_lease(self, peer: Peer, pod: PodRef | None, gpus: list[str], ttl_s: float | None) -> Lease:
         for g in gpus:
             self._gpu(g)
         ttl = self.config.default_ttl_s if ttl_s is None else ttl_s
         if not MIN_TTL_S <= ttl <= MAX_TTL_S:
             raise OutOfRange(f"ttl_s {ttl} is outside [{MIN_TTL_S}, {MAX_TTL_S}] s")
-        self.policy.check(peer, pod, gpus)
+        # The kubelet call blocks: off the loop. The lease table is only touched on the loop.
+        await asyncio.to_thread(self.policy.check, peer, pod, gpus)
         owner = peer.describe() + (f" pod={pod}" if pod else "")
         lease = self.leases.open(gpus, ttl, owner)
         self.m_leases.set(len(self.leases))
-        audit.info(
-            json.dumps(
-                {
-                    "event": "lease_open",
-                    "lease": lease.id[:8],
-                    "gpus": list(lease.gpus),
-                    "ttl_s": ttl,
-                    "owner": owner,
-                }
-            )
-        )
+        event = {"event": "lease_open", "lease": lease.id[:8], "gpus": list(lease.gpus), "ttl_s": ttl}
+        audit.info(json.dumps({**event, "owner": owner}))
         return lease
 
     async def end_lease(self, lease_id: str, why: str) -> bool:
@@ -134,9 +126,7 @@ class ClockService:
         audit.info(
             json.dumps({"event": "lease_end", "lease": lease.id[:8], "why": why, "owner": lease.owner})
         )
-        await asyncio.gather(
-            *(self._reset(g, f"lease {lease.id[:8]} {why}") for g in lease.gpus), return_exceptions=True
-        )
+        await self._reset_each(lease.gpus, f"lease {lease.id[:8]} {why}")
         return True
 
     def _held(self, uuid: str, lease_id: str) -> Lease:
@@ -156,6 +146,8 @@ class ClockService:
             applied = self.snap(uuid, mhz)
             if self._locked.get(uuid) != applied:  # repeating the same clock costs no driver call
                 await self._on_gpu(uuid, self.backend.lock, uuid, applied)
+                if self.leases.holder(uuid) != lease.id:  # the lease ended meanwhile: its reset follows
+                    raise UnknownLease(f"lease {lease.id[:8]} ended while locking {uuid}; the GPU is reset")
                 self._locked[uuid] = applied
                 self._audit_change(uuid, applied, f"lease {lease.id[:8]} ({lease.owner})")
         except ClockError as exc:
@@ -183,12 +175,18 @@ class ClockService:
         for lease in self.leases.all():
             self.leases.remove(lease.id)
         self.m_leases.set(0)
-        results = await asyncio.gather(*(self._reset(u, why) for u in self._static), return_exceptions=True)
-        for uuid, res in zip(self._static, results, strict=True):
+        await self._reset_each(tuple(self._static), why)
+
+    async def _reset_each(self, gpus: tuple[str, ...], why: str) -> None:
+        """Reset GPUs concurrently; one failing GPU neither stops the others nor goes unreported."""
+        results = await asyncio.gather(*(self._reset(u, why) for u in gpus), return_exceptions=True)
+        for uuid, res in zip(gpus, results, strict=True):
             if isinstance(res, BaseException):
                 log.error("could not reset GPU %s (%s): %s", uuid, why, res)
 
     def _audit_change(self, uuid: str, mhz: int | None, why: str) -> None:
+        if not audit.isEnabledFor(logging.INFO):
+            return  # no JSON encoding on the hot path when nobody reads it
         audit.info(
             json.dumps(
                 {
