@@ -209,3 +209,33 @@ def test_concurrent_lease_requests_with_a_slow_ownership_check_cannot_both_win()
     results = asyncio.run(race())
     assert sum(isinstance(r, Held) for r in results) == 1 and len(service.leases) == 1
     service.close()
+
+
+def test_nvml_and_readonly_backends_through_the_daemon(tmp_path) -> None:
+    """NVML answers reach the client as HTTP statuses; readonly records locks and never applies them."""
+    from envpipe.clock.backends import NvmlBackend, ReadonlyBackend
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    denied = FakeGpu("GPU-denied-0001", writable=False)
+    sock = str(tmp_path / "nvml.sock")
+    with daemon_thread(sock, backend=NvmlBackend(FakeNvml([denied]))) as service:
+        lease = open_lease(sock, denied.uuid)
+        status, body = call(sock, "POST", f"/v1/gpus/{denied.uuid}/lock", {"lease": lease, "mhz": 1500})
+        assert status == 403 and body["error"] == "no_permission" and "CAP_SYS_ADMIN" in body["message"]
+        assert service.leases.holder(denied.uuid) == lease  # the daemon keeps serving the lease
+    real = FakeGpu("GPU-real-0001", sm_mhz=1755)
+    backend = ReadonlyBackend(FakeNvml([real]))
+    sock = str(tmp_path / "ro.sock")
+    with daemon_thread(sock, backend=backend):
+        lease = open_lease(sock, real.uuid)
+        status, body = call(sock, "POST", f"/v1/gpus/{real.uuid}/lock", {"lease": lease, "mhz": 1502})
+        assert status == 200 and body == {
+            "uuid": real.uuid,
+            "requested_mhz": 1502,
+            "applied_mhz": 1500,
+            "applied": False,
+        }
+        info = call(sock, "GET", f"/v1/gpus/{real.uuid}")[1]
+        assert info["current_mhz"] == 1755 and info["locked"] == {"min_mhz": 1500, "max_mhz": 1500}
+    assert real.calls == []  # not one NVML write, start-up and shutdown resets included
+    assert ("lock", real.uuid, 1500) in backend.recorded
