@@ -40,9 +40,13 @@ def main(out: str) -> None:
         text=True,
     )
     assert daemon.stdout is not None
+    seen = []
     for line in daemon.stdout:  # wait for the ready line; the audit of start-up resets comes first
         if '"ready"' in line:
             break
+        seen.append(line)
+    else:
+        raise SystemExit("envpipe-clockd exited before it was ready:\n" + "".join(seen[-30:]))
     lines = [
         f"# envpipe-clockd readonly backend on a real GPU (measured, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         "",

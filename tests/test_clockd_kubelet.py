@@ -10,7 +10,8 @@ import pytest
 
 from envpipe.clock.backends import SimBackend
 from envpipe.clock.errors import BackendFailure, BadRequest, NotOwned
-from envpipe.clock.ownership import KubeletPolicy, Peer, PodRef
+from envpipe.clock.kubelet import KubeletPolicy
+from envpipe.clock.ownership import Peer, PodRef
 from envpipe.clock.podresources import api_pb2, api_pb2_grpc
 from tests.clockd_helpers import call, daemon_thread
 
