@@ -6,8 +6,10 @@ Method (docs/optimal-planner.md has the long form):
    time-cost trade-off on the DAG. Per (stage, kind) only Pareto clocks matter.
 2. LP relaxation (lp.py): convex hull of each menu, precedence edges, makespan <= budget, solved
    with HiGHS on sparse matrices. Gives a lower bound and fractional durations.
-3. Rounding: each unit takes the slowest menu clock not slower than its LP duration. The durations
-   only shrink, so the LP's schedule stays valid and the budget holds (repair fixes tolerance slips).
+3. Rounding, two ways, keeping the better result: (a) each unit takes the slowest menu clock not
+   slower than its LP duration (durations only shrink, so the budget holds); (b) each unit takes
+   the clock nearest its LP duration, then *repair* speeds up the critical unit with the least
+   extra cost per second saved until the simulated time meets the budget.
 4. Improve: alternately give each unit its *free float* in the earliest schedule and in the latest
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
@@ -89,10 +91,19 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
         raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: with every unit at its fastest clock "
                                f"the iteration takes {fastest:.6f} s")
     relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w)
-    option = problem.fit(relax.duration + 1e-9)
-    option = _repair(problem, option, budget_s)
-    option = _improve(problem, option, budget_s)
-    return Solution(option, problem.simulate(option), relax.energy)
+    best: tuple[float, np.ndarray] | None = None
+    for option in (problem.fit(relax.duration + 1e-9), _nearest(problem, relax.duration)):
+        option = _improve(problem, _repair(problem, option, budget_s), budget_s)
+        energy = problem.simulate(option).energy
+        if best is None or energy < best[0]:
+            best = (energy, option)
+    assert best is not None
+    return Solution(best[1], problem.simulate(best[1]), relax.energy)
+
+
+def _nearest(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
+    """Per unit, the menu option closest in time to the LP duration (may overshoot: repair fixes it)."""
+    return np.argmin(np.abs(problem.menus.time - duration[:, None]), axis=1)
 
 
 def _repair(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
