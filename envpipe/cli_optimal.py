@@ -66,7 +66,8 @@ def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float
         click.echo(f"order with extra warm-up forwards r_s={r}: {shown}")
     click.echo(f"chosen r_s: {result.reschedule}" + (" (plain 1F1B)" if not any(result.reschedule) else
                                                      " (EnvPipe warm-up counts saved more)"))
-    click.echo(f"LP lower bound for this order: {result.lp_energy:.1f} J")
+    if result.lp_energy is not None:
+        click.echo(f"LP lower bound for this order: {result.lp_energy:.1f} J")
     freqs = _freqs(result)
     if args.text:
         click.echo(text_trace(result.timeline, freqs))

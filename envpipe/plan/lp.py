@@ -1,9 +1,10 @@
 """The time-cost trade-off on the iteration DAG as a linear program (HiGHS via scipy, sparse).
 
-Variables: start s_u, duration d_u and cost z_u per unit, and the makespan T. Constraints: every
-DAG edge p -> u (s_p + d_p + lag <= s_u, lag = transfer time on cross-stage edges), every sink ends
-by T (s_u + d_u <= T <= budget), and z_u lies on or above each segment of the unit's convex cost
-hull (z_u >= a_j d_u + b_j). Minimising sum z_u + S*P*T (the iteration energy, see menus.py) gives
+Variables: start s_u per unit, the makespan T, and per unit and segment j of its convex cost hull
+the time delta_uj taken from that segment (duration d_u = fastest time + sum_j delta_uj, cost =
+fastest cost + sum_j slope_j delta_uj). Constraints: every DAG edge p -> u (s_p + d_p + lag <= s_u,
+lag = transfer time on cross-stage edges) and every sink ends by T <= budget. Minimising
+sum of costs + S*P*T (the iteration energy, see menus.py) gives
 the LP relaxation of the discrete problem: a lower bound on the energy of any plan within the
 budget, and durations that envpipe.plan.optimal rounds to real clocks.
 """
@@ -14,10 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import sparse
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import linprog
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.menus import UnitMenus
+
+_IPM_FROM_UNITS = 3000
 
 
 class InfeasibleBudget(ValueError):
@@ -62,41 +65,53 @@ class Relaxation:
 
 
 def solve_relaxation(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float,
-                     idle_power_w: float) -> Relaxation:
+                     idle_power_w: float, max_segments: int | None = None) -> Relaxation:
     N = dag.num_units
-    A_t, ub_t = timing_rows(edges, N)
-    # hull segments of every unit: z_u >= a d_u + b  <=>  a d_u - z_u <= -b   (z_u is column 2N+1+u)
-    seg_unit, seg_a, seg_b = [], [], []
+    # d_u = fastest hull time + sum_j delta_uj, 0 <= delta_uj <= length of hull segment j, cost slope a_j.
+    # The hull is convex (slopes increase), so the LP fills cheaper segments first on its own: no
+    # epigraph rows, only bounded columns, which keeps the simplex small.
+    seg_unit, seg_len, seg_slope = [], [], []
     for g, menu in enumerate(menus.menus):
-        h = menu.hull
-        if h.size < 2:
+        hull = menu.hull if max_segments is None else _thin(menu.hull, max_segments)
+        t, c = menu.time[hull], menu.cost[hull]
+        if t.size < 2:
             continue
-        t, c = menu.time[h], menu.cost[h]
-        a = np.diff(c) / np.diff(t)
-        b = c[:-1] - a * t[:-1]
         units = np.flatnonzero(menus.group == g)
-        seg_unit.append(np.repeat(units, a.size))
-        seg_a.append(np.tile(a, units.size))
-        seg_b.append(np.tile(b, units.size))
-    width = 3 * N + 1
-    blocks = [sparse.hstack([A_t, sparse.csr_matrix((A_t.shape[0], N))])]
-    ub = [ub_t]
-    if seg_unit:
-        su, sa, sb = np.concatenate(seg_unit), np.concatenate(seg_a), np.concatenate(seg_b)
-        r = np.arange(su.size)
-        cols = np.r_[N + su, 2 * N + 1 + su]
-        blocks.append(sparse.csr_matrix((np.r_[sa, -np.ones(su.size)], (np.r_[r, r], cols)), shape=(su.size, width)))
-        ub.append(-sb)
-    A = sparse.vstack(blocks, format="csr")
-    hull_t = [(m.time[m.hull[0]], m.time[m.hull[-1]], m.cost[m.hull[-1]]) for m in menus.menus]
-    t_lo, t_hi, c_lo = (np.asarray(v)[menus.group] for v in zip(*hull_t, strict=True))
-    lb = np.r_[np.zeros(N), t_lo, 0.0, c_lo]
-    hi = np.r_[np.full(N, np.inf), t_hi, budget_s, np.full(N, np.inf)]
-    objective = np.r_[np.zeros(2 * N), dag.num_stages * idle_power_w, np.ones(N)]
-    res = milp(objective, constraints=LinearConstraint(A, -np.inf, np.concatenate(ub)), bounds=Bounds(lb, hi))
+        seg_unit.append(np.repeat(units, t.size - 1))
+        seg_len.append(np.tile(np.diff(t), units.size))
+        seg_slope.append(np.tile(np.diff(c) / np.diff(t), units.size))
+    su = np.concatenate(seg_unit) if seg_unit else np.zeros(0, int)
+    length = np.concatenate(seg_len) if seg_len else np.zeros(0)
+    slope = np.concatenate(seg_slope) if seg_slope else np.zeros(0)
+    D = su.size
+    fastest = np.asarray([m.time[m.hull[0]] for m in menus.menus])[menus.group]
+    fast_cost = np.asarray([m.cost[m.hull[0]] for m in menus.menus])[menus.group]
+
+    A_t, ub_t = timing_rows(edges, N)
+    A_t = A_t.tocsc()
+    to_units = sparse.csr_matrix((np.ones(D), (su, np.arange(D))), shape=(N, D))
+    A_d = A_t[:, N:2 * N]
+    A = sparse.hstack([A_t[:, :N], A_t[:, 2 * N:], A_d @ to_units], format="csr")  # columns [s, T, delta]
+    ub = ub_t - A_d @ fastest
+    objective = np.r_[np.zeros(N), dag.num_stages * idle_power_w, slope]
+    lb = np.zeros(N + 1 + D)
+    hi = np.r_[np.full(N, np.inf), budget_s, length]
+    # dual simplex is quicker on small DAGs, the interior-point method scales better on large ones
+    method = "highs-ds" if N <= _IPM_FROM_UNITS else "highs-ipm"
+    res = linprog(objective, A_ub=A, b_ub=ub, bounds=np.c_[lb, hi], method=method)
     if res.status == 2:
         raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: even every unit at its fastest "
                                "clock takes longer")
-    if res.x is None:
+    if res.status != 0 or res.x is None:
         raise RuntimeError(f"LP relaxation failed: {res.message}")
-    return Relaxation(res.x[N:2 * N], float(res.fun))
+    duration = fastest + np.bincount(su, weights=res.x[N + 1:], minlength=N)
+    return Relaxation(duration, float(res.fun + fast_cost.sum()))
+
+
+def _thin(hull: np.ndarray, max_segments: int) -> np.ndarray:
+    """At most ``max_segments`` segments: evenly spaced hull vertices (still convex, still a lower bound's
+    upper approximation), so large LPs stay small; rounding and improvement use the full menus."""
+    if hull.size <= max_segments + 1:
+        return hull
+    keep = np.unique(np.linspace(0, hull.size - 1, max_segments + 1).round().astype(int))
+    return hull[keep]

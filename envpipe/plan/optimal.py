@@ -34,6 +34,8 @@ from envpipe.profile import Profile
 
 _REL_TOL = 1e-9  # budget slack allowed for floating point (relative)
 _MAX_PASSES = 200
+_FULL_HULL_UNITS = 8192
+_COARSE_SEGMENTS = 4
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class ClockProblem:
 class Solution:
     option: np.ndarray  # (N,) menu option per unit
     timeline: Timeline
-    lp_energy: float  # LP lower bound on the energy within the budget
+    lp_energy: float | None  # LP lower bound on the energy within the budget (None: coarse hull, no bound)
 
 
 def _within(time: float, budget: float) -> bool:
@@ -90,15 +92,20 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
     if not _within(fastest, budget_s):
         raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: with every unit at its fastest clock "
                                f"the iteration takes {fastest:.6f} s")
-    relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w)
+    # very large DAGs: a coarser hull keeps the LP tractable; rounding and improvement use the full menus
+    segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
+    relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w, segments)
+    roundings = [problem.fit(relax.duration + 1e-9)]
+    if segments is None:  # nearest rounding needs many repair steps on very large DAGs
+        roundings.append(_nearest(problem, relax.duration))
     best: tuple[float, np.ndarray] | None = None
-    for option in (problem.fit(relax.duration + 1e-9), _nearest(problem, relax.duration)):
+    for option in roundings:
         option = _improve(problem, _repair(problem, option, budget_s), budget_s)
         energy = problem.simulate(option).energy
         if best is None or energy < best[0]:
             best = (energy, option)
     assert best is not None
-    return Solution(best[1], problem.simulate(best[1]), relax.energy)
+    return Solution(best[1], problem.simulate(best[1]), relax.energy if segments is None else None)
 
 
 def _nearest(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
@@ -181,7 +188,7 @@ class OptimalResult:
     budget_s: float
     reschedule: list[int]  # extra warm-up forwards per stage of the chosen order (all 0: plain 1F1B)
     tried: list[tuple[list[int], float | None]]  # every order tried: (r_s, energy or None if infeasible)
-    lp_energy: float  # LP lower bound for the chosen order
+    lp_energy: float | None  # LP lower bound for the chosen order (None on very large DAGs: coarse hull)
 
 
 def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slowdown: float | None) -> float:
