@@ -90,7 +90,8 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
             _, ae = resimulated(at_env.plan, prof, watts)
             ref, aligned = perseus_savings(name, M, bt, be)
             lines.append(f"| {name} | {M} | {ref} | {aligned} | {100 * (1 - ee / be):.2f} ({100 * (et / bt - 1):.1f}) "
-                         f"| {cells[0]} | {cells[1]} | {100 * (1 - ae / be):.2f} | {env_sched.reschedule} | {wall:.2f} |")
+                         f"| {cells[0]} | {cells[1]} | {100 * (1 - ae / be):.2f} | {env_sched.reschedule} "
+                         f"| {wall:.2f} |")
     lines.append("")
 
 
