@@ -16,12 +16,24 @@ from envpipe.plan.lp import Edges, InfeasibleBudget, timing_rows
 from envpipe.plan.menus import UnitMenus
 
 
+class MilpTimeout(RuntimeError):
+    """HiGHS stopped (time limit) without the solution asked for."""
+
+
 def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, idle_power_w: float,
-               time_limit_s: float = 120.0) -> tuple[np.ndarray, float]:
-    """Optimal menu option per unit and the least iteration energy (sum of costs + S*P*makespan)."""
+               time_limit_s: float = 120.0, allowed: np.ndarray | None = None,
+               node_limit: int | None = None) -> tuple[np.ndarray, float]:
+    """Optimal menu option per unit and the least iteration energy (sum of costs + S*P*makespan).
+
+    ``allowed`` (N, K) bool restricts each unit's options (a neighbourhood search); with a time limit
+    or node limit (deterministic, unlike time) the best solution found so far is returned, and
+    MilpTimeout is raised if there is none.
+    """
     N = dag.num_units
     K = menus.time.shape[1]
     real = np.arange(K)[None, :] < menus.size[:, None]  # (N, K) real (not padded) options
+    if allowed is not None:
+        real &= allowed
     xu, xk = np.nonzero(real)
     X = xu.size
     A_t, ub_t = timing_rows(edges, N)
@@ -38,11 +50,14 @@ def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float
     integrality = np.r_[np.zeros(N + 1), np.ones(X)]
     bounds = Bounds(np.zeros(N + 1 + X), np.r_[np.full(N, np.inf), budget_s, np.ones(X)])
     res = milp(objective, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=bounds,
-               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
+               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
+                        **({} if node_limit is None else {"node_limit": node_limit})})
     if res.status == 2:
         raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible")
-    if res.status != 0 or res.x is None:
-        raise RuntimeError(f"MILP not solved to optimality: {res.message}")
+    if res.x is None:
+        raise MilpTimeout(f"MILP found no solution: {res.message}")
+    if res.status != 0 and allowed is None:
+        raise MilpTimeout(f"MILP not solved to optimality: {res.message}")
     option = np.zeros(N, int)
     chosen = res.x[N + 1:] > 0.5
     option[xu[chosen]] = xk[chosen]

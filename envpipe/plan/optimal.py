@@ -14,7 +14,9 @@ Method (docs/optimal-planner.md has the long form):
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
    safe; passes repeat until nothing changes.
-5. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
+5. Polish (DAGs up to 128 units): the exact MILP restricted to each unit's current clock and its two
+   neighbours in the menu, with a time limit; kept only if the simulator confirms it is better.
+6. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.lp import Edges, InfeasibleBudget, dag_edges, solve_relaxation
 from envpipe.plan.menus import UnitMenus, unit_menus
+from envpipe.plan.milp import MilpTimeout, solve_milp
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
 from envpipe.plan.policies import valley_clocks
 from envpipe.plan.schedules import SCHEDULES, build_schedule, reschedule_counts
@@ -36,6 +39,10 @@ _REL_TOL = 1e-9  # budget slack allowed for floating point (relative)
 _MAX_PASSES = 200
 _FULL_HULL_UNITS = 8192
 _COARSE_SEGMENTS = 4
+_POLISH_UNITS = 128  # neighbourhood MILP only on small DAGs, where HiGHS is quick
+_POLISH_NODES = 10  # branch-and-bound nodes per round: deterministic, unlike a time limit
+_POLISH_SECONDS = 10.0  # only a safety net
+_POLISH_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,30 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
         if best is None or energy < best[0]:
             best = (energy, option)
     assert best is not None
-    return Solution(best[1], problem.simulate(best[1]), relax.energy if segments is None else None)
+    option = best[1]
+    if problem.dag.num_units <= _POLISH_UNITS:
+        for _ in range(_POLISH_ROUNDS):
+            polished = _polish(problem, option, budget_s)
+            if polished is option:
+                break
+            option = polished
+    return Solution(option, problem.simulate(option), relax.energy if segments is None else None)
+
+
+def _polish(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
+    """Neighbourhood search: the exact MILP restricted to each unit's current option and the two next
+    to it, which finds the multi-unit exchanges (speed some units, slow others) rounding misses."""
+    K = problem.menus.time.shape[1]
+    allowed = np.abs(np.arange(K)[None, :] - option[:, None]) <= 1
+    try:
+        found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
+                              time_limit_s=_POLISH_SECONDS, allowed=allowed, node_limit=_POLISH_NODES)
+    except MilpTimeout:
+        return option
+    tl = problem.simulate(found)
+    if _within(tl.iteration_time, budget_s) and tl.energy < problem.simulate(option).energy:
+        return found
+    return option
 
 
 def _nearest(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
