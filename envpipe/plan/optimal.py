@@ -94,7 +94,7 @@ def _within(time: float, budget: float) -> bool:
 
 
 def solve(problem: ClockProblem, budget_s: float) -> Solution:
-    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement)."""
+    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
         raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: with every unit at its fastest clock "
