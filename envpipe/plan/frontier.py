@@ -1,7 +1,7 @@
 """The time-energy Pareto frontier: least-energy plans for a sweep of time budgets.
 
 Budgets run from the fastest possible iteration (every unit at its fastest clock) to the time of
-the least-energy plan (every unit at its cheapest clock), as Perseus does for stragglers: a job
+the least-energy plan (planned with the all-cheapest time as budget), as Perseus does for stragglers: a job
 that must wait anyway takes the least-energy plan for the longer time. A plan that fits a budget
 also fits every longer one, so each point keeps the better of its own plan and the previous
 point's: the frontier is monotone (more time never costs more energy) by construction.
@@ -46,7 +46,9 @@ def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, sc
     problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s))
                 for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap)]
     lo = min(p.fastest_time() for _, p in problems)
-    hi = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
+    slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
+    # past the least-energy plan's time, more time only adds idle energy: end the sweep there
+    hi = _best_at(problems, slowest)[0].iteration_time
     result: list[FrontierPoint] = []
     for budget in np.linspace(lo, max(hi, lo), points):
         best = _best_at(problems, float(budget))
