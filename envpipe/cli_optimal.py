@@ -100,7 +100,10 @@ def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: flo
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     base = baseline_timeline(profile, microbatches, watts, transfer_s)
-    plan_dir, png = write_frontier(points, Path(args.frontier_csv), base)
+    try:
+        plan_dir, png = write_frontier(points, Path(args.frontier_csv), base)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the frontier to {args.frontier_csv}: {exc}") from None
     click.echo(f"frontier ({len(points)} points, simulated on the measured profile; baseline 1F1B all-max "
                f"{base.iteration_time:.4f} s, {base.energy:.1f} J):")
     for p in points:
