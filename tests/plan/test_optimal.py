@@ -147,6 +147,12 @@ def test_cli_plan_simulate_and_frontier(tmp_path):
         assert tl.energy == pytest.approx(float(row["energy_j"]), abs=1e-3)
     assert plan["policy"] == "optimal"
 
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    r4 = runner.invoke(main, ["plan", "--profile", prof_path, "-m", "8", "--policy", "optimal", "--gpu", "a100",
+                              "--schedule", "1f1b", "--frontier", str(blocker / "f.csv"), "--frontier-points", "2"])
+    assert r4.exit_code != 0 and "cannot write the frontier" in r4.output
+
 
 @pytest.mark.slow
 def test_real_profile_m12_no_slowdown_beats_perseus_and_envpipe():
