@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from envpipe.cli_optimal import OptimalArgs, optimal_options, run_optimal
 from envpipe.plan.dag import ScheduleError
 from envpipe.plan.gantt import draw_gantt
 from envpipe.plan.planfile import Plan, PlanError, baseline_timeline, evaluate_plan
@@ -19,6 +20,13 @@ from envpipe.profile import Profile, ProfileError, load_profile
 from envpipe.profile.gpus import GPU_NAMES, IDLE_POWER_W
 
 _USER_ERRORS = (ProfileError, PlanError, ScheduleError, ValueError, KeyError)
+
+
+def _load_or_fail(profile_path: str, stages: int | None) -> Profile:
+    try:
+        return _load(profile_path, stages)
+    except _USER_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _load(profile_path: str, stages: int | None) -> Profile:
@@ -70,7 +78,8 @@ transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), 
 @click.option("--microbatches", "-m", type=click.IntRange(min=1), required=True, help="micro-batches per iteration")
 @stages_option
 @click.option("--schedule", type=click.Choice(SCHEDULES), default="envpipe", show_default=True)
-@click.option("--policy", type=click.Choice(POLICIES), default="envelope", show_default=True)
+@click.option("--policy", type=click.Choice((*POLICIES, "optimal")), default="envelope", show_default=True,
+              help="EnvPipe's policies, or 'optimal' (least energy within a time budget, see docs/optimal-planner.md)")
 @click.option("--reconfig", type=click.Choice(RECONFIGS), default="balanced", show_default=True)
 @idle_option
 @click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
@@ -83,14 +92,22 @@ transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), 
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the plan JSON here")
 @click.option("--text", is_flag=True, help="print EnvPipe's text trace")
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
+@optimal_options
 def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
          idle_power: float | None, gpu: str, transfer_time: float, memory_cap: int | None, threshold_scale: float,
-         out: str | None, text: bool, gantt: str | None) -> None:
+         out: str | None, text: bool, gantt: str | None, max_slowdown: float | None, time_budget: float | None,
+         frontier_csv: str | None, frontier_points: int) -> None:
     """Plan clocks for one iteration and show the predicted time and energy."""
     gpu = gpu.lower()
     watts = _idle_power(idle_power, gpu)
     if gantt and Path(gantt).suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("must end in .png or .svg", param_hint="--gantt")
+    if policy == "optimal":
+        run_optimal(_load_or_fail(profile_path, stages), microbatches, schedule, watts, transfer_time, memory_cap,
+                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt))
+        return
+    if (max_slowdown, time_budget, frontier_csv) != (None, None, None):
+        raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
     try:
         result = make_plan(_load(profile_path, stages), microbatches, schedule=schedule, policy=policy,
                            reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,

@@ -1,0 +1,113 @@
+"""The time-energy Pareto frontier: least-energy plans for a sweep of time budgets.
+
+Budgets run from the fastest possible iteration (every unit at its fastest clock) to the time of
+the least-energy plan (planned with the all-cheapest time as budget), as Perseus does for stragglers: a job
+that must wait anyway takes the least-energy plan for the longer time. A plan that fits a budget
+also fits every longer one, so each point keeps the better of its own plan and the previous
+point's: the frontier is monotone (more time never costs more energy) by construction.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from envpipe.plan.optimal import ClockProblem, build_problem, candidate_orders, solve
+from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
+from envpipe.plan.simulate import Timeline
+from envpipe.profile import Profile
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    budget_s: float
+    timeline: Timeline
+    plan: Plan
+    reschedule: list[int]
+
+    @property
+    def time_s(self) -> float:
+        return self.timeline.iteration_time
+
+    @property
+    def energy_j(self) -> float:
+        return self.timeline.energy
+
+
+def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
+             points: int = 20, transfer_s: float = 0.0, memory_cap: int | None = None) -> list[FrontierPoint]:
+    """``points`` plans, fastest first, on the best of the candidate orders at each budget."""
+    if points < 2:
+        raise ValueError("a frontier needs at least 2 points")
+    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s)
+    problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s))
+                for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap)]
+    lo = min(p.fastest_time() for _, p in problems)
+    slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
+    # past the least-energy plan's time, more time only adds idle energy: end the sweep there
+    hi = _best_at(problems, slowest)[0].iteration_time
+    result: list[FrontierPoint] = []
+    for budget in np.linspace(lo, max(hi, lo), points):
+        best = _best_at(problems, float(budget))
+        tl, option, problem, r = best
+        point = FrontierPoint(float(budget), tl,
+                              plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline), r)
+        if result and result[-1].energy_j <= point.energy_j:
+            prev = result[-1]
+            point = FrontierPoint(float(budget), prev.timeline, prev.plan, prev.reschedule)
+        result.append(point)
+    return result
+
+
+def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float
+             ) -> tuple[Timeline, np.ndarray, ClockProblem, list[int]]:
+    best = None
+    for r, problem in problems:
+        if problem.fastest_time() > budget * (1 + 1e-9):
+            continue
+        sol = solve(problem, budget)
+        if best is None or sol.timeline.energy < best[0].energy:
+            best = (sol.timeline, sol.option, problem, r)
+    assert best is not None  # the sweep starts at the fastest order's time
+    return best
+
+
+def write_frontier(points: list[FrontierPoint], csv_path: str | Path, baseline: Timeline) -> tuple[Path, Path]:
+    """CSV (budget, time, energy, saving, plan file per point), the plans as JSON, and a plot next to it."""
+    csv_path = Path(csv_path)
+    plan_dir = csv_path.with_suffix("")
+    plan_dir = plan_dir.parent / f"{plan_dir.name}_plans"
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["budget_s", "time_s", "energy_j", "saving_pct", "reschedule", "plan"])
+        for i, p in enumerate(points):
+            plan_path = plan_dir / f"point_{i:03d}.json"
+            p.plan.save(plan_path)
+            w.writerow([f"{p.budget_s:.6f}", f"{p.time_s:.6f}", f"{p.energy_j:.3f}",
+                        f"{100 * (1 - p.energy_j / baseline.energy):.3f}", " ".join(map(str, p.reschedule)),
+                        str(plan_path)])
+    png = csv_path.with_suffix(".png")
+    _plot(points, baseline, png)
+    return plan_dir, png
+
+
+def _plot(points: list[FrontierPoint], baseline: Timeline, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p.time_s for p in points], [p.energy_j for p in points], "o-", label="optimal (simulated)")
+    ax.plot([baseline.iteration_time], [baseline.energy], "x", color="red", label="1F1B all-max")
+    ax.set_xlabel("iteration time (s)")
+    ax.set_ylabel("energy per iteration (J)")
+    ax.set_title("time-energy frontier (simulated on the profile)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,92 @@
+"""Per-(stage, kind) clock menus for the optimal planner: Pareto clocks and their lower convex hull.
+
+With the unit order fixed, one iteration's energy is
+
+    E = sum_u e_u + P * sum_s (T - busy_s) = sum_u (e_u - P * t_u) + S * P * T,
+
+so each unit contributes an *effective cost* c = e - P*t that depends only on its own clock, and the
+idle power P only enters through that cost and the makespan T. A clock is useful only if no other
+clock is both faster and cheaper (Pareto); the LP relaxation uses the lower convex hull of those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envpipe.plan.dag import PipelineDag
+from envpipe.profile import Profile
+
+
+@dataclass(frozen=True)
+class Menu:
+    """Useful clocks of one (stage, kind), sorted by time ascending (so cost descending)."""
+
+    clock: np.ndarray  # (k,) indices into profile.freqs
+    time: np.ndarray  # (k,) seconds
+    cost: np.ndarray  # (k,) effective cost e - P*t, joules
+    hull: np.ndarray  # (h,) positions in the arrays above that are lower-hull vertices
+
+
+def pareto_menu(time: np.ndarray, energy: np.ndarray, idle_power_w: float) -> Menu:
+    cost = energy - idle_power_w * time
+    order = np.lexsort((cost, time))  # time ascending, ties by cost
+    keep: list[int] = []
+    for k in order:
+        if not keep or cost[k] < cost[keep[-1]] - 1e-12 * max(1.0, abs(cost[keep[-1]])):
+            keep.append(int(k))
+    idx = np.asarray(keep, dtype=int)
+    t, c = time[idx], cost[idx]
+    return Menu(idx, t, c, _lower_hull(t, c))
+
+
+def _lower_hull(t: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Monotone-chain lower convex hull of points sorted by t (t strictly increasing)."""
+    hull: list[int] = []
+    for k in range(t.size):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # drop b if it lies on or above the segment a -> k
+            if (c[b] - c[a]) * (t[k] - t[a]) >= (c[k] - c[a]) * (t[b] - t[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(k)
+    return np.asarray(hull)
+
+
+@dataclass(frozen=True)
+class UnitMenus:
+    """Menus of every unit of a DAG, padded into arrays indexed [unit, option] (time ascending).
+
+    Padding is time = cost = inf (never fits a limit), so "options with time <= limit" is a prefix.
+    """
+
+    clock: np.ndarray  # (N, K) profile clock index
+    time: np.ndarray  # (N, K)
+    cost: np.ndarray  # (N, K)
+    size: np.ndarray  # (N,) number of real options
+    group: np.ndarray  # (N,) menu group 2*stage + (0 for F, 1 for B)
+    menus: tuple[Menu, ...]  # per group
+
+    def pick(self, option: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = np.arange(option.size)
+        return self.clock[rows, option], self.time[rows, option], self.cost[rows, option]
+
+
+def unit_menus(dag: PipelineDag, profile: Profile, idle_power_w: float) -> UnitMenus:
+    if profile.num_stages != dag.num_stages:
+        raise ValueError(f"profile has {profile.num_stages} stages, the schedule {dag.num_stages}")
+    menus = []
+    for s in range(profile.num_stages):
+        menus.append(pareto_menu(profile.fwd_time[s], profile.fwd_energy[s], idle_power_w))
+        menus.append(pareto_menu(profile.bwd_time[s], profile.bwd_energy[s], idle_power_w))
+    width = max(m.clock.size for m in menus)
+    pad = lambda a, fill: np.r_[a, np.full(width - a.size, fill)]  # noqa: E731
+    g_clock = np.stack([pad(m.clock, 0) for m in menus]).astype(int)
+    g_time = np.stack([pad(m.time, np.inf) for m in menus])
+    g_cost = np.stack([pad(m.cost, np.inf) for m in menus])
+    group = 2 * dag.stage + (~dag.is_fwd).astype(int)
+    sizes = np.asarray([m.clock.size for m in menus])
+    return UnitMenus(g_clock[group], g_time[group], g_cost[group], sizes[group], group, tuple(menus))

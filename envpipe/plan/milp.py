@@ -1,0 +1,64 @@
+"""Exact reference: the discrete clock choice as a MILP (scipy.optimize.milp / HiGHS).
+
+One binary x_uk per unit and Pareto clock (sum_k x_uk = 1), start times s_u, duration
+d_u = sum_k t_uk x_uk in the precedence and makespan rows, objective sum_uk c_uk x_uk. It is exact
+but exponential in the worst case, so it is an oracle for small instances (tests), not a planner.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from envpipe.plan.dag import PipelineDag
+from envpipe.plan.lp import Edges, InfeasibleBudget, timing_rows
+from envpipe.plan.menus import UnitMenus
+
+
+class MilpTimeout(RuntimeError):
+    """HiGHS stopped (time limit) without the solution asked for."""
+
+
+def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, idle_power_w: float,
+               time_limit_s: float = 120.0, allowed: np.ndarray | None = None,
+               node_limit: int | None = None) -> tuple[np.ndarray, float]:
+    """Optimal menu option per unit and the least iteration energy (sum of costs + S*P*makespan).
+
+    ``allowed`` (N, K) bool restricts each unit's options (a neighbourhood search); with a time limit
+    or node limit (deterministic, unlike time) the best solution found so far is returned, and
+    MilpTimeout is raised if there is none.
+    """
+    N = dag.num_units
+    K = menus.time.shape[1]
+    real = np.arange(K)[None, :] < menus.size[:, None]  # (N, K) real (not padded) options
+    if allowed is not None:
+        real &= allowed
+    xu, xk = np.nonzero(real)
+    X = xu.size
+    A_t, ub_t = timing_rows(edges, N)
+    A_t = A_t.tocsc()
+    # columns [s (N), T, x (X)]; substitute d_u = sum_k t_uk x_uk into the timing rows
+    A_s, A_d, A_T = A_t[:, :N], A_t[:, N:2 * N], A_t[:, 2 * N:]
+    A_x = A_d[:, xu] @ sparse.diags(menus.time[xu, xk])
+    timing = sparse.hstack([A_s, A_T, A_x], format="csr")
+    one_hot = sparse.csr_matrix((np.ones(X), (xu, N + 1 + np.arange(X))), shape=(N, N + 1 + X))
+    A = sparse.vstack([timing, one_hot], format="csr")
+    lo = np.r_[np.full(timing.shape[0], -np.inf), np.ones(N)]
+    hi = np.r_[ub_t, np.ones(N)]
+    objective = np.r_[np.zeros(N), dag.num_stages * idle_power_w, menus.cost[xu, xk]]
+    integrality = np.r_[np.zeros(N + 1), np.ones(X)]
+    bounds = Bounds(np.zeros(N + 1 + X), np.r_[np.full(N, np.inf), budget_s, np.ones(X)])
+    res = milp(objective, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=bounds,
+               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
+                        **({} if node_limit is None else {"node_limit": node_limit})})
+    if res.status == 2:
+        raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible")
+    if res.x is None:
+        raise MilpTimeout(f"MILP found no solution: {res.message}")
+    if res.status != 0 and allowed is None:
+        raise MilpTimeout(f"MILP not solved to optimality: {res.message}")
+    option = np.zeros(N, int)
+    chosen = res.x[N + 1:] > 0.5
+    option[xu[chosen]] = xk[chosen]
+    return option, float(res.fun)

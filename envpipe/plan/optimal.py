@@ -1,0 +1,288 @@
+"""Optimal energy planner: a clock for every unit, least iteration energy within a time budget.
+
+Method (docs/optimal-planner.md has the long form):
+
+1. Menus (menus.py): with the unit order fixed, energy = sum_u (e_u - P t_u) + S P T, a discrete
+   time-cost trade-off on the DAG. Per (stage, kind) only Pareto clocks matter.
+2. LP relaxation (lp.py): convex hull of each menu, precedence edges, makespan <= budget, solved
+   with HiGHS on sparse matrices. Gives a lower bound and fractional durations.
+3. Rounding, two ways, keeping the better result: (a) each unit takes the slowest menu clock not
+   slower than its LP duration (durations only shrink, so the budget holds); (b) each unit takes
+   the clock nearest its LP duration, then *repair* speeds up the critical unit with the least
+   extra cost per second saved until the simulated time meets the budget.
+4. Improve: alternately give each unit its *free float* in the earliest schedule and in the latest
+   schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
+   Slowing every unit within its own free float at once never moves another unit, so every pass is
+   safe; passes repeat until nothing changes.
+5. Polish (DAGs up to 128 units): the exact MILP restricted to each unit's current clock and its two
+   neighbours in the menu, with a time limit; kept only if the simulator confirms it is better.
+6. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envpipe.plan.dag import PipelineDag
+from envpipe.plan.lp import Edges, InfeasibleBudget, dag_edges, solve_relaxation
+from envpipe.plan.menus import UnitMenus, unit_menus
+from envpipe.plan.milp import MilpTimeout, solve_milp
+from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
+from envpipe.plan.policies import valley_clocks
+from envpipe.plan.schedules import SCHEDULES, build_schedule, reschedule_counts
+from envpipe.plan.simulate import Timeline, simulate
+from envpipe.profile import Profile
+
+_REL_TOL = 1e-9  # budget slack allowed for floating point (relative)
+_MAX_PASSES = 200
+_FULL_HULL_UNITS = 8192
+_COARSE_SEGMENTS = 4
+_POLISH_UNITS = 128  # neighbourhood MILP only on small DAGs, where HiGHS is quick
+_POLISH_NODES = 10  # branch-and-bound nodes per round: deterministic, unlike a time limit
+_POLISH_SECONDS = 10.0  # only a safety net
+_POLISH_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class ClockProblem:
+    """One fixed unit order with its menus: everything a budget sweep reuses."""
+
+    dag: PipelineDag
+    menus: UnitMenus
+    edges: Edges
+    profile: Profile
+    idle_power_w: float
+    transfer_s: float
+
+    @classmethod
+    def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0) -> ClockProblem:
+        return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s), profile, idle_power_w,
+                   transfer_s)
+
+    def simulate(self, option: np.ndarray) -> Timeline:
+        clock, dur, _ = self.menus.pick(option)
+        s = self.dag.stage
+        energy = np.where(self.dag.is_fwd, self.profile.fwd_energy[s, clock], self.profile.bwd_energy[s, clock])
+        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s)
+
+    def freqs_mhz(self, option: np.ndarray) -> np.ndarray:
+        return self.profile.freqs[self.menus.pick(option)[0]]
+
+    def fastest_time(self) -> float:
+        return self.simulate(np.zeros(self.dag.num_units, int)).iteration_time
+
+    def cheapest_option(self) -> np.ndarray:
+        return self.menus.size - 1
+
+    def fit(self, limit: np.ndarray) -> np.ndarray:
+        """Per unit, the slowest (so cheapest) option whose time is at most ``limit``."""
+        fits = (self.menus.time <= limit[:, None] * (1 + 1e-12)).sum(axis=1) - 1
+        return np.maximum(fits, 0)
+
+
+@dataclass(frozen=True)
+class Solution:
+    option: np.ndarray  # (N,) menu option per unit
+    timeline: Timeline
+    lp_energy: float | None  # LP lower bound on the energy within the budget (None: coarse hull, no bound)
+
+
+def _within(time: float, budget: float) -> bool:
+    return time <= budget * (1 + _REL_TOL)
+
+
+def solve(problem: ClockProblem, budget_s: float) -> Solution:
+    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
+    fastest = problem.fastest_time()
+    if not _within(fastest, budget_s):
+        raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: with every unit at its fastest clock "
+                               f"the iteration takes {fastest:.6f} s")
+    # very large DAGs: a coarser hull keeps the LP tractable; rounding and improvement use the full menus
+    segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
+    relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w, segments)
+    roundings = [problem.fit(relax.duration + 1e-9)]
+    if segments is None:  # nearest rounding needs many repair steps on very large DAGs
+        roundings.append(_nearest(problem, relax.duration))
+    best: tuple[float, np.ndarray] | None = None
+    for option in roundings:
+        option = _improve(problem, _repair(problem, option, budget_s), budget_s)
+        energy = problem.simulate(option).energy
+        if best is None or energy < best[0]:
+            best = (energy, option)
+    assert best is not None
+    option = best[1]
+    if problem.dag.num_units <= _POLISH_UNITS:
+        for _ in range(_POLISH_ROUNDS):
+            polished = _polish(problem, option, budget_s)
+            if polished is option:
+                break
+            option = polished
+    return Solution(option, problem.simulate(option), relax.energy if segments is None else None)
+
+
+def _polish(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
+    """Neighbourhood search: the exact MILP restricted to each unit's current option and the two next
+    to it, which finds the multi-unit exchanges (speed some units, slow others) rounding misses."""
+    K = problem.menus.time.shape[1]
+    allowed = np.abs(np.arange(K)[None, :] - option[:, None]) <= 1
+    try:
+        found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
+                              time_limit_s=_POLISH_SECONDS, allowed=allowed, node_limit=_POLISH_NODES)
+    except MilpTimeout:
+        return option
+    tl = problem.simulate(found)
+    if _within(tl.iteration_time, budget_s) and tl.energy < problem.simulate(option).energy:
+        return found
+    return option
+
+
+def _nearest(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
+    """Per unit, the menu option closest in time to the LP duration (may overshoot: repair fixes it)."""
+    return np.argmin(np.abs(problem.menus.time - duration[:, None]), axis=1)
+
+
+def _repair(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
+    """Speed up the critical unit with the least cost per second saved until the budget holds."""
+    option = option.copy()
+    tl = problem.simulate(option)
+    while not _within(tl.iteration_time, budget_s):
+        path = np.asarray(tl.critical_path())
+        path = path[option[path] > 0]
+        if path.size == 0:  # pragma: no cover - solve() checked the all-fastest time first
+            raise InfeasibleBudget(f"time budget {budget_s:.6f} s cannot be met")
+        o = option[path]
+        dt = problem.menus.time[path, o] - problem.menus.time[path, o - 1]
+        dc = problem.menus.cost[path, o - 1] - problem.menus.cost[path, o]
+        option[path[np.argmin(dc / dt)]] -= 1
+        tl = problem.simulate(option)
+    return option
+
+
+def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
+    """Hand out free float (earliest schedule, then latest schedule) until no unit gets cheaper."""
+    dag = problem.dag
+    N = dag.num_units
+    succ_same = np.full(N, N)
+    has = dag.pred_same != N
+    succ_same[dag.pred_same[has]] = np.flatnonzero(has)
+    succ_data = np.full(N, N)
+    has = dag.pred_data != N
+    succ_data[dag.pred_data[has]] = np.flatnonzero(has)
+    lag_in = np.where(dag.data_crosses, problem.transfer_s, 0.0)  # lag on the edge pred_data[u] -> u
+    lag_out = np.zeros(N + 1)
+    lag_out[:N][dag.pred_data[has]] = lag_in[has]
+    option = option.copy()
+    rows = np.arange(N)
+    for _ in range(_MAX_PASSES):
+        changed = False
+        for direction in ("early", "late"):
+            dur = problem.menus.time[rows, option]
+            if direction == "early":
+                tl = problem.simulate(option)
+                start = np.r_[tl.start, np.inf]
+                bound = np.minimum(np.minimum(start[succ_same], start[succ_data] - lag_out[:N]), budget_s)
+                free = bound - tl.end
+            else:
+                late_start, late_end = _latest(dag, dur, budget_s, succ_same, succ_data, lag_out)
+                fin = np.r_[late_end, 0.0]
+                bound = np.maximum(np.maximum(fin[dag.pred_same], fin[dag.pred_data] + lag_in), 0.0)
+                free = late_start - bound
+            new = np.maximum(problem.fit(dur + np.maximum(free, 0.0)), option)
+            if np.any(new != option):
+                option, changed = new, True
+        if not changed:
+            break
+    return option
+
+
+def _latest(dag: PipelineDag, dur: np.ndarray, budget_s: float, succ_same: np.ndarray, succ_data: np.ndarray,
+            lag_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Latest start and end of every unit such that the iteration still ends by the budget."""
+    N = dag.num_units
+    late_start = np.full(N + 1, np.inf)
+    late_end = np.empty(N)
+    for level in reversed(dag.levels):
+        fin = np.minimum(late_start[succ_same[level]], late_start[succ_data[level]] - lag_out[level])
+        late_end[level] = np.minimum(fin, budget_s)
+        late_start[level] = late_end[level] - dur[level]
+    return late_start[:N], late_end
+
+
+@dataclass(frozen=True)
+class OptimalResult:
+    plan: Plan
+    timeline: Timeline
+    baseline: Timeline
+    budget_s: float
+    reschedule: list[int]  # extra warm-up forwards per stage of the chosen order (all 0: plain 1F1B)
+    tried: list[tuple[list[int], float | None]]  # every order tried: (r_s, energy or None if infeasible)
+    lp_energy: float | None  # LP lower bound for the chosen order (None on very large DAGs: coarse hull)
+
+
+def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slowdown: float | None) -> float:
+    if time_budget_s is not None and max_slowdown is not None:
+        raise ValueError("give either a time budget or a maximum slowdown, not both")
+    if time_budget_s is not None:
+        if not time_budget_s > 0:
+            raise ValueError(f"time budget must be positive, got {time_budget_s}")
+        return float(time_budget_s)
+    if max_slowdown is not None:
+        if max_slowdown < 0:
+            raise ValueError(f"maximum slowdown must not be negative, got {max_slowdown}")
+        return baseline_time_s * (1 + max_slowdown)
+    return baseline_time_s
+
+
+def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
+                     transfer_s: float = 0.0, memory_cap: int | None = None) -> list[list[int]]:
+    """Warm-up counts to try: EnvPipe's r_s (from the valley clocks) and plain 1F1B (all 0)."""
+    S, M = profile.num_stages, num_microbatches
+    if schedule != "envpipe":
+        return [[0] * S]
+    freqs = [int(f) for f in profile.freqs]
+    valley = valley_clocks(profile, freqs, M, idle_power_w, False, transfer_s)
+    fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
+    r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, memory_cap)
+    return [r, [0] * S] if any(r) else [[0] * S]
+
+
+def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
+                  idle_power_w: float, transfer_s: float = 0.0) -> ClockProblem:
+    dag = PipelineDag.from_orders(build_schedule(schedule, profile.num_stages, num_microbatches, reschedule),
+                                  num_microbatches)
+    return ClockProblem.build(dag, profile, idle_power_w, transfer_s)
+
+
+def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
+                 time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
+                 memory_cap: int | None = None) -> OptimalResult:
+    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if num_microbatches < 1:
+        raise ValueError("the number of micro-batches must be at least 1")
+    if idle_power_w < 0:
+        raise ValueError("idle power must not be negative")
+    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s)
+    budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
+    tried: list[tuple[list[int], float | None]] = []
+    best: tuple[Solution, ClockProblem, list[int]] | None = None
+    errors = []
+    for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap):
+        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s)
+        try:
+            sol = solve(problem, budget)
+        except InfeasibleBudget as exc:
+            tried.append((r, None))
+            errors.append(str(exc))
+            continue
+        tried.append((r, sol.timeline.energy))
+        if best is None or sol.timeline.energy < best[0].timeline.energy:
+            best = (sol, problem, r)
+    if best is None:
+        raise InfeasibleBudget(errors[-1])
+    sol, problem, r = best
+    plan = plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline)
+    return OptimalResult(plan, sol.timeline, baseline, budget, r, tried, sol.lp_energy)

@@ -1,0 +1,166 @@
+"""Optimal planner: MILP oracle on small cut-downs of the real profiles, budgets, frontier, plan JSON, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from envpipe.cli import main
+from envpipe.plan.frontier import frontier
+from envpipe.plan.lp import InfeasibleBudget
+from envpipe.plan.menus import pareto_menu
+from envpipe.plan.milp import solve_milp
+from envpipe.plan.optimal import build_problem, optimal_plan, solve
+from envpipe.plan.planfile import Plan, evaluate_plan
+from envpipe.plan.planner import make_plan
+from envpipe.profile import load_profile
+from envpipe.profile.csv_profile import embedded_profile_path
+
+PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}
+
+
+def cut_down(name: str, stages: int, clocks: int):
+    prof = load_profile(embedded_profile_path(name)).with_stages(stages)
+    pick = np.linspace(0, prof.freqs.size - 1, clocks).round().astype(int)
+    return prof.restricted(prof.freqs[pick])
+
+
+def test_pareto_menu_drops_dominated_clocks_and_hull_is_convex():
+    time = np.array([1.0, 1.5, 2.0, 2.5, 3.0])
+    energy = np.array([10.0, 8.0, 9.5, 6.0, 7.0])  # 2.0 s and 3.0 s are dominated (slower, dearer)
+    menu = pareto_menu(time, energy, idle_power_w=0.0)
+    assert list(menu.time) == [1.0, 1.5, 2.5]
+    slopes = np.diff(menu.cost[menu.hull]) / np.diff(menu.time[menu.hull])
+    assert np.all(np.diff(slopes) >= 0)
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+@pytest.mark.parametrize("slowdown", [0.0, 0.03])
+def test_heuristic_within_half_a_point_of_milp_saving(name, slowdown):
+    watts = PROFILES[name]
+    prof = cut_down(name, 4, 8)
+    M = 8
+    result = optimal_plan(prof, M, idle_power_w=watts, max_slowdown=slowdown)
+    problem = build_problem(prof, M, "1f1b", [0] * 4, watts)
+    option, best = solve_milp(problem.dag, problem.menus, problem.edges, result.budget_s, watts)
+    exact = problem.simulate(option)
+    assert exact.energy == pytest.approx(best, rel=1e-6)
+    assert exact.iteration_time <= result.budget_s * (1 + 1e-6)
+    base = result.baseline.energy
+    ours, oracle = 1 - result.timeline.energy / base, 1 - exact.energy / base
+    assert ours >= oracle - 0.005  # within 0.5 percentage points of the exact saving
+    assert result.timeline.energy <= exact.energy * 1.006
+    assert result.lp_energy is not None and result.lp_energy <= exact.energy * (1 + 1e-6)  # a lower bound
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_never_worse_than_envpipe_policies(name):
+    watts = PROFILES[name]
+    prof = cut_down(name, 4, 8)
+    for M in (4, 12):
+        ours = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
+        for policy in ("uniform", "envelope"):
+            env = make_plan(prof, M, idle_power_w=watts, policy=policy)
+            # give the optimal planner EnvPipe's own (possibly slower) time as the budget
+            same_time = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe",
+                                     time_budget_s=max(env.timeline.iteration_time, ours.budget_s))
+            assert same_time.timeline.energy <= env.timeline.energy * (1 + 1e-9)
+        assert ours.timeline.iteration_time <= ours.budget_s * (1 + 1e-9)
+
+
+def test_infeasible_budget_is_a_clear_error():
+    prof = cut_down("gpt3-175b+a100_sxm_bf16", 4, 8)
+    with pytest.raises(InfeasibleBudget, match=r"infeasible.*fastest clock"):
+        optimal_plan(prof, 8, idle_power_w=83.64, time_budget_s=0.5 * optimal_plan(
+            prof, 8, idle_power_w=83.64).budget_s)
+    with pytest.raises(ValueError, match="not both"):
+        optimal_plan(prof, 8, idle_power_w=83.64, time_budget_s=1.0, max_slowdown=0.1)
+    with pytest.raises(ValueError, match="negative"):
+        optimal_plan(prof, 8, idle_power_w=83.64, max_slowdown=-0.1)
+
+
+def test_frontier_is_monotone_and_spans_budgets():
+    prof = cut_down("bloom+a40_bf16", 4, 12)
+    points = frontier(prof, 8, idle_power_w=70.38, schedule="envpipe", points=8)
+    times = [p.time_s for p in points]
+    energies = [p.energy_j for p in points]
+    assert all(p.time_s <= p.budget_s * (1 + 1e-9) for p in points)
+    assert np.all(np.diff(energies) <= 1e-9)  # more time never costs more energy
+    assert np.all(np.diff(times) >= -1e-9)
+    assert energies[-1] < energies[0]
+
+
+def test_plan_json_round_trips_and_resimulates(tmp_path):
+    prof = cut_down("gpt3-175b+a100_sxm_bf16", 4, 8)
+    result = optimal_plan(prof, 8, idle_power_w=83.64, schedule="envpipe", max_slowdown=0.01)
+    path = tmp_path / "plan.json"
+    result.plan.save(path)
+    again = Plan.from_json(json.loads(path.read_text()))
+    tl = evaluate_plan(again, prof, 83.64)
+    assert tl.iteration_time == pytest.approx(again.predicted["iteration_time_s"], rel=1e-12)
+    assert tl.energy == pytest.approx(again.predicted["energy_j"], rel=1e-12)
+    assert tl.iteration_time <= result.budget_s * (1 + 1e-9)
+
+
+def test_solve_reports_simulated_timeline():
+    prof = cut_down("bloom+a40_bf16", 3, 6)
+    problem = build_problem(prof, 6, "1f1b", [0] * 3, 70.38)
+    sol = solve(problem, problem.fastest_time() * 1.05)
+    again = problem.simulate(sol.option)
+    assert again.energy == sol.timeline.energy
+    assert sol.lp_energy is not None and sol.lp_energy <= sol.timeline.energy * (1 + 1e-9)
+
+
+def test_cli_plan_simulate_and_frontier(tmp_path):
+    prof_path = str(tmp_path / "p.csv")
+    cut_down("gpt3-175b+a100_sxm_bf16", 4, 8).to_csv(prof_path)
+    runner = CliRunner()
+    out = tmp_path / "plan.json"
+    r = runner.invoke(main, ["plan", "--profile", prof_path, "-m", "8", "--policy", "optimal", "--gpu", "a100",
+                             "--max-slowdown", "0.01", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "chosen r_s" in r.output
+    r2 = runner.invoke(main, ["simulate", "--profile", prof_path, "--plan", str(out), "--gpu", "a100"])
+    assert r2.exit_code == 0 and "claims" not in r2.output
+    plan = json.loads(out.read_text())
+    saving = [line for line in r.output.splitlines() if "energy saving" in line]
+    assert saving and saving[0] in r2.output
+
+    bad = runner.invoke(main, ["plan", "--profile", prof_path, "-m", "8", "--policy", "optimal", "--gpu", "a100",
+                               "--time-budget", "0.001"])
+    assert bad.exit_code != 0 and "infeasible" in bad.output
+    misuse = runner.invoke(main, ["plan", "--profile", prof_path, "-m", "8", "--gpu", "a100", "--max-slowdown", "0.1"])
+    assert misuse.exit_code != 0 and "--policy optimal" in misuse.output
+
+    fcsv = tmp_path / "front.csv"
+    r3 = runner.invoke(main, ["plan", "--profile", prof_path, "-m", "8", "--policy", "optimal", "--gpu", "a100",
+                              "--schedule", "1f1b", "--frontier", str(fcsv), "--frontier-points", "3"])
+    assert r3.exit_code == 0, r3.output
+    rows = list(csv.DictReader(fcsv.open()))
+    assert len(rows) == 3 and fcsv.with_suffix(".png").stat().st_size > 0
+    for row in rows:
+        tl = evaluate_plan(Plan.load(row["plan"]), load_profile(prof_path), 83.64)
+        assert tl.energy == pytest.approx(float(row["energy_j"]), abs=1e-3)
+    assert plan["policy"] == "optimal"
+
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    r4 = runner.invoke(main, ["plan", "--profile", prof_path, "-m", "8", "--policy", "optimal", "--gpu", "a100",
+                              "--schedule", "1f1b", "--frontier", str(blocker / "f.csv"), "--frontier-points", "2"])
+    assert r4.exit_code != 0 and "cannot write the frontier" in r4.output
+
+
+@pytest.mark.slow
+def test_real_profile_m12_no_slowdown_beats_perseus_and_envpipe():
+    """GPT-3/A100, M=12, full profile: Perseus's best point within the all-max time saves 16.5%."""
+    prof = load_profile(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
+    ours = optimal_plan(prof, 12, idle_power_w=83.64, schedule="envpipe")
+    env = make_plan(prof, 12, idle_power_w=83.64)
+    saving = 1 - ours.timeline.energy / ours.baseline.energy
+    assert ours.timeline.iteration_time <= ours.baseline.iteration_time * (1 + 1e-9)
+    assert saving > 0.165
+    assert ours.timeline.energy < env.timeline.energy
