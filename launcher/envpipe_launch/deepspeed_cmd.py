@@ -1,0 +1,53 @@
+"""The `deepspeed` command line for a hostfile, and running it with the exit code passed through."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+from .job import JobSpec
+
+SSH_CLIENT_OPTS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+
+
+def deepspeed_argv(spec: JobSpec, hostfile: str, master_addr: str, python: str = sys.executable,
+                   ssh_key: str | None = None) -> list[str]:
+    """`--master_addr` is always given: without it DeepSpeed runs `ssh <first host> hostname -I`."""
+    argv = [python, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", hostfile,
+            "--master_addr", master_addr, "--master_port", str(spec.master_port),
+            "--launcher", spec.ds_launcher, "--no_ssh_check"]
+    if spec.ds_launcher == "pdsh":
+        argv += ["--ssh_port", str(spec.ssh_port)]
+    else:  # the MPI runners ignore --ssh_port: the port goes to mpirun's rsh agent instead
+        rsh = f"-p {spec.ssh_port} {SSH_CLIENT_OPTS}" + (f" -i {ssh_key}" if ssh_key else "")
+        argv += ["--launcher_args", f"--allow-run-as-root --mca plm_rsh_args {shlex.quote(rsh)}"]
+    return [*argv, spec.script, *spec.script_args]
+
+
+def ssh_env(ssh_key: str | None) -> dict[str, str]:
+    """pdsh reads extra ssh options from PDSH_SSH_ARGS_APPEND (DeepSpeed appends `-p PORT`)."""
+    env = dict(os.environ)
+    extra = SSH_CLIENT_OPTS + (f" -i {ssh_key}" if ssh_key else "")
+    env["PDSH_SSH_ARGS_APPEND"] = f"{env.get('PDSH_SSH_ARGS_APPEND', '')} {extra}".strip()
+    return env
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Run in its own process group; Ctrl-C and SIGTERM are forwarded, the child's code returned."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
