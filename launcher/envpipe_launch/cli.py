@@ -18,6 +18,8 @@ from .job import BACKENDS, DS_LAUNCHERS, JobSpec
               help=f"Where the nodes come from: {', '.join(BACKENDS)}.")
 @click.option("--launcher", "ds_launcher", default="pdsh", show_default=True,
               help=f"DeepSpeed's multi-node launcher: {', '.join(DS_LAUNCHERS)}.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VAL",
+              help="Environment variable exported on every node (repeatable).")
 @click.option("--ssh-port", type=int, default=2222, show_default=True)
 @click.option("--master-port", type=int, default=29500, show_default=True)
 @click.option("--master-addr", default=None, help="ssh: rendezvous address (default: the first host).")
@@ -39,14 +41,14 @@ from .job import BACKENDS, DS_LAUNCHERS, JobSpec
 @click.option("--worker-memory", type=int, default=16, show_default=True, help="cml: GiB per worker.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def main(nodes: int, gpus_per_node: int, backend: str, ds_launcher: str, ssh_port: int, master_port: int,
+def main(nodes: int, gpus_per_node: int, backend: str, ds_launcher: str, env_pairs: tuple[str, ...], ssh_port: int, master_port: int,
          master_addr: str | None, hosts: str | None, hostfile_path: str | None, ssh_key: str | None,
          connect_timeout: float, image: str | None, namespace: str, name: str | None, cpu_only: bool,
          ready_timeout: float, keep: bool, dry_run: bool, no_ssh: bool, worker_cpu: int,
          worker_memory: int, script: str, script_args: tuple[str, ...]) -> None:
     """Start a (multi-node) DeepSpeed/EnvPipe job and exit with its exit code."""
     spec = JobSpec(nodes=nodes, gpus_per_node=gpus_per_node, script=script, script_args=list(script_args),
-                   backend=backend, ds_launcher=ds_launcher, ssh_port=ssh_port, master_port=master_port,
+                   backend=backend, ds_launcher=ds_launcher, env=list(env_pairs), ssh_port=ssh_port, master_port=master_port,
                    script_on_workers=backend == "kube")
     try:
         spec.validate()

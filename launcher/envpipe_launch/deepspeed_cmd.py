@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+from .errors import LaunchError
 from .job import JobSpec
 
 SSH_CLIENT_OPTS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
@@ -33,6 +34,22 @@ def ssh_env(ssh_key: str | None) -> dict[str, str]:
     extra = SSH_CLIENT_OPTS + (f" -i {ssh_key}" if ssh_key else "")
     env["PDSH_SSH_ARGS_APPEND"] = f"{env.get('PDSH_SSH_ARGS_APPEND', '')} {extra}".strip()
     return env
+
+
+def write_env_file(directory: str, pairs: list[str], env: dict[str, str]) -> None:
+    """Variables for every node: DeepSpeed's runner reads KEY=VAL lines from $DS_ENV_FILE (an absolute
+    path is honoured) and exports them on each host. A blank line would crash its parser, so none."""
+    lines = []
+    for pair in pairs:
+        key, sep, _ = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise LaunchError(f"--env expects KEY=VALUE, got {pair!r}")
+        lines.append(pair.strip())
+    if lines:
+        path = os.path.join(directory, "deepspeed_env")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        env["DS_ENV_FILE"] = path
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> int:

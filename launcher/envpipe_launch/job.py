@@ -22,6 +22,7 @@ class JobSpec:
     ds_launcher: str = "pdsh"
     ssh_port: int = 2222
     master_port: int = 29500
+    env: list[str] = field(default_factory=list)  # KEY=VAL exported on every node
     # Set when the script lives only on the workers (kube/cml images), so it is not checked here.
     script_on_workers: bool = False
 

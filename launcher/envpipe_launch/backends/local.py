@@ -40,4 +40,5 @@ def launch(spec: JobSpec, python: str = sys.executable) -> int:
         with open(path, "w") as f:
             f.write(hostfile.render([hostfile.Host("localhost", spec.gpus_per_node)]))
         argv = deepspeed_cmd.deepspeed_argv(spec, path, "127.0.0.1", python=python)
+        deepspeed_cmd.write_env_file(tmp, spec.env, env)
         return deepspeed_cmd.run(argv, env)

@@ -40,7 +40,9 @@ def run_on_hosts(spec: JobSpec, hosts: list[hostfile.Host], ssh_key: str | None 
         with open(path, "w") as f:
             f.write(hostfile.render(hosts, fmt))
         argv = deepspeed_cmd.deepspeed_argv(spec, path, master_addr or hosts[0].host, python, ssh_key)
-        return deepspeed_cmd.run(argv, deepspeed_cmd.ssh_env(ssh_key))
+        env = deepspeed_cmd.ssh_env(ssh_key)
+        deepspeed_cmd.write_env_file(tmp, spec.env, env)
+        return deepspeed_cmd.run(argv, env)
 
 
 def launch(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None, ssh_key: str | None,
