@@ -62,7 +62,7 @@ def main(nodes: int, gpus_per_node: int, backend: str, ds_launcher: str, env_pai
             from .backends import kube
             opts = kube.KubeOptions(image=image, namespace=namespace, name=name, cpu_only=cpu_only,
                                     ready_timeout_s=ready_timeout, keep=keep, no_ssh=no_ssh)
-            code = kube.launch(spec, opts, dry_run=dry_run)
+            code = kube.launch(spec, opts, dry_run_only=dry_run)
         else:
             from .backends import cml
             code = cml.launch(spec, cml.CmlOptions(cpu=worker_cpu, memory_gib=worker_memory,
