@@ -11,6 +11,7 @@ import jinja2
 from .errors import LaunchError
 
 FORMATS = ("deepspeed", "openmpi", "mvapich")
+_HOST = re.compile(r"[^\s:,#]+")
 # The lines each format's template produces; parse() accepts exactly these (plus # comments).
 _LINE = {
     "deepspeed": re.compile(r"^(\S+)\s+slots=(\d+)$"),
@@ -31,7 +32,9 @@ def check(hosts: list[Host]) -> list[Host]:
         raise LaunchError("hostfile: no hosts")
     seen: set[str] = set()
     for h in hosts:
-        if not h.host or h.host.strip() != h.host or h.host == "unknown":
+        # whitespace breaks every format, ":" the MVAPICH one, "," pdsh's -w list; "unknown" is CML's
+        # placeholder before a worker has an address
+        if not _HOST.fullmatch(h.host) or h.host == "unknown":
             raise LaunchError(f"hostfile: invalid host name {h.host!r}")
         if h.slots <= 0:
             raise LaunchError(f"hostfile: host {h.host} has {h.slots} slots (must be >= 1)")
