@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from kubernetes import client
-
 from envpipe_launch import hostfile
 from envpipe_launch.backends import kube
 from envpipe_launch.job import JobSpec
+from kubernetes import client
+
 from tests.fakes.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,9 @@ def one(nodes: int, validate: bool) -> tuple[float, int, dict[str, int]]:
     try:
         cfg = client.Configuration()
         cfg.host = fake.url
-        spec = JobSpec(nodes=nodes, gpus_per_node=8, script="train.py", backend="kube", script_on_workers=True)
+        spec = JobSpec(
+            nodes=nodes, gpus_per_node=8, script="train.py", backend="kube", script_on_workers=True
+        )
         job = kube.build_job(spec, kube.KubeOptions(image="img:1", name=f"b{nodes}"))
         run = kube.KubeRun(job, client.CoreV1Api(client.ApiClient(cfg)), timeout_s=600)
         t0 = time.perf_counter()
@@ -78,23 +80,32 @@ def main() -> None:
         "What is measured: the real kube backend (`KubeRun.create_workers` + `wait_workers`, i.e. job "
         "object, ssh Secret, headless Service, N worker pods, watch until all are Ready) and hostfile "
         "rendering, with the real `kubernetes` client over real HTTP, against the fake API server of the "
-        "tests (`tests/fakes/kube_api.py`, kubelet start delay 50 ms per pod, so readiness arrives over the watch). Time = command start to hostfile. Requests = "
+        "tests (`tests/fakes/kube_api.py`, kubelet start delay 50 ms per pod, so readiness arrives "
+        "over the watch). Time = command start to hostfile. Requests = "
         "every HTTP request the fake received (a watch stream counts once). Not a real cluster: real "
         "API-server latency, admission and scheduling are absent.",
         "",
-        "| schema validation in fake | pods | time to hostfile (s) | ms per pod | API requests | requests per pod |",
+        "| schema validation in fake | pods | time to hostfile (s) | ms per pod | API requests "
+        "| requests per pod |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for validate, n, t, reqs, _ in rows:
-        lines.append(f"| {'on' if validate else 'off'} | {n} | {t:.2f} | {1000 * t / n:.1f} | {reqs} | "
-                     f"{reqs / n:.2f} |")
+        lines.append(
+            f"| {'on' if validate else 'off'} | {n} | {t:.2f} | {1000 * t / n:.1f} | {reqs} | "
+            f"{reqs / n:.2f} |"
+        )
     last = rows[len(sizes) - 1]
-    lines += ["", f"Request breakdown at {last[1]} pods (validation on): "
-              + ", ".join(f"`{k}` {v}" for k, v in sorted(last[4].items())) + ".",
-              "", "Requests = N pod creates + 3 (job ConfigMap, Secret, Service) + 1 list + the watch "
-              "stream(s): linear in N by construction. Times are best of 2 on a 2-core machine shared with "
-              "other jobs; with validation on, most of the time is the fake's kubernetes-validate call "
-              "(~37 ms per object measured alone), not the launcher."]
+    lines += [
+        "",
+        f"Request breakdown at {last[1]} pods (validation on): "
+        + ", ".join(f"`{k}` {v}" for k, v in sorted(last[4].items()))
+        + ".",
+        "",
+        "Requests = N pod creates + 3 (job ConfigMap, Secret, Service) + 1 list + the watch "
+        "stream(s): linear in N by construction. Times are best of 2 on a 2-core machine shared with "
+        "other jobs; with validation on, most of the time is the fake's kubernetes-validate call "
+        "(~37 ms per object measured alone), not the launcher.",
+    ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

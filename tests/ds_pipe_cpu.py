@@ -1,7 +1,8 @@
 """A tiny self-contained 2-stage DeepSpeed pipeline on CPU (gloo), started by the launcher tests.
 
-Usage: ds_pipe_cpu.py OUT_DIR (the last argument; DeepSpeed inserts --local_rank first). Each rank writes OUT_DIR/rank<r>.txt with its world size, network
-namespace (so a test can tell the nodes apart) and final loss.
+Usage: ds_pipe_cpu.py OUT_DIR (the last argument; DeepSpeed inserts --local_rank first).
+Each rank writes OUT_DIR/rank<r>.txt with its world size, network namespace (so a test can tell
+the nodes apart) and final loss.
 """
 
 import os
@@ -9,10 +10,10 @@ import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import deepspeed  # noqa: E402
-import torch  # noqa: E402
-from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
-from torch import nn  # noqa: E402
+import deepspeed
+import torch
+from deepspeed.pipe import LayerSpec, PipelineModule
+from torch import nn
 
 STEPS = 3
 
@@ -27,13 +28,20 @@ def batches():
 def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
-    layers = [LayerSpec(nn.Linear, 16, 16), LayerSpec(nn.ReLU), LayerSpec(nn.Linear, 16, 16),
-              LayerSpec(nn.ReLU), LayerSpec(nn.Linear, 16, 1)]
+    layers = [
+        LayerSpec(nn.Linear, 16, 16),
+        LayerSpec(nn.ReLU),
+        LayerSpec(nn.Linear, 16, 16),
+        LayerSpec(nn.ReLU),
+        LayerSpec(nn.Linear, 16, 1),
+    ]
     model = PipelineModule(layers=layers, num_stages=2, loss_fn=nn.MSELoss(), partition_method="type:Linear")
-    config = {"train_batch_size": 16 * (torch.distributed.get_world_size() // 2),
-              "train_micro_batch_size_per_gpu": 8,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
-              "steps_per_print": 1000}
+    config = {
+        "train_batch_size": 16 * (torch.distributed.get_world_size() // 2),
+        "train_micro_batch_size_per_gpu": 8,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "steps_per_print": 1000,
+    }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     it = batches()
     loss = None

@@ -6,6 +6,7 @@ Used by the ssh-backend test: real sshd, real pdsh, real TCP between namespaces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -56,10 +57,8 @@ class Hosts:
         for n in self.names:
             pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), 9)
-                except ProcessLookupError:
-                    pass
         for p in self.procs:
             p.wait(timeout=10)
         for n in self.names:
@@ -81,8 +80,21 @@ def start(workdir: Path, count: int = 2, subnet: str = "10.231.7") -> Hosts:
             hosts.ips.append(f"{subnet}.{i + 1}")
             _sh("ip", "-n", name, "link", "set", "lo", "up")
         # a veth per pair of neighbours is enough for 2 hosts; more would need a bridge
-        _sh("ip", "link", "add", f"{tag}a", "netns", hosts.names[0], "type", "veth",
-            "peer", "name", f"{tag}b", "netns", hosts.names[1])
+        _sh(
+            "ip",
+            "link",
+            "add",
+            f"{tag}a",
+            "netns",
+            hosts.names[0],
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"{tag}b",
+            "netns",
+            hosts.names[1],
+        )
         for i, dev in enumerate((f"{tag}a", f"{tag}b")):
             # the same interface name on every host, so one GLOO_SOCKET_IFNAME fits all of them
             _sh("ip", "-n", hosts.names[i], "link", "set", dev, "name", IFNAME)
@@ -94,9 +106,13 @@ def start(workdir: Path, count: int = 2, subnet: str = "10.231.7") -> Hosts:
                 f"Port 2222\nListenAddress {hosts.ips[i]}\nHostKey {workdir}/host_key\n"
                 f"PidFile {workdir}/sshd_{i}.pid\nAuthorizedKeysFile {workdir}/authorized_keys\n"
                 "StrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-                "KbdInteractiveAuthentication no\nUsePAM no\nMaxStartups 100\n")
-            hosts.procs.append(subprocess.Popen(hosts.exec_argv(i, [SSHD, "-D", "-e", "-f", str(cfg)]),
-                                                stderr=subprocess.DEVNULL))
+                "KbdInteractiveAuthentication no\nUsePAM no\nMaxStartups 100\n"
+            )
+            hosts.procs.append(
+                subprocess.Popen(
+                    hosts.exec_argv(i, [SSHD, "-D", "-e", "-f", str(cfg)]), stderr=subprocess.DEVNULL
+                )
+            )
         for i in range(count):
             _wait_sshd(hosts, i)
     except BaseException:
@@ -111,8 +127,11 @@ def _wait_sshd(hosts: Hosts, i: int, timeout_s: float = 10.0) -> None:
     while time.monotonic() < deadline:
         if hosts.procs[i].poll() is not None:
             raise RuntimeError(f"sshd in {hosts.names[i]} exited with {hosts.procs[i].returncode}")
-        argv = probe + [hosts.ips[i], "2222"] if probe else [
-            "python3", "-c", f"import socket; socket.create_connection(('{hosts.ips[i]}', 2222), 1)"]
+        argv = (
+            [*probe, hosts.ips[i], "2222"]
+            if probe
+            else ["python3", "-c", f"import socket; socket.create_connection(('{hosts.ips[i]}', 2222), 1)"]
+        )
         if subprocess.run(hosts.exec_argv(0, argv), capture_output=True).returncode == 0:
             return
         time.sleep(0.1)

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from envpipe_launch.backends import cml
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
@@ -19,6 +18,7 @@ def workers(monkeypatch):
     monkeypatch.syspath_prepend(FAKES)
     monkeypatch.setenv("CDSW_IP_ADDRESS", "10.0.0.2")
     from cml import workers_v1
+
     workers_v1.reset()
     yield workers_v1
     sys.modules.pop("cml.workers_v1", None)
@@ -49,7 +49,7 @@ def test_hostfile_from_session_and_worker_ips(workers, monkeypatch) -> None:
     assert cml.launch(_spec(), cml.CmlOptions(ready_timeout_s=30), runner=run) == 5
     assert run.hosts == [("10.0.0.2", 4), ("10.0.0.7", 4), ("10.0.0.8", 4)]
     assert run.master == "10.0.0.2"
-    (name, args, kwargs), = [c for c in workers.calls if c[0] == "launch_workers"]
+    ((_name, args, kwargs),) = [c for c in workers.calls if c[0] == "launch_workers"]
     assert args[0] == 2 and kwargs["nvidia_gpu"] == 4 and kwargs["code"].startswith("!")
     assert "sshd -D -e -p 2222" in kwargs["code"]
     assert sum(c[0] == "await_workers" for c in workers.calls) == 3
@@ -88,5 +88,5 @@ def test_outside_cml_is_a_clear_error(monkeypatch) -> None:
     with pytest.raises(LaunchError, match="CDSW_IP_ADDRESS is not set"):
         cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())
     monkeypatch.setenv("CDSW_IP_ADDRESS", "10.0.0.2")
-    with pytest.raises(LaunchError, match="no cml.workers_v1 module"):
+    with pytest.raises(LaunchError, match=r"no cml\.workers_v1 module"):
         cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())

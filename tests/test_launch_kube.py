@@ -19,12 +19,12 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-
 from envpipe_launch.backends import kube
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
 from tests.fakes.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +45,14 @@ def _client(fake: FakeKubeAPI) -> client.ApiClient:
 
 
 def _spec(nodes: int = 3, gpus: int = 2) -> JobSpec:
-    return JobSpec(nodes=nodes, gpus_per_node=gpus, script="examples/train_gpt.py", script_args=["--steps", "5"],
-                   backend="kube", script_on_workers=True).validate()
+    return JobSpec(
+        nodes=nodes,
+        gpus_per_node=gpus,
+        script="examples/train_gpt.py",
+        script_args=["--steps", "5"],
+        backend="kube",
+        script_on_workers=True,
+    ).validate()
 
 
 def _launch(fake: FakeKubeAPI, spec: JobSpec | None = None, **opts) -> int:
@@ -106,16 +112,18 @@ def test_image_pull_failure_is_reported_and_cleaned(api: FakeKubeAPI) -> None:
 
 def test_quota_refusal_is_reported_and_cleaned(api: FakeKubeAPI) -> None:
     api.pod_quota = 2
-    with pytest.raises(LaunchError, match="HTTP 403.*exceeded quota"):
+    with pytest.raises(LaunchError, match=r"HTTP 403.*exceeded quota"):
         _launch(api)
     assert _leftovers(api) == {}
 
 
 def test_existing_name_is_a_clear_error_and_untouched(api: FakeKubeAPI) -> None:
     core = client.CoreV1Api(_client(api))
-    core.create_namespaced_config_map("default", {"apiVersion": "v1", "kind": "ConfigMap",
-                                                  "metadata": {"name": "t"}, "data": {"mine": "yes"}})
-    with pytest.raises(LaunchError, match="HTTP 409.*already exists"):
+    core.create_namespaced_config_map(
+        "default",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "t"}, "data": {"mine": "yes"}},
+    )
+    with pytest.raises(LaunchError, match=r"HTTP 409.*already exists"):
         _launch(api)
     assert _leftovers(api) == {"configmaps": ["t"]}
     assert core.read_namespaced_config_map("t", "default").data == {"mine": "yes"}
@@ -134,20 +142,30 @@ def test_fake_answers_like_the_api_server(api: FakeKubeAPI) -> None:
         core.read_namespaced_pod("nope", "default")
     assert e.value.status == 404
     # kubernetes 37 already refuses this object client-side, so post it as raw HTTP
-    bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b"},
-           "spec": {"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": "ssh"}]}]}}
-    req = urllib.request.Request(f"{api.url}/api/v1/namespaces/default/pods", json.dumps(bad).encode(),
-                                 {"Content-Type": "application/json"})
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "b"},
+        "spec": {"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": "ssh"}]}]},
+    }
+    req = urllib.request.Request(
+        f"{api.url}/api/v1/namespaces/default/pods",
+        json.dumps(bad).encode(),
+        {"Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as h:
         urllib.request.urlopen(req)
     assert h.value.code == 422 and "is not of type 'integer'" in h.value.read().decode()
 
 
-@pytest.mark.parametrize(("gpus", "opts", "message"), [
-    (0, {}, "no GPUs requested"),
-    (1, {"image": None}, "needs --image"),
-    (1, {"cpu_only": True}, "--cpu conflicts"),
-])
+@pytest.mark.parametrize(
+    ("gpus", "opts", "message"),
+    [
+        (0, {}, "no GPUs requested"),
+        (1, {"image": None}, "needs --image"),
+        (1, {"cpu_only": True}, "--cpu conflicts"),
+    ],
+)
 def test_bad_input_touches_nothing(api: FakeKubeAPI, gpus: int, opts: dict, message: str) -> None:
     with pytest.raises(LaunchError, match=message):
         _launch(api, _spec(gpus=gpus), **opts)
@@ -163,7 +181,9 @@ def test_dry_run_manifests_are_schema_valid(capsys) -> None:
         kubernetes_validate.validate(d, "1.33", strict=True)
     worker = docs[3]["spec"]
     assert worker["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert {"name": "clockd", "hostPath": {"path": "/run/envpipe", "type": "DirectoryOrCreate"}} in worker["volumes"]
+    assert {"name": "clockd", "hostPath": {"path": "/run/envpipe", "type": "DirectoryOrCreate"}} in worker[
+        "volumes"
+    ]
     assert worker["containers"][0]["readinessProbe"] == {"tcpSocket": {"port": 2222}, "periodSeconds": 2}
 
 
@@ -171,15 +191,39 @@ def test_cli_ctrl_c_cleans_up(api: FakeKubeAPI, tmp_path: Path) -> None:
     """The real CLI with a kubeconfig file; SIGINT while waiting for workers leaves nothing behind."""
     api.start_delay_s = 60
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-        "users": [{"name": "u", "user": {"token": "x"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": "u", "user": {"token": "x"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+            }
+        )
+    )
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONPATH=f"{ROOT}:{ROOT / 'launcher'}")
-    proc = subprocess.Popen([sys.executable, "-m", "envpipe_launch", "--backend", "kube", "--nodes", "2",
-                             "--image", "img:1", "--name", "c", "--", "train.py"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "envpipe_launch",
+            "--backend",
+            "kube",
+            "--nodes",
+            "2",
+            "--image",
+            "img:1",
+            "--name",
+            "c",
+            "--",
+            "train.py",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 20
     while len(api.names("pods")) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

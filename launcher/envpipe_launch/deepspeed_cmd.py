@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -14,12 +15,25 @@ from .job import JobSpec
 SSH_CLIENT_OPTS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
 
 
-def deepspeed_argv(spec: JobSpec, hostfile: str, master_addr: str, python: str = sys.executable,
-                   ssh_key: str | None = None) -> list[str]:
+def deepspeed_argv(
+    spec: JobSpec, hostfile: str, master_addr: str, python: str = sys.executable, ssh_key: str | None = None
+) -> list[str]:
     """`--master_addr` is always given: without it DeepSpeed runs `ssh <first host> hostname -I`."""
-    argv = [python, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", hostfile,
-            "--master_addr", master_addr, "--master_port", str(spec.master_port),
-            "--launcher", spec.ds_launcher, "--no_ssh_check"]
+    argv = [
+        python,
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        hostfile,
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(spec.master_port),
+        "--launcher",
+        spec.ds_launcher,
+        "--no_ssh_check",
+    ]
     if spec.ds_launcher == "pdsh":
         argv += ["--ssh_port", str(spec.ssh_port)]
     else:  # the MPI runners ignore --ssh_port: the port goes to mpirun's rsh agent instead
@@ -57,10 +71,8 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
 
     def forward(signum: int, _frame: object) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -59,7 +59,7 @@ def render(hosts: list[Host], fmt: str = "deepspeed") -> str:
 def parse(text: str, fmt: str = "deepspeed") -> list[Host]:
     """Read a hostfile a user gave us. Blank lines inside are refused: DeepSpeed's .deepspeed_env
     and some MPI parsers choke on them, and they usually mean a template or copy-paste slip."""
-    pattern = _LINE[fmt] if fmt in _LINE else None
+    pattern = _LINE.get(fmt)
     if pattern is None:
         raise LaunchError(f"unknown hostfile format {fmt!r}")
     lines = text.rstrip("\n").split("\n")
@@ -72,7 +72,9 @@ def parse(text: str, fmt: str = "deepspeed") -> list[Host]:
             raise LaunchError(f"hostfile line {n}: blank line")
         m = pattern.match(line)
         if not m:
-            raise LaunchError(f"hostfile line {n}: expected {'host:N' if fmt == 'mvapich' else 'host slots=N'}, "
-                              f"got {line!r}")
+            raise LaunchError(
+                f"hostfile line {n}: expected {'host:N' if fmt == 'mvapich' else 'host slots=N'}, "
+                f"got {line!r}"
+            )
         hosts.append(Host(m.group(1), int(m.group(2))))
     return check(hosts)

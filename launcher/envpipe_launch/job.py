@@ -34,8 +34,9 @@ class JobSpec:
         if self.gpus_per_node < 0:
             raise LaunchError(f"--gpus-per-node must be >= 0, got {self.gpus_per_node}")
         if self.ds_launcher not in DS_LAUNCHERS:
-            raise LaunchError(f"unknown DeepSpeed launcher {self.ds_launcher!r} "
-                              f"(choose from {', '.join(DS_LAUNCHERS)})")
+            raise LaunchError(
+                f"unknown DeepSpeed launcher {self.ds_launcher!r} (choose from {', '.join(DS_LAUNCHERS)})"
+            )
         if not self.script_on_workers and not os.path.isfile(self.script):
             raise LaunchError(f"training script not found: {self.script}")
         return self

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import copy
 import itertools
 import json
 import threading
 import uuid
-from typing import Any
 
 import kubernetes_validate
 from aiohttp import web
@@ -29,8 +29,14 @@ K8S_VERSION = "1.33"
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason,
-            "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     return web.json_response(body, status=code)
 
 
@@ -48,8 +54,13 @@ def _matches(obj: dict, labels: str | None, fields: str | None) -> bool:
 
 
 class FakeKubeAPI:
-    def __init__(self, pod_quota: int | None = None, job_exit_code: int = 0, start_delay_s: float = 0.02,
-                 validate: bool = True) -> None:
+    def __init__(
+        self,
+        pod_quota: int | None = None,
+        job_exit_code: int = 0,
+        start_delay_s: float = 0.02,
+        validate: bool = True,
+    ) -> None:
         self.pod_quota, self.job_exit_code, self.start_delay_s = pod_quota, job_exit_code, start_delay_s
         self.validate = validate
         self.objects: dict[tuple[str, str, str], dict] = {}
@@ -122,10 +133,20 @@ class FakeKubeAPI:
         labels, fields = req.query.get("labelSelector"), req.query.get("fieldSelector")
         if req.query.get("watch") in ("true", "1"):
             return await self._watch(req, ns, plural, labels, fields)
-        items = [o for (p, n, _), o in self.objects.items() if p == plural and n == ns and _matches(o, labels, fields)]
+        items = [
+            o
+            for (p, n, _), o in self.objects.items()
+            if p == plural and n == ns and _matches(o, labels, fields)
+        ]
         rv = str(self.events[-1][0]) if self.events else "0"
-        return web.json_response({"kind": f"{KINDS[plural]}List", "apiVersion": "v1",
-                                  "metadata": {"resourceVersion": rv}, "items": items})
+        return web.json_response(
+            {
+                "kind": f"{KINDS[plural]}List",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": rv},
+                "items": items,
+            }
+        )
 
     async def _create(self, ns: str, plural: str, obj: dict) -> web.Response:
         name = obj.get("metadata", {}).get("name", "")
@@ -138,9 +159,13 @@ class FakeKubeAPI:
         if (plural, ns, name) in self.objects:
             return _status(409, "AlreadyExists", f'{plural} "{name}" already exists')
         if plural == "pods" and self.pod_quota is not None and len(self.names("pods")) >= self.pod_quota:
-            return _status(403, "Forbidden", f'pods "{name}" is forbidden: exceeded quota: compute-resources, '
-                                             f"requested: pods=1, used: pods={self.pod_quota}, "
-                                             f"limited: pods={self.pod_quota}")
+            return _status(
+                403,
+                "Forbidden",
+                f'pods "{name}" is forbidden: exceeded quota: compute-resources, '
+                f"requested: pods=1, used: pods={self.pod_quota}, "
+                f"limited: pods={self.pod_quota}",
+            )
         obj = copy.deepcopy(obj)
         obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()))
         if plural == "secrets" and "stringData" in obj:
@@ -180,8 +205,9 @@ class FakeKubeAPI:
             if n == ns and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or []):
                 await self._delete(p, n, child, orphan=False)
 
-    async def _watch(self, req: web.Request, ns: str, plural: str, labels: str | None,
-                     fields: str | None) -> web.StreamResponse:
+    async def _watch(
+        self, req: web.Request, ns: str, plural: str, labels: str | None, fields: str | None
+    ) -> web.StreamResponse:
         since = int(req.query.get("resourceVersion") or 0)
         timeout = float(req.query.get("timeoutSeconds") or 30)
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -193,7 +219,11 @@ class FakeKubeAPI:
             while loop.time() < end:
                 for rv, p, kind, obj in [e for e in self.events if e[0] > since]:
                     since = rv
-                    if p == plural and obj["metadata"].get("namespace") == ns and _matches(obj, labels, fields):
+                    if (
+                        p == plural
+                        and obj["metadata"].get("namespace") == ns
+                        and _matches(obj, labels, fields)
+                    ):
                         await resp.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
                 async with self._changed:
                     try:
@@ -223,13 +253,15 @@ class FakeKubeAPI:
                 await resp.write(line.encode())
             sent = len(lines)
             cur = self.objects.get(("pods", ns, name))
-            if cur is None or cur["status"]["phase"] in ("Succeeded", "Failed") or req.query.get("follow") != "true":
+            if (
+                cur is None
+                or cur["status"]["phase"] in ("Succeeded", "Failed")
+                or req.query.get("follow") != "true"
+            ):
                 break
             async with self._changed:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), 1)
-                except TimeoutError:
-                    pass
         await resp.write_eof()
         return resp
 
@@ -249,17 +281,42 @@ class FakeKubeAPI:
             return
         c = pod["spec"]["containers"][0]
         if "does-not-exist" in c["image"]:
-            waiting = {"reason": "ErrImagePull",
-                       "message": f'failed to pull image "{c["image"]}": not found'}
-            await self._set_status(ns, name, {"phase": "Pending", "containerStatuses": [
-                {"name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
-                 "state": {"waiting": waiting}}]})
+            waiting = {"reason": "ErrImagePull", "message": f'failed to pull image "{c["image"]}": not found'}
+            await self._set_status(
+                ns,
+                name,
+                {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {
+                            "name": c["name"],
+                            "ready": False,
+                            "restartCount": 0,
+                            "image": c["image"],
+                            "imageID": "",
+                            "state": {"waiting": waiting},
+                        }
+                    ],
+                },
+            )
             return
         n = next(self._ips)
         ip = f"10.244.{n // 250}.{n % 250 + 2}"
-        running = {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}],
-                   "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
-                                          "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}
+        running = {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": c["image"],
+                    "imageID": "",
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+                }
+            ],
+        }
         if not await self._set_status(ns, name, running):
             return
         command = " ".join(c.get("command", []))
@@ -276,6 +333,7 @@ class FakeKubeAPI:
         done = copy.deepcopy(running)
         done["phase"] = "Succeeded" if code == 0 else "Failed"
         done["conditions"] = [{"type": "Ready", "status": "False"}]
-        done["containerStatuses"][0]["state"] = {"terminated": {"exitCode": code, "reason":
-                                                                "Completed" if code == 0 else "Error"}}
+        done["containerStatuses"][0]["state"] = {
+            "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        }
         await self._set_status(ns, name, done)

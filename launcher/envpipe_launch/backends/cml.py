@@ -22,10 +22,12 @@ SSH_DIR = "$HOME/.envpipe/ssh"
 
 def sshd_code(port: int) -> str:
     """`code` starting with "!" runs as a shell command on a CML worker."""
-    return (f"!mkdir -p {SSH_DIR} && (test -f {SSH_DIR}/host_key || ssh-keygen -q -t ed25519 -N '' "
-            f"-f {SSH_DIR}/host_key) && exec /usr/sbin/sshd -D -e -p {port} -f /dev/null "
-            f"-h {SSH_DIR}/host_key -o PidFile={SSH_DIR}/sshd.pid -o StrictModes=no "
-            f"-o AuthorizedKeysFile={SSH_DIR}/authorized_keys -o PasswordAuthentication=no")
+    return (
+        f"!mkdir -p {SSH_DIR} && (test -f {SSH_DIR}/host_key || ssh-keygen -q -t ed25519 -N '' "
+        f"-f {SSH_DIR}/host_key) && exec /usr/sbin/sshd -D -e -p {port} -f /dev/null "
+        f"-h {SSH_DIR}/host_key -o PidFile={SSH_DIR}/sshd.pid -o StrictModes=no "
+        f"-o AuthorizedKeysFile={SSH_DIR}/authorized_keys -o PasswordAuthentication=no"
+    )
 
 
 @dataclass
@@ -71,8 +73,13 @@ def launch(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int] = ssh.run
     ids: list[str] = []
     try:
         if spec.nodes > 1:
-            launched = api.launch_workers(spec.nodes - 1, cpu=opts.cpu, memory=opts.memory_gib,
-                                          nvidia_gpu=spec.gpus_per_node, code=sshd_code(spec.ssh_port))
+            launched = api.launch_workers(
+                spec.nodes - 1,
+                cpu=opts.cpu,
+                memory=opts.memory_gib,
+                nvidia_gpu=spec.gpus_per_node,
+                code=sshd_code(spec.ssh_port),
+            )
             ids = [w["id"] for w in launched]
             ips = await_ips(api, ids, opts.ready_timeout_s)
         else:

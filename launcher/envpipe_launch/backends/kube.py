@@ -25,8 +25,14 @@ from ..kube_manifests import LABEL, KubeJob
 from ..progress import Progress
 
 # Container states that will not fix themselves within a launch.
-FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                 "CreateContainerError", "CrashLoopBackOff"}
+FATAL_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+}
 
 
 @dataclass
@@ -44,8 +50,11 @@ def _ssh_keypair() -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "id")
         try:
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "envpipe-launch", "-f", path],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "envpipe-launch", "-f", path],
+                check=True,
+                capture_output=True,
+            )
         except (OSError, subprocess.CalledProcessError) as e:
             raise LaunchError(f"cannot generate the job's ssh key with ssh-keygen: {e}") from e
         with open(path) as priv, open(path + ".pub") as pub:
@@ -64,8 +73,9 @@ def build_job(spec: JobSpec, opts: KubeOptions) -> KubeJob:
     if not opts.image:
         raise LaunchError("the kube backend needs --image (a worker image with sshd, python and deepspeed)")
     if spec.gpus_per_node == 0 and not opts.cpu_only:
-        raise LaunchError("no GPUs requested (--gpus-per-node 0) for a GPU worker image; pass --cpu for a "
-                          "CPU-only job")
+        raise LaunchError(
+            "no GPUs requested (--gpus-per-node 0) for a GPU worker image; pass --cpu for a CPU-only job"
+        )
     if opts.cpu_only and spec.gpus_per_node > 0:
         raise LaunchError("--cpu conflicts with --gpus-per-node > 0")
     name = job_name(opts.name or "envpipe", "" if opts.name else secrets.token_hex(3))
@@ -73,10 +83,18 @@ def build_job(spec: JobSpec, opts: KubeOptions) -> KubeJob:
 
 
 def dry_run(job: KubeJob) -> str:
-    objs = [job.job_object(), job.ssh_secret("<job uid>", "<generated>", "<generated>"), job.service("<job uid>")]
+    objs = [
+        job.job_object(),
+        job.ssh_secret("<job uid>", "<generated>", "<generated>"),
+        job.service("<job uid>"),
+    ]
     if job.no_ssh:
-        objs.append(job.hostfile_map("<job uid>", hostfile.render(
-            [hostfile.Host(h, max(job.spec.gpus_per_node, 1)) for h in job.dns_hosts()])))
+        objs.append(
+            job.hostfile_map(
+                "<job uid>",
+                hostfile.render([hostfile.Host(h, max(job.spec.gpus_per_node, 1)) for h in job.dns_hosts()]),
+            )
+        )
     objs += [job.worker_pod(i, "<job uid>") for i in range(job.spec.nodes)]
     if not job.no_ssh:
         objs.append(job.hostfile_map("<job uid>", "<pod IPs, known after readiness>"))
@@ -103,8 +121,12 @@ class KubeRun:
         self.owner: str | None = None
 
     def _create(self, kind: str, body: dict[str, Any]) -> Any:
-        create = {"ConfigMap": self.api.create_namespaced_config_map, "Secret": self.api.create_namespaced_secret,
-                  "Service": self.api.create_namespaced_service, "Pod": self.api.create_namespaced_pod}[kind]
+        create = {
+            "ConfigMap": self.api.create_namespaced_config_map,
+            "Secret": self.api.create_namespaced_secret,
+            "Service": self.api.create_namespaced_service,
+            "Pod": self.api.create_namespaced_pod,
+        }[kind]
         try:
             return create(self.job.namespace, body)
         except ApiException as e:
@@ -149,10 +171,16 @@ class KubeRun:
             while not done:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise LaunchError(f"timed out after {self.timeout_s:g}s: {len(ready)}/{want} workers ready")
-                for event in w.stream(self.api.list_namespaced_pod, self.job.namespace,
-                                      label_selector=self._selector("worker"), resource_version=version,
-                                      timeout_seconds=max(1, int(left))):
+                    raise LaunchError(
+                        f"timed out after {self.timeout_s:g}s: {len(ready)}/{want} workers ready"
+                    )
+                for event in w.stream(
+                    self.api.list_namespaced_pod,
+                    self.job.namespace,
+                    label_selector=self._selector("worker"),
+                    resource_version=version,
+                    timeout_seconds=max(1, int(left)),
+                ):
                     pod = event["object"]
                     version = pod.metadata.resource_version
                     if event["type"] == "DELETED":
@@ -171,7 +199,9 @@ class KubeRun:
         if pod.status is None:
             return
         if pod.status.phase in ("Failed", "Succeeded"):
-            raise LaunchError(f"worker pod {name} ended early ({pod.status.phase}): {pod.status.message or ''}")
+            raise LaunchError(
+                f"worker pod {name} ended early ({pod.status.phase}): {pod.status.message or ''}"
+            )
         for cs in pod.status.container_statuses or []:
             waiting = cs.state.waiting if cs.state else None
             if waiting is not None and waiting.reason in FATAL_WAITING:
@@ -189,7 +219,9 @@ class KubeRun:
         """Stream the first pod's log, then wait (watch) for all to end; the first non-zero code wins."""
         self._wait_started(pods[0])
         try:
-            resp = self.api.read_namespaced_pod_log(pods[0], self.job.namespace, follow=True, _preload_content=False)
+            resp = self.api.read_namespaced_pod_log(
+                pods[0], self.job.namespace, follow=True, _preload_content=False
+            )
             for chunk in resp.stream(4096):
                 sys.stdout.write(chunk.decode(errors="replace"))
                 sys.stdout.flush()
@@ -201,8 +233,12 @@ class KubeRun:
     def _watch_pod(self, name: str, done: Any) -> Any:
         w = watch.Watch()
         try:
-            for event in w.stream(self.api.list_namespaced_pod, self.job.namespace,
-                                  field_selector=f"metadata.name={name}", timeout_seconds=int(self.timeout_s)):
+            for event in w.stream(
+                self.api.list_namespaced_pod,
+                self.job.namespace,
+                field_selector=f"metadata.name={name}",
+                timeout_seconds=int(self.timeout_s),
+            ):
                 pod = event["object"]
                 if event["type"] == "DELETED":
                     raise LaunchError(f"pod {name} was deleted")
@@ -221,10 +257,14 @@ class KubeRun:
                 raise LaunchError(f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}")
 
     def _wait_started(self, name: str) -> None:
-        self._watch_pod(name, lambda p: p.status is not None and p.status.phase in ("Running", "Succeeded", "Failed"))
+        self._watch_pod(
+            name, lambda p: p.status is not None and p.status.phase in ("Running", "Succeeded", "Failed")
+        )
 
     def _exit_code(self, name: str) -> int:
-        pod = self._watch_pod(name, lambda p: p.status is not None and p.status.phase in ("Succeeded", "Failed"))
+        pod = self._watch_pod(
+            name, lambda p: p.status is not None and p.status.phase in ("Succeeded", "Failed")
+        )
         for cs in pod.status.container_statuses or []:
             if cs.state and cs.state.terminated:
                 return int(cs.state.terminated.exit_code)
@@ -235,8 +275,11 @@ class KubeRun:
         if self.owner is None:
             return
         try:
-            self.api.delete_namespaced_config_map(self.job.name, self.job.namespace,
-                                                  body=client.V1DeleteOptions(propagation_policy="Foreground"))
+            self.api.delete_namespaced_config_map(
+                self.job.name,
+                self.job.namespace,
+                body=client.V1DeleteOptions(propagation_policy="Foreground"),
+            )
         except ApiException as e:
             if e.status != 404:
                 print(f"envpipe-launch: cleanup of job {self.job.name} failed: {e.reason}", file=sys.stderr)
@@ -251,8 +294,9 @@ def _is_ready(pod: Any, need_probe: bool) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in st.conditions or [])
 
 
-def launch(spec: JobSpec, opts: KubeOptions, dry_run_only: bool = False,
-           api_client: client.ApiClient | None = None) -> int:
+def launch(
+    spec: JobSpec, opts: KubeOptions, dry_run_only: bool = False, api_client: client.ApiClient | None = None
+) -> int:
     job = build_job(spec, opts)
     if dry_run_only:
         sys.stdout.write(dry_run(job))
@@ -269,7 +313,10 @@ def launch(spec: JobSpec, opts: KubeOptions, dry_run_only: bool = False,
         return 130
     finally:
         if opts.keep:
-            print(f"envpipe-launch: kept job {job.name} (delete everything with: kubectl delete configmap "
-                  f"{job.name} -n {job.namespace})", file=sys.stderr)
+            print(
+                f"envpipe-launch: kept job {job.name} (delete everything with: kubectl delete configmap "
+                f"{job.name} -n {job.namespace})",
+                file=sys.stderr,
+            )
         else:
             run.cleanup()

@@ -28,9 +28,14 @@ def hosts_from(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None) 
     return hosts[: spec.nodes]
 
 
-def run_on_hosts(spec: JobSpec, hosts: list[hostfile.Host], ssh_key: str | None = None,
-                 python: str = sys.executable, connect_timeout_s: float = 10.0,
-                 master_addr: str | None = None) -> int:
+def run_on_hosts(
+    spec: JobSpec,
+    hosts: list[hostfile.Host],
+    ssh_key: str | None = None,
+    python: str = sys.executable,
+    connect_timeout_s: float = 10.0,
+    master_addr: str | None = None,
+) -> int:
     """Check every sshd, render the hostfile, start DeepSpeed; shared with the cml backend."""
     for h in hosts:
         net.wait_for_port(h.host, spec.ssh_port, connect_timeout_s)
@@ -45,7 +50,13 @@ def run_on_hosts(spec: JobSpec, hosts: list[hostfile.Host], ssh_key: str | None 
         return deepspeed_cmd.run(argv, env)
 
 
-def launch(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None, ssh_key: str | None,
-           master_addr: str | None, connect_timeout_s: float) -> int:
+def launch(
+    spec: JobSpec,
+    hosts_csv: str | None,
+    hostfile_path: str | None,
+    ssh_key: str | None,
+    master_addr: str | None,
+    connect_timeout_s: float,
+) -> int:
     hosts = hosts_from(spec, hosts_csv, hostfile_path)
     return run_on_hosts(spec, hosts, ssh_key, connect_timeout_s=connect_timeout_s, master_addr=master_addr)

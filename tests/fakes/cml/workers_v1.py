@@ -42,21 +42,45 @@ def _env_list(name: str) -> list[str]:
     return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
 
 
-def launch_workers(n: int, cpu: float, memory: float, nvidia_gpu: int = 0, kernel: str = "python3",
-                   script: str = "", code: str = "", env: dict | None = None, accelerator_label_id: Any = None,
-                   resource_profile_id: Any = None, resource_group_id: Any = None) -> list[dict[str, Any]]:
-    calls.append(("launch_workers", (n, cpu, memory), {"nvidia_gpu": nvidia_gpu, "kernel": kernel,
-                                                       "script": script, "code": code, "env": env or {}}))
+def launch_workers(
+    n: int,
+    cpu: float,
+    memory: float,
+    nvidia_gpu: int = 0,
+    kernel: str = "python3",
+    script: str = "",
+    code: str = "",
+    env: dict | None = None,
+    accelerator_label_id: Any = None,
+    resource_profile_id: Any = None,
+    resource_group_id: Any = None,
+) -> list[dict[str, Any]]:
+    calls.append(
+        (
+            "launch_workers",
+            (n, cpu, memory),
+            {"nvidia_gpu": nvidia_gpu, "kernel": kernel, "script": script, "code": code, "env": env or {}},
+        )
+    )
     if n < 1:
         raise ValueError("n must be >= 1")
     ips, fail = _env_list("ENVPIPE_FAKE_CML_IPS"), {int(i) for i in _env_list("ENVPIPE_FAKE_CML_FAIL")}
     out = []
     for _ in range(n):
         idx = next(_launched)
-        w = {"id": uuid.uuid4().hex[:16], "status": "failed" if idx in fail else "running",
-             "created_at": "2026-01-01T00:00:00Z", "running_at": None, "finished_at": None, "duration": None,
-             "ip_address": "unknown", "app_url": "", "_ip": ips[idx] if idx < len(ips) else f"10.0.0.{11 + idx}",
-             "_env": env or {}, "_code": code or script}
+        w = {
+            "id": uuid.uuid4().hex[:16],
+            "status": "failed" if idx in fail else "running",
+            "created_at": "2026-01-01T00:00:00Z",
+            "running_at": None,
+            "finished_at": None,
+            "duration": None,
+            "ip_address": "unknown",
+            "app_url": "",
+            "_ip": ips[idx] if idx < len(ips) else f"10.0.0.{11 + idx}",
+            "_env": env or {},
+            "_code": code or script,
+        }
         workers[w["id"]] = w
         out.append(_public(w))
     return out
@@ -83,8 +107,13 @@ def list_workers() -> list[dict[str, Any]]:
 
 
 def await_workers(ids: list, wait_for_completion: bool = True, timeout_seconds: int = 60) -> dict[str, list]:
-    calls.append(("await_workers", (ids,), {"wait_for_completion": wait_for_completion,
-                                            "timeout_seconds": timeout_seconds}))
+    calls.append(
+        (
+            "await_workers",
+            (ids,),
+            {"wait_for_completion": wait_for_completion, "timeout_seconds": timeout_seconds},
+        )
+    )
     _poll()
     wanted = [i["id"] if isinstance(i, dict) else i for i in ids]
     done, failures = [], []
