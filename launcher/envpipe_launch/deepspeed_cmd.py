@@ -36,9 +36,10 @@ def deepspeed_argv(
     ]
     if spec.ds_launcher == "pdsh":
         argv += ["--ssh_port", str(spec.ssh_port)]
-    else:  # the MPI runners ignore --ssh_port: the port goes to mpirun's rsh agent instead
+    elif spec.ds_launcher == "openmpi":  # its runner ignores --ssh_port: the port goes to mpirun's rsh agent
         rsh = f"-p {spec.ssh_port} {SSH_CLIENT_OPTS}" + (f" -i {ssh_key}" if ssh_key else "")
         argv += ["--launcher_args", f"--allow-run-as-root --mca plm_rsh_args {shlex.quote(rsh)}"]
+    # mvapich: DeepSpeed writes its own MVAPICH hostfile; the ssh port must come from ~/.ssh/config
     return [*argv, spec.script, *spec.script_args]
 
 
