@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,14 +47,14 @@ def test_two_nodes_two_procs_pdsh(hosts: netns_hosts.Hosts, tmp_path: Path) -> N
     out = tmp_path / "out"
     out.mkdir()
     # gloo would otherwise pick the address of the (shared) hostname, 127.0.x.1, on every host
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{ip} slots=2\n" for ip in hosts.ips))
     r = _launch(
         hosts,
         "--nodes",
         "2",
-        "--gpus-per-node",
-        "2",
-        "--hosts",
-        ",".join(hosts.ips),
+        "--hostfile",
+        str(hostfile),
         "--env",
         f"GLOO_SOCKET_IFNAME={netns_hosts.IFNAME}",
         str(SCRIPT),
@@ -91,3 +92,54 @@ def test_duplicate_host_refused(hosts: netns_hosts.Hosts) -> None:
         hosts, "--nodes", "2", "--hosts", f"{hosts.ips[0]},{hosts.ips[0]}", str(SCRIPT), "x", timeout=60
     )
     assert r.returncode == 2 and "duplicate host" in r.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_on_every_host(hosts: netns_hosts.Hosts, tmp_path: Path) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(os.path.join(sys.argv[-1], f'started.{os.getpid()}'), 'w').close()\n"
+        "time.sleep(600)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'launcher'}")
+    argv = [sys.executable, "-m", "envpipe_launch", "--backend", "ssh", "--ssh-key", hosts.key]
+    argv += [
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--hosts",
+        ",".join(hosts.ips),
+        str(script),
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        hosts.exec_argv(0, argv), env=env, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("started.*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(list(tmp_path.glob("started.*"))) == 4
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_job_pids(hosts, i, script) for i in range(2)):
+        time.sleep(0.2)
+    assert not any(_job_pids(hosts, i, script) for i in range(2)), err[-2000:]
+
+
+def _job_pids(hosts: netns_hosts.Hosts, i: int, script: Path) -> list[str]:
+    """Processes in host i's namespace that still run the job script."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", hosts.names[i]], capture_output=True, text=True
+    ).stdout.split()
+    alive = []
+    for pid in pids:
+        try:
+            if str(script) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                alive.append(pid)
+        except OSError:
+            continue
+    return alive
