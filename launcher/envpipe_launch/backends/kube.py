@@ -63,7 +63,7 @@ def _ssh_keypair() -> tuple[str, str]:
 
 def _api_error(what: str, e: ApiException) -> LaunchError:
     try:
-        message = json.loads(e.body).get("message", e.body)
+        message = json.loads(e.body or "").get("message", e.body)
     except (TypeError, ValueError):
         message = e.body or e.reason
     return LaunchError(f"{what}: HTTP {e.status} {e.reason}: {message}")
@@ -121,12 +121,8 @@ class KubeRun:
         self.owner: str | None = None
 
     def _create(self, kind: str, body: dict[str, Any]) -> Any:
-        create = {
-            "ConfigMap": self.api.create_namespaced_config_map,
-            "Secret": self.api.create_namespaced_secret,
-            "Service": self.api.create_namespaced_service,
-            "Pod": self.api.create_namespaced_pod,
-        }[kind]
+        snake = {"ConfigMap": "config_map", "Secret": "secret", "Service": "service", "Pod": "pod"}[kind]
+        create = getattr(self.api, f"create_namespaced_{snake}")
         try:
             return create(self.job.namespace, body)
         except ApiException as e:
@@ -163,8 +159,10 @@ class KubeRun:
             return len(ready) == want
 
         listing = self.api.list_namespaced_pod(self.job.namespace, label_selector=self._selector("worker"))
-        done = any([seen(p) for p in listing.items])
-        version = listing.metadata.resource_version
+        done = False
+        for pod in listing.items:
+            done = seen(pod)
+        version = listing.metadata.resource_version if listing.metadata else None
         deadline = time.monotonic() + self.timeout_s
         w = watch.Watch()
         try:
@@ -219,7 +217,7 @@ class KubeRun:
         """Stream the first pod's log, then wait (watch) for all to end; the first non-zero code wins."""
         self._wait_started(pods[0])
         try:
-            resp = self.api.read_namespaced_pod_log(
+            resp: Any = self.api.read_namespaced_pod_log(
                 pods[0], self.job.namespace, follow=True, _preload_content=False
             )
             for chunk in resp.stream(4096):
