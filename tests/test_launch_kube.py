@@ -96,6 +96,12 @@ def test_no_ssh_mode_runs_deepspeed_on_every_worker(api: FakeKubeAPI, capsys) ->
     assert _leftovers(api) == {} and api.rejected == []
 
 
+def test_no_ssh_worker_that_finishes_before_the_last_starts(api: FakeKubeAPI) -> None:
+    api.run_s = 0  # worker 0 ends while later workers are still being created
+    assert _launch(api, _spec(nodes=4), no_ssh=True) == 0
+    assert _leftovers(api) == {}
+
+
 def test_keep_leaves_the_job_and_owner_delete_removes_it(api: FakeKubeAPI) -> None:
     assert _launch(api, keep=True) == 0
     left = _leftovers(api)

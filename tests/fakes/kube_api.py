@@ -60,9 +60,11 @@ class FakeKubeAPI:
         job_exit_code: int = 0,
         start_delay_s: float = 0.02,
         validate: bool = True,
+        run_s: float | None = None,
     ) -> None:
         self.pod_quota, self.job_exit_code, self.start_delay_s = pod_quota, job_exit_code, start_delay_s
         self.validate = validate
+        self.run_s = run_s  # how long a job container runs; default start_delay_s
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.events: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, object)
         self.logs: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
@@ -328,7 +330,7 @@ class FakeKubeAPI:
             if cm and (obj := self.objects.get(("configmaps", ns, cm["name"]))):
                 for key, text in obj.get("data", {}).items():
                     self.logs[(ns, name)].append(f"fake-kubelet: {cm['name']}/{key}:\n{text}")
-        await asyncio.sleep(self.start_delay_s)
+        await asyncio.sleep(self.start_delay_s if self.run_s is None else self.run_s)
         code = self.job_exit_code
         done = copy.deepcopy(running)
         done["phase"] = "Succeeded" if code == 0 else "Failed"

@@ -150,7 +150,8 @@ class KubeRun:
         bar = Progress("workers ready", want)
 
         def seen(pod: Any) -> bool:
-            self._check_pod(pod)
+            # with --no-ssh a worker may finish its (short) job before the last one starts
+            _check_pod(pod, fatal_phases=("Failed",) if self.job.no_ssh else ("Failed", "Succeeded"))
             if _is_ready(pod, need_probe=not self.job.no_ssh):
                 ready[pod.metadata.name] = pod.status.pod_ip
             else:
@@ -191,20 +192,6 @@ class KubeRun:
         bar.done()
         return [ready[self.job.worker(i)] for i in range(want)]
 
-    @staticmethod
-    def _check_pod(pod: Any) -> None:
-        name = pod.metadata.name
-        if pod.status is None:
-            return
-        if pod.status.phase in ("Failed", "Succeeded"):
-            raise LaunchError(
-                f"worker pod {name} ended early ({pod.status.phase}): {pod.status.message or ''}"
-            )
-        for cs in pod.status.container_statuses or []:
-            waiting = cs.state.waiting if cs.state else None
-            if waiting is not None and waiting.reason in FATAL_WAITING:
-                raise LaunchError(f"worker pod {name}: {waiting.reason}: {waiting.message or ''}")
-
     def start_launcher(self, ips: list[str]) -> str:
         hosts = [hostfile.Host(ip, max(self.job.spec.gpus_per_node, 1)) for ip in ips]
         text = hostfile.render(hosts)
@@ -240,19 +227,12 @@ class KubeRun:
                 pod = event["object"]
                 if event["type"] == "DELETED":
                     raise LaunchError(f"pod {name} was deleted")
-                self._check_pod_start(pod)
+                _check_pod(pod, fatal_phases=())  # here Failed is a result, not a launch error
                 if done(pod):
                     return pod
         finally:
             w.stop()
         raise LaunchError(f"timed out waiting for pod {name}")
-
-    @staticmethod
-    def _check_pod_start(pod: Any) -> None:
-        for cs in (pod.status.container_statuses or []) if pod.status else []:
-            waiting = cs.state.waiting if cs.state else None
-            if waiting is not None and waiting.reason in FATAL_WAITING:
-                raise LaunchError(f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}")
 
     def _wait_started(self, name: str) -> None:
         self._watch_pod(
@@ -283,12 +263,27 @@ class KubeRun:
                 print(f"envpipe-launch: cleanup of job {self.job.name} failed: {e.reason}", file=sys.stderr)
 
 
+def _check_pod(pod: Any, fatal_phases: tuple[str, ...]) -> None:
+    """Raise on pod states that will not fix themselves within a launch."""
+    st, name = pod.status, pod.metadata.name
+    if st is None:
+        return
+    if st.phase in fatal_phases:
+        raise LaunchError(f"pod {name} ended early ({st.phase}): {st.message or ''}")
+    for cs in st.container_statuses or []:
+        waiting = cs.state.waiting if cs.state else None
+        if waiting is not None and waiting.reason in FATAL_WAITING:
+            raise LaunchError(f"pod {name}: {waiting.reason}: {waiting.message or ''}")
+
+
 def _is_ready(pod: Any, need_probe: bool) -> bool:
     st = pod.status
-    if st is None or st.phase != "Running" or not st.pod_ip:
+    if st is None or not st.pod_ip:
         return False
-    if not need_probe:
-        return True
+    if not need_probe:  # --no-ssh: started is enough
+        return bool(st.phase in ("Running", "Succeeded"))
+    if st.phase != "Running":
+        return False
     return any(c.type == "Ready" and c.status == "True" for c in st.conditions or [])
 
 
