@@ -8,7 +8,9 @@ Every stage must have both instructions at every clock of one shared clock set.
 from __future__ import annotations
 
 import csv
+import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +117,7 @@ def embedded_profile_path(name: str = "gpt3-175b+a100_sxm_bf16") -> Path:
     return path
 
 
-def _number(path: Path, line: int, column: str, text: str, kind: type) -> float:
+def _number(path: Path, line: int, column: str, text: str, kind: Callable[[str], float]) -> float:
     try:
         value = kind(text)
     except (TypeError, ValueError):
@@ -129,37 +131,38 @@ def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile CSV; raise ProfileError on the first problem found."""
     path = Path(path)
     try:
-        fh = open(path, newline="")
+        text = path.read_text()
     except OSError as exc:
         raise ProfileError(path, None, f"cannot open: {exc.strerror}") from None
-    with fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise ProfileError(path, 1, f"missing column(s): {', '.join(missing)}")
-        rows: dict[tuple[int, str, int], tuple[float, float]] = {}
-        for row in reader:
-            line = reader.line_num
-            stage = int(_number(path, line, "stage", row["stage"], _int))
-            if stage < 0:
-                raise ProfileError(path, line, f"stage must be >= 0, got {stage}")
-            instr = (row["instruction"] or "").strip()
-            if instr not in INSTRUCTIONS:
-                raise ProfileError(path, line, f"instruction must be forward or backward, got {instr!r}")
-            freq = int(_number(path, line, "frequency", row["frequency"], _int))
-            if freq <= 0:
-                raise ProfileError(path, line, f"frequency must be positive, got {freq}")
-            time = float(_number(path, line, "time", row["time"], float))
-            if time <= 0:
-                raise ProfileError(path, line, f"time must be positive, got {time}")
-            energy = float(_number(path, line, "energy", row["energy"], float))
-            if energy < 0:
-                raise ProfileError(path, line, f"energy must not be negative, got {energy}")
-            key = (stage, instr, freq)
-            if key in rows:
-                raise ProfileError(path, line, f"duplicate row for stage {stage} {instr} at {freq} MHz")
-            rows[key] = (time, energy)
+    except UnicodeDecodeError:
+        raise ProfileError(path, None, "not a text (UTF-8) CSV file") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = reader.fieldnames or []
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise ProfileError(path, 1, f"missing column(s): {', '.join(missing)}")
+    rows: dict[tuple[int, str, int], tuple[float, float]] = {}
+    for row in reader:
+        line = reader.line_num
+        stage = int(_number(path, line, "stage", row["stage"], _int))
+        if stage < 0:
+            raise ProfileError(path, line, f"stage must be >= 0, got {stage}")
+        instr = (row["instruction"] or "").strip()
+        if instr not in INSTRUCTIONS:
+            raise ProfileError(path, line, f"instruction must be forward or backward, got {instr!r}")
+        freq = int(_number(path, line, "frequency", row["frequency"], _int))
+        if freq <= 0:
+            raise ProfileError(path, line, f"frequency must be positive, got {freq}")
+        time = float(_number(path, line, "time", row["time"], float))
+        if time <= 0:
+            raise ProfileError(path, line, f"time must be positive, got {time}")
+        energy = float(_number(path, line, "energy", row["energy"], float))
+        if energy < 0:
+            raise ProfileError(path, line, f"energy must not be negative, got {energy}")
+        key = (stage, instr, freq)
+        if key in rows:
+            raise ProfileError(path, line, f"duplicate row for stage {stage} {instr} at {freq} MHz")
+        rows[key] = (time, energy)
     if not rows:
         raise ProfileError(path, None, "no data rows")
     return _to_profile(path, rows)

@@ -1,0 +1,130 @@
+"""Run envpipe-clockd with the ``readonly`` backend on a real GPU machine and write a report.
+
+Real NVML reads (GPUs by UUID, supported clocks, current clock, energy counter); lock requests go
+through the whole daemon (lease, allow-list, snapping, audit) and are recorded, never applied.
+Usage: python benchmarks/clockd_readonly.py OUT.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import UTC, datetime
+
+from envpipe.clock.client import ClockClient
+
+
+def main(out: str) -> None:
+    sock = os.path.join(tempfile.mkdtemp(), "clockd.sock")
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "envpipe.clock.daemon",
+            "--backend",
+            "readonly",
+            "--socket",
+            sock,
+            "--metrics-port",
+            "9464",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert daemon.stdout is not None
+    for line in daemon.stdout:  # wait for the ready line; the audit of start-up resets comes first
+        if '"ready"' in line:
+            break
+    lines = [
+        f"# envpipe-clockd readonly backend on a real GPU (measured, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"Machine: `{' '.join(platform.uname())}`, {os.cpu_count()} CPUs",
+        "",
+    ]
+    uuid = list_gpus(sock)[0]["uuid"]  # a UUID to lease, learnt without a lease
+    with ClockClient(sock, gpu_uuids=[uuid]) as client:
+        listed = client.gpus()
+        lines += [
+            "## GPUs (GET /v1/gpus)",
+            "",
+            "| uuid | name | supported SM clocks | current | energy (mJ) |",
+            "|---|---|---|---|---|",
+        ]
+        for g in listed:
+            s = g["supported_mhz"]
+            lines.append(
+                f"| {g['uuid']} | {g['name']} | {len(s)} clocks, {s[-1]}–{s[0]} MHz | "
+                f"{g['current_mhz']} MHz | {g['energy_mj']} |"
+            )
+        e0, t0 = client.energy_mj(uuid), time.monotonic()
+        time.sleep(1.0)
+        e1, t1 = client.energy_mj(uuid), time.monotonic()
+        lines += [
+            "",
+            f"Energy counter over {t1 - t0:.2f} s: {e1 - e0} mJ = {(e1 - e0) / 1000 / (t1 - t0):.1f} W "
+            "average (idle GPU).",
+            "",
+        ]
+        target = listed[0]["supported_mhz"][len(listed[0]["supported_mhz"]) // 2]
+        before = listed[0]["current_mhz"]
+        reply = client.lock_now(uuid, target + 3)
+        after = next(g for g in client.gpus() if g["uuid"] == uuid)
+        lines += [
+            "## Lock request (recorded, not applied)",
+            "",
+            f"Requested {target + 3} MHz → daemon answer `{reply}`.",
+            f"SM clock before {before} MHz, after {after['current_mhz']} MHz; the daemon's locked range: "
+            f"`{after['locked']}` (what it would hold on the nvml backend).",
+            "",
+        ]
+    metrics = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=5).read().decode()
+    lines += [
+        "## /metrics (excerpt)",
+        "",
+        "```",
+        *[m for m in metrics.splitlines() if m.startswith("envpipe_clockd")][:12],
+        "```",
+        "",
+    ]
+    daemon.terminate()
+    rest, _ = daemon.communicate(timeout=20)
+    lines += [
+        "## Daemon log (audit lines included)",
+        "",
+        "```",
+        *rest.strip().splitlines()[-20:],
+        "```",
+        "",
+        f"Daemon exit code after SIGTERM: {daemon.returncode}",
+    ]
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid,clocks.sm,clocks.max.sm", "--format=csv"],
+        capture_output=True,
+        text=True,
+    )
+    lines += ["", "## nvidia-smi after the run (clocks untouched)", "", "```", smi.stdout.strip(), "```"]
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def list_gpus(sock: str) -> list[dict]:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(sock)
+        s.sendall(b"GET /v1/gpus HTTP/1.0\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return list(json.loads(data.split(b"\r\n\r\n", 1)[1])["gpus"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,150 @@
+"""`envpipe` command line: plan and simulate pipeline clock plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+
+from envpipe.plan.dag import ScheduleError
+from envpipe.plan.gantt import draw_gantt
+from envpipe.plan.planfile import Plan, PlanError, baseline_timeline, evaluate_plan
+from envpipe.plan.planner import make_plan
+from envpipe.plan.policies import POLICIES
+from envpipe.plan.reconfig import RECONFIGS
+from envpipe.plan.render import summary_table, text_trace
+from envpipe.plan.schedules import SCHEDULES
+from envpipe.profile import Profile, ProfileError, load_profile
+from envpipe.profile.gpus import GPU_NAMES, IDLE_POWER_W
+
+_USER_ERRORS = (ProfileError, PlanError, ScheduleError, ValueError, KeyError)
+
+
+def _load(profile_path: str, stages: int | None) -> Profile:
+    profile = load_profile(profile_path)
+    if stages is not None and stages != profile.num_stages:
+        click.echo(f"note: --stages {stages}: the profile has {profile.num_stages} measured stages; "
+                   "stages are cut or repeated cyclically (a what-if, not a measurement)", err=True)
+        profile = profile.with_stages(stages)
+    return profile
+
+
+def _idle_power(idle_power: float | None, gpu: str) -> float:
+    if idle_power is not None:
+        if idle_power < 0:
+            raise click.BadParameter("must not be negative", param_hint="--idle-power")
+        return idle_power
+    if gpu in IDLE_POWER_W:
+        return IDLE_POWER_W[gpu]
+    raise click.UsageError(f"give --idle-power WATTS (no measured blocking power is known for --gpu {gpu}; "
+                           f"known: {', '.join(f'{k} {v} W' for k, v in IDLE_POWER_W.items())})")
+
+
+def _freqs_of(plan: Plan, tl_dag_order: tuple[tuple[int, ...], ...], n: int) -> np.ndarray:
+    freqs = np.empty(n, int)
+    for ids, units in zip(tl_dag_order, plan.stages, strict=True):
+        for i, u in zip(ids, units, strict=True):
+            freqs[i] = u.freq_mhz
+    return freqs
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="envpipe")
+def main() -> None:
+    """EnvPipe: plan and simulate energy-saving clocks for pipeline-parallel training."""
+
+
+profile_option = click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
+                              help="stage profile CSV (stage,instruction,frequency,time,energy)")
+stages_option = click.option("--stages", type=click.IntRange(min=1), default=None,
+                             help="pipeline stages (default: the profile's)")
+idle_option = click.option("--idle-power", type=float, default=None,
+                           help="blocking (idle) power per GPU in W (default: measured value for --gpu)")
+transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                               help="seconds to send one activation or gradient between stages")
+
+
+@main.command()
+@profile_option
+@click.option("--microbatches", "-m", type=click.IntRange(min=1), required=True, help="micro-batches per iteration")
+@stages_option
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="envpipe", show_default=True)
+@click.option("--policy", type=click.Choice(POLICIES), default="envelope", show_default=True)
+@click.option("--reconfig", type=click.Choice(RECONFIGS), default="balanced", show_default=True)
+@idle_option
+@click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
+              help="candidate-clock filter (EnvPipe's per-GPU rule; 'all' = every clock in the profile)")
+@transfer_option
+@click.option("--memory-cap", type=click.IntRange(min=0), default=None,
+              help="most extra warm-up micro-batches of activations a stage can hold")
+@click.option("--threshold-scale", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+              help="reconfiguration threshold = scale x smallest last-stage recv stall")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the plan JSON here")
+@click.option("--text", is_flag=True, help="print EnvPipe's text trace")
+@click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
+def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
+         idle_power: float | None, gpu: str, transfer_time: float, memory_cap: int | None, threshold_scale: float,
+         out: str | None, text: bool, gantt: str | None) -> None:
+    """Plan clocks for one iteration and show the predicted time and energy."""
+    gpu = gpu.lower()
+    watts = _idle_power(idle_power, gpu)
+    if gantt and Path(gantt).suffix.lower() not in (".png", ".svg"):
+        raise click.BadParameter("must end in .png or .svg", param_hint="--gantt")
+    try:
+        result = make_plan(_load(profile_path, stages), microbatches, schedule=schedule, policy=policy,
+                           reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,
+                           memory_cap=memory_cap, threshold_scale=threshold_scale)
+    except _USER_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+    p = result.plan
+    click.echo(f"schedule {schedule}, policy {p.policy}, {p.num_stages} stages x {microbatches} micro-batches, "
+               f"idle power {watts} W")
+    click.echo(f"candidate clocks: {result.candidates[0]}..{result.candidates[-1]} MHz ({len(result.candidates)}); "
+               f"valley clock per stage: {result.valley_mhz}; extra warm-up forwards r_s: {result.reschedule}")
+    if result.reconfig.rounds:
+        click.echo(f"reconfiguration: {result.reconfig.raises} raises in {result.reconfig.rounds} rounds "
+                   f"({result.reconfig.stop_reason})")
+    if text:
+        click.echo(text_trace(result.timeline, result.reconfig.freqs_mhz))
+    click.echo(summary_table(result.timeline, result.baseline, "simulated on the measured profile:"))
+    if out:
+        p.save(out)
+        click.echo(f"plan written to {out}")
+    if gantt:
+        draw_gantt(result.timeline, result.reconfig.freqs_mhz, gantt,
+                   f"{schedule} / {p.policy}: {p.num_stages} stages x {microbatches} micro-batches (simulated)")
+        click.echo(f"Gantt picture written to {gantt}")
+
+
+@main.command()
+@profile_option
+@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan JSON")
+@stages_option
+@idle_option
+@click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
+              help="only used to pick a default --idle-power")
+@transfer_option
+@click.option("--text", is_flag=True, help="print EnvPipe's text trace")
+@click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
+def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: float | None, gpu: str,
+             transfer_time: float, text: bool, gantt: str | None) -> None:
+    """Recompute iteration time and energy of any plan (also one written by hand)."""
+    watts = _idle_power(idle_power, gpu.lower())
+    try:
+        profile = _load(profile_path, stages)
+        plan_obj = Plan.load(plan_path)
+        tl = evaluate_plan(plan_obj, profile, watts, transfer_time)
+        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time)
+    except _USER_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+    freqs = _freqs_of(plan_obj, tl.dag.order, tl.dag.num_units)
+    if text:
+        click.echo(text_trace(tl, freqs))
+    click.echo(summary_table(tl, base, f"{plan_path} simulated on {profile_path}:"))
+    claimed = plan_obj.predicted.get("iteration_time_s")
+    if claimed is not None and abs(claimed - tl.iteration_time) > 1e-9 * max(1.0, claimed):
+        click.echo(f"note: the plan claims {claimed:.4f} s; the simulation gives {tl.iteration_time:.4f} s", err=True)
+    if gantt:
+        draw_gantt(tl, freqs, gantt, f"{plan_path} (simulated)")
+        click.echo(f"Gantt picture written to {gantt}")

@@ -1,0 +1,59 @@
+"""Every refusal the daemon can give, with its HTTP status, in one place (zeusd's shape)."""
+
+from __future__ import annotations
+
+
+class ClockError(Exception):
+    """A refusal with an HTTP status and a stable machine-readable code."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.code, "message": self.message}
+
+
+class BadRequest(ClockError):
+    status, code = 400, "bad_request"
+
+
+class OutOfRange(ClockError):
+    status, code = 422, "out_of_range"
+
+
+class NotOwned(ClockError):
+    status, code = 403, "not_owned"
+
+
+class NoPermission(ClockError):
+    """The driver refused (NVML NoPermission): the daemon lacks the privilege to change clocks."""
+
+    status, code = 403, "no_permission"
+
+
+class UnknownGpu(ClockError):
+    status, code = 404, "unknown_gpu"
+
+
+class UnknownLease(ClockError):
+    status, code = 404, "unknown_lease"
+
+
+class Held(ClockError):
+    status, code = 409, "held_by_other_lease"
+
+
+class NotSupported(ClockError):
+    status, code = 501, "not_supported"
+
+
+class TooManyRequests(ClockError):
+    status, code = 429, "too_many_requests"
+
+
+class BackendFailure(ClockError):
+    status, code = 502, "backend_failure"

@@ -1,0 +1,83 @@
+"""One entry point from a profile to a plan: schedule, policy, reconfiguration, prediction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envpipe.plan.dag import PipelineDag
+from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline, unit_costs
+from envpipe.plan.policies import POLICIES, initial_clocks, valley_clocks
+from envpipe.plan.reconfig import RECONFIGS, ReconfigResult, reconfigure
+from envpipe.plan.schedules import SCHEDULES, build_schedule, reschedule_counts
+from envpipe.plan.simulate import Timeline, simulate
+from envpipe.profile import Profile
+from envpipe.profile.gpus import candidate_clocks
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    timeline: Timeline
+    baseline: Timeline
+    candidates: list[int]
+    valley_mhz: list[int]
+    reschedule: list[int]
+    reconfig: ReconfigResult
+
+
+def make_plan(
+    profile: Profile,
+    num_microbatches: int,
+    *,
+    schedule: str = "envpipe",
+    policy: str = "envelope",
+    reconfig: str = "balanced",
+    idle_power_w: float,
+    gpu: str = "all",
+    transfer_s: float = 0.0,
+    memory_cap: int | None = None,
+    threshold_scale: float = 4.0,
+) -> PlanResult:
+    """Plan one iteration of ``profile``'s pipeline with EnvPipe's method.
+
+    ``memory_cap``: the most extra warm-up micro-batches of activations a stage can hold (None: no cap).
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if reconfig not in RECONFIGS:
+        raise ValueError(f"unknown reconfiguration {reconfig!r}; choose one of {', '.join(RECONFIGS)}")
+    if num_microbatches < 1:
+        raise ValueError("the number of micro-batches must be at least 1")
+    if idle_power_w < 0:
+        raise ValueError("idle power must not be negative")
+    M, S = num_microbatches, profile.num_stages
+    candidates = candidate_clocks([int(f) for f in profile.freqs], gpu)
+    if policy == "baseline":
+        valley = [profile.f_max] * S
+    else:
+        valley = valley_clocks(profile, candidates, M, idle_power_w, policy == "uniform", transfer_s)
+
+    reschedule = [0] * S
+    if schedule == "envpipe" and policy != "baseline":
+        bwd_max = [profile.bwd_time[s, 0] for s in range(S)]
+        fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
+        reschedule = reschedule_counts(bwd_max, fwd_opt, M, memory_cap)
+    dag = PipelineDag.from_orders(build_schedule(schedule, S, M, reschedule), M)
+    clock_index = np.zeros(profile.f_max + 1, int)  # MHz -> column of the profile
+    clock_index[profile.freqs] = np.arange(profile.freqs.size)
+
+    def simulate_freqs(freqs: np.ndarray, previous: Timeline | None, changed: np.ndarray | None) -> Timeline:
+        dur, en = unit_costs(dag, profile, clock_index[freqs])
+        return simulate(dag, dur, en, idle_power_w, transfer_s, previous=previous, changed=changed)
+
+    start = initial_clocks(policy, dag, profile.f_max, valley)
+    method = "default" if policy == "baseline" else reconfig
+    result = reconfigure(dag, start, profile.freqs, simulate_freqs, method, threshold_scale)
+    baseline = baseline_timeline(profile, M, idle_power_w, transfer_s)
+    name = policy if method == "default" else f"{policy}+{method}"
+    plan = plan_from_timeline(result.timeline, result.freqs_mhz, schedule, name, baseline)
+    return PlanResult(plan, result.timeline, baseline, candidates, valley, reschedule, result)

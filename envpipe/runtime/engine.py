@@ -1,0 +1,266 @@
+"""A PipelineEngine subclass that runs `UnitOrderSchedule` with non-blocking sends.
+
+Following DeepSpeed's own DualPipeVEngine, it extends `_INSTRUCTION_MAP` instead of forking the
+engine. Each adjacent stage pair gets two process groups, one per direction: on NCCL, sends and
+receives of one group share a stream, so a posted activation send would otherwise hold back a
+gradient receive from the same neighbour (and vice versa) until the neighbour posts the matching
+receive, which in EnvPipe's order it does only later. Receives stay blocking and in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import deepspeed
+import torch
+import torch.distributed as tdist
+from deepspeed.runtime.pipe import schedule as ds
+from deepspeed.runtime.pipe.engine import PipelineEngine
+
+from envpipe.plan.schedules import one_f_one_b
+from envpipe.runtime.clocks import Clock
+from envpipe.runtime.schedule import (
+    ISendActivation,
+    ISendGrad,
+    SetClock,
+    Unit,
+    UnitEnd,
+    UnitOrderSchedule,
+    UnitStart,
+    validate_orders,
+)
+
+
+@dataclass
+class UnitRecord:
+    kind: str
+    mb: int
+    start_s: float  # from the start of the iteration
+    end_s: float
+    mhz: int | None
+
+
+class EnvPipeEngine(PipelineEngine):
+    """PipelineEngine that runs a given unit order per stage (1F1B, EnvPipe, or a plan's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.is_pipe_partitioned or self.is_grad_partitioned:
+            raise RuntimeError(
+                "the EnvPipe runtime does not support partitioned (tensor-parallel) activations"
+            )
+        self._fwd_group, self._bwd_group = self._direction_groups()
+        self._pending: list[tuple[Any, torch.Tensor]] = []
+        self.unit_orders: list[list[Unit]] | None = None
+        self.unit_clocks: list[list[int]] | None = None
+        self.clock: Clock | None = None
+        self.units: list[UnitRecord] = []
+        self._current_mhz: int | None = None
+        self._timing = False
+
+    def _direction_groups(self) -> tuple[Any, Any]:
+        """Create (collectively, on every rank) a forward and a backward group per adjacent pair."""
+        mine: dict[tuple[int, int], Any] = {}
+        for ranks in self.grid._topo.get_axis_comm_lists("pipe"):
+            for a, b in itertools.pairwise(ranks):
+                mine[(a, b)] = (tdist.new_group([a, b]), tdist.new_group([a, b]))
+        me = self.global_rank
+        nxt = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else None
+        prv = self.grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage() else None
+        # fwd group: my link to the next stage (I send activations); bwd: link to the previous one.
+        fwd = {
+            "next": mine[(me, nxt)][0] if nxt is not None else None,
+            "prev": mine[(prv, me)][0] if prv is not None else None,
+        }
+        bwd = {
+            "next": mine[(me, nxt)][1] if nxt is not None else None,
+            "prev": mine[(prv, me)][1] if prv is not None else None,
+        }
+        return fwd, bwd
+
+    def set_unit_orders(
+        self,
+        orders: Sequence[Sequence[Unit]],
+        clocks: Sequence[Sequence[int]] | None = None,
+        clock: Clock | None = None,
+        timing: bool = False,
+    ) -> None:
+        """Use these per-stage orders (all stages, same on every rank) for the following iterations."""
+        if len(orders) != self.num_stages:
+            raise ValueError(f"the plan has {len(orders)} stages, the pipeline {self.num_stages}")
+        validate_orders(orders, self.micro_batches)
+        self.unit_orders = [list(o) for o in orders]
+        self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
+        self.clock = clock
+        self._timing = timing or clock is not None
+
+    def _train_schedule(self) -> ds.PipeSchedule:
+        if self.unit_orders is None:
+            self.unit_orders = one_f_one_b(self.num_stages, self.micro_batches)
+        clocks = self.unit_clocks[self.stage_id] if self.unit_clocks is not None else None
+        return UnitOrderSchedule(
+            self.unit_orders[self.stage_id],
+            self.micro_batches,
+            self.num_stages,
+            self.stage_id,
+            clocks=clocks,
+            timed=self._timing,
+        )
+
+    def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
+        self.units = []
+        self._gpu_units: list[tuple[str, int, Any, Any, int | None]] = []
+        self._t0 = time.perf_counter()
+        if self._on_gpu:
+            self._t0_event = self._event()
+        super()._exec_schedule(pipe_schedule)
+        self._wait_sends()  # every posted send is waited on and its tensor released each iteration
+        if self._gpu_units:  # resolve GPU unit times once per iteration, not per unit
+            torch.cuda.synchronize()
+            self.units = [
+                UnitRecord(
+                    k, m, self._t0_event.elapsed_time(a) / 1e3, self._t0_event.elapsed_time(b) / 1e3, mhz
+                )
+                for k, m, a, b, mhz in self._gpu_units
+            ]
+
+    @property
+    def _on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @staticmethod
+    def _event() -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    # --- non-blocking p2p -------------------------------------------------------------------------
+    def _isend(self, tensors: Sequence[torch.Tensor], dst_stage: int, group: Any) -> None:
+        dst = self.grid.stage_to_global(dst_stage)
+        self._pending = [(h, t) for h, t in self._pending if not h.is_completed()]
+        for t in tensors:
+            t = t.contiguous()
+            self._pending.append((tdist.isend(t, dst, group=group), t))  # keep t alive until waited
+
+    def _recv(self, tensor: torch.Tensor, src_stage: int, group: Any) -> None:
+        tdist.irecv(tensor, self.grid.stage_to_global(src_stage), group=group).wait()
+
+    def _exec_isend_activations(self, buffer_id: int) -> None:
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        if self.has_attention_mask or self.has_bool_tensors:  # NCCL cannot send bool (as DeepSpeed)
+            outputs = (*outputs[:-1], outputs[-1].half())
+        if self.dynamic_shape or self.first_output_send:
+            self.first_output_send = False
+            self._send_tensor_meta(outputs, self.next_stage)
+        tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+        self._isend(tensors, self.next_stage, self._fwd_group["next"])
+
+    def _exec_isend_grads(self, buffer_id: int) -> None:
+        inputs = self.pipe_buffers["inputs"][buffer_id]
+        if isinstance(inputs, torch.Tensor):
+            grads = [inputs.grad]
+        else:
+            if self.has_attention_mask or self.has_bool_tensors:
+                inputs = inputs[:-1]  # the mask has no gradient; the receiver skips it too
+            grads = [t.grad for t in inputs if t.is_floating_point()]
+        if any(g is None for g in grads):
+            raise RuntimeError(f"stage {self.stage_id}: an input has no gradient to send back")
+        self._isend(grads, self.prev_stage, self._bwd_group["prev"])
+        self.pipe_buffers["inputs"][buffer_id] = None
+
+    def _exec_recv_activations(self, buffer_id: int) -> None:
+        if self.dynamic_shape or self.pipe_recv_buf is None:
+            self.pipe_recv_buf = self._recv_tensor_meta(self.prev_stage)
+        group = self._fwd_group["prev"]
+        if isinstance(self.pipe_recv_buf, torch.Tensor):
+            self._recv(self.pipe_recv_buf, self.prev_stage, group)
+            recvd: Any = self.pipe_recv_buf.clone().detach()
+            recvd.requires_grad = recvd.is_floating_point()
+        else:
+            parts = []
+            for buf in self.pipe_recv_buf:
+                self._recv(buf, self.prev_stage, group)
+                parts.append(buf.clone().detach())
+            if self.has_attention_mask or self.has_bool_tensors:
+                parts[-1] = parts[-1].bool()
+            for t in parts:
+                t.requires_grad = t.is_floating_point()
+            recvd = tuple(parts)
+        self.pipe_buffers["inputs"][buffer_id] = recvd
+
+    def _exec_recv_grads(self, buffer_id: int) -> None:
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        if self.dynamic_shape or self.grad_layer is None:
+            if isinstance(outputs, torch.Tensor):
+                self.grad_layer = self._allocate_or_extend_buffers(0, list(outputs.size()), outputs.dtype)
+            else:
+                shapes = [(list(t.size()), t.dtype) for t in outputs if t.is_floating_point()]
+                self.grad_layer = [
+                    self._allocate_or_extend_buffers(i, s, d) for i, (s, d) in enumerate(shapes)
+                ]
+        group = self._bwd_group["next"]
+        for buf in [self.grad_layer] if isinstance(self.grad_layer, torch.Tensor) else self.grad_layer:
+            self._recv(buf, self.next_stage, group)
+
+    def _wait_sends(self) -> None:
+        for handle, _ in self._pending:
+            handle.wait()
+        self._pending = []
+
+    # --- clocks and unit timing -------------------------------------------------------------------
+    def _exec_set_clock(self, mhz: int) -> None:
+        self._current_mhz = mhz
+        if self.clock is not None:
+            self.clock.set(mhz)
+
+    def _exec_unit_start(self, kind: str, mb: int) -> None:
+        if self._on_gpu:  # CUDA events: no synchronisation per unit
+            self._unit_event = self._event()
+        self._unit_t = time.perf_counter()
+
+    def _exec_unit_end(self, kind: str, mb: int) -> None:
+        if self._on_gpu:
+            self._gpu_units.append((kind, mb, self._unit_event, self._event(), self._current_mhz))
+            return
+        end = time.perf_counter()
+        if self.clock is not None:
+            self.clock.after_unit(end - self._unit_t)
+            end = time.perf_counter()
+        self.units.append(UnitRecord(kind, mb, self._unit_t - self._t0, end - self._t0, self._current_mhz))
+
+    _INSTRUCTION_MAP: ClassVar[dict[type, Any]] = {
+        **PipelineEngine._INSTRUCTION_MAP,
+        ds.SendActivation: _exec_isend_activations,
+        ds.SendGrad: _exec_isend_grads,
+        ds.RecvActivation: _exec_recv_activations,
+        ds.RecvGrad: _exec_recv_grads,
+        ISendActivation: _exec_isend_activations,
+        ISendGrad: _exec_isend_grads,
+        SetClock: _exec_set_clock,
+        UnitStart: _exec_unit_start,
+        UnitEnd: _exec_unit_end,
+    }
+
+
+@contextlib.contextmanager
+def _engine_class() -> Iterator[None]:
+    saved = deepspeed.PipelineEngine
+    deepspeed.PipelineEngine = EnvPipeEngine  # deepspeed.initialize resolves this name at call time
+    try:
+        yield
+    finally:
+        deepspeed.PipelineEngine = saved
+
+
+def initialize(**kwargs: Any) -> tuple[Any, ...]:
+    """`deepspeed.initialize` for a PipelineModule, returning an EnvPipeEngine."""
+    with _engine_class():
+        result = deepspeed.initialize(**kwargs)
+    if not isinstance(result[0], EnvPipeEngine):
+        raise TypeError("envpipe.runtime.initialize needs a deepspeed.pipe.PipelineModule as model")
+    return result

@@ -1,0 +1,256 @@
+"""Train a GPT-style model (Hugging Face GPT-2 or Llama configuration, randomly initialised) split
+into DeepSpeed pipeline layers, on synthetic tokens, with the EnvPipe runtime or stock DeepSpeed.
+
+    torchrun --nproc-per-node 2 examples/train_gpt.py --model gpt2 --steps 10            # GPUs
+    DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 examples/train_gpt.py --tiny --steps 3   # CPU, gloo
+
+The `envpipe` block of --config (and ENVPIPE_TYPE / ENVPIPE_SCHEDULING / ENVPIPE_RECONFIGURE) chooses
+the schedule; --plan runs a plan file. --engine stock runs DeepSpeed's own PipelineEngine for comparison.
+Nothing is downloaded: only configurations are built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as tdist
+from deepspeed.pipe import LayerSpec, PipelineModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from envpipe.runtime import config as envpipe_config
+from envpipe.runtime.engine import initialize
+from envpipe.runtime.runner import Runner, make_clock
+
+
+class Embedding(torch.nn.Module):
+    """Token (+ learned position for GPT-2) embeddings: input ids -> hidden states."""
+
+    def __init__(self, cfg, learned_positions: bool) -> None:
+        super().__init__()
+        hidden = cfg.hidden_size
+        self.tokens = torch.nn.Embedding(cfg.vocab_size, hidden)
+        self.positions = (
+            torch.nn.Embedding(cfg.max_position_embeddings, hidden) if learned_positions else None
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(ids)
+        if self.positions is not None:
+            h = h + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        return h
+
+
+class Block(torch.nn.Module):
+    """One transformer block of the chosen family: hidden states -> hidden states (causal)."""
+
+    def __init__(self, cfg, family: str, index: int) -> None:
+        super().__init__()
+        if family == "gpt2":
+            from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+            self.block, self.rotary = GPT2Block(cfg, layer_idx=index), None
+        else:
+            from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+            self.block, self.rotary = LlamaDecoderLayer(cfg, layer_idx=index), LlamaRotaryEmbedding(cfg)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.rotary is None:
+            out = self.block(h)
+        else:
+            pos = torch.arange(h.shape[1], device=h.device)[None]
+            out = self.block(h, position_embeddings=self.rotary(h, pos), position_ids=pos)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class Head(torch.nn.Module):
+    def __init__(self, cfg, family: str) -> None:
+        super().__init__()
+        self.norm = (
+            torch.nn.LayerNorm(cfg.hidden_size) if family == "gpt2" else torch.nn.RMSNorm(cfg.hidden_size)
+        )
+        self.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def model_config(args: argparse.Namespace):
+    if args.model == "gpt2":
+        from transformers import GPT2Config
+
+        cfg = GPT2Config(
+            n_embd=args.hidden,
+            n_layer=args.layers,
+            n_head=args.heads,
+            n_positions=args.seq,
+            vocab_size=args.vocab,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    else:
+        from transformers import LlamaConfig
+
+        cfg = LlamaConfig(
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.heads,
+            vocab_size=args.vocab,
+            max_position_embeddings=args.seq,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def pipeline(args: argparse.Namespace, stages: int) -> PipelineModule:
+    cfg = model_config(args)
+    layers = [LayerSpec(Embedding, cfg, args.model == "gpt2")]
+    layers += [LayerSpec(Block, cfg, args.model, i) for i in range(args.layers)]
+    layers.append(LayerSpec(Head, cfg, args.model))
+    return PipelineModule(layers=layers, num_stages=stages, loss_fn=lm_loss, partition_method="type:Block")
+
+
+def tokens(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    while True:
+        ids = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=g)
+        yield ids[:, :-1].to(device), ids[:, 1:].to(device)
+
+
+def run_stock(engine, data: Iterator, args: argparse.Namespace, samples: int) -> dict | None:
+    """DeepSpeed's own PipelineEngine (1F1B), timed and metered like the runtime's steady phase."""
+    on_gpu = engine.device.type == "cuda"
+    energy = None
+    if on_gpu:
+        from envpipe.runtime.clocks import NvmlEnergyClock
+
+        energy = NvmlEnergyClock(engine.device.index or 0)
+    for _ in range(args.calibration_steps):
+        engine.train_batch(data)
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times, joules = [], []
+    for _ in range(args.steps):
+        e0, t0 = energy.energy_j() if energy else None, time.perf_counter()
+        engine.train_batch(data)
+        if on_gpu:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if energy:
+            joules.append(energy.energy_j() - e0)
+    mine = {
+        "stage": engine.stage_id,
+        "times": times,
+        "energy": joules,
+        "peak": torch.cuda.max_memory_allocated() if on_gpu else None,
+    }
+    everyone: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(everyone, mine)
+    if tdist.get_rank() != 0:
+        return None
+    per_stage = sorted({d["stage"]: d for d in everyone}.values(), key=lambda d: d["stage"])
+    t = statistics.median(max(ts) for ts in zip(*(d["times"] for d in per_stage), strict=True))
+    gpu_j = [statistics.median(d["energy"]) for d in per_stage] if energy else None
+    summary = {
+        "engine": "stock-deepspeed-1f1b",
+        "iterations": args.steps,
+        "iteration_time_s": t,
+        "throughput_samples_per_s": samples / t,
+        "energy": "measured" if energy else "none",
+        "energy_per_gpu_j": gpu_j,
+        "energy_per_iteration_j": sum(gpu_j) if gpu_j else None,
+        "peak_memory_bytes_per_stage": [d["peak"] for d in per_stage],
+    }
+    Path(args.report_dir).mkdir(parents=True, exist_ok=True)
+    (Path(args.report_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--microbatches", type=int, default=8, help="micro-batches per iteration (M)")
+    p.add_argument("--steps", type=int, default=10, help="measured (steady) iterations")
+    p.add_argument("--calibration-steps", type=int, default=2)
+    p.add_argument("--tiny", action="store_true", help="a tiny model for CPU smoke runs")
+    p.add_argument(
+        "--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU"
+    )
+    p.add_argument("--config", help="DeepSpeed JSON config, may hold an 'envpipe' block")
+    p.add_argument("--plan", help="plan JSON to run (skips profiling and planning)")
+    p.add_argument("--clock", choices=envpipe_config.CLOCKS, help="clock backend (overrides the config)")
+    p.add_argument("--engine", choices=["envpipe", "stock"], default="envpipe")
+    p.add_argument("--report-dir", default="envpipe-report")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.layers, args.hidden, args.heads, args.seq, args.vocab, args.micro_batch = 4, 32, 2, 16, 128, 2
+    for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "microbatches", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    ds_config = json.loads(Path(args.config).read_text()) if args.config else {}
+    ds_config, cfg = envpipe_config.split(ds_config)
+    overrides = {k: v for k, v in (("plan", args.plan), ("clock", args.clock)) if v}
+    overrides["report_dir"] = args.report_dir
+    cfg = envpipe_config.parse({**_block(cfg), **overrides})
+    on_gpu = os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    stages = tdist.get_world_size()
+    dtype = args.dtype or ("bf16" if on_gpu else "fp32")
+    ds_config.setdefault("train_micro_batch_size_per_gpu", args.micro_batch)
+    ds_config.setdefault("gradient_accumulation_steps", args.microbatches)
+    ds_config.setdefault("steps_per_print", 10**9)
+    if dtype == "bf16":
+        ds_config.setdefault("bf16", {"enabled": True})
+    torch.manual_seed(1234)
+    model = pipeline(args, stages)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # a torch optimizer: no JIT-built ops
+    init = deepspeed.initialize if args.engine == "stock" else initialize
+    engine, *_ = init(model=model, optimizer=optimizer, config=ds_config)
+    data = tokens(args, engine.device)
+    samples = engine.train_batch_size()
+    if args.engine == "stock":
+        summary = run_stock(engine, data, args, samples)
+    else:
+        summary = Runner(engine, cfg, make_clock(cfg, engine), samples).train(
+            data, args.steps, args.calibration_steps
+        )
+    if summary is not None:
+        print(json.dumps({k: v for k, v in summary.items() if k not in ("orders",)}, indent=1))
+
+
+def _block(cfg: envpipe_config.EnvPipeConfig) -> dict:
+    return {k: v for k, v in vars(cfg).items() if v is not None}
+
+
+if __name__ == "__main__":
+    main()

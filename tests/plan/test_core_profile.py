@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from envpipe.profile import ProfileError, embedded_profile_path, load_profile
+
+HEADER = "stage,instruction,frequency,time,energy\n"
+
+
+def write(tmp_path: Path, body: str, header: str = HEADER) -> Path:
+    path = tmp_path / "p.csv"
+    path.write_text(header + body)
+    return path
+
+
+def good_rows(stages: int = 2, clocks: tuple[int, ...] = (1410, 1200)) -> str:
+    rows = []
+    for s in range(stages):
+        for f in clocks:
+            rows.append(f"{s},forward,{f},{0.01 * 1410 / f:.6f},{2.0 + s}")
+            rows.append(f"{s},backward,{f},{0.02 * 1410 / f:.6f},{4.0 + s}")
+    return "\n".join(rows) + "\n"
+
+
+def test_loads_both_real_profiles(gpt3, bloom):
+    assert gpt3.num_stages == 8 and bloom.num_stages == 8
+    assert gpt3.f_max == 1410 and int(gpt3.freqs[-1]) == 855 and gpt3.freqs.size == 38
+    assert bloom.f_max == 1740 and bloom.freqs.size == 60
+    assert np.all(np.diff(gpt3.freqs) < 0)
+    assert gpt3.fwd_time[0, 0] == pytest.approx(0.05016166687011708)
+    assert gpt3.bwd_energy[0, 1] == pytest.approx(44.4433200000003)
+
+
+def test_small_valid_profile_round_trips(tmp_path):
+    p = load_profile(write(tmp_path, good_rows()))
+    assert p.num_stages == 2 and list(p.freqs) == [1410, 1200]
+    out = tmp_path / "again.csv"
+    p.to_csv(out)
+    q = load_profile(out)
+    assert np.array_equal(p.fwd_time, q.fwd_time) and np.array_equal(p.bwd_energy, q.bwd_energy)
+
+
+@pytest.mark.parametrize(
+    ("body", "header", "line", "reason"),
+    [
+        ("0,forward,1410,0.1,1\n", "stage,instruction,frequency,time\n", 1, "missing column(s): energy"),
+        ("0,forward,1410,abc,1\n", HEADER, 2, "column 'time' is not a number"),
+        ("0,forward,1410,0,1\n", HEADER, 2, "time must be positive"),
+        ("0,forward,1410,-0.5,1\n", HEADER, 2, "time must be positive"),
+        ("0,forward,1410,0.1,-1\n", HEADER, 2, "energy must not be negative"),
+        ("0,sideways,1410,0.1,1\n", HEADER, 2, "instruction must be forward or backward"),
+        ("0,forward,1410.5,0.1,1\n", HEADER, 2, "column 'frequency' is not a number"),
+        ("0,forward,1410,nan,1\n", HEADER, 2, "not finite"),
+        ("0,forward,1410,0.1,1\n0,forward,1410,0.2,1\n", HEADER, 3, "duplicate row for stage 0 forward at 1410 MHz"),
+    ],
+)
+def test_row_errors_name_file_line_and_reason(tmp_path, body, header, line, reason):
+    path = write(tmp_path, body, header)
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    assert err.value.line == line
+    assert reason in str(err.value)
+    assert str(err.value).startswith(f"{path}:{line}: ")
+
+
+def test_stage_missing_backward_at_a_clock(tmp_path):
+    body = good_rows().replace("1,backward,1200", "1,forward,1300")
+    with pytest.raises(ProfileError, match="does not share stage 0's clock set"):
+        load_profile(write(tmp_path, body))
+    body = "\n".join(r for r in good_rows().splitlines() if not r.startswith("1,backward,1200")) + "\n"
+    with pytest.raises(ProfileError, match=r"stage 1 has no backward row at \[1200\] MHz"):
+        load_profile(write(tmp_path, body))
+
+
+def test_stages_not_sharing_clocks_and_gaps(tmp_path):
+    body = good_rows(1, (1410, 1200)) + good_rows(2, (1410, 1100)).split("\n", 4)[-1]
+    with pytest.raises(ProfileError, match="does not share stage 0's clock set"):
+        load_profile(write(tmp_path, body))
+    body = "\n".join(r for r in good_rows(3).splitlines() if not r.startswith("1,")) + "\n"
+    with pytest.raises(ProfileError, match=r"missing stage\(s\) \[1\]"):
+        load_profile(write(tmp_path, body))
+
+
+def test_empty_missing_and_binary_files(tmp_path):
+    with pytest.raises(ProfileError, match="no data rows"):
+        load_profile(write(tmp_path, ""))
+    with pytest.raises(ProfileError, match="cannot open"):
+        load_profile(tmp_path / "nope.csv")
+    binary = tmp_path / "b.csv"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ProfileError, match="not a text"):
+        load_profile(binary)
+
+
+def test_restrict_and_tile(gpt3):
+    cut = gpt3.restricted([1410, 1200, 900])
+    assert list(cut.freqs) == [1410, 1200, 900]
+    assert cut.fwd_time[3, 1] == gpt3.fwd_time[3, gpt3.freq_index(1200)]
+    tiled = gpt3.with_stages(20)
+    assert tiled.num_stages == 20 and np.array_equal(tiled.bwd_time[9], gpt3.bwd_time[1])
+    with pytest.raises(KeyError):
+        gpt3.freq_index(1234)
+    with pytest.raises(FileNotFoundError, match="shipped"):
+        embedded_profile_path("nope")

@@ -1,0 +1,159 @@
+"""examples/train_gpt.py end to end on CPU: two real processes (gloo), a plan file with clocks, sim clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envpipe.plan.schedules import envpipe_schedule
+from envpipe.runtime.config import EnvPipeConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_gpt.py"
+
+
+def _torchrun(args: list[str], env_extra: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **env_extra}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(port),
+        str(EXAMPLE),
+        "--tiny",
+        *args,
+    ]
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_example_runs_a_plan_with_simulated_clocks(model: str, tmp_path: Path) -> None:
+    M = 4
+    orders = envpipe_schedule(2, M, [2, 0])
+    clocks = [[1005 if k == "F" else 1410 for k, _ in o] for o in orders]  # slow forwards on every stage
+    plan = {
+        "version": 1,
+        "num_stages": 2,
+        "num_microbatches": M,
+        "schedule": "envpipe",
+        "policy": "envelope",
+        "stages": [
+            [{"kind": k, "mb": m, "freq_mhz": c} for (k, m), c in zip(o, cs, strict=True)]
+            for o, cs in zip(orders, clocks, strict=True)
+        ],
+        "predicted": {"iteration_time_s": 0.5},
+        "critical_path": [],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    proc = _torchrun(
+        [
+            "--model",
+            model,
+            "--microbatches",
+            str(M),
+            "--steps",
+            "2",
+            "--calibration-steps",
+            "1",
+            "--plan",
+            "plan.json",
+            "--report-dir",
+            "rep",
+        ],
+        {"ENVPIPE_TYPE": "envelope"},
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["energy"] == "simulated" and summary["energy_per_iteration_j"] > 0
+    assert summary["orders"][0] == ["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"]
+    assert summary["predicted_iteration_time_s"] == 0.5 and summary["iterations"] == 2
+    lines = [json.loads(x) for x in (tmp_path / "rep" / "iterations.rank0.jsonl").read_text().splitlines()]
+    assert [x["phase"] for x in lines] == ["calibrate", "steady", "steady"]
+    assert lines[1]["clocks_requested_mhz"] == [1005, 1410]  # stage 0: Fs at 1005, then Bs at 1410
+    assert lines[2]["clocks_requested_mhz"] == [1005, 1410]
+    last = [json.loads(x) for x in (tmp_path / "rep" / "iterations.rank1.jsonl").read_text().splitlines()]
+    assert all(x["loss"] > 0 for x in last)  # the last stage reports the loss
+    units = summary["units_last_iteration"][0]
+    assert {u["mhz"] for u in units if u["kind"] == "F"} == {1005}
+    assert (tmp_path / "rep" / "gantt.png").stat().st_size > 1000
+
+
+def test_example_refuses_bad_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ENVPIPE_SCHEDULING", "gpipe")
+    with pytest.raises(
+        EnvPipeConfigError, match="ENVPIPE_SCHEDULING is 'gpipe'; choose one of 1f1b, envpipe"
+    ):
+        train_gpt.main(["--tiny"])
+    monkeypatch.delenv("ENVPIPE_SCHEDULING")
+    (tmp_path / "ds.json").write_text(json.dumps({"envpipe": {"type": "fastest"}}))
+    with pytest.raises(EnvPipeConfigError, match=r"'envpipe\.type' is 'fastest'"):
+        train_gpt.main(["--tiny", "--config", "ds.json"])
+    with pytest.raises(SystemExit):
+        train_gpt.main(["--tiny", "--steps", "0"])
+    assert list(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
+
+
+@pytest.mark.slow
+def test_online_profile_needs_clock_control(tmp_path: Path) -> None:
+    proc = _torchrun(
+        [
+            "--microbatches",
+            "4",
+            "--steps",
+            "1",
+            "--calibration-steps",
+            "1",
+            "--clock",
+            "none",
+            "--report-dir",
+            "rep",
+        ],
+        {"ENVPIPE_TYPE": "envelope"},
+        tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "profiling clocks needs clock control" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_online_profile_and_plan(tmp_path: Path) -> None:
+    pytest.importorskip("envpipe.plan.planner", reason="the planner (envpipe.plan) is merged separately")
+    proc = _torchrun(
+        ["--microbatches", "8", "--steps", "2", "--calibration-steps", "1", "--report-dir", "rep"],
+        {"ENVPIPE_TYPE": "envelope", "ENVPIPE_SCHEDULING": "envpipe"},
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    phases = [
+        json.loads(x)["phase"] for x in (tmp_path / "rep" / "iterations.rank0.jsonl").read_text().splitlines()
+    ]
+    assert phases[0] == "calibrate" and phases[-1] == "steady"
+    assert [p for p in phases if p.startswith("profile@")] == [
+        "profile@1410",
+        "profile@1230",
+        "profile@1035",
+        "profile@855",
+    ]
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["baseline_source"] == "planner prediction (simulated)"
+    assert (tmp_path / "rep" / "plan.json").exists()

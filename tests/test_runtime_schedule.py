@@ -1,0 +1,98 @@
+"""Unit orders, their validation, and the DeepSpeed instructions they become."""
+
+from __future__ import annotations
+
+import pytest
+from deepspeed.runtime.pipe import schedule as ds
+
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
+from envpipe.runtime.schedule import (
+    ISendActivation,
+    ISendGrad,
+    ScheduleError,
+    SetClock,
+    UnitOrderSchedule,
+    max_in_flight,
+    simulate_orders,
+    validate_orders,
+)
+
+
+def test_one_f_one_b_is_deepspeeds_order() -> None:
+    for P, M in [(2, 4), (4, 8), (4, 2)]:
+        for s in range(P):
+            stock = ds.TrainSchedule(micro_batches=M, stages=P, stage_id=s)
+            units = []
+            for step in stock:
+                for cmd in step:
+                    if isinstance(cmd, ds.ForwardPass | ds.BackwardPass):
+                        units.append(("F" if isinstance(cmd, ds.ForwardPass) else "B", None))
+            ours = one_f_one_b(P, M)[s]
+            assert [k for k, _ in ours] == [k for k, _ in units], (P, M, s)
+
+
+def test_envpipe_schedule_warmup_counts() -> None:
+    orders = envpipe_schedule(4, 8, [2, 1, 0, 5])
+    warmups = [next(i for i, (k, _) in enumerate(o) if k == "B") for o in orders]
+    assert warmups == [6, 4, 2, 1]  # min(M, P - s + r_s); the last stage stays 1F1B
+    assert envpipe_schedule(2, 4, [9, 0])[0] == [("F", m) for m in range(4)] + [("B", m) for m in range(4)]
+    validate_orders(orders, 8)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 6])
+@pytest.mark.parametrize("M", [1, 4, 8, 16])
+def test_all_envpipe_schedules_validate(P: int, M: int) -> None:
+    for r in range(M + 1):
+        validate_orders(envpipe_schedule(P, M, [r] * P), M)
+
+
+def test_bad_orders_are_refused() -> None:
+    good = one_f_one_b(2, 2)
+    with pytest.raises(ScheduleError, match="in order"):
+        validate_orders([[("F", 1), ("F", 0), ("B", 0), ("B", 1)], good[1]], 2)
+    with pytest.raises(ScheduleError, match="B0 comes before F0"):
+        validate_orders([[("B", 0), ("F", 0), ("F", 1), ("B", 1)], good[1]], 2)
+    with pytest.raises(ScheduleError, match="directly follow"):
+        validate_orders([good[0], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]], 2)
+    with pytest.raises(ScheduleError, match="'F' or 'B'"):
+        validate_orders([[("X", 0), *good[0][1:]], good[1]], 2)
+    with pytest.raises(ValueError, match="reschedule"):
+        envpipe_schedule(2, 4, [1])
+
+
+def test_deadlocking_orders_are_refused() -> None:
+    # stage 2 wants F4 before its first backward, but stage 1 only sends F4 after B0 comes back.
+    orders = envpipe_schedule(4, 8, [2, 1, 3, 0])
+    with pytest.raises(ScheduleError, match=r"deadlock; stages wait at .*2: \('F', 4\)"):
+        validate_orders(orders, 8)
+
+
+def test_buffers_cover_in_flight_forwards() -> None:
+    order = envpipe_schedule(2, 8, [8, 0])[0]
+    assert max_in_flight(order) == 8
+    assert UnitOrderSchedule(order, 8, 2, 0).num_pipe_buffers() == 8
+    assert UnitOrderSchedule(one_f_one_b(2, 8)[1], 8, 2, 1).num_pipe_buffers() == 2
+
+
+def test_instructions_and_clock_changes() -> None:
+    order = one_f_one_b(2, 2)[0]
+    sched = UnitOrderSchedule(order, 2, 2, 0, clocks=[1410, 1410, 1200, 1410])
+    steps = list(sched)
+    names = [[type(c).__name__ for c in step] for step in steps]
+    assert names[0] == ["SetClock", "LoadMicroBatch", "ForwardPass", "ISendActivation"]
+    assert names[1] == ["LoadMicroBatch", "ForwardPass", "ISendActivation"]  # same clock: no request
+    assert names[2] == ["SetClock", "RecvGrad", "BackwardPass"]
+    assert [c.kwargs["mhz"] for s in steps for c in s if isinstance(c, SetClock)] == [1410, 1200, 1410]
+    assert names[-1] == ["ReduceTiedGrads", "ReduceGrads", "OptimizerStep"]
+    mid = list(UnitOrderSchedule(one_f_one_b(3, 2)[1], 2, 3, 1))
+    assert any(isinstance(c, ISendGrad) for s in mid for c in s)
+    assert any(isinstance(c, ISendActivation) for s in mid for c in s)
+    with pytest.raises(ScheduleError, match="3 clocks for 4 units"):
+        UnitOrderSchedule(order, 2, 2, 0, clocks=[1, 2, 3])
+
+
+def test_simulated_1f1b_iteration_time() -> None:
+    # P stages, F=1, B=2: 1F1B takes (M + P - 1) * (F + B)
+    for P, M in [(2, 4), (4, 8)]:
+        times = simulate_orders(one_f_one_b(P, M), lambda s, k: 1.0 if k == "F" else 2.0)
+        assert max(end for st in times for _, end in st) == pytest.approx((M + P - 1) * 3.0)
