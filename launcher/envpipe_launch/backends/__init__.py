@@ -1,0 +1,1 @@
+"""One module per backend; each exposes `launch(spec, options) -> exit code`."""

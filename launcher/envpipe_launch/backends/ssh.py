@@ -1,0 +1,62 @@
+"""ssh: existing hosts (a hostfile or --hosts); DeepSpeed fans out with pdsh or OpenMPI over ssh."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from .. import deepspeed_cmd, hostfile, net
+from ..errors import LaunchError
+from ..job import JobSpec
+
+
+def hosts_from(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None) -> list[hostfile.Host]:
+    if bool(hosts_csv) == bool(hostfile_path):
+        raise LaunchError("the ssh backend needs exactly one of --hosts or --hostfile")
+    if hostfile_path:
+        try:
+            with open(hostfile_path) as f:
+                hosts = hostfile.parse(f.read())
+        except OSError as e:
+            raise LaunchError(f"cannot read hostfile: {e}") from e
+    else:
+        names = [h.strip() for h in (hosts_csv or "").split(",")]
+        hosts = hostfile.check([hostfile.Host(n, spec.gpus_per_node) for n in names])
+    if len(hosts) < spec.nodes:
+        raise LaunchError(f"--nodes {spec.nodes} but only {len(hosts)} host(s) given")
+    return hosts[: spec.nodes]
+
+
+def run_on_hosts(
+    spec: JobSpec,
+    hosts: list[hostfile.Host],
+    ssh_key: str | None = None,
+    python: str = sys.executable,
+    connect_timeout_s: float = 10.0,
+    master_addr: str | None = None,
+) -> int:
+    """Check every sshd, render the hostfile, start DeepSpeed; shared with the cml backend."""
+    for h in hosts:
+        net.wait_for_port(h.host, spec.ssh_port, connect_timeout_s)
+    with tempfile.TemporaryDirectory(prefix="envpipe-launch-") as tmp:
+        path = os.path.join(tmp, "hostfile")
+        fmt = "openmpi" if spec.ds_launcher == "openmpi" else "deepspeed"
+        with open(path, "w") as f:
+            f.write(hostfile.render(hosts, fmt))
+        argv = deepspeed_cmd.deepspeed_argv(spec, path, master_addr or hosts[0].host, python, ssh_key)
+        env = deepspeed_cmd.ssh_env(ssh_key)
+        deepspeed_cmd.write_env_file(tmp, spec.env, env)
+        return deepspeed_cmd.run(argv, env)
+
+
+def launch(
+    spec: JobSpec,
+    hosts_csv: str | None,
+    hostfile_path: str | None,
+    ssh_key: str | None,
+    master_addr: str | None,
+    connect_timeout_s: float,
+) -> int:
+    hosts = hosts_from(spec, hosts_csv, hostfile_path)
+    return run_on_hosts(spec, hosts, ssh_key, connect_timeout_s=connect_timeout_s, master_addr=master_addr)

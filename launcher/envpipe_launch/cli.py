@@ -1,0 +1,144 @@
+"""`envpipe-launch --nodes N --gpus-per-node G [--backend ...] -- script args`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .errors import LaunchError
+from .job import BACKENDS, DS_LAUNCHERS, JobSpec
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--nodes", type=int, default=1, show_default=True, help="Number of nodes (workers).")
+@click.option(
+    "--gpus-per-node",
+    type=int,
+    default=1,
+    show_default=True,
+    help="GPUs (= DeepSpeed processes) per node; CPU processes where there is no GPU.",
+)
+@click.option(
+    "--backend", default="local", show_default=True, help=f"Where the nodes come from: {', '.join(BACKENDS)}."
+)
+@click.option(
+    "--launcher",
+    "ds_launcher",
+    default="pdsh",
+    show_default=True,
+    help=f"DeepSpeed's multi-node launcher: {', '.join(DS_LAUNCHERS)}.",
+)
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="KEY=VAL",
+    help="Environment variable exported on every node (repeatable).",
+)
+@click.option("--ssh-port", type=int, default=2222, show_default=True)
+@click.option("--master-port", type=int, default=29500, show_default=True)
+@click.option("--master-addr", default=None, help="ssh: rendezvous address (default: the first host).")
+@click.option("--hosts", default=None, help="ssh: comma-separated host names or IPs.")
+@click.option("--hostfile", "hostfile_path", default=None, help="ssh: a DeepSpeed hostfile (host slots=N).")
+@click.option("--ssh-key", default=None, help="ssh/cml: private key for the workers' sshd.")
+@click.option(
+    "--connect-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for each worker's sshd.",
+)
+@click.option("--image", default=None, help="kube: worker image (needs sshd, python, deepspeed).")
+@click.option("--namespace", default="default", show_default=True, help="kube: namespace.")
+@click.option("--name", default=None, help="kube: job name (default: envpipe-<random>).")
+@click.option("--cpu", "cpu_only", is_flag=True, help="kube: allow a CPU-only job (no nvidia.com/gpu).")
+@click.option(
+    "--ready-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="kube/cml: seconds to wait for all workers.",
+)
+@click.option("--keep", is_flag=True, help="kube: keep pods, service and secret after the job.")
+@click.option("--dry-run", is_flag=True, help="kube: print the manifests and exit.")
+@click.option("--no-ssh", "no_ssh", is_flag=True, help="kube: DeepSpeed's ssh-free mode (--no_ssh per node).")
+@click.option("--worker-cpu", type=int, default=4, show_default=True, help="cml: vCPUs per worker.")
+@click.option("--worker-memory", type=int, default=16, show_default=True, help="cml: GiB per worker.")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def main(
+    nodes: int,
+    gpus_per_node: int,
+    backend: str,
+    ds_launcher: str,
+    env_pairs: tuple[str, ...],
+    ssh_port: int,
+    master_port: int,
+    master_addr: str | None,
+    hosts: str | None,
+    hostfile_path: str | None,
+    ssh_key: str | None,
+    connect_timeout: float,
+    image: str | None,
+    namespace: str,
+    name: str | None,
+    cpu_only: bool,
+    ready_timeout: float,
+    keep: bool,
+    dry_run: bool,
+    no_ssh: bool,
+    worker_cpu: int,
+    worker_memory: int,
+    script: str,
+    script_args: tuple[str, ...],
+) -> None:
+    """Start a (multi-node) DeepSpeed/EnvPipe job and exit with its exit code."""
+    spec = JobSpec(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        script=script,
+        script_args=list(script_args),
+        backend=backend,
+        ds_launcher=ds_launcher,
+        env=list(env_pairs),
+        ssh_port=ssh_port,
+        master_port=master_port,
+        script_on_workers=backend == "kube",
+    )
+    try:
+        spec.validate()
+        if backend == "local":
+            from .backends import local
+
+            code = local.launch(spec)
+        elif backend == "ssh":
+            from .backends import ssh
+
+            code = ssh.launch(spec, hosts, hostfile_path, ssh_key, master_addr, connect_timeout)
+        elif backend == "kube":
+            from .backends import kube
+
+            opts = kube.KubeOptions(
+                image=image,
+                namespace=namespace,
+                name=name,
+                cpu_only=cpu_only,
+                ready_timeout_s=ready_timeout,
+                keep=keep,
+                no_ssh=no_ssh,
+            )
+            code = kube.launch(spec, opts, dry_run_only=dry_run)
+        else:
+            from .backends import cml
+
+            code = cml.launch(
+                spec,
+                cml.CmlOptions(
+                    cpu=worker_cpu, memory_gib=worker_memory, ready_timeout_s=ready_timeout, ssh_key=ssh_key
+                ),
+            )
+    except LaunchError as e:
+        click.echo(f"envpipe-launch: error: {e}", err=True)
+        sys.exit(2)
+    sys.exit(code)

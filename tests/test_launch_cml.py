@@ -1,0 +1,92 @@
+"""cml backend against the fake `cml.workers_v1` in tests/fakes/cml (same API as CML documents)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from envpipe_launch.backends import cml
+from envpipe_launch.errors import LaunchError
+from envpipe_launch.job import JobSpec
+
+FAKES = str(Path(__file__).resolve().parent / "fakes")
+
+
+@pytest.fixture
+def workers(monkeypatch):
+    monkeypatch.syspath_prepend(FAKES)
+    monkeypatch.setenv("CDSW_IP_ADDRESS", "10.0.0.2")
+    from cml import workers_v1
+
+    workers_v1.reset()
+    yield workers_v1
+    sys.modules.pop("cml.workers_v1", None)
+    sys.modules.pop("cml", None)
+
+
+def _spec(nodes: int = 3) -> JobSpec:
+    return JobSpec(nodes=nodes, gpus_per_node=4, script=__file__, backend="cml").validate()
+
+
+class Recorder:
+    def __init__(self, code: int = 0) -> None:
+        self.code, self.hosts, self.master = code, None, None
+
+    def __call__(self, spec, hosts, ssh_key=None, master_addr=None) -> int:
+        self.hosts, self.master = [(h.host, h.slots) for h in hosts], master_addr
+        return self.code
+
+
+def _stopped(workers) -> list[tuple]:
+    return [c[1] for c in workers.calls if c[0] == "stop_workers"]
+
+
+def test_hostfile_from_session_and_worker_ips(workers, monkeypatch) -> None:
+    monkeypatch.setenv("ENVPIPE_FAKE_CML_IPS", "10.0.0.7,10.0.0.8")
+    monkeypatch.setenv("ENVPIPE_FAKE_CML_UNKNOWN_POLLS", "2")  # IPs are "unknown" on the first two polls
+    run = Recorder(code=5)
+    assert cml.launch(_spec(), cml.CmlOptions(ready_timeout_s=30), runner=run) == 5
+    assert run.hosts == [("10.0.0.2", 4), ("10.0.0.7", 4), ("10.0.0.8", 4)]
+    assert run.master == "10.0.0.2"
+    ((_name, args, kwargs),) = [c for c in workers.calls if c[0] == "launch_workers"]
+    assert args[0] == 2 and kwargs["nvidia_gpu"] == 4 and kwargs["code"].startswith("!")
+    assert "sshd -D -e -p 2222" in kwargs["code"]
+    assert sum(c[0] == "await_workers" for c in workers.calls) == 3
+    assert all(not c[2]["wait_for_completion"] for c in workers.calls if c[0] == "await_workers")
+    assert len(_stopped(workers)) == 1 and len(_stopped(workers)[0]) == 2
+
+
+def test_failed_worker_is_reported_and_all_stopped(workers, monkeypatch) -> None:
+    monkeypatch.setenv("ENVPIPE_FAKE_CML_FAIL", "1")
+    with pytest.raises(LaunchError, match=r"CML workers failed to start: \w+ \(failed\)"):
+        cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())
+    assert len(_stopped(workers)[0]) == 2
+    assert all(w["status"] in ("stopped", "failed") for w in workers.workers.values())
+
+
+def test_unreachable_worker_with_the_real_ssh_runner(workers, monkeypatch) -> None:
+    monkeypatch.setenv("ENVPIPE_FAKE_CML_IPS", "192.0.2.1")  # TEST-NET-1: never answers
+    monkeypatch.setenv("CDSW_IP_ADDRESS", "192.0.2.2")
+
+    def real(spec, hosts, ssh_key=None, master_addr=None):
+        return cml.ssh.run_on_hosts(spec, hosts, ssh_key, connect_timeout_s=0.3, master_addr=master_addr)
+
+    with pytest.raises(LaunchError, match="unreachable"):
+        cml.launch(_spec(nodes=2), cml.CmlOptions(), runner=real)
+    assert len(_stopped(workers)) == 1
+
+
+def test_single_node_launches_no_workers(workers) -> None:
+    run = Recorder()
+    assert cml.launch(_spec(nodes=1), cml.CmlOptions(), runner=run) == 0
+    assert run.hosts == [("10.0.0.2", 4)] and workers.calls == []
+
+
+def test_outside_cml_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.delenv("CDSW_IP_ADDRESS", raising=False)
+    with pytest.raises(LaunchError, match="CDSW_IP_ADDRESS is not set"):
+        cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())
+    monkeypatch.setenv("CDSW_IP_ADDRESS", "10.0.0.2")
+    with pytest.raises(LaunchError, match=r"no cml\.workers_v1 module"):
+        cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())

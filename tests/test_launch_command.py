@@ -1,0 +1,45 @@
+"""The DeepSpeed command line per launcher: where the ssh port goes, master_addr always set."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from envpipe_launch.deepspeed_cmd import deepspeed_argv, ssh_env, write_env_file
+from envpipe_launch.job import JobSpec
+
+
+def _spec(launcher: str) -> JobSpec:
+    return JobSpec(nodes=2, gpus_per_node=2, script="t.py", script_args=["--x", "1"], ds_launcher=launcher)
+
+
+def test_pdsh_gets_ssh_port_and_master_addr() -> None:
+    argv = deepspeed_argv(_spec("pdsh"), "/h", "10.0.0.1", python="py")
+    assert argv[:4] == ["py", "-u", "-m", "deepspeed.launcher.runner"]
+    assert argv[argv.index("--master_addr") + 1] == "10.0.0.1"
+    assert argv[argv.index("--ssh_port") + 1] == "2222"
+    assert argv[-3:] == ["t.py", "--x", "1"]
+
+
+def test_openmpi_port_goes_to_plm_rsh_args() -> None:
+    argv = deepspeed_argv(_spec("openmpi"), "/h", "10.0.0.1", python="py", ssh_key="/k")
+    assert "--ssh_port" not in argv
+    args = shlex.split(argv[argv.index("--launcher_args") + 1])
+    assert args[:3] == ["--allow-run-as-root", "--mca", "plm_rsh_args"]
+    assert args[3].startswith("-p 2222 ") and args[3].endswith("-i /k")
+
+
+def test_mvapich_gets_no_openmpi_flags() -> None:
+    argv = deepspeed_argv(_spec("mvapich"), "/h", "10.0.0.1", python="py")
+    assert "--launcher_args" not in argv and "--ssh_port" not in argv
+
+
+def test_ssh_env_and_env_file(tmp_path) -> None:
+    env = ssh_env("/k")
+    assert (
+        "-i /k" in env["PDSH_SSH_ARGS_APPEND"] and "StrictHostKeyChecking=no" in env["PDSH_SSH_ARGS_APPEND"]
+    )
+    write_env_file(str(tmp_path), ["A=1", "B=x=y"], env)
+    assert (
+        Path(env["DS_ENV_FILE"]).read_text() == "A=1\nB=x=y\n"
+    )  # no blank lines: DeepSpeed's parser needs that
