@@ -37,7 +37,8 @@ def local_sshd_config(home: Path, port: int) -> Path:
     text = text.replace("/home/envpipe", str(home)).replace("/tmp/envpipe-sshd.pid", str(home / "sshd.pid"))
     text = text.replace("AllowUsers envpipe", f"AllowUsers {user}")
     # sshd resolves a relative AuthorizedKeysFile against the passwd home, which is $HOME in the image.
-    text = text.replace("AuthorizedKeysFile .ssh/authorized_keys", f"AuthorizedKeysFile {home}/.ssh/authorized_keys")
+    keys = "AuthorizedKeysFile .ssh/authorized_keys"
+    text = text.replace(keys, f"AuthorizedKeysFile {home}/.ssh/authorized_keys")
     # The test home lies under the world-writable /tmp, which StrictModes rightly refuses.
     text += "StrictModes no\n"
     if user == "root":
@@ -101,7 +102,8 @@ def test_worker_serves_ssh_with_key_only(tmp_path: Path) -> None:
         target = f"{getpass.getuser()}@127.0.0.1"
         deadline = time.monotonic() + 10
         while True:
-            ok = subprocess.run([*ssh, "-i", str(key), target, "echo", "worker-ok"], capture_output=True, text=True)
+            ok = subprocess.run([*ssh, "-i", str(key), target, "echo", "worker-ok"],
+                                capture_output=True, text=True)
             if ok.returncode == 0 or time.monotonic() > deadline or sshd.poll() is not None:
                 break
             time.sleep(0.2)

@@ -4,6 +4,10 @@
 {{- else -}}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- $ttl := float64 .Values.leaseTTLSeconds -}}
+{{- if or (lt $ttl 0.5) (gt $ttl 300.0) -}}
+{{- fail (printf "leaseTTLSeconds (%v) must lie in 0.5-300" .Values.leaseTTLSeconds) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "envpipe-clockd.selectorLabels" -}}
@@ -25,15 +29,23 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- else -}}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
+{{- $ttl := float64 .Values.leaseTTLSeconds -}}
+{{- if or (lt $ttl 0.5) (gt $ttl 300.0) -}}
+{{- fail (printf "leaseTTLSeconds (%v) must lie in 0.5-300" .Values.leaseTTLSeconds) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "envpipe-clockd.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* The schema checks each bound; only templates can compare the two. */}}
+{{/* Checks the schema cannot express: min against max, and the TTL range of a --set string. */}}
 {{- define "envpipe-clockd.validate" -}}
 {{- if gt (int .Values.clocks.minMHz) (int .Values.clocks.maxMHz) -}}
 {{- fail (printf "clocks.minMHz (%d) must not exceed clocks.maxMHz (%d)" (int .Values.clocks.minMHz) (int .Values.clocks.maxMHz)) -}}
+{{- end -}}
+{{- $ttl := float64 .Values.leaseTTLSeconds -}}
+{{- if or (lt $ttl 0.5) (gt $ttl 300.0) -}}
+{{- fail (printf "leaseTTLSeconds (%v) must lie in 0.5-300" .Values.leaseTTLSeconds) -}}
 {{- end -}}
 {{- end -}}
