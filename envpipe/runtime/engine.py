@@ -48,6 +48,11 @@ class UnitRecord:
 class EnvPipeEngine(PipelineEngine):
     """PipelineEngine that runs a given unit order per stage (1F1B, EnvPipe, or a plan's)."""
 
+    # set by PipelineEngine.__init__; declared so that type checkers know them
+    first_output_send: bool
+    pipe_recv_buf: Any
+    grad_layer: Any
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.is_pipe_partitioned or self.is_grad_partitioned:
@@ -148,7 +153,9 @@ class EnvPipeEngine(PipelineEngine):
             self._pending.append((tdist.isend(t, dst, group=group), t))  # keep t alive until waited
 
     def _recv(self, tensor: torch.Tensor, src_stage: int, group: Any) -> None:
-        tdist.irecv(tensor, self.grid.stage_to_global(src_stage), group=group).wait()
+        work = tdist.irecv(tensor, self.grid.stage_to_global(src_stage), group=group)
+        if work is not None:  # None only for a rank outside the group
+            work.wait()
 
     def _exec_isend_activations(self, buffer_id: int) -> None:
         outputs = self.pipe_buffers["outputs"][buffer_id]
@@ -168,9 +175,10 @@ class EnvPipeEngine(PipelineEngine):
             if self.has_attention_mask or self.has_bool_tensors:
                 inputs = inputs[:-1]  # the mask has no gradient; the receiver skips it too
             grads = [t.grad for t in inputs if t.is_floating_point()]
-        if any(g is None for g in grads):
+        sendable = [g for g in grads if g is not None]
+        if len(sendable) != len(grads):
             raise RuntimeError(f"stage {self.stage_id}: an input has no gradient to send back")
-        self._isend(grads, self.prev_stage, self._bwd_group["prev"])
+        self._isend(sendable, self.prev_stage, self._bwd_group["prev"])
         self.pipe_buffers["inputs"][buffer_id] = None
 
     def _exec_recv_activations(self, buffer_id: int) -> None:

@@ -40,7 +40,7 @@ def load_plan(path: str | Path, num_stages: int, num_microbatches: int) -> RunPl
             f"{data.get('num_microbatches')} micro-batches, this run has "
             f"{num_stages} x {num_microbatches}"
         )
-    stages = data.get("stages")
+    stages: Any = data.get("stages")
     try:
         orders = [[(u["kind"], int(u["mb"])) for u in st] for st in stages]
         clocks = [[int(u["freq_mhz"]) for u in st] for st in stages]

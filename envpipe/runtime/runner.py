@@ -186,7 +186,7 @@ class Runner:
         engine.set_unit_orders(
             one_f_one_b(engine.num_stages, engine.micro_batches), clock=self.clock, timing=True
         )
-        last = (0.0, None)
+        last: tuple[float, float | None] = (0.0, None)
         for _ in range(max(1, calibration_steps)):
             last = self._step(data_iter, "calibrate")
         stages = self._gather_stages(self._unit_stats(last[0], last[1], 0.0))
@@ -207,9 +207,9 @@ class Runner:
         tdist.all_gather_object(everyone, stage)
         if tdist.get_rank() != 0:
             return None
-        stages = sorted({s.stage: s for s in everyone}.values(), key=lambda s: s.stage)
+        reports = sorted({s.stage: s for s in everyone}.values(), key=lambda s: s.stage)
         summary = summarize(
-            stages, self.samples, self.reporter.energy_label, plan.predicted_time_s, plan.baseline
+            reports, self.samples, self.reporter.energy_label, plan.predicted_time_s, plan.baseline
         )
         summary.update(
             type=self.cfg.type,
@@ -223,7 +223,7 @@ class Runner:
         write_summary(
             self.cfg.report_dir,
             summary,
-            stages,
+            reports,
             f"{self.cfg.scheduling} / {self.cfg.type}: measured units, energy {summary['energy']}",
         )
         return summary
