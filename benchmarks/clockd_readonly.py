@@ -2,7 +2,7 @@
 
 Real NVML reads (GPUs by UUID, supported clocks, current clock, energy counter); lock requests go
 through the whole daemon (lease, allow-list, snapping, audit) and are recorded, never applied.
-Usage: python benchmarks/clockd_readonly.py OUT.md
+Usage: python -m benchmarks.clockd_readonly OUT.md
 """
 
 from __future__ import annotations
@@ -13,40 +13,16 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from datetime import UTC, datetime
 
+from benchmarks.common import start_clockd
 from envpipe.clock.client import ClockClient
 
 
 def main(out: str) -> None:
-    sock = os.path.join(tempfile.mkdtemp(), "clockd.sock")
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "envpipe.clock.daemon",
-            "--backend",
-            "readonly",
-            "--socket",
-            sock,
-            "--metrics-port",
-            "9464",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert daemon.stdout is not None
-    seen = []
-    for line in daemon.stdout:  # wait for the ready line; the audit of start-up resets comes first
-        if '"ready"' in line:
-            break
-        seen.append(line)
-    else:
-        raise SystemExit("envpipe-clockd exited before it was ready:\n" + "".join(seen[-30:]))
+    daemon, sock = start_clockd("--backend", "readonly", "--metrics-port", "9464")
     lines = [
         f"# envpipe-clockd readonly backend on a real GPU (measured, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         "",

@@ -5,9 +5,14 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
+from typing import IO
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def machine_line() -> str:
@@ -25,8 +30,10 @@ def machine_line() -> str:
         mem = f", {kb / 2**20:.0f} GiB RAM"
     except (OSError, ValueError, IndexError):
         pass
-    return f"{platform.node()}: {os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, " \
-           f"Python {platform.python_version()}"
+    return (
+        f"{platform.node()}: {os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def header(title: str) -> str:
@@ -39,3 +46,26 @@ def write_result(name: str, text: str) -> Path:
     path = RESULTS / name
     path.write_text(text)
     return path
+
+
+def start_clockd(*args: str, stderr: IO[str] | int = subprocess.STDOUT) -> tuple[subprocess.Popen[str], str]:
+    """Start a real `envpipe-clockd` on a fresh Unix socket; return it and the socket once it is ready.
+
+    With the default `stderr`, log lines (start-up resets in the audit log) share stdout and are skipped
+    while waiting for the ready line; a daemon that exits first stops the benchmark with its last lines.
+    """
+    sock = os.path.join(tempfile.mkdtemp(), "clockd.sock")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "envpipe.clock.daemon", *args, "--socket", sock],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert daemon.stdout is not None
+    seen = []
+    for line in daemon.stdout:
+        if '"ready"' in line:
+            return daemon, sock
+        seen.append(line)
+    raise SystemExit("envpipe-clockd exited before it was ready:\n" + "".join(seen[-30:]))
