@@ -134,6 +134,16 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
         click.echo(f"Gantt picture written to {gantt}")
 
 
+def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> list[float]:
+    try:
+        times = [float(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected seconds, e.g. 0.02 or 0.02,0.03") from None
+    if any(not np.isfinite(t) or t < 0 for t in times):
+        raise click.BadParameter(f"{value!r}: tail times must be finite and not negative")
+    return times
+
+
 @main.command()
 @profile_option
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan JSON")
@@ -142,17 +152,21 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
 @click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
               help="only used to pick a default --idle-power")
 @transfer_option
+@click.option("--tail-time", default="0", show_default=True, callback=_tail_times,
+              help="seconds each stage works after its last unit (gradient all-reduce, optimizer step): "
+                   "one number, or one per stage separated by commas")
 @click.option("--text", is_flag=True, help="print EnvPipe's text trace")
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
 def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: float | None, gpu: str,
-             transfer_time: float, text: bool, gantt: str | None) -> None:
+             transfer_time: float, tail_time: list[float], text: bool, gantt: str | None) -> None:
     """Recompute iteration time and energy of any plan (also one written by hand)."""
     watts = _idle_power(idle_power, gpu.lower())
+    tail = tail_time[0] if len(tail_time) == 1 else np.array(tail_time)
     try:
         profile = _load(profile_path, stages)
         plan_obj = Plan.load(plan_path)
-        tl = evaluate_plan(plan_obj, profile, watts, transfer_time)
-        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time)
+        tl = evaluate_plan(plan_obj, profile, watts, transfer_time, tail)
+        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     freqs = _freqs_of(plan_obj, tl.dag.order, tl.dag.num_units)

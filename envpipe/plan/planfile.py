@@ -156,7 +156,8 @@ def unit_costs(dag: PipelineDag, profile: Profile, freq_idx: np.ndarray) -> tupl
     return dur, en
 
 
-def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s: float = 0.0) -> Timeline:
+def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
+                  tail_s: float | np.ndarray = 0.0) -> Timeline:
     """Re-simulate any plan (also one written by hand) on a profile; clear errors if they do not fit."""
     if plan.num_stages != profile.num_stages:
         raise PlanError(f"plan has {plan.num_stages} stages but the profile has {profile.num_stages}")
@@ -173,15 +174,15 @@ def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s:
                                 f"({profile.freqs[-1]}..{profile.freqs[0]} MHz)")
             freq_idx[dag.index(s, u.kind, u.mb)] = clock_index[u.freq_mhz]
     dur, en = unit_costs(dag, profile, freq_idx)
-    return simulate(dag, dur, en, idle_power_w, transfer_s)
+    return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
 
 
 def baseline_timeline(profile: Profile, num_microbatches: int, idle_power_w: float,
-                      transfer_s: float = 0.0) -> Timeline:
+                      transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0) -> Timeline:
     """DESIGN's baseline: 1F1B with every unit at the profile's highest clock."""
     dag = PipelineDag.from_orders(one_f_one_b(profile.num_stages, num_microbatches), num_microbatches)
     dur, en = unit_costs(dag, profile, np.zeros(dag.num_units, int))
-    return simulate(dag, dur, en, idle_power_w, transfer_s)
+    return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
 
 
 def plan_from_timeline(timeline: Timeline, freqs_mhz: np.ndarray, schedule: str, policy: str,

@@ -1,8 +1,11 @@
 """Discrete-event simulation of one iteration on a PipelineDag.
 
-Each unit starts when its stage is free and its input has arrived (upstream end + transfer time);
-iteration time is the last unit's end. Energy = unit energies + each stage's idle time (iteration
-time minus its busy time) at the blocking (idle) power, the accounting of DESIGN.md and Perseus.
+Each unit starts when its stage is free and its input has arrived (upstream end + transfer time).
+After its last unit a stage may still have a *tail* of work that is not a pipeline unit: the gradient
+all-reduce across data-parallel replicas and the optimizer step. The iteration ends when every stage
+has finished its tail. Energy = unit energies + each stage's idle time (iteration time minus its busy
+time) at the blocking (idle) power, the accounting of DESIGN.md and Perseus; a tail is charged at idle
+power like a bubble (its work is the same for every plan of a job, so it moves energy by a constant).
 """
 
 from __future__ import annotations
@@ -23,10 +26,16 @@ class Timeline:
     ready_data: np.ndarray  # when the unit's input arrived (0 if it has none)
     unit_energy: np.ndarray  # (N,) joules
     idle_power_w: float
+    tail_s: np.ndarray  # (S,) seconds each stage works after its last unit (all-reduce, optimizer)
+
+    @property
+    def stage_end(self) -> np.ndarray:
+        """(S,) when each stage finishes its last unit (units are numbered stage-major)."""
+        return self.end.reshape(self.dag.num_stages, -1).max(axis=1)
 
     @property
     def iteration_time(self) -> float:
-        return float(self.end.max())
+        return float((self.stage_end + self.tail_s).max())
 
     @property
     def busy_time(self) -> np.ndarray:
@@ -55,7 +64,8 @@ class Timeline:
         """Unit indices on a longest path, in time order (ties go to the same-stage predecessor)."""
         dag = self.dag
         N = dag.num_units
-        i = int(np.argmax(self.end))
+        last_stage = int(np.argmax(self.stage_end + self.tail_s))  # the stage that ends the iteration
+        i = dag.order[last_stage][-1]
         path = [i]
         eps = 1e-12 * max(1.0, self.iteration_time)
         while True:
@@ -79,10 +89,13 @@ def simulate(
     idle_power_w: float,
     transfer_s: float = 0.0,
     *,
+    tail_s: float | np.ndarray = 0.0,
     previous: Timeline | None = None,
     changed: np.ndarray | None = None,
 ) -> Timeline:
     """Simulate with per-unit ``duration`` (s) and ``energy`` (J), indexed like the DAG's units.
+
+    ``tail_s`` is each stage's work after its last unit (one number for every stage, or one per stage).
 
     With ``previous`` (a timeline of the same DAG and transfer time) and ``changed`` (the units whose
     duration differs from it), only the levels from the earliest changed unit on are recomputed:
@@ -90,13 +103,14 @@ def simulate(
     """
     if transfer_s < 0:
         raise ValueError("transfer time must not be negative")
+    tail = stage_tails(tail_s, dag.num_stages)
     N = dag.num_units
     end = np.zeros(N + 1)  # index N is the "no predecessor" sentinel, ending at 0
     first_level = 0
     if previous is not None and changed is not None:
         if changed.size == 0:
             return Timeline(dag, previous.start, previous.end, previous.ready_same, previous.ready_data,
-                            np.asarray(energy, float), float(idle_power_w))
+                            np.asarray(energy, float), float(idle_power_w), tail)
         end[:N] = previous.end
         first_level = int(dag.depth[changed].min())
     duration = np.asarray(duration, float)
@@ -109,4 +123,15 @@ def simulate(
     ready_same = end[dag.pred_same]
     ready_data = end[dag.pred_data] + dag.data_crosses * transfer_s
     start = np.maximum(ready_same, ready_data)
-    return Timeline(dag, start, end[:N], ready_same, ready_data, np.asarray(energy, float), float(idle_power_w))
+    return Timeline(dag, start, end[:N], ready_same, ready_data, np.asarray(energy, float), float(idle_power_w), tail)
+
+
+def stage_tails(tail_s: float | np.ndarray | list[float], num_stages: int) -> np.ndarray:
+    """(S,) per-stage tail times from one number or a per-stage sequence; clear errors otherwise."""
+    tail = np.broadcast_to(np.asarray(tail_s, float), (num_stages,)).copy() if np.ndim(tail_s) == 0 \
+        else np.asarray(tail_s, float)
+    if tail.shape != (num_stages,):
+        raise ValueError(f"{tail.size} tail times given for {num_stages} stages")
+    if not np.all(np.isfinite(tail)) or np.any(tail < 0):
+        raise ValueError("tail times must be finite and not negative")
+    return tail

@@ -86,3 +86,31 @@ def test_simulate_reports_inconsistent_plans(tmp_path):
     plan.write_text(json.dumps(data))
     res = runner.invoke(main, ["simulate", "--profile", profile, "--plan", str(plan), "--gpu", "a100"])
     assert res.exit_code == 0 and "the plan claims 1.0000 s" in res.output
+
+
+
+def baseline_plan_and_simulate(tmp_path):
+    """Plan 1F1B all-max (M=4) on the embedded profile; return its claimed time and a `simulate` runner."""
+    profile, out, runner = str(embedded_profile_path()), tmp_path / "plan.json", CliRunner()
+    res = runner.invoke(main, ["plan", "--profile", profile, "-m", "4", "--schedule", "1f1b", "--policy", "baseline",
+                               "--reconfig", "default", "--gpu", "a100", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    claimed = json.loads(out.read_text())["predicted"]["iteration_time_s"]
+    return claimed, lambda *args: runner.invoke(
+        main, ["simulate", "--profile", profile, "--plan", str(out), "--gpu", "a100", *args])
+
+
+def test_simulate_with_tail_times(tmp_path):
+    claimed, simulate = baseline_plan_and_simulate(tmp_path)
+    res = simulate("--tail-time", "0.5")
+    assert res.exit_code == 0, res.output
+    assert f"{claimed + 0.5:.4f} s" in res.output
+    res = simulate("--tail-time", ",".join(["0"] * 7 + ["0.5"]))  # the last stage ends early: slack absorbs it
+    assert res.exit_code == 0 and f"{claimed:.4f} s" in res.output
+
+
+@pytest.mark.parametrize(("value", "message"), [("x", "expected seconds"), ("-1", "not negative"),
+                                                ("0.1,0.2", "2 tail times given for 8 stages")])
+def test_simulate_refuses_bad_tail_times(tmp_path, value, message):
+    res = baseline_plan_and_simulate(tmp_path)[1]("--tail-time", value)
+    assert res.exit_code != 0 and message in res.output

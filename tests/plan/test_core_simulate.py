@@ -46,6 +46,29 @@ def test_hand_computed_with_transfer_time():
     assert tl.dependency_wait[dag.index(1, "B", 0)] == 0  # last stage: no recv before B
 
 
+def test_tails_end_the_iteration_after_each_stage_s_last_unit():
+    dag = PipelineDag.from_orders(one_f_one_b(2, 2), 2)
+    dur = np.where(dag.is_fwd, 1.0, 2.0)
+    # stage 0 ends at 9, stage 1 at 7 (test above): a 1.5 s tail on stage 1 fits in its 2 s of slack
+    tl = simulate(dag, dur, 10 * dur, idle_power_w=5.0, tail_s=[0.0, 1.5])
+    assert list(tl.stage_end) == [9, 7] and tl.iteration_time == 9
+    # a 3 s tail on stage 1 ends the iteration at 10, and that stage's last unit ends the critical path
+    tl = simulate(dag, dur, 10 * dur, idle_power_w=5.0, tail_s=np.array([0.5, 3.0]))
+    assert tl.iteration_time == 10
+    assert dag.unit(tl.critical_path()[-1]) == (1, "B", 1)
+    assert tl.energy == pytest.approx(120 + 2 * 4 * 5.0)  # tails are charged at idle power
+    # one number applies to every stage
+    assert simulate(dag, dur, 10 * dur, idle_power_w=5.0, tail_s=0.25).iteration_time == 9.25
+
+
+@pytest.mark.parametrize(("tail", "message"), [([1.0], "1 tail times given for 2 stages"),
+                                               ([0.0, -1.0], "not negative"), (float("nan"), "finite")])
+def test_bad_tails_are_refused(tail, message):
+    dag = PipelineDag.from_orders(one_f_one_b(2, 2), 2)
+    with pytest.raises(ValueError, match=message):
+        simulate(dag, np.ones(dag.num_units), np.ones(dag.num_units), 5.0, tail_s=tail)
+
+
 def test_single_stage_is_serial():
     dag = PipelineDag.from_orders(one_f_one_b(1, 3), 3)
     tl = simulate(dag, np.arange(1, 7, dtype=float), np.zeros(6), 100.0)
