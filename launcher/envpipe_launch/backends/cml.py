@@ -91,12 +91,23 @@ def session_sshd(ip: str, port: int, timeout_s: float = 15.0) -> Iterator[None]:
     if running:
         yield
         return
-    proc = subprocess.Popen(["bash", "-c", sshd_code(port)[1:]], stdin=subprocess.DEVNULL, start_new_session=True)
+    os.makedirs(_ssh_dir(), mode=0o700, exist_ok=True)
+    log_path = os.path.join(_ssh_dir(), "sshd-session.log")  # its connection log stays out of the job's
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            ["bash", "-c", sshd_code(port)[1:]],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
     try:
         try:
             net.wait_for_port(ip, port, timeout_s)
         except LaunchError as e:
-            raise LaunchError(f"sshd of this session (node 0) did not start on {ip}:{port}: {e}") from e
+            raise LaunchError(
+                f"sshd of this session (node 0) did not start on {ip}:{port} (see {log_path}): {e}"
+            ) from e
         yield
     finally:
         with contextlib.suppress(ProcessLookupError):
