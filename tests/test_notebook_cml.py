@@ -154,7 +154,7 @@ def test_worker_that_fails_to_start_stops_the_notebook_and_every_worker(tmp_path
     finally:
         hosts.close()
     assert proc.returncode == 1
-    assert "RuntimeError: envpipe-launch exited with status 2" in proc.stderr
+    assert "envpipe-launch exited with status 2" in proc.stderr  # (the kernel colours "RuntimeError")
     assert "CML workers failed to start" in proc.stderr and "(failed)" in proc.stderr
     (error,) = [o for o in _outputs(nb, "subprocess.Popen(") if o.output_type == "error"]
     assert error.ename == "RuntimeError" and "CML workers failed to start" in error.evalue

@@ -19,7 +19,8 @@ Configured through environment variables, read at each launch_workers call:
   ENVPIPE_FAKE_CML_NETNS          comma-separated network namespaces, in launch order: worker i runs its
                                   `code` there (`!cmd` through bash, else python -c) as a real process;
                                   it is "running" while that process lives, then "succeeded" or "failed";
-                                  stop_workers kills its process group
+                                  stop_workers kills its process group; its output goes to
+                                  <ENVPIPE_FAKE_CML_LOG>.<worker id>.out (or nowhere)
   ENVPIPE_FAKE_CML_LOG            a file: every call is appended to it as a JSON line {"fn", "args",
                                   "kwargs"}, so a test can see the calls of another process (a notebook
                                   kernel's launcher subprocess)
@@ -70,9 +71,16 @@ def _record(fn: str, args: tuple, kwargs: dict) -> None:
 def _start(wid: str, netns: str, code: str) -> None:
     """Run a worker's startup code like a CML engine would, inside its network namespace."""
     argv = ["bash", "-c", code[1:]] if code.startswith("!") else [sys.executable, "-c", code]
-    _procs[wid] = subprocess.Popen(
-        ["ip", "netns", "exec", netns, *argv], stdin=subprocess.DEVNULL, start_new_session=True
-    )
+    log = os.environ.get("ENVPIPE_FAKE_CML_LOG")
+    # CML keeps a worker's output apart from the session's; a worker must not hold the caller's pipes
+    with open(f"{log}.{wid}.out" if log else os.devnull, "ab") as out:
+        _procs[wid] = subprocess.Popen(
+            ["ip", "netns", "exec", netns, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
 
 
 def _kill(wid: str) -> None:
