@@ -117,7 +117,7 @@ def launch_workers(
     out = []
     for _ in range(n):
         idx = next(_launched)
-        w = {
+        w: dict[str, Any] = {
             "id": uuid.uuid4().hex[:16],
             "status": "failed" if idx in fail else "running",
             "created_at": "2026-01-01T00:00:00Z",
