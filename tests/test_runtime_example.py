@@ -157,3 +157,14 @@ def test_online_profile_and_plan(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["baseline_source"] == "planner prediction (simulated)"
     assert (tmp_path / "rep" / "plan.json").exists()
+
+
+def test_example_takes_the_local_rank_deepspeeds_launcher_adds() -> None:
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    # `deepspeed` / `envpipe-launch` run `train_gpt.py --local_rank=N <user args>`
+    assert train_gpt.parse_args(["--local_rank=1", "--tiny"]).layers == 4
+    assert train_gpt.parse_args(["--local-rank", "0", "--steps", "3"]).steps == 3
