@@ -21,6 +21,7 @@ Method (docs/optimal-planner.md has the long form):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,10 +40,12 @@ _REL_TOL = 1e-9  # budget slack allowed for floating point (relative)
 _MAX_PASSES = 200
 _FULL_HULL_UNITS = 8192
 _COARSE_SEGMENTS = 4
-_POLISH_UNITS = 128  # neighbourhood MILP only on small DAGs, where HiGHS is quick
-_POLISH_NODES = 10  # branch-and-bound nodes per round: deterministic, unlike a time limit
-_POLISH_SECONDS = 10.0  # only a safety net
-_POLISH_ROUNDS = 3
+_POLISH_UNITS = 256  # neighbourhood MILP only on small DAGs, where HiGHS is quick
+_POLISH_BINARIES = 1024  # ... and only when the neighbourhood has at most this many (unit, option) pairs
+_POLISH_RADIUS = 3  # each unit may move this many menu options either way: reaches past a non-hull option
+_POLISH_NODES = 20  # branch-and-bound nodes per round: deterministic, unlike a time limit
+_POLISH_ROUNDS = 10  # rounds re-centre the neighbourhood on the last improvement
+_POLISH_SECONDS_PER_UNIT = 0.02  # only a safety net on the total polish time (about 5 s at 256 units)
 
 
 @dataclass(frozen=True)
@@ -113,29 +116,39 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
             best = (energy, option)
     assert best is not None
     option = best[1]
-    if problem.dag.num_units <= _POLISH_UNITS:
-        for _ in range(_POLISH_ROUNDS):
-            polished = _polish(problem, option, budget_s)
-            if polished is option:
-                break
-            option = polished
+    if problem.dag.num_units <= _POLISH_UNITS and _neighbourhood(problem, option).sum() <= _POLISH_BINARIES:
+        option = _polish(problem, option, budget_s)
     return Solution(option, problem.simulate(option), relax.energy if segments is None else None)
 
 
 def _polish(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
-    """Neighbourhood search: the exact MILP restricted to each unit's current option and the two next
-    to it, which finds the multi-unit exchanges (speed some units, slow others) rounding misses."""
-    K = problem.menus.time.shape[1]
-    allowed = np.abs(np.arange(K)[None, :] - option[:, None]) <= 1
-    try:
-        found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
-                              time_limit_s=_POLISH_SECONDS, allowed=allowed, node_limit=_POLISH_NODES)
-    except MilpTimeout:
-        return option
-    tl = problem.simulate(found)
-    if _within(tl.iteration_time, budget_s) and tl.energy < problem.simulate(option).energy:
-        return found
+    """Large-neighbourhood search: the exact MILP restricted to options within _POLISH_RADIUS of each
+    unit's current one. It finds the multi-unit exchanges (speed some units up, slow others down) that
+    rounding and free float miss. Repeats around each improvement; kept only if the simulator agrees."""
+    deadline = time.monotonic() + _POLISH_SECONDS_PER_UNIT * problem.dag.num_units
+    energy = problem.simulate(option).energy
+    for _ in range(_POLISH_ROUNDS):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
+                                  time_limit_s=left, allowed=_neighbourhood(problem, option),
+                                  node_limit=_POLISH_NODES)
+        except MilpTimeout:
+            break
+        tl = problem.simulate(found)
+        if not (_within(tl.iteration_time, budget_s) and tl.energy < energy * (1 - 1e-12)):
+            break
+        option, energy = found, tl.energy
     return option
+
+
+def _neighbourhood(problem: ClockProblem, option: np.ndarray) -> np.ndarray:
+    """(N, K) options within _POLISH_RADIUS of each unit's current one (and real, not padding)."""
+    K = problem.menus.time.shape[1]
+    k = np.arange(K)[None, :]
+    return (np.abs(k - option[:, None]) <= _POLISH_RADIUS) & (k < problem.menus.size[:, None])
 
 
 def _nearest(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
