@@ -60,15 +60,25 @@ class ClockProblem:
     transfer_s: float
 
     @classmethod
-    def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0) -> ClockProblem:
-        return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s), profile, idle_power_w,
-                   transfer_s)
+    def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
+              tail_s: float | np.ndarray = 0.0) -> ClockProblem:
+        return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s, tail_s), profile,
+                   idle_power_w, transfer_s)
+
+    @property
+    def tail(self) -> np.ndarray:
+        """(S,) per-stage tail after the last unit (seconds)."""
+        return self.edges.tail
 
     def simulate(self, option: np.ndarray) -> Timeline:
         clock, dur, _ = self.menus.pick(option)
         s = self.dag.stage
         energy = np.where(self.dag.is_fwd, self.profile.fwd_energy[s, clock], self.profile.bwd_energy[s, clock])
-        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s)
+        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s, tail_s=self.tail)
+
+    def end_caps(self, budget_s: float) -> np.ndarray:
+        """(N,) latest end of each unit within the budget: its stage's tail must still fit after it."""
+        return budget_s - self.tail[self.dag.stage]
 
     def freqs_mhz(self, option: np.ndarray) -> np.ndarray:
         return self.profile.freqs[self.menus.pick(option)[0]]
@@ -188,6 +198,7 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
     lag_out[:N][dag.pred_data[has]] = lag_in[has]
     option = option.copy()
     rows = np.arange(N)
+    cap = problem.end_caps(budget_s)
     for _ in range(_MAX_PASSES):
         changed = False
         for direction in ("early", "late"):
@@ -195,10 +206,10 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
             if direction == "early":
                 tl = problem.simulate(option)
                 start = np.r_[tl.start, np.inf]
-                bound = np.minimum(np.minimum(start[succ_same], start[succ_data] - lag_out[:N]), budget_s)
+                bound = np.minimum(np.minimum(start[succ_same], start[succ_data] - lag_out[:N]), cap)
                 free = bound - tl.end
             else:
-                late_start, late_end = _latest(dag, dur, budget_s, succ_same, succ_data, lag_out)
+                late_start, late_end = _latest(dag, dur, cap, succ_same, succ_data, lag_out)
                 fin = np.r_[late_end, 0.0]
                 bound = np.maximum(np.maximum(fin[dag.pred_same], fin[dag.pred_data] + lag_in), 0.0)
                 free = late_start - bound
@@ -210,15 +221,16 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
     return option
 
 
-def _latest(dag: PipelineDag, dur: np.ndarray, budget_s: float, succ_same: np.ndarray, succ_data: np.ndarray,
+def _latest(dag: PipelineDag, dur: np.ndarray, cap: np.ndarray, succ_same: np.ndarray, succ_data: np.ndarray,
             lag_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Latest start and end of every unit such that the iteration still ends by the budget."""
+    """Latest start and end of every unit such that the iteration (tails included) still ends by the budget;
+    ``cap`` is each unit's latest end allowed by the budget and its stage's tail."""
     N = dag.num_units
     late_start = np.full(N + 1, np.inf)
     late_end = np.empty(N)
     for level in reversed(dag.levels):
         fin = np.minimum(late_start[succ_same[level]], late_start[succ_data[level]] - lag_out[level])
-        late_end[level] = np.minimum(fin, budget_s)
+        late_end[level] = np.minimum(fin, cap[level])
         late_start[level] = late_end[level] - dur[level]
     return late_start[:N], late_end
 
@@ -262,29 +274,33 @@ def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idl
 
 
 def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
-                  idle_power_w: float, transfer_s: float = 0.0) -> ClockProblem:
+                  idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0) -> ClockProblem:
     dag = PipelineDag.from_orders(build_schedule(schedule, profile.num_stages, num_microbatches, reschedule),
                                   num_microbatches)
-    return ClockProblem.build(dag, profile, idle_power_w, transfer_s)
+    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s)
 
 
 def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
                  time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
-                 memory_cap: int | None = None) -> OptimalResult:
-    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown)."""
+                 memory_cap: int | None = None, tail_s: float | np.ndarray = 0.0) -> OptimalResult:
+    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown).
+
+    ``tail_s``: each stage's work after its last unit (one number or one per stage); the iteration,
+    and so the budget, ends when every stage has finished its tail, as in envpipe.plan.simulate.
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if num_microbatches < 1:
         raise ValueError("the number of micro-batches must be at least 1")
     if idle_power_w < 0:
         raise ValueError("idle power must not be negative")
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s)
+    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
     budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
     tried: list[tuple[list[int], float | None]] = []
     best: tuple[Solution, ClockProblem, list[int]] | None = None
     errors = []
     for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap):
-        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s)
+        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s)
         try:
             sol = solve(problem, budget)
         except InfeasibleBudget as exc:
