@@ -262,15 +262,20 @@ def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slow
 
 def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
                      transfer_s: float = 0.0, memory_cap: int | None = None) -> list[list[int]]:
-    """Warm-up counts to try: EnvPipe's r_s (from the valley clocks) and plain 1F1B (all 0)."""
+    """Warm-up counts to try: EnvPipe's r_s from the valley clocks of its envelope policy and of its uniform
+    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates."""
     S, M = profile.num_stages, num_microbatches
     if schedule != "envpipe":
         return [[0] * S]
     freqs = [int(f) for f in profile.freqs]
-    valley = valley_clocks(profile, freqs, M, idle_power_w, False, transfer_s)
-    fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
-    r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, memory_cap)
-    return [r, [0] * S] if any(r) else [[0] * S]
+    orders: list[list[int]] = []
+    for sweep_last_stage in (False, True):
+        valley = valley_clocks(profile, freqs, M, idle_power_w, sweep_last_stage, transfer_s)
+        fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
+        r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, memory_cap)
+        if any(r) and r not in orders:
+            orders.append(r)
+    return [*orders, [0] * S]
 
 
 def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
