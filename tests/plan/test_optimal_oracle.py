@@ -22,7 +22,7 @@ SEEDS = [0, 3, 5, 9, 12, 13, 20, 21, 24, 30, 33, 36, 39]
 
 def relative_gap(ours: float, exact: float, baseline: float) -> float:
     """How much of the exact optimum's saving the planner misses (0: none)."""
-    return ((baseline - ours) - (baseline - exact)) / max(baseline - exact, 1e-12)
+    return ((baseline - exact) - (baseline - ours)) / max(baseline - exact, 1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -87,3 +87,8 @@ def test_tail_matches_milp_and_resimulates(tail):
     assert again.iteration_time <= res.budget_s * (1 + 1e-9)
     exact = milp_energy(prof, 8, "1f1b", W, res.budget_s, tail_s=tail_s)
     assert relative_gap(again.energy, exact, res.baseline.energy) <= 0.005
+
+
+def test_relative_gap_counts_a_worse_plan_as_positive():
+    assert relative_gap(ours=95.0, exact=90.0, baseline=100.0) == pytest.approx(0.5)
+    assert relative_gap(ours=90.0, exact=90.0, baseline=100.0) == 0.0
