@@ -249,15 +249,18 @@ def main() -> None:
     args = ap.parse_args()
     uname = subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = ["# Optimal planner benchmark", "",
              f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
              f"- machine: `{uname}`, nproc {nproc}, Python {platform.python_version()}",
-             "- energies and iteration times: simulated on the measured profiles (shipped in "
-             "envpipe/profile/data), after a plan JSON round trip; run times: measured.", ""]
+             "- energies and iteration times: simulated on the measured profiles (envpipe/profile/data and "
+             "tests/plan/data), after a plan JSON round trip; run times: measured.", ""]
     perseus_table(lines, [12, 24, 48, 96])
     other_profiles_table(lines)
     milp_table(lines, 20 if args.quick else 100, 10 if args.quick else 40)
     speed_table(lines, args.quick)
+    lines.insert(5, f"- load average (1, 5, 15 min) at the start: {load_start}; at the end: "
+                    f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share this machine's CPUs)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

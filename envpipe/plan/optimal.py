@@ -14,9 +14,14 @@ Method (docs/optimal-planner.md has the long form):
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
    safe; passes repeat until nothing changes.
-5. Polish (DAGs up to 128 units): the exact MILP restricted to each unit's current clock and its two
-   neighbours in the menu, with a time limit; kept only if the simulator confirms it is better.
+5. Polish (small DAGs): a large-neighbourhood search, the exact MILP restricted to options within
+   a few menu steps of each unit's current one, repeated around each improvement under a node limit
+   and a time limit scaled to the DAG; kept only if the simulator confirms it is better.
 6. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
+
+A per-stage tail (gradient all-reduce, optimizer step after the stage's last unit) enters as the
+simulator has it: the iteration ends when every stage has finished its tail, so each stage's last
+unit must end by budget - tail (LP and MILP rows, free float, latest schedule).
 """
 
 from __future__ import annotations
