@@ -77,7 +77,8 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
               "README's reference; its 1 ms rounding puts its times 0.6-0.7% low, so these plans are really "
               "slightly slower). *Perseus (aligned)*: the same after scaling its time axis so its fastest "
               "point equals the exact all-max time. *EnvPipe*: envelope+balanced on the EnvPipe schedule "
-              "(its own slowdown shown). *optimal 1F1B*: our planner on the 1F1B order. *optimal envpipe*: "
+              "(its own slowdown shown). *optimal 1F1B*: our planner on the 1F1B order; *LP bound 1F1B*: no 1F1B "
+              "plan within the exact all-max time can save more (docs/optimal-planner.md). *optimal envpipe*: "
               "our planner trying EnvPipe's warm-up counts r_s and plain 1F1B, keeping the better. "
               "*optimal @EnvPipe time*: the same with EnvPipe's own iteration time as the budget.",
               "",
