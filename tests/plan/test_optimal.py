@@ -1,4 +1,4 @@
-"""Optimal planner: MILP oracle on small cut-downs of the real profiles, budgets, frontier, plan JSON, CLI."""
+"""Optimal planner: menus, budgets, frontier, plan JSON, CLI (the MILP oracle: test_optimal_oracle.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ from envpipe.plan.planner import make_plan
 from envpipe.profile import load_profile
 from envpipe.profile.csv_profile import embedded_profile_path
 
-PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}
+from . import optimal_cases
+from .optimal_cases import real_profile, spread_clocks
 
 
 def cut_down(name: str, stages: int, clocks: int):
-    prof = load_profile(embedded_profile_path(name)).with_stages(stages)
-    pick = np.linspace(0, prof.freqs.size - 1, clocks).round().astype(int)
-    return prof.restricted(prof.freqs[pick])
+    """The first ``stages`` stages of a real profile at ``clocks`` clocks spread over its range."""
+    prof = real_profile(name)
+    return optimal_cases.cut_down(prof, list(range(stages)), spread_clocks(prof, clocks))
 
 
 def test_pareto_menu_drops_dominated_clocks_and_hull_is_convex():
