@@ -150,7 +150,7 @@ def _polish(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.nd
             found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
                                   time_limit_s=left, allowed=_neighbourhood(problem, option),
                                   node_limit=_POLISH_NODES)
-        except MilpTimeout:
+        except (MilpTimeout, InfeasibleBudget):  # no better point found (or none within HiGHS's tolerances)
             break
         tl = problem.simulate(found)
         if not (_within(tl.iteration_time, budget_s) and tl.energy < energy * (1 - 1e-12)):
