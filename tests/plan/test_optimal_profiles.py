@@ -85,9 +85,10 @@ def variants() -> dict[str, tuple[Profile, float]]:
 @pytest.mark.parametrize("variant", list(variants()))
 def test_synthetic_variants_plan_beat_envpipe_and_give_monotone_frontiers(variant):
     prof, watts = variants()[variant]
-    M = 4 if prof.num_stages > 8 else 6  # 16 stages: also M < S
-    check_plan(prof, M, watts, schedule="envpipe")
+    M = 2 if prof.num_stages > 8 else 6  # 16 stages: also M < S
     env = make_plan(prof, M, idle_power_w=watts)
+    if env.timeline.iteration_time > env.baseline.iteration_time * (1 + 1e-9):
+        check_plan(prof, M, watts, schedule="envpipe")  # no slowdown
     at_env_time = check_plan(prof, M, watts, schedule="envpipe",
                              time_budget_s=max(env.timeline.iteration_time, env.baseline.iteration_time))
     assert at_env_time <= env.timeline.energy * (1 + 1e-9)
