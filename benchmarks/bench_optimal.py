@@ -14,23 +14,36 @@ import datetime
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from envpipe.plan.frontier import frontier
-from envpipe.plan.milp import solve_milp
-from envpipe.plan.optimal import build_problem, optimal_plan
-from envpipe.plan.planfile import Plan, evaluate_plan
-from envpipe.plan.planner import make_plan
-from envpipe.profile import Profile, load_profile
-from envpipe.profile.csv_profile import embedded_profile_path
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the cases shared with the tests (tests/plan/optimal_cases.py)
+
+from envpipe.plan.frontier import frontier  # noqa: E402
+from envpipe.plan.lp import InfeasibleBudget  # noqa: E402
+from envpipe.plan.milp import MilpTimeout  # noqa: E402
+from envpipe.plan.optimal import optimal_plan  # noqa: E402
+from envpipe.plan.planfile import Plan, evaluate_plan  # noqa: E402
+from envpipe.plan.planner import make_plan  # noqa: E402
+from envpipe.plan.policies import POLICIES  # noqa: E402
+from envpipe.plan.reconfig import RECONFIGS  # noqa: E402
+from envpipe.profile import Profile, load_profile  # noqa: E402
+from envpipe.profile.csv_profile import embedded_profile_path  # noqa: E402
+from tests.plan.optimal_cases import REAL, cut_down, milp_energy, random_case, real_profile, spread_clocks  # noqa: E402
+
 FRONTIERS = Path(os.environ.get("PERSEUS_FRONTIERS", "/work/shared/data/perseus_frontiers"))
 PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}  # Perseus's blocking power
+# Perseus's least energy with its own time <= the exact 1F1B all-max time, read from its published frontiers
+# (ml-energy/zeus, branch kronos, sosp24_data/emulation/iteration_time_energy/, rows time,energy)
+PERSEUS_OTHER = {("bloom+a100_sxm_bf16", 12): 6316.46615047702,  # a100_sxm/bloom_bf16_mb12.csv, row 2.823 s
+                 ("bloom+a100_sxm_bf16", 96): 50198.350799349544,  # a100_sxm/bloom_bf16_mb96.csv, row 15.448 s
+                 ("gpt3-175b+a40_bf16", 12): 11075.808898620024,  # a40/gpt3-175b_bf16_mb12.csv, row 7.5463 s
+                 ("gpt3-175b+a40_bf16", 96): 81796.70704770296}  # a40/gpt3-175b_bf16_mb96.csv, row 41.2823 s
 
 
 def resimulated(plan: Plan, profile: Profile, watts: float) -> tuple[float, float]:
@@ -64,13 +77,15 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
               "README's reference; its 1 ms rounding puts its times 0.6-0.7% low, so these plans are really "
               "slightly slower). *Perseus (aligned)*: the same after scaling its time axis so its fastest "
               "point equals the exact all-max time. *EnvPipe*: envelope+balanced on the EnvPipe schedule "
-              "(its own slowdown shown). *optimal 1F1B*: our planner on the 1F1B order. *optimal envpipe*: "
+              "(its own slowdown shown). *optimal 1F1B*: our planner on the 1F1B order; *LP bound 1F1B*: no 1F1B "
+              "plan within the exact all-max time can save more (docs/optimal-planner.md). *optimal envpipe*: "
               "our planner trying EnvPipe's warm-up counts r_s and plain 1F1B, keeping the better. "
               "*optimal @EnvPipe time*: the same with EnvPipe's own iteration time as the budget.",
               "",
               "| profile | M | Perseus (ref) % | Perseus (aligned) % | EnvPipe % (slowdown %) | optimal 1F1B % "
-              "| optimal envpipe % | optimal @EnvPipe time % | chosen r_s | plan time (s, measured) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| LP bound 1F1B % | optimal envpipe % | optimal @EnvPipe time % | chosen r_s "
+              "| plan time (s, measured) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, watts in PROFILES.items():
         prof = load_profile(embedded_profile_path(name))
         for M in Ms:
@@ -89,33 +104,104 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
             at_env = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe", time_budget_s=max(et, bt))
             _, ae = resimulated(at_env.plan, prof, watts)
             ref, aligned = perseus_savings(name, M, bt, be)
+            bound = 100 * (1 - (one.lp_energy or np.nan) / be)
             lines.append(f"| {name} | {M} | {ref} | {aligned} | {100 * (1 - ee / be):.2f} ({100 * (et / bt - 1):.1f}) "
-                         f"| {cells[0]} | {cells[1]} | {100 * (1 - ae / be):.2f} | {env_sched.reschedule} "
-                         f"| {wall:.2f} |")
+                         f"| {cells[0]} | {bound:.2f} | {cells[1]} | {100 * (1 - ae / be):.2f} "
+                         f"| {env_sched.reschedule} | {wall:.2f} |")
     lines.append("")
 
 
-def milp_table(lines: list[str]) -> None:
+def other_profiles_table(lines: list[str]) -> None:
+    lines += ["## Other real profiles (Perseus artifact, not the shared ones)", "",
+              "Same columns as above, on tests/plan/data (8 stages; BLOOM's last stage is lighter, GPT-3/A40's "
+              "heavier and its curves are not monotone at the top clocks). Perseus (ref) as above, from its published "
+              "frontiers (its BLOOM/A100 times are rounded to 1 ms, GPT-3/A40 to 0.1 ms).", "",
+              "| profile | M | Perseus (ref) % | EnvPipe % (slowdown %) | optimal 1F1B % | LP bound 1F1B % "
+              "| optimal envpipe % | plan time (s, measured) |", "|---|---|---|---|---|---|---|---|"]
+    for (name, M), perseus in PERSEUS_OTHER.items():
+        prof, watts = real_profile(name), REAL[name][1]
+        one = optimal_plan(prof, M, idle_power_w=watts, schedule="1f1b")
+        t0 = time.perf_counter()
+        both = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
+        wall = time.perf_counter() - t0
+        env = make_plan(prof, M, idle_power_w=watts)
+        bt, be = one.baseline.iteration_time, one.baseline.energy
+        (_, e1), (_, e2), (et, ee) = (resimulated(p, prof, watts) for p in (one.plan, both.plan, env.plan))
+        lines.append(f"| {name} | {M} | {100 * (1 - perseus / be):.2f} | {100 * (1 - ee / be):.2f} "
+                     f"({100 * (et / bt - 1):.1f}) | {100 * (1 - e1 / be):.2f} | "
+                     f"{100 * (1 - (one.lp_energy or np.nan) / be):.2f} | {100 * (1 - e2 / be):.2f} | {wall:.2f} |")
+    lines.append("")
+
+
+def gap(ours: float, exact: float, baseline: float) -> float:
+    """Share of the exact optimum's saving that the planner misses."""
+    return ((baseline - exact) - (baseline - ours)) / (baseline - exact)
+
+
+def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
     lines += ["## Gap to the exact MILP (small cut-downs of the real profiles)", "",
               "4 stages x 8 micro-batches, 8 clocks spread over the profile's range, 1F1B order; savings simulated "
-              "on the cut-down measured profile.", "",
-              "| profile | slowdown | MILP saving % | optimal saving % | gap (points) | LP bound % |",
+              "on the cut-down measured profile. Relative gap = share of the MILP's saving that the planner misses.",
+              "", "| profile | slowdown | MILP saving % | optimal saving % | relative gap | LP bound % |",
               "|---|---|---|---|---|---|"]
-    for name, watts in PROFILES.items():
-        prof = load_profile(embedded_profile_path(name)).with_stages(4)
-        prof = prof.restricted(prof.freqs[np.linspace(0, prof.freqs.size - 1, 8).round().astype(int)])
+    for name in REAL:
+        full, watts = real_profile(name), REAL[name][1]
+        prof = cut_down(full, [0, 1, 2, 3], spread_clocks(full, 8))
         for slow in (0.0, 0.01, 0.03, 0.1):
-            res = optimal_plan(prof, 8, idle_power_w=watts, max_slowdown=slow)
-            problem = build_problem(prof, 8, "1f1b", [0] * 4, watts)
-            option, _ = solve_milp(problem.dag, problem.menus, problem.edges, res.budget_s, watts)
-            exact = problem.simulate(option).energy
+            res = optimal_plan(prof, 8, idle_power_w=watts, schedule="1f1b", max_slowdown=slow)
+            try:
+                exact = milp_energy(prof, 8, "1f1b", watts, res.budget_s, time_limit_s=120)
+            except MilpTimeout:
+                lines.append(f"| {name} | {slow:.0%} | MILP not solved in 120 s | | | |")
+                continue
             be = res.baseline.energy
-            ours = 1 - res.timeline.energy / be
-            oracle = 1 - exact / be
-            bound = 1 - (res.lp_energy or np.nan) / be
-            lines.append(f"| {name} | {slow:.0%} | {100 * oracle:.2f} | {100 * ours:.2f} | {100 * (oracle - ours):.2f} "
-                         f"| {100 * bound:.2f} |")
-    lines.append("")
+            lines.append(f"| {name} | {slow:.0%} | {100 * (1 - exact / be):.2f} | "
+                         f"{100 * (1 - res.timeline.energy / be):.2f} | {gap(res.timeline.energy, exact, be):.4f} | "
+                         f"{100 * (1 - (res.lp_energy or np.nan) / be):.2f} |")
+    gaps, skipped, worse, compared, plan_s = [], 0, 0, 0, []
+    for seed in range(random_cases):
+        case = random_case(seed)
+        t0 = time.perf_counter()
+        res = optimal_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
+                           max_slowdown=case.slowdown)
+        plan_s.append(time.perf_counter() - t0)
+        try:
+            exact = milp_energy(case.profile, case.microbatches, case.schedule, case.watts, res.budget_s,
+                                time_limit_s=30)
+        except MilpTimeout:
+            skipped += 1
+            continue
+        gaps.append(gap(resimulated(res.plan, case.profile, case.watts)[1], exact, res.baseline.energy))
+        if seed < envpipe_cases:
+            worse += envpipe_losses(case)
+            compared += len(POLICIES) * len(RECONFIGS)
+    g = np.asarray(gaps)
+    lines += ["", f"**Random cut-downs** (tests/plan/optimal_cases.py `random_case(seed)`, seeds 0-{random_cases - 1}: "
+              "one of the four real profiles, 2-4 of its stages, 4-8 of its clocks, M in {4, 6, 8}, slowdown 0 or "
+              "0-10%, 1F1B or the EnvPipe schedule (the MILP then takes the best of the same candidate orders)): "
+              f"{g.size} cases solved by the MILP within 30 s ({skipped} skipped); relative gap max {g.max():.4f}, "
+              f"mean {g.mean():.5f}, {int((g > 0.005).sum())} cases above 0.005; planner time per case "
+              f"median {np.median(plan_s):.2f} s, max {max(plan_s):.2f} s (measured).",
+              f"Against EnvPipe's policies at their own iteration time (baseline/uniform/envelope x "
+              f"default/greedy/balanced, on the first {envpipe_cases} seeds): {worse} of {compared} comparisons worse.",
+              ""]
+
+
+def envpipe_losses(case) -> int:  # type: ignore[no-untyped-def]
+    """How many EnvPipe policy variants beat the planner at their own iteration time (should be 0)."""
+    losses = 0
+    for policy in POLICIES:
+        for reconfig in RECONFIGS:
+            env = make_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
+                            policy=policy, reconfig=reconfig)
+            try:
+                ours = optimal_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
+                                    time_budget_s=env.timeline.iteration_time)
+            except InfeasibleBudget:
+                losses += 1
+                continue
+            losses += int(ours.timeline.energy > env.timeline.energy * (1 + 1e-9))
+    return losses
 
 
 def timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -164,14 +250,18 @@ def main() -> None:
     args = ap.parse_args()
     uname = subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = ["# Optimal planner benchmark", "",
              f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
              f"- machine: `{uname}`, nproc {nproc}, Python {platform.python_version()}",
-             "- energies and iteration times: simulated on the measured profiles (shipped in "
-             "envpipe/profile/data), after a plan JSON round trip; run times: measured.", ""]
+             "- energies and iteration times: simulated on the measured profiles (envpipe/profile/data and "
+             "tests/plan/data), after a plan JSON round trip; run times: measured.", ""]
     perseus_table(lines, [12, 24, 48, 96])
-    milp_table(lines)
+    other_profiles_table(lines)
+    milp_table(lines, 20 if args.quick else 100, 10 if args.quick else 40)
     speed_table(lines, args.quick)
+    lines.insert(5, f"- load average (1, 5, 15 min) at the start: {load_start}; at the end: "
+                    f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share this machine's CPUs)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

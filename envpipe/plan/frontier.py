@@ -38,12 +38,14 @@ class FrontierPoint:
 
 
 def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
-             points: int = 20, transfer_s: float = 0.0, memory_cap: int | None = None) -> list[FrontierPoint]:
-    """``points`` plans, fastest first, on the best of the candidate orders at each budget."""
+             points: int = 20, transfer_s: float = 0.0, memory_cap: int | None = None,
+             tail_s: float | np.ndarray = 0.0) -> list[FrontierPoint]:
+    """``points`` plans, fastest first, on the best of the candidate orders at each budget
+    (``tail_s``: per-stage work after the last unit, as in optimal_plan)."""
     if points < 2:
         raise ValueError("a frontier needs at least 2 points")
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s)
-    problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s))
+    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
+    problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s))
                 for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap)]
     lo = min(p.fastest_time() for _, p in problems)
     slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)

@@ -3,7 +3,8 @@
 Variables: start s_u per unit, the makespan T, and per unit and segment j of its convex cost hull
 the time delta_uj taken from that segment (duration d_u = fastest time + sum_j delta_uj, cost =
 fastest cost + sum_j slope_j delta_uj). Constraints: every DAG edge p -> u (s_p + d_p + lag <= s_u,
-lag = transfer time on cross-stage edges) and every sink ends by T <= budget. Minimising
+lag = transfer time on cross-stage edges) and every stage's last unit plus the stage's tail ends
+by T <= budget. Minimising
 sum of costs + S*P*T (the iteration energy, see menus.py) gives
 the LP relaxation of the discrete problem: a lower bound on the energy of any plan within the
 budget, and durations that envpipe.plan.optimal rounds to real clocks.
@@ -19,6 +20,7 @@ from scipy.optimize import linprog
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.menus import UnitMenus
+from envpipe.plan.simulate import stage_tails
 
 _IPM_FROM_UNITS = 3000
 
@@ -32,30 +34,32 @@ class Edges:
     pred: np.ndarray  # (E,) unit that must finish first
     succ: np.ndarray  # (E,) unit that waits
     lag: np.ndarray  # (E,) seconds between them (transfer on cross-stage edges)
-    sinks: np.ndarray  # units with no successor: they bound the makespan
+    last: np.ndarray  # (S,) each stage's last unit: it and the stage's tail bound the makespan (covers every sink)
+    tail: np.ndarray  # (S,) seconds each stage works after its last unit (all-reduce, optimizer step)
 
 
-def dag_edges(dag: PipelineDag, transfer_s: float) -> Edges:
+def dag_edges(dag: PipelineDag, transfer_s: float, tail_s: float | np.ndarray = 0.0) -> Edges:
     N = dag.num_units
     units = np.arange(N)
     has_same, has_data = dag.pred_same != N, dag.pred_data != N
     pred = np.r_[dag.pred_same[has_same], dag.pred_data[has_data]]
     succ = np.r_[units[has_same], units[has_data]]
     lag = np.r_[np.zeros(has_same.sum()), np.where(dag.data_crosses[has_data], transfer_s, 0.0)]
-    sinks = np.setdiff1d(units, pred)
-    return Edges(pred, succ, lag, sinks)
+    last = np.asarray([ids[-1] for ids in dag.order])
+    return Edges(pred, succ, lag, last, stage_tails(tail_s, dag.num_stages))
 
 
 def timing_rows(edges: Edges, num_units: int) -> tuple[sparse.csr_matrix, np.ndarray]:
-    """Rows over [s (N), d (N), T]: precedence s_p + d_p - s_u <= -lag and makespan s_u + d_u - T <= 0."""
-    N, E, K = num_units, edges.pred.size, edges.sinks.size
+    """Rows over [s (N), d (N), T]: precedence s_p + d_p - s_u <= -lag and, per stage, the end of its
+    last unit plus its tail by the makespan: s_u + d_u - T <= -tail (the simulator's iteration end)."""
+    N, E, K = num_units, edges.pred.size, edges.last.size
     r_e = np.arange(E)
     r_k = E + np.arange(K)
     rows = np.r_[r_e, r_e, r_e, r_k, r_k, r_k]
-    cols = np.r_[edges.pred, N + edges.pred, edges.succ, edges.sinks, N + edges.sinks, np.full(K, 2 * N)]
+    cols = np.r_[edges.pred, N + edges.pred, edges.succ, edges.last, N + edges.last, np.full(K, 2 * N)]
     vals = np.r_[np.ones(E), np.ones(E), -np.ones(E), np.ones(K), np.ones(K), -np.ones(K)]
     A = sparse.csr_matrix((vals, (rows, cols)), shape=(E + K, 2 * N + 1))
-    return A, np.r_[-edges.lag, np.zeros(K)]
+    return A, np.r_[-edges.lag, -edges.tail]
 
 
 @dataclass(frozen=True)

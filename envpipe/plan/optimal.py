@@ -14,13 +14,19 @@ Method (docs/optimal-planner.md has the long form):
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
    safe; passes repeat until nothing changes.
-5. Polish (DAGs up to 128 units): the exact MILP restricted to each unit's current clock and its two
-   neighbours in the menu, with a time limit; kept only if the simulator confirms it is better.
+5. Polish (small DAGs): a large-neighbourhood search, the exact MILP restricted to options within
+   a few menu steps of each unit's current one, repeated around each improvement under a node limit
+   and a time limit scaled to the DAG; kept only if the simulator confirms it is better.
 6. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
+
+A per-stage tail (gradient all-reduce, optimizer step after the stage's last unit) enters as the
+simulator has it: the iteration ends when every stage has finished its tail, so each stage's last
+unit must end by budget - tail (LP and MILP rows, free float, latest schedule).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,10 +45,12 @@ _REL_TOL = 1e-9  # budget slack allowed for floating point (relative)
 _MAX_PASSES = 200
 _FULL_HULL_UNITS = 8192
 _COARSE_SEGMENTS = 4
-_POLISH_UNITS = 128  # neighbourhood MILP only on small DAGs, where HiGHS is quick
-_POLISH_NODES = 10  # branch-and-bound nodes per round: deterministic, unlike a time limit
-_POLISH_SECONDS = 10.0  # only a safety net
-_POLISH_ROUNDS = 3
+_POLISH_UNITS = 256  # neighbourhood MILP only on small DAGs, where HiGHS is quick
+_POLISH_BINARIES = 1024  # ... and only when the neighbourhood has at most this many (unit, option) pairs
+_POLISH_RADIUS = 3  # each unit may move this many menu options either way: reaches past a non-hull option
+_POLISH_NODES = 20  # branch-and-bound nodes per round: deterministic, unlike a time limit
+_POLISH_ROUNDS = 10  # rounds re-centre the neighbourhood on the last improvement
+_POLISH_SECONDS_PER_UNIT = 0.02  # only a safety net on the total polish time (about 5 s at 256 units)
 
 
 @dataclass(frozen=True)
@@ -57,15 +65,25 @@ class ClockProblem:
     transfer_s: float
 
     @classmethod
-    def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0) -> ClockProblem:
-        return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s), profile, idle_power_w,
-                   transfer_s)
+    def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
+              tail_s: float | np.ndarray = 0.0) -> ClockProblem:
+        return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s, tail_s), profile,
+                   idle_power_w, transfer_s)
+
+    @property
+    def tail(self) -> np.ndarray:
+        """(S,) per-stage tail after the last unit (seconds)."""
+        return self.edges.tail
 
     def simulate(self, option: np.ndarray) -> Timeline:
         clock, dur, _ = self.menus.pick(option)
         s = self.dag.stage
         energy = np.where(self.dag.is_fwd, self.profile.fwd_energy[s, clock], self.profile.bwd_energy[s, clock])
-        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s)
+        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s, tail_s=self.tail)
+
+    def end_caps(self, budget_s: float) -> np.ndarray:
+        """(N,) latest end of each unit within the budget: its stage's tail must still fit after it."""
+        return budget_s - self.tail[self.dag.stage]
 
     def freqs_mhz(self, option: np.ndarray) -> np.ndarray:
         return self.profile.freqs[self.menus.pick(option)[0]]
@@ -113,29 +131,39 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
             best = (energy, option)
     assert best is not None
     option = best[1]
-    if problem.dag.num_units <= _POLISH_UNITS:
-        for _ in range(_POLISH_ROUNDS):
-            polished = _polish(problem, option, budget_s)
-            if polished is option:
-                break
-            option = polished
+    if problem.dag.num_units <= _POLISH_UNITS and _neighbourhood(problem, option).sum() <= _POLISH_BINARIES:
+        option = _polish(problem, option, budget_s)
     return Solution(option, problem.simulate(option), relax.energy if segments is None else None)
 
 
 def _polish(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
-    """Neighbourhood search: the exact MILP restricted to each unit's current option and the two next
-    to it, which finds the multi-unit exchanges (speed some units, slow others) rounding misses."""
-    K = problem.menus.time.shape[1]
-    allowed = np.abs(np.arange(K)[None, :] - option[:, None]) <= 1
-    try:
-        found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
-                              time_limit_s=_POLISH_SECONDS, allowed=allowed, node_limit=_POLISH_NODES)
-    except MilpTimeout:
-        return option
-    tl = problem.simulate(found)
-    if _within(tl.iteration_time, budget_s) and tl.energy < problem.simulate(option).energy:
-        return found
+    """Large-neighbourhood search: the exact MILP restricted to options within _POLISH_RADIUS of each
+    unit's current one. It finds the multi-unit exchanges (speed some units up, slow others down) that
+    rounding and free float miss. Repeats around each improvement; kept only if the simulator agrees."""
+    deadline = time.monotonic() + _POLISH_SECONDS_PER_UNIT * problem.dag.num_units
+    energy = problem.simulate(option).energy
+    for _ in range(_POLISH_ROUNDS):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
+                                  time_limit_s=left, allowed=_neighbourhood(problem, option),
+                                  node_limit=_POLISH_NODES)
+        except (MilpTimeout, InfeasibleBudget):  # no better point found (or none within HiGHS's tolerances)
+            break
+        tl = problem.simulate(found)
+        if not (_within(tl.iteration_time, budget_s) and tl.energy < energy * (1 - 1e-12)):
+            break
+        option, energy = found, tl.energy
     return option
+
+
+def _neighbourhood(problem: ClockProblem, option: np.ndarray) -> np.ndarray:
+    """(N, K) options within _POLISH_RADIUS of each unit's current one (and real, not padding)."""
+    K = problem.menus.time.shape[1]
+    k = np.arange(K)[None, :]
+    return (np.abs(k - option[:, None]) <= _POLISH_RADIUS) & (k < problem.menus.size[:, None])
 
 
 def _nearest(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
@@ -175,6 +203,7 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
     lag_out[:N][dag.pred_data[has]] = lag_in[has]
     option = option.copy()
     rows = np.arange(N)
+    cap = problem.end_caps(budget_s)
     for _ in range(_MAX_PASSES):
         changed = False
         for direction in ("early", "late"):
@@ -182,10 +211,10 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
             if direction == "early":
                 tl = problem.simulate(option)
                 start = np.r_[tl.start, np.inf]
-                bound = np.minimum(np.minimum(start[succ_same], start[succ_data] - lag_out[:N]), budget_s)
+                bound = np.minimum(np.minimum(start[succ_same], start[succ_data] - lag_out[:N]), cap)
                 free = bound - tl.end
             else:
-                late_start, late_end = _latest(dag, dur, budget_s, succ_same, succ_data, lag_out)
+                late_start, late_end = _latest(dag, dur, cap, succ_same, succ_data, lag_out)
                 fin = np.r_[late_end, 0.0]
                 bound = np.maximum(np.maximum(fin[dag.pred_same], fin[dag.pred_data] + lag_in), 0.0)
                 free = late_start - bound
@@ -197,15 +226,16 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
     return option
 
 
-def _latest(dag: PipelineDag, dur: np.ndarray, budget_s: float, succ_same: np.ndarray, succ_data: np.ndarray,
+def _latest(dag: PipelineDag, dur: np.ndarray, cap: np.ndarray, succ_same: np.ndarray, succ_data: np.ndarray,
             lag_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Latest start and end of every unit such that the iteration still ends by the budget."""
+    """Latest start and end of every unit such that the iteration (tails included) still ends by the budget;
+    ``cap`` is each unit's latest end allowed by the budget and its stage's tail."""
     N = dag.num_units
     late_start = np.full(N + 1, np.inf)
     late_end = np.empty(N)
     for level in reversed(dag.levels):
         fin = np.minimum(late_start[succ_same[level]], late_start[succ_data[level]] - lag_out[level])
-        late_end[level] = np.minimum(fin, budget_s)
+        late_end[level] = np.minimum(fin, cap[level])
         late_start[level] = late_end[level] - dur[level]
     return late_start[:N], late_end
 
@@ -237,41 +267,50 @@ def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slow
 
 def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
                      transfer_s: float = 0.0, memory_cap: int | None = None) -> list[list[int]]:
-    """Warm-up counts to try: EnvPipe's r_s (from the valley clocks) and plain 1F1B (all 0)."""
+    """Warm-up counts to try: EnvPipe's r_s from the valley clocks of its envelope policy and of its uniform
+    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates."""
     S, M = profile.num_stages, num_microbatches
     if schedule != "envpipe":
         return [[0] * S]
     freqs = [int(f) for f in profile.freqs]
-    valley = valley_clocks(profile, freqs, M, idle_power_w, False, transfer_s)
-    fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
-    r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, memory_cap)
-    return [r, [0] * S] if any(r) else [[0] * S]
+    orders: list[list[int]] = []
+    for sweep_last_stage in (False, True):
+        valley = valley_clocks(profile, freqs, M, idle_power_w, sweep_last_stage, transfer_s)
+        fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
+        r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, memory_cap)
+        if any(r) and r not in orders:
+            orders.append(r)
+    return [*orders, [0] * S]
 
 
 def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
-                  idle_power_w: float, transfer_s: float = 0.0) -> ClockProblem:
+                  idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0) -> ClockProblem:
     dag = PipelineDag.from_orders(build_schedule(schedule, profile.num_stages, num_microbatches, reschedule),
                                   num_microbatches)
-    return ClockProblem.build(dag, profile, idle_power_w, transfer_s)
+    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s)
 
 
 def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
                  time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
-                 memory_cap: int | None = None) -> OptimalResult:
-    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown)."""
+                 memory_cap: int | None = None, tail_s: float | np.ndarray = 0.0) -> OptimalResult:
+    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown).
+
+    ``tail_s``: each stage's work after its last unit (one number or one per stage); the iteration,
+    and so the budget, ends when every stage has finished its tail, as in envpipe.plan.simulate.
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if num_microbatches < 1:
         raise ValueError("the number of micro-batches must be at least 1")
     if idle_power_w < 0:
         raise ValueError("idle power must not be negative")
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s)
+    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
     budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
     tried: list[tuple[list[int], float | None]] = []
     best: tuple[Solution, ClockProblem, list[int]] | None = None
     errors = []
     for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap):
-        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s)
+        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s)
         try:
             sol = solve(problem, budget)
         except InfeasibleBudget as exc:

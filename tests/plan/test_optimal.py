@@ -1,4 +1,4 @@
-"""Optimal planner: MILP oracle on small cut-downs of the real profiles, budgets, frontier, plan JSON, CLI."""
+"""Optimal planner: menus, budgets, frontier, plan JSON, CLI (the MILP oracle: test_optimal_oracle.py)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,20 @@ from envpipe.cli import main
 from envpipe.plan.frontier import frontier
 from envpipe.plan.lp import InfeasibleBudget
 from envpipe.plan.menus import pareto_menu
-from envpipe.plan.milp import solve_milp
 from envpipe.plan.optimal import build_problem, optimal_plan, solve
 from envpipe.plan.planfile import Plan, evaluate_plan
 from envpipe.plan.planner import make_plan
 from envpipe.profile import load_profile
 from envpipe.profile.csv_profile import embedded_profile_path
 
-PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}
+from . import optimal_cases
+from .optimal_cases import real_profile, spread_clocks
 
 
 def cut_down(name: str, stages: int, clocks: int):
-    prof = load_profile(embedded_profile_path(name)).with_stages(stages)
-    pick = np.linspace(0, prof.freqs.size - 1, clocks).round().astype(int)
-    return prof.restricted(prof.freqs[pick])
+    """The first ``stages`` stages of a real profile at ``clocks`` clocks spread over its range."""
+    prof = real_profile(name)
+    return optimal_cases.cut_down(prof, list(range(stages)), spread_clocks(prof, clocks))
 
 
 def test_pareto_menu_drops_dominated_clocks_and_hull_is_convex():
@@ -36,40 +36,6 @@ def test_pareto_menu_drops_dominated_clocks_and_hull_is_convex():
     assert list(menu.time) == [1.0, 1.5, 2.5]
     slopes = np.diff(menu.cost[menu.hull]) / np.diff(menu.time[menu.hull])
     assert np.all(np.diff(slopes) >= 0)
-
-
-@pytest.mark.parametrize("name", list(PROFILES))
-@pytest.mark.parametrize("slowdown", [0.0, 0.03])
-def test_heuristic_within_half_a_point_of_milp_saving(name, slowdown):
-    watts = PROFILES[name]
-    prof = cut_down(name, 4, 8)
-    M = 8
-    result = optimal_plan(prof, M, idle_power_w=watts, max_slowdown=slowdown)
-    problem = build_problem(prof, M, "1f1b", [0] * 4, watts)
-    option, best = solve_milp(problem.dag, problem.menus, problem.edges, result.budget_s, watts)
-    exact = problem.simulate(option)
-    assert exact.energy == pytest.approx(best, rel=1e-6)
-    assert exact.iteration_time <= result.budget_s * (1 + 1e-6)
-    base = result.baseline.energy
-    ours, oracle = 1 - result.timeline.energy / base, 1 - exact.energy / base
-    assert ours >= oracle - 0.005  # within 0.5 percentage points of the exact saving
-    assert result.timeline.energy <= exact.energy * 1.006
-    assert result.lp_energy is not None and result.lp_energy <= exact.energy * (1 + 1e-6)  # a lower bound
-
-
-@pytest.mark.parametrize("name", list(PROFILES))
-def test_never_worse_than_envpipe_policies(name):
-    watts = PROFILES[name]
-    prof = cut_down(name, 4, 8)
-    for M in (4, 12):
-        ours = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
-        for policy in ("uniform", "envelope"):
-            env = make_plan(prof, M, idle_power_w=watts, policy=policy)
-            # give the optimal planner EnvPipe's own (possibly slower) time as the budget
-            same_time = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe",
-                                     time_budget_s=max(env.timeline.iteration_time, ours.budget_s))
-            assert same_time.timeline.energy <= env.timeline.energy * (1 + 1e-9)
-        assert ours.timeline.iteration_time <= ours.budget_s * (1 + 1e-9)
 
 
 def test_infeasible_budget_is_a_clear_error():

@@ -1,0 +1,87 @@
+"""Cases for checking the optimal planner: real measured profiles, cut-downs of them, and the exact MILP.
+
+Shared by the tests and benchmarks/bench_optimal.py so both check the same kind of instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from envpipe.plan.lp import InfeasibleBudget
+from envpipe.plan.milp import solve_milp
+from envpipe.plan.optimal import build_problem, candidate_orders
+from envpipe.profile import Profile, embedded_profile_path, load_profile
+
+_DATA = Path(__file__).parent / "data"
+# name -> (CSV path, Perseus's blocking power in W); the last two are test fixtures, not shipped
+REAL: dict[str, tuple[Path, float]] = {
+    "gpt3-175b+a100_sxm_bf16": (embedded_profile_path("gpt3-175b+a100_sxm_bf16"), 83.64),
+    "bloom+a40_bf16": (embedded_profile_path("bloom+a40_bf16"), 70.38),
+    "bloom+a100_sxm_bf16": (_DATA / "bloom+a100_sxm_bf16.csv", 83.64),
+    "gpt3-175b+a40_bf16": (_DATA / "gpt3-175b+a40_bf16.csv", 70.38),
+}
+
+
+def real_profile(name: str) -> Profile:
+    return load_profile(REAL[name][0])
+
+
+def cut_down(prof: Profile, stages: list[int] | np.ndarray, clocks: list[int] | np.ndarray) -> Profile:
+    """The measured rows of some stages (in pipeline order) at some clocks (indices into prof.freqs)."""
+    s = np.asarray(stages)
+    sub = Profile(prof.freqs, prof.fwd_time[s], prof.bwd_time[s], prof.fwd_energy[s], prof.bwd_energy[s],
+                  prof.source)
+    return sub.restricted(prof.freqs[np.asarray(clocks)])
+
+
+def spread_clocks(prof: Profile, count: int) -> np.ndarray:
+    """``count`` clock indices spread evenly over the profile's range (the highest always included)."""
+    return np.linspace(0, prof.freqs.size - 1, count).round().astype(int)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    stages: list[int]
+    profile: Profile
+    watts: float
+    microbatches: int
+    slowdown: float
+    schedule: str
+
+    def __str__(self) -> str:
+        return (f"{self.name} stages {self.stages} x {self.profile.freqs.size} clocks, M={self.microbatches}, "
+                f"slowdown {self.slowdown:.3f}, {self.schedule}")
+
+
+def random_case(seed: int) -> Case:
+    """A random small cut-down: 2-4 stages (any subset, pipeline order kept), 4-8 clocks (the highest
+    always, as the baseline needs it), M in {4, 6, 8}, slowdown 0 or 0-10%, 1F1B or EnvPipe's schedule."""
+    rng = np.random.default_rng(seed)
+    name = str(rng.choice(sorted(REAL)))
+    full = real_profile(name)
+    stages = np.sort(rng.choice(full.num_stages, int(rng.integers(2, 5)), replace=False))
+    clocks = np.unique(np.r_[0, rng.choice(np.arange(1, full.freqs.size), int(rng.integers(3, 8)), replace=False)])
+    slowdown = float(rng.choice([0.0, round(float(rng.uniform(0, 0.1)), 3)]))
+    return Case(name, stages.tolist(), cut_down(full, stages, clocks), REAL[name][1],
+                int(rng.choice([4, 6, 8])), slowdown, str(rng.choice(["1f1b", "envpipe"])))
+
+
+def milp_energy(prof: Profile, microbatches: int, schedule: str, watts: float, budget_s: float,
+                tail_s: float | np.ndarray = 0.0, time_limit_s: float = 120.0) -> float:
+    """Least energy within the budget over every order the planner considers, by the exact MILP."""
+    best = np.inf
+    for r in candidate_orders(prof, microbatches, schedule, watts):
+        problem = build_problem(prof, microbatches, schedule, r, watts, tail_s=tail_s)
+        try:
+            option, value = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, watts,
+                                       time_limit_s=time_limit_s)
+        except InfeasibleBudget:
+            continue
+        tl = problem.simulate(option)
+        assert tl.iteration_time <= budget_s * (1 + 1e-6) and abs(tl.energy - value) <= 1e-6 * tl.energy
+        best = min(best, tl.energy)
+    return float(best)
