@@ -79,10 +79,12 @@ class PolledMeter:
 
     label = "measured"
 
-    def __init__(self, read_j: Callable[[], float], period_s: float = 0.002) -> None:
+    def __init__(
+        self, read_j: Callable[[], float], period_s: float = 0.002, on_close: Callable[[], None] | None = None
+    ) -> None:
         if period_s <= 0:
             raise ValueError("the polling period must be positive")
-        self._read, self.period_s = read_j, period_s
+        self._read, self.period_s, self._on_close = read_j, period_s, on_close
         self.trace = CounterTrace()
         self._last: float | None = None
         self._stop = threading.Event()
@@ -124,6 +126,9 @@ class PolledMeter:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
 
 
 class SimMeter:
@@ -147,7 +152,9 @@ class SimMeter:
 def nvml_reader(device_index: int, nvml: Any = None) -> tuple[Callable[[], float], Callable[[], None]]:
     """(read joules, shutdown) for one GPU's NVML energy counter (read-only; ``nvml`` defaults to pynvml)."""
     if nvml is None:
-        import pynvml as nvml
+        import pynvml
+
+        nvml = pynvml
     nvml.nvmlInit()
     handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
     return (lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0), nvml.nvmlShutdown

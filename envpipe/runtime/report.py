@@ -23,6 +23,7 @@ class StageReport:
     energies_j: list[float | None] = field(default_factory=list)
     peak_memory_bytes: int = 0
     units: list[UnitRecord] = field(default_factory=list)  # the last measured iteration
+    unit_energy_j: dict[str, Any] | None = None  # mean F/B unit energy, idle power (steady iterations)
 
 
 class Reporter:
@@ -45,6 +46,7 @@ class Reporter:
         clocks_requested: list[int],
         units: list[UnitRecord],
         loss: float | None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         line = {
             "iteration": index,
@@ -55,6 +57,7 @@ class Reporter:
             "energy": self.energy_label,
             "clocks_requested_mhz": clocks_requested,
             "loss": loss,
+            **(extra or {}),
         }
         self._lines.write(json.dumps(line) + "\n")
         self._lines.flush()
@@ -88,6 +91,7 @@ def summarize(
         "energy_per_iteration_j": sum(energies) if energies is not None else None,
         "energy_per_gpu_j": energies,
         "peak_memory_bytes_per_stage": [s.peak_memory_bytes for s in stages],
+        "unit_energy_per_stage": [s.unit_energy_j for s in stages],
         "predicted_iteration_time_s": predicted_time_s,
         "predicted_error": (t - predicted_time_s) / predicted_time_s if predicted_time_s else None,
     }
