@@ -93,6 +93,7 @@ class Runner:
         self._steady: list[StageTiming] = []
         self._round = 0
         self.reconfig_log: dict[str, Any] | None = None
+        self.calibration: Calibration | None = None
 
     # --- one iteration ---------------------------------------------------------------------------
     def _step(self, data_iter: Iterator[Any], phase: str, extra: dict[str, Any] | None = None) -> StageTiming:
@@ -268,6 +269,7 @@ class Runner:
         engine.set_unit_orders(orders, clock=self.clock, timing=True)
         measured = [self._gather(self._step(data_iter, "calibrate")) for _ in range(max(1, calibration_steps))]
         cal = calibrate(orders, measured[1:] or measured)  # the first iteration warms up
+        self.calibration = cal
         plan, planned = self.plan(data_iter, cal)
         plan = self.reconfigure(data_iter, plan, cal, planned)
         engine.set_unit_orders(plan.orders, plan.clocks, self.clock, timing=True)
