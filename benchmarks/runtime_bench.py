@@ -7,8 +7,9 @@ clock requests only unless envpipe-clockd runs) and energy is the NVML counter (
     DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/runtime_bench.py --cpu --out OUT
 
 For each M: both engines are built once (same seed, same weights), then ``--rounds`` times: stock
-1F1B for ``--steps`` iterations, then the runtime in 1F1B order (calibration + ``--steps`` steady
-iterations): interleaved, so drift hits both alike. Then the runtime in EnvPipe's order. From the
+1F1B for ``--steps`` iterations, the EnvPipe engine alone in 1F1B order (no unit timing, no clock
+client: what the engine itself costs), then the whole runtime in 1F1B order (calibration +
+``--steps`` steady iterations): interleaved, so drift hits all alike. Then the runtime in EnvPipe's order. From the
 runtime's calibration at the default clock: predicted vs measured iteration time and per-stage unit
 end times, and the plan the planner would deploy on a profile built from the measured unit times
 and energies (other clocks simulated by the frequency model). Rank 0 writes OUT/bench.json after
@@ -70,6 +71,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
     p.add_argument("--steps", type=int, default=15, help="measured iterations per run")
     p.add_argument("--calibration-steps", type=int, default=2)
     p.add_argument("--no-envpipe-order", action="store_true", help="skip the EnvPipe-order run")
+    p.add_argument("--no-bare", action="store_true", help="skip the bare-engine run in each round")
     p.add_argument("--cpu", action="store_true", help="tiny model on CPU (gloo): checks the script's logic")
     args, model_args = p.parse_known_args(argv)
     args.ms = [int(m) for m in args.microbatches.split(",")]
@@ -161,6 +163,17 @@ def deployable_plan(summary: dict, M: int, gpu: str, idle_w: float) -> dict:
     }
 
 
+def _ratios(runs: list[dict], rounds: list[dict]) -> dict[str, Any]:
+    """Throughput of ``runs`` over stock's, per interleaved round, with median and spread."""
+    per_round = [x["stock"]["iteration_time_s"] / r["iteration_time_s"] for x, r in zip(rounds, runs, strict=True)]
+    return {
+        "per_round": per_round,
+        "median": statistics.median(per_round),
+        "min": min(per_round),
+        "max": max(per_round),
+    }
+
+
 def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) -> dict:
     margs = train_gpt.parse_args(
         [
@@ -182,10 +195,17 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) 
         sargs = copy.copy(margs)
         sargs.report_dir = str(out / f"M{M}" / f"stock_r{r}")
         s = train_gpt.run_stock(stock, data_s, sargs, samples)
+        bare = None
+        if not args.no_bare:  # the EnvPipe engine alone (1F1B, no timing, no clocks), timed like stock
+            rt.set_unit_orders(one_f_one_b(rt.num_stages, M))
+            sargs.report_dir = str(out / f"M{M}" / f"engine_r{r}")
+            bare = train_gpt.run_stock(rt, data_r, sargs, samples)
+            if bare is not None:
+                bare["engine"] = "envpipe-engine-1f1b (no timing, no clocks)"
         t, runner = runtime_run(
             rt, data_r, margs, "1f1b", out / f"M{M}" / f"runtime_1f1b_r{r}", args.steps, args.calibration_steps
         )
-        rounds.append({"stock": s, "runtime_1f1b": t})
+        rounds.append({"stock": s, "engine_1f1b": bare, "runtime_1f1b": t})
     result: dict[str, Any] = {"M": M, "rounds": rounds}
     orders = one_f_one_b(rt.num_stages, M)
     last = rounds[-1]["runtime_1f1b"]
@@ -197,13 +217,9 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) 
         )
         result["runtime_envpipe"] = e
     if tdist.get_rank() == 0:
-        ratios = [x["stock"]["iteration_time_s"] / x["runtime_1f1b"]["iteration_time_s"] for x in rounds]
-        result["throughput_ratio"] = {
-            "per_round": ratios,
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
-        }
+        result["throughput_ratio"] = _ratios([x["runtime_1f1b"] for x in rounds], rounds)
+        if not args.no_bare:
+            result["engine_ratio"] = _ratios([x["engine_1f1b"] for x in rounds], rounds)
         result["stage_ends"] = ends
         if last.get("unit_energy_per_stage") and all(u and u.get("F_j") for u in last["unit_energy_per_stage"]):
             idle = float(np.mean([u["idle_w"] for u in last["unit_energy_per_stage"]]))

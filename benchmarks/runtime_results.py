@@ -43,7 +43,8 @@ def _median(runs: list[dict], key: str) -> float | None:
 def comparison(bench: dict) -> list[str]:
     rows = _table(
         "stages", "M", "stock iteration (s)", "runtime 1F1B iteration (s)",
-        "throughput ratio runtime/stock: median (min–max; per round)", "energy / iteration stock → runtime (J)",
+        "throughput ratio runtime/stock: median (min–max; per round)",
+        "engine alone/stock: median (min–max)", "energy / iteration stock → runtime (J)",
         "per GPU stock (J)", "per GPU runtime (J)", "peak memory stock (GiB)", "peak memory runtime (GiB)",
     )  # fmt: skip
     for run in bench["runs"]:
@@ -52,9 +53,11 @@ def comparison(bench: dict) -> list[str]:
         ratio = run["throughput_ratio"]
         per_round = ", ".join(_f(x, 3) for x in ratio["per_round"])
         energy = f"{_f(_median(stock, 'energy_per_iteration_j'), 1)} → {_f(_median(rt, 'energy_per_iteration_j'), 1)}"
+        eng = run.get("engine_ratio")
+        bare = f"{_f(eng['median'], 3)} ({_f(eng['min'], 3)}–{_f(eng['max'], 3)})" if eng else "—"
         rows.append(_row(
             bench["stages"], run["M"], _f(_median(stock, "iteration_time_s")), _f(_median(rt, "iteration_time_s")),
-            f"**{_f(ratio['median'], 3)}** ({_f(ratio['min'], 3)}–{_f(ratio['max'], 3)}; {per_round})", energy,
+            f"**{_f(ratio['median'], 3)}** ({_f(ratio['min'], 3)}–{_f(ratio['max'], 3)}; {per_round})", bare, energy,
             _per_gpu(stock[-1].get("energy_per_gpu_j")), _per_gpu(rt[-1].get("energy_per_gpu_j")),
             _gib(stock[-1].get("peak_memory_bytes_per_stage")), _gib(rt[-1].get("peak_memory_bytes_per_stage")),
         ))  # fmt: skip

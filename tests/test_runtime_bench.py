@@ -27,6 +27,8 @@ def test_runtime_benchmark_scripts_on_cpu(tmp_path: Path) -> None:
     assert bench["stages"] == 2 and [r["M"] for r in bench["runs"]] == [2, 4]
     for run in bench["runs"]:
         assert len(run["rounds"]) == 2 and len(run["throughput_ratio"]["per_round"]) == 2
+        assert len(run["engine_ratio"]["per_round"]) == 2
+        assert all(r["engine_1f1b"]["engine"].startswith("envpipe-engine-1f1b") for r in run["rounds"])
         assert all(r["stock"]["engine"] == "stock-deepspeed-1f1b" for r in run["rounds"])
         assert all(r["runtime_1f1b"]["scheduling"] == "1f1b" for r in run["rounds"])
         assert run["runtime_envpipe"]["scheduling"] == "envpipe"
