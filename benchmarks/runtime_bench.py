@@ -221,10 +221,14 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) 
         if not args.no_bare:
             result["engine_ratio"] = _ratios([x["engine_1f1b"] for x in rounds], rounds)
         result["stage_ends"] = ends
-        if last.get("unit_energy_per_stage") and all(u and u.get("F_j") for u in last["unit_energy_per_stage"]):
-            idle = float(np.mean([u["idle_w"] for u in last["unit_energy_per_stage"]]))
+        energy = last.get("unit_energy_per_stage") or []
+        idle_w = [u["idle_w"] for u in energy if u and u.get("idle_w")]
+        if energy and all(u and u.get("F_j") and u.get("B_j") for u in energy) and idle_w:
             gpu = "a100" if args.cpu else "h200"
-            result["deployable_plan"] = deployable_plan(last, M, gpu, idle)
+            try:  # a planning error must not cost the measurements above
+                result["deployable_plan"] = deployable_plan(last, M, gpu, float(np.mean(idle_w)))
+            except Exception as exc:
+                result["deployable_plan_error"] = repr(exc)
     del stock, rt
     gc.collect()
     if torch.cuda.is_available():

@@ -8,12 +8,15 @@ energy, clocks requested), `summary.json` and `gantt.png` (rank 0). Energy is la
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envpipe.runtime.engine import UnitRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -145,4 +148,7 @@ def write_summary(
         )
         + "\n"
     )
-    gantt(stages, out / "gantt.png", title)
+    try:
+        gantt(stages, out / "gantt.png", title)
+    except ImportError as exc:  # matplotlib is optional where only numbers are wanted
+        log.warning("no Gantt picture (%s)", exc)
