@@ -25,6 +25,8 @@ def test_trace_interpolates_between_knots() -> None:
         tr.add(1.5, 500.0)
     with pytest.raises(ValueError, match="no samples"):
         CounterTrace().at(0.0)
+    tr.trim(1.5)  # keeps the knot at 1.0 to interpolate from
+    assert len(tr) == 2 and tr.at(1.5) == pytest.approx(250.0)
 
 
 def test_account_splits_an_iteration_into_units_and_idle() -> None:
@@ -64,8 +66,8 @@ def test_polled_meter_interpolates_a_stepped_counter_at_unit_boundaries() -> Non
         assert meter.wait_until(high[1])
         it = account(meter.trace, [low, high], t0 + 0.02, t0 + 0.58)
         # each unit lies within one power level: interpolation gives power x duration (one update's smear)
-        assert it.unit_j[0] == pytest.approx(100.0 * 0.2, rel=0.15)
-        assert it.unit_j[1] == pytest.approx(400.0 * 0.2, rel=0.15)
+        assert it.unit_j[0] == pytest.approx(100.0 * 0.2, rel=0.25)  # loose: a loaded CPU delays the poller
+        assert it.unit_j[1] == pytest.approx(400.0 * 0.2, rel=0.25)
         steps = meter.trace.update_intervals()
         assert np.median(steps) == pytest.approx(0.02, rel=0.5)  # knots are the counter's updates
         assert not meter.wait_until(time.perf_counter() + 10, timeout_s=0.05)  # not covered yet: times out
@@ -106,12 +108,15 @@ def test_sim_meter_gives_exact_unit_energy() -> None:
     clock.set(low)
     start = time.perf_counter()
     time.sleep(0.02)  # the unit's "compute"
-    clock.after_unit(time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    clock.after_unit(seconds)
     end = time.perf_counter()
     time.sleep(0.01)  # idle
     meter = SimMeter(clock.trace, clock.energy_j)
     assert meter.wait_until(time.perf_counter())
     it = account(meter.trace, [(start, end)], start, time.perf_counter())
-    stretched = (end - start)  # what the sim clock charged: the stretched unit time
-    assert it.unit_j[0] == pytest.approx(stretched * model.busy_power(low), rel=0.05)
+    stretched = seconds * model.time_scale(low)
+    overshoot = max(0.0, end - start - stretched)  # a late wake-up from the stretch's sleep is idle time
+    expected = stretched * model.busy_power(low) + overshoot * model.idle_power_w
+    assert it.unit_j[0] == pytest.approx(expected, rel=0.02)
     assert it.idle_power_w == pytest.approx(model.idle_power_w, rel=0.2)

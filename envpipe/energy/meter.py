@@ -58,6 +58,12 @@ class CounterTrace:
         """Energy (J) of each interval [start, end]."""
         return self.at(end) - self.at(start)
 
+    def trim(self, before: float) -> None:
+        """Forget knots older than ``before`` (keeping the last one before it, to interpolate from)."""
+        with self._lock:
+            keep = max(0, int(np.searchsorted(np.asarray(self._t), before, side="right")) - 1)
+            del self._t[:keep], self._j[:keep]
+
     def update_intervals(self) -> np.ndarray:
         """Seconds between consecutive knots (the counter's update period for a polled counter)."""
         with self._lock:

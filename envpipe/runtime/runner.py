@@ -30,6 +30,7 @@ from envpipe.runtime.report import Reporter, summarize, write_summary
 from envpipe.runtime.timing import Calibration, StageTiming, calibrate, measured_timeline, predict_time
 
 log = logging.getLogger(__name__)
+STEADY_ACCOUNTED = 50  # unit energy in the summary: over the last (up to) this many steady iterations
 
 
 def make_clock(cfg: EnvPipeConfig, engine: EnvPipeEngine) -> Clock | None:
@@ -275,8 +276,12 @@ class Runner:
         engine.set_unit_orders(plan.orders, plan.clocks, self.clock, timing=True)
         if engine.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        for _ in range(steps):
+        for i in range(steps):
             self._steady.append(self._step(data_iter, "steady"))
+            if len(self._steady) > STEADY_ACCOUNTED and i % STEADY_ACCOUNTED == 0:
+                del self._steady[:-STEADY_ACCOUNTED]  # bounded memory and accounting time on long runs
+                if self.meter is not None:
+                    self.meter.trace.trim(self._steady[0].step_start)
         self.reporter.close()
         stage = self.reporter.stage
         stage.peak_memory_bytes = (
