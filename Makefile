@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml
 # The main job on the embedded default: no GPU, no cluster. Two CPU processes (gloo) train a small
 # GPT-2 on DeepSpeed's pipeline engine with simulated clocks: calibrate, profile, plan, reconfigure
 # from measured waits, steady state; then the report is printed.
-DEMO_ARGS ?= --layers 4 --hidden 256 --heads 4 --seq 128 --vocab 2048 --micro-batch 4 --microbatches 8 \
-	--steps 4 --calibration-steps 2
+DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 2048 --micro-batch 4 --microbatches 8 \
+	--steps 3 --calibration-steps 2 --reconfigure-rounds 10
 demo: $(STAMP)
 	mkdir -p $(OUTDIR)
 	DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 ENVPIPE_TYPE=envelope ENVPIPE_SCHEDULING=envpipe ENVPIPE_RECONFIGURE=balanced \

@@ -168,6 +168,7 @@ def test_online_profile_plan_reconfigure_and_predict(tmp_path: Path) -> None:
     assert rec["stop_reason"] in ("critical path is the envelope", "every critical unit is at the highest clock")
     assert rec["rounds"] == rec["raises"] + 1 or rec["rounds"] == 21  # one measured iteration per round
     assert summary["baseline_source"] == "planner prediction (simulated)"
+    assert summary["predicted_energy_j"] > 0 and -1 < summary["predicted_saving_vs_baseline"] < 1
     plan = json.loads((tmp_path / "rep" / "plan.json").read_text())
     assert [[u["freq_mhz"] for u in st] for st in plan["stages"]] == summary["clocks"]  # the raised plan
     # envelope units stay at the top clock; the plan slows some others down

@@ -211,6 +211,7 @@ class Runner:
             [[u.freq_mhz for u in units] for units in result.plan.stages],
             predicted.iteration_time,
             {"time_s": baseline.iteration_time, "energy_j": baseline.energy},
+            predicted.energy,
         )
         return run, (result.plan, profile, idle_w)
 
@@ -255,8 +256,8 @@ class Runner:
                 [PlannedUnit(u.kind, u.mb, f) for u, f in zip(units, cs, strict=True)]
                 for units, cs in zip(pl.stages, done.clocks, strict=True)
             ]
-            tail = np.asarray(cal.tail_s)
-            plan.predicted_time_s = evaluate_plan(pl, profile, idle, cal.transfer_s, tail).iteration_time
+            raised = evaluate_plan(pl, profile, idle, cal.transfer_s, np.asarray(cal.tail_s))
+            plan.predicted_time_s, plan.predicted_energy_j = raised.iteration_time, raised.energy
             if tdist.get_rank() == 0:
                 pl.save(Path(self.cfg.report_dir) / "plan.json")
         return plan
@@ -309,6 +310,10 @@ class Runner:
             plan_file=self.cfg.plan,
             baseline_source="planner prediction (simulated)" if plan.baseline else None,
             calibration=cal.as_dict(),
+            predicted_energy_j=plan.predicted_energy_j,
+            predicted_saving_vs_baseline=1.0 - plan.predicted_energy_j / plan.baseline["energy_j"]
+            if plan.predicted_energy_j is not None and plan.baseline
+            else None,
             reconfiguration=self.reconfig_log,
             energy_counter_update_s=self._counter_update_s(),
             orders=[[f"{k}{m}" for k, m in o] for o in plan.orders],

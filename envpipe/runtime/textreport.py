@@ -34,8 +34,15 @@ def render(summary: dict[str, Any], report_dir: str | Path) -> str:
             )
     if "energy_saving_vs_baseline" in summary:
         lines.append(
-            f"  vs 1F1B all-max baseline ({summary.get('baseline_source')}): energy saving "
+            f"  this run vs the 1F1B all-max baseline ({summary.get('baseline_source')}): energy saving "
             f"{100 * summary['energy_saving_vs_baseline']:.1f}%, slowdown {100 * summary['slowdown_vs_baseline']:+.1f}%"
+        )
+    if summary.get("predicted_saving_vs_baseline") is not None:
+        base_t = summary["baseline"]["time_s"]
+        lines.append(
+            f"  the planner's prediction for this plan (simulated): energy saving "
+            f"{100 * summary['predicted_saving_vs_baseline']:.1f}%, "
+            f"slowdown {100 * (summary['predicted_iteration_time_s'] / base_t - 1):+.1f}%"
         )
     rec = summary.get("reconfiguration")
     if rec:
