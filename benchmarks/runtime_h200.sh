@@ -8,7 +8,7 @@
 #   STAGES="4" MS_4=8 ROUNDS=5 bash benchmarks/runtime_h200.sh  # one configuration, more rounds
 #   CPU=1 OUT=/tmp/rt bash benchmarks/runtime_h200.sh           # tiny model on CPU: checks the script's logic
 #
-# DeepSpeed missing (the lent machines): the wheels in .whl/ are installed first (--no-deps).
+# DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked onto PYTHONPATH first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runtime-bench}
@@ -25,8 +25,12 @@ if [ "${CPU:-0}" = 1 ]; then
 fi
 mkdir -p "$OUT"
 if ! $PY -c 'import deepspeed' 2>/dev/null; then
-  [ -d .whl ] || { echo "deepspeed is not installed and there is no .whl/ to install it from" >&2; exit 1; }
-  $PY -m pip install -q --no-deps .whl/*.whl
+  # unpack the carried wheels (DeepSpeed and its small pure dependencies) onto PYTHONPATH: no pip, no root
+  [ -d .whl ] || { echo "deepspeed is not installed and there is no .whl/ to unpack it from" >&2; exit 1; }
+  mkdir -p .whl/site
+  for w in .whl/*.whl; do $PY -m zipfile -e "$w" .whl/site; done
+  export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
+  $PY -c 'import deepspeed' || { echo "deepspeed still not importable from .whl/site" >&2; exit 1; }
 fi
 { date -u; uname -srm; echo "cpus: $(nproc)"
   if [ "${CPU:-0}" != 1 ]; then
