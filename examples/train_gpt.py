@@ -209,6 +209,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clock", choices=envpipe_config.CLOCKS, help="clock backend (overrides the config)")
     p.add_argument("--engine", choices=["envpipe", "stock"], default="envpipe")
     p.add_argument("--report-dir", default="envpipe-report")
+    # DeepSpeed's launcher (deepspeed, envpipe-launch) adds --local_rank=N; LOCAL_RANK says the same
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tiny:
         args.layers, args.hidden, args.heads, args.seq, args.vocab, args.micro_batch = 4, 32, 2, 16, 128, 2

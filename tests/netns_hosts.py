@@ -65,7 +65,8 @@ class Hosts:
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
 
 
-def start(workdir: Path, count: int = 2, subnet: str = "10.231.7") -> Hosts:
+def start(workdir: Path, count: int = 2, subnet: str = "10.231.7", sshd: bool = True) -> Hosts:
+    """`sshd=False`: namespaces and link only, for a test whose code under test starts sshd itself."""
     hosts = Hosts(workdir)
     tag = f"epl{os.getpid() % 100000}"
     try:
@@ -100,7 +101,7 @@ def start(workdir: Path, count: int = 2, subnet: str = "10.231.7") -> Hosts:
             _sh("ip", "-n", hosts.names[i], "link", "set", dev, "name", IFNAME)
             _sh("ip", "-n", hosts.names[i], "addr", "add", f"{hosts.ips[i]}/24", "dev", IFNAME)
             _sh("ip", "-n", hosts.names[i], "link", "set", IFNAME, "up")
-        for i in range(count):
+        for i in range(count if sshd else 0):
             cfg = workdir / f"sshd_{i}.conf"
             cfg.write_text(
                 f"Port 2222\nListenAddress {hosts.ips[i]}\nHostKey {workdir}/host_key\n"
@@ -113,7 +114,7 @@ def start(workdir: Path, count: int = 2, subnet: str = "10.231.7") -> Hosts:
                     hosts.exec_argv(i, [SSHD, "-D", "-e", "-f", str(cfg)]), stderr=subprocess.DEVNULL
                 )
             )
-        for i in range(count):
+        for i in range(count if sshd else 0):
             _wait_sshd(hosts, i)
     except BaseException:
         hosts.close()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,11 +15,17 @@ from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
 
 FAKES = str(Path(__file__).resolve().parent / "fakes")
+NO_SSHD = next(
+    (f"{t} not installed (run .ci/apt-deps)" for t in ("ssh-keygen", cml.SSHD) if shutil.which(t) is None), None
+)
 
 
 @pytest.fixture
-def workers(monkeypatch):
+def workers(monkeypatch, tmp_path):
+    if NO_SSHD:
+        pytest.skip(NO_SSHD)
     monkeypatch.syspath_prepend(FAKES)
+    monkeypatch.setenv("HOME", str(tmp_path))  # keys go to $HOME/.envpipe/ssh (the project filesystem)
     monkeypatch.setenv("CDSW_IP_ADDRESS", "10.0.0.2")
     from cml import workers_v1
 
@@ -77,6 +87,42 @@ def test_unreachable_worker_with_the_real_ssh_runner(workers, monkeypatch) -> No
     assert len(_stopped(workers)) == 1
 
 
+def test_keys_prepared_before_workers_start(workers, tmp_path) -> None:
+    run = Recorder()
+    seen: list[str] = []
+    real = cml.prepare_keys
+    cml_launch_workers = workers.launch_workers
+
+    def launch_workers(*a, **kw):
+        seen.extend(sorted(p.name for p in (tmp_path / ".envpipe" / "ssh").iterdir()))
+        return cml_launch_workers(*a, **kw)
+
+    workers.launch_workers = launch_workers
+    try:
+        assert cml.launch(_spec(nodes=2), cml.CmlOptions(), runner=run) == 0
+    finally:
+        workers.launch_workers = cml_launch_workers
+    # the shared host key exists before any worker's sshd could race to create it
+    assert seen == ["authorized_keys", "host_key", "host_key.pub", "id_ed25519", "id_ed25519.pub"]
+    d = tmp_path / ".envpipe" / "ssh"
+    pub = (d / "id_ed25519.pub").read_text().strip()
+    assert (d / "authorized_keys").read_text().splitlines() == [pub]
+    assert real(None) == str(d / "id_ed25519")  # a second launch reuses the key and adds no line
+    assert (d / "authorized_keys").read_text().splitlines() == [pub]
+
+
+def test_given_ssh_key_is_authorized_or_refused(workers, tmp_path) -> None:
+    key = tmp_path / "mykey"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    (tmp_path / "mykey.pub").unlink()  # the public half is derived from the private key
+    assert cml.prepare_keys(str(key)) == str(key)
+    auth = (tmp_path / ".envpipe" / "ssh" / "authorized_keys").read_text()
+    assert auth.startswith("ssh-ed25519 ") and not (tmp_path / ".envpipe" / "ssh" / "id_ed25519").exists()
+    with pytest.raises(LaunchError, match="--ssh-key /nonexistent: no such file"):
+        cml.launch(_spec(), cml.CmlOptions(ssh_key="/nonexistent"), runner=Recorder())
+    assert workers.calls == []  # refused before any worker was launched
+
+
 def test_single_node_launches_no_workers(workers) -> None:
     run = Recorder()
     assert cml.launch(_spec(nodes=1), cml.CmlOptions(), runner=run) == 0
@@ -90,3 +136,32 @@ def test_outside_cml_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setenv("CDSW_IP_ADDRESS", "10.0.0.2")
     with pytest.raises(LaunchError, match=r"no cml\.workers_v1 module"):
         cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _sshd_pids(port: int) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", f"sshd -D -e -p {port} "], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+@pytest.mark.skipif(NO_SSHD is not None or os.geteuid() != 0, reason=NO_SSHD or "sshd's privsep needs root here")
+def test_session_sshd_runs_only_during_the_job(workers, tmp_path) -> None:
+    cml.prepare_keys(None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.makedirs("/run/sshd", exist_ok=True)
+    with cml.session_sshd("127.0.0.1", port):
+        assert _port_open(port) and len(_sshd_pids(port)) == 1
+        with cml.session_sshd("127.0.0.1", port):  # already listening: nothing more is started
+            assert len(_sshd_pids(port)) == 1
+        assert _port_open(port)
+    # the process itself, not the port: on a busy machine another program may take the freed port
+    assert _sshd_pids(port) == []
+    with pytest.raises(RuntimeError, match="job failed"), cml.session_sshd("127.0.0.1", port):
+        raise RuntimeError("job failed")
+    assert _sshd_pids(port) == []

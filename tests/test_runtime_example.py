@@ -182,3 +182,14 @@ def test_online_profile_plan_reconfigure_and_predict(tmp_path: Path) -> None:
         assert stage["energy"] == "simulated" and stage["F_j"] > 0 and stage["B_j"] > 0
         assert stage["idle_w"] == pytest.approx(83.64, rel=0.05)
     assert "reconfiguration (balanced, measured waits)" in (tmp_path / "rep" / "report.txt").read_text()
+
+
+def test_example_takes_the_local_rank_deepspeeds_launcher_adds() -> None:
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    # `deepspeed` / `envpipe-launch` run `train_gpt.py --local_rank=N <user args>`
+    assert train_gpt.parse_args(["--local_rank=1", "--tiny"]).layers == 4
+    assert train_gpt.parse_args(["--local-rank", "0", "--steps", "3"]).steps == 3

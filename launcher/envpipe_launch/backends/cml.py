@@ -1,16 +1,24 @@
 """cml: the session is node 0; `cml.workers_v1` launches N-1 workers running sshd on 2222, their
-IPs (plus the session's CDSW_IP_ADDRESS) form the hostfile, then DeepSpeed runs as on ssh hosts."""
+IPs (plus the session's CDSW_IP_ADDRESS) form the hostfile, then DeepSpeed runs as on ssh hosts.
+
+DeepSpeed's pdsh runner reaches every host of the hostfile over ssh, the session included, so the
+session runs the same sshd for the length of the job (unless something already listens on its port).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
-from .. import hostfile
+from .. import hostfile, net
 from ..errors import LaunchError
 from ..job import JobSpec
 from . import ssh
@@ -18,6 +26,7 @@ from . import ssh
 # Workers share the project filesystem (/home/cdsw) with the session, so keys live there; sshd runs as
 # the engine's (non-root) user with its host key, pid file and config in that directory.
 SSH_DIR = "$HOME/.envpipe/ssh"
+SSHD = "/usr/sbin/sshd"
 
 
 def sshd_code(port: int) -> str:
@@ -28,6 +37,89 @@ def sshd_code(port: int) -> str:
         f"-h {SSH_DIR}/host_key -o PidFile={SSH_DIR}/sshd.pid -o StrictModes=no "
         f"-o AuthorizedKeysFile={SSH_DIR}/authorized_keys -o PasswordAuthentication=no"
     )
+
+
+def _ssh_dir() -> str:
+    return os.path.expandvars(SSH_DIR)
+
+
+def _keygen(path: str) -> None:
+    r = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LaunchError(f"ssh-keygen -f {path} failed: {r.stderr.strip()}")
+
+
+def prepare_keys(ssh_key: str | None) -> str:
+    """Before any worker starts: the shared host key, the client key (`ssh_key`, or one generated once
+    under SSH_DIR) and its public half in authorized_keys. Returns the client key's path."""
+    if not os.path.exists(SSHD):
+        raise LaunchError(f"no {SSHD} here: the session and workers need openssh-server (images/runtime)")
+    d = _ssh_dir()
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    if not os.path.exists(os.path.join(d, "host_key")):
+        _keygen(os.path.join(d, "host_key"))
+    key = ssh_key or os.path.join(d, "id_ed25519")
+    if not os.path.exists(key):
+        if ssh_key:
+            raise LaunchError(f"--ssh-key {ssh_key}: no such file")
+        _keygen(key)
+    if os.path.exists(key + ".pub"):
+        with open(key + ".pub") as f:
+            pub = f.read().strip()
+    else:
+        r = subprocess.run(["ssh-keygen", "-y", "-f", key], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise LaunchError(f"cannot read the public half of {key}: {r.stderr.strip()}")
+        pub = r.stdout.strip()
+    auth = os.path.join(d, "authorized_keys")
+    known = Path(auth).read_text().splitlines() if os.path.exists(auth) else []
+    if pub not in known:
+        with open(auth, "a") as f:
+            f.write(pub + "\n")
+        os.chmod(auth, 0o600)
+    return key
+
+
+@contextlib.contextmanager
+def session_sshd(ip: str, port: int, timeout_s: float = 15.0) -> Iterator[None]:
+    """sshd in this session (node 0) while the job runs; nothing is started if the port answers."""
+    try:
+        net.wait_for_port(ip, port, 0)
+        running = True
+    except LaunchError:
+        running = False
+    if running:
+        yield
+        return
+    os.makedirs(_ssh_dir(), mode=0o700, exist_ok=True)
+    log_path = os.path.join(_ssh_dir(), "sshd-session.log")  # its connection log stays out of the job's
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            ["bash", "-c", sshd_code(port)[1:]],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    try:
+        try:
+            net.wait_for_port(ip, port, timeout_s)
+        except LaunchError as e:
+            raise LaunchError(
+                f"sshd of this session (node 0) did not start on {ip}:{port} (see {log_path}): {e}"
+            ) from e
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def run_from_session(
+    spec: JobSpec, hosts: list[hostfile.Host], ssh_key: str | None = None, master_addr: str | None = None
+) -> int:
+    with session_sshd(hosts[0].host, spec.ssh_port):
+        return ssh.run_on_hosts(spec, hosts, ssh_key, master_addr=master_addr)
 
 
 @dataclass
@@ -64,11 +156,12 @@ def await_ips(api: ModuleType, ids: list[str], timeout_s: float) -> list[str]:
         time.sleep(1)
 
 
-def launch(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int] = ssh.run_on_hosts) -> int:
+def launch(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int] = run_from_session) -> int:
     session_ip = os.environ.get("CDSW_IP_ADDRESS")
     if not session_ip:
         raise LaunchError("CDSW_IP_ADDRESS is not set: the cml backend runs inside a CML session")
     api = _workers_api()
+    key = prepare_keys(opts.ssh_key)
     slots = max(spec.gpus_per_node, 1)
     ids: list[str] = []
     try:
@@ -85,7 +178,7 @@ def launch(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int] = ssh.run
         else:
             ips = []
         hosts = [hostfile.Host(ip, slots) for ip in [session_ip, *ips]]
-        return runner(spec, hostfile.check(hosts), ssh_key=opts.ssh_key, master_addr=session_ip)
+        return runner(spec, hostfile.check(hosts), ssh_key=key, master_addr=session_ip)
     finally:
         if ids:
             api.stop_workers(*ids)
