@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
 OUTDIR  ?= out
 
-.PHONY: install demo test lint clean
+.PHONY: install demo demo-plan test lint clean
 
 install: $(STAMP)
 
@@ -18,8 +18,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[all,test]'
 	touch $@
 
-# The main job on the embedded default: no GPU, no cluster.
+# The main job on the embedded default: no GPU, no cluster. Two CPU processes (gloo) train a small
+# GPT-2 on DeepSpeed's pipeline engine with simulated clocks: calibrate, profile, plan, reconfigure
+# from measured waits, steady state; then the report is printed.
+DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 2048 --micro-batch 4 --microbatches 8 \
+	--steps 3 --calibration-steps 2 --reconfigure-rounds 10
 demo: $(STAMP)
+	mkdir -p $(OUTDIR)
+	DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 ENVPIPE_TYPE=envelope ENVPIPE_SCHEDULING=envpipe ENVPIPE_RECONFIGURE=balanced \
+	  $(PY) -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_gpt.py $(DEMO_ARGS) \
+	  --report-dir $(OUTDIR)/runtime > $(OUTDIR)/demo.log 2>&1 || { tail -40 $(OUTDIR)/demo.log; exit 1; }
+	@cat $(OUTDIR)/runtime/report.txt
+	@echo "(full log: $(OUTDIR)/demo.log)"
+
+# The planner alone on a real measured profile (8-stage GPT-3 on A100s): plan, text trace, Gantt, re-simulation.
+demo-plan: $(STAMP)
 	mkdir -p $(OUTDIR)
 	$(VENV)/bin/envpipe plan --profile $(PROFILE) --microbatches 12 --schedule envpipe \
 	  --policy envelope --reconfig balanced --idle-power 83.64 --gpu a100 \

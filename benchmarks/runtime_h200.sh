@@ -1,24 +1,52 @@
 #!/usr/bin/env bash
-# Stock DeepSpeed 1F1B vs the EnvPipe runtime (1F1B order and EnvPipe order) on the same GPT-2 model,
-# 2 GPUs, clocks left as found (no clock is ever set: without envpipe-clockd the runtime records clock
-# requests only and reads the NVML energy counter). Writes reports under $OUT (or ./runtime-bench).
-# Usage: [NPROC=4] bash benchmarks/runtime_h200.sh [extra train_gpt.py args]   (NPROC GPUs = pipeline stages)
+# Stock DeepSpeed 1F1B vs the EnvPipe runtime (1F1B and EnvPipe order) on the same GPT-2 model, clocks
+# left as found: without envpipe-clockd the runtime only records clock requests and reads the NVML
+# energy counter. Never changes clocks or power limits. Writes $OUT/machine.txt, $OUT/pp<P>/bench.json
+# (benchmarks/runtime_bench.py, one run per stage count) and $OUT/runtime_h200.md (the results file).
+#
+#   OUT=/tmp/rt bash benchmarks/runtime_h200.sh                 # 2 stages (M=8), then 4 stages (M=4,8,16)
+#   STAGES="4" MS_4=8 ROUNDS=5 bash benchmarks/runtime_h200.sh  # one configuration, more rounds
+#   CPU=1 OUT=/tmp/rt bash benchmarks/runtime_h200.sh           # tiny model on CPU: checks the script's logic
+#
+# DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked onto PYTHONPATH first.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 OUT=${OUT:-runtime-bench}
 PY=${PYTHON:-python3}
-NPROC=${NPROC:-2}  # pipeline stages = GPUs
+STAGES=${STAGES:-"2 4"}
+MS_2=${MS_2:-8}
+MS_4=${MS_4:-4,8,16}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-15}
+EXTRA=()
+if [ "${CPU:-0}" = 1 ]; then
+  export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
+  EXTRA=(--cpu)
+fi
 mkdir -p "$OUT"
-{ date -u; uname -a; nproc; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.sm,clocks.max.sm --format=csv;
-  $PY -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__)'; } > "$OUT/machine.txt" 2>&1
-COMMON=(--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --micro-batch 4 --microbatches 8
-        --steps 12 --calibration-steps 3 --clock daemon "$@")
-run() {  # name, then args
-  local name=$1; shift
-  $PY -m torch.distributed.run --nproc-per-node "$NPROC" examples/train_gpt.py "${COMMON[@]}" --report-dir "$OUT/$name" "$@" \
-    > "$OUT/$name.log" 2>&1 || { echo "$name failed"; tail -40 "$OUT/$name.log"; exit 1; }
-  echo "$name done"
-}
-run stock --engine stock
-ENVPIPE_TYPE=baseline ENVPIPE_SCHEDULING=1f1b run envpipe_1f1b
-ENVPIPE_TYPE=baseline ENVPIPE_SCHEDULING=envpipe run envpipe_order
-ENVPIPE_TYPE=baseline ENVPIPE_SCHEDULING=1f1b run envpipe_1f1b_again
+if ! $PY -c 'import deepspeed' 2>/dev/null; then
+  # unpack the carried wheels (DeepSpeed and its small pure dependencies) onto PYTHONPATH: no pip, no root
+  [ -d .whl ] || { echo "deepspeed is not installed and there is no .whl/ to unpack it from" >&2; exit 1; }
+  mkdir -p .whl/site
+  for w in .whl/*.whl; do $PY -m zipfile -e "$w" .whl/site; done
+  export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
+  $PY -c 'import deepspeed' || { echo "deepspeed still not importable from .whl/site" >&2; exit 1; }
+fi
+{ date -u; uname -srm; echo "cpus: $(nproc)"
+  if [ "${CPU:-0}" != 1 ]; then
+    nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.sm,clocks.max.sm --format=csv
+  fi
+  $PY -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__)'
+} > "$OUT/machine.txt" 2>&1
+for P in $STAGES; do
+  ms_var="MS_$P"
+  MS=${!ms_var:-8}
+  echo "$(date -u +%T) $P stages, M=$MS"
+  $PY -m torch.distributed.run --standalone --nproc-per-node "$P" benchmarks/runtime_bench.py \
+    --out "$OUT/pp$P" --microbatches "$MS" --rounds "$ROUNDS" --steps "$STEPS" --calibration-steps 3 \
+    "${EXTRA[@]}" "$@" > "$OUT/pp$P.log" 2>&1 || { echo "$P stages failed"; tail -40 "$OUT/pp$P.log"; }
+  grep -h "done in" "$OUT/pp$P.log" || true
+done
+$PY benchmarks/runtime_results.py "$OUT" --command "STAGES=\"$STAGES\" MS_2=$MS_2 MS_4=$MS_4 ROUNDS=$ROUNDS STEPS=$STEPS bash benchmarks/runtime_h200.sh" \
+  > "$OUT/runtime_h200.md"
+echo "$(date -u +%T) results: $OUT/runtime_h200.md"

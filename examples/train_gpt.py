@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from envpipe.runtime import config as envpipe_config
 from envpipe.runtime.engine import initialize
 from envpipe.runtime.runner import Runner, make_clock
+from envpipe.runtime.textreport import render
 
 
 class Embedding(torch.nn.Module):
@@ -197,6 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches per iteration (M)")
     p.add_argument("--steps", type=int, default=10, help="measured (steady) iterations")
     p.add_argument("--calibration-steps", type=int, default=2)
+    p.add_argument("--profile-points", type=int, default=4, help="clocks profiled online")
+    p.add_argument("--reconfigure-rounds", type=int, default=20, help="most reconfiguration rounds")
     p.add_argument("--tiny", action="store_true", help="a tiny model for CPU smoke runs")
     p.add_argument(
         "--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU"
@@ -211,7 +214,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tiny:
         args.layers, args.hidden, args.heads, args.seq, args.vocab, args.micro_batch = 4, 32, 2, 16, 128, 2
-    for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "microbatches", "steps"):
+    names = ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "microbatches", "steps")
+    for name in (*names, "profile_points", "reconfigure_rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
@@ -224,30 +228,47 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in (("plan", args.plan), ("clock", args.clock)) if v}
     overrides["report_dir"] = args.report_dir
     cfg = envpipe_config.parse({**_block(cfg), **overrides})
-    on_gpu = os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
+    on_gpu = uses_gpu()
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
-    stages = tdist.get_world_size()
-    dtype = args.dtype or ("bf16" if on_gpu else "fp32")
+    engine = build_engine(args, ds_config, args.engine)
+    data = tokens(args, engine.device)
+    samples = engine.train_batch_size()
+    if args.engine == "stock":
+        summary = run_stock(engine, data, args, samples)
+        if summary is not None:
+            print(json.dumps(summary, indent=1))
+        return
+    clock = make_clock(cfg, engine)
+    try:
+        runner = Runner(engine, cfg, clock, samples, args.profile_points, args.reconfigure_rounds)
+        summary = runner.train(data, args.steps, args.calibration_steps)
+    finally:
+        if clock is not None:
+            clock.close()  # back to default clocks
+    if summary is not None:
+        text = render(summary, args.report_dir)
+        (Path(args.report_dir) / "report.txt").write_text(text + "\n")
+        print(text)
+
+
+def uses_gpu() -> bool:
+    return os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
+
+
+def build_engine(args: argparse.Namespace, ds_config: dict, engine: str = "envpipe"):
+    """A pipeline engine over all ranks (one stage each): stock DeepSpeed's or the EnvPipe runtime's."""
+    ds_config = dict(ds_config)
+    dtype = args.dtype or ("bf16" if uses_gpu() else "fp32")
     ds_config.setdefault("train_micro_batch_size_per_gpu", args.micro_batch)
     ds_config.setdefault("gradient_accumulation_steps", args.microbatches)
     ds_config.setdefault("steps_per_print", 10**9)
     if dtype == "bf16":
         ds_config.setdefault("bf16", {"enabled": True})
     torch.manual_seed(1234)
-    model = pipeline(args, stages)
+    model = pipeline(args, tdist.get_world_size())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # a torch optimizer: no JIT-built ops
-    init = deepspeed.initialize if args.engine == "stock" else initialize
-    engine, *_ = init(model=model, optimizer=optimizer, config=ds_config)
-    data = tokens(args, engine.device)
-    samples = engine.train_batch_size()
-    if args.engine == "stock":
-        summary = run_stock(engine, data, args, samples)
-    else:
-        summary = Runner(engine, cfg, make_clock(cfg, engine), samples).train(
-            data, args.steps, args.calibration_steps
-        )
-    if summary is not None:
-        print(json.dumps({k: v for k, v in summary.items() if k not in ("orders",)}, indent=1))
+    init = deepspeed.initialize if engine == "stock" else initialize
+    return init(model=model, optimizer=optimizer, config=ds_config)[0]
 
 
 def _block(cfg: envpipe_config.EnvPipeConfig) -> dict:

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
 
 
-def _torchrun(args: list[str], env_extra: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+def _torchrun(
+    args: list[str], env_extra: dict[str, str], cwd: Path, size: tuple[str, ...] = ("--tiny",)
+) -> subprocess.CompletedProcess:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -32,7 +34,7 @@ def _torchrun(args: list[str], env_extra: dict[str, str], cwd: Path) -> subproce
         "--master-port",
         str(port),
         str(EXAMPLE),
-        "--tiny",
+        *size,
         *args,
     ]
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
@@ -135,28 +137,51 @@ def test_online_profile_needs_clock_control(tmp_path: Path) -> None:
     assert "profiling clocks needs clock control" in proc.stdout + proc.stderr
 
 
+# units of tens of milliseconds on CPU, so that simulated clocks and waits are larger than CPU noise
+SMALL = ("--layers", "2", "--hidden", "128", "--heads", "2", "--seq", "64", "--vocab", "512", "--micro-batch", "4")
+
+
 @pytest.mark.slow
-def test_online_profile_and_plan(tmp_path: Path) -> None:
+def test_online_profile_plan_reconfigure_and_predict(tmp_path: Path) -> None:
+    """All online phases on CPU with the sim clock: calibrate, profile, plan, reconfigure, steady."""
     pytest.importorskip("envpipe.plan.planner", reason="the planner (envpipe.plan) is merged separately")
     proc = _torchrun(
-        ["--microbatches", "8", "--steps", "2", "--calibration-steps", "1", "--report-dir", "rep"],
-        {"ENVPIPE_TYPE": "envelope", "ENVPIPE_SCHEDULING": "envpipe"},
+        ["--microbatches", "8", "--steps", "3", "--calibration-steps", "3", "--report-dir", "rep"],
+        {"ENVPIPE_TYPE": "envelope", "ENVPIPE_SCHEDULING": "envpipe", "ENVPIPE_RECONFIGURE": "balanced"},
         tmp_path,
+        SMALL,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    phases = [
-        json.loads(x)["phase"] for x in (tmp_path / "rep" / "iterations.rank0.jsonl").read_text().splitlines()
-    ]
-    assert phases[0] == "calibrate" and phases[-1] == "steady"
+    lines = [json.loads(x) for x in (tmp_path / "rep" / "iterations.rank0.jsonl").read_text().splitlines()]
+    phases = [x["phase"] for x in lines]
+    assert phases[:3] == ["calibrate"] * 3 and phases[-3:] == ["steady"] * 3
     assert [p for p in phases if p.startswith("profile@")] == [
         "profile@1410",
         "profile@1230",
         "profile@1035",
         "profile@855",
     ]
+    rounds = [x["round"] for x in lines if x["phase"] == "reconfigure"]
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    rec = summary["reconfiguration"]
+    assert rounds == list(range(rec["rounds"])) and rec["method"] == "balanced"
+    assert rec["stop_reason"] in ("critical path is the envelope", "every critical unit is at the highest clock")
+    assert rec["rounds"] == rec["raises"] + 1 or rec["rounds"] == 21  # one measured iteration per round
     assert summary["baseline_source"] == "planner prediction (simulated)"
-    assert (tmp_path / "rep" / "plan.json").exists()
+    assert summary["predicted_energy_j"] > 0 and -1 < summary["predicted_saving_vs_baseline"] < 1
+    plan = json.loads((tmp_path / "rep" / "plan.json").read_text())
+    assert [[u["freq_mhz"] for u in st] for st in plan["stages"]] == summary["clocks"]  # the raised plan
+    # envelope units stay at the top clock; the plan slows some others down
+    assert summary["clocks"][1] == [1410] * 16 and min(summary["clocks"][0]) < 1410
+    # the simulator, fed with the calibrated unit, transfer and tail times, predicts the measured time
+    # (CPU noise from other processes on a small machine: a loose bound)
+    assert abs(summary["predicted_error"]) < 0.5, summary["predicted_error"]
+    cal = summary["calibration"]
+    assert cal["transfer_s"] >= 0 and all(t > 0 for t in cal["tail_s"]) and all(f > 0 for f in cal["fwd_s"])
+    for stage in summary["unit_energy_per_stage"]:  # the simulated counter interpolated at unit boundaries
+        assert stage["energy"] == "simulated" and stage["F_j"] > 0 and stage["B_j"] > 0
+        assert stage["idle_w"] == pytest.approx(83.64, rel=0.05)
+    assert "reconfiguration (balanced, measured waits)" in (tmp_path / "rep" / "report.txt").read_text()
 
 
 def test_example_takes_the_local_rank_deepspeeds_launcher_adds() -> None:

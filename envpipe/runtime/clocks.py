@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, Protocol
 
+from envpipe.energy.meter import CounterTrace
 from envpipe.profile import FrequencyModel
 
 log = logging.getLogger(__name__)
@@ -51,21 +52,31 @@ class SimClock:
         self._busy_j = 0.0
         self._busy_s = 0.0
         self._t0 = time.perf_counter()
+        self.trace = CounterTrace()  # the exact simulated counter: knots at unit boundaries
+        self.trace.add(self._t0, 0.0)
 
     def set(self, mhz: int) -> None:
         self.mhz = self.model.nearest_clock(mhz)
         self.requested.append(mhz)
 
     def after_unit(self, seconds: float) -> None:
+        start = time.perf_counter() - seconds
+        at_start = self._energy_at(start)
         stretched = seconds * self.model.time_scale(self.mhz)
         if stretched > seconds:
             time.sleep(stretched - seconds)
         self._busy_s += stretched
         self._busy_j += stretched * self.model.busy_power(self.mhz)
+        if start >= (self.trace.last_time or start):
+            self.trace.add(start, at_start)
+        now = time.perf_counter()
+        self.trace.add(now, self._energy_at(now))
+
+    def _energy_at(self, t: float) -> float:
+        return self._busy_j + max(0.0, t - self._t0 - self._busy_s) * self.model.idle_power_w
 
     def energy_j(self) -> float:
-        idle_s = max(0.0, time.perf_counter() - self._t0 - self._busy_s)
-        return self._busy_j + idle_s * self.model.idle_power_w
+        return self._energy_at(time.perf_counter())
 
     def close(self) -> None:
         self.mhz = self.model.max_mhz

@@ -67,6 +67,8 @@ class EnvPipeEngine(PipelineEngine):
         self.units: list[UnitRecord] = []
         self._current_mhz: int | None = None
         self._timing = False
+        self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
+        self.iteration_end_s = 0.0  # when its schedule (sends and optimizer step included) ended
 
     def _direction_groups(self) -> tuple[Any, Any]:
         """Create (collectively, on every rank) a forward and a backward group per adjacent pair."""
@@ -125,14 +127,25 @@ class EnvPipeEngine(PipelineEngine):
             self._t0_event = self._event()
         super()._exec_schedule(pipe_schedule)
         self._wait_sends()  # every posted send is waited on and its tensor released each iteration
+        self.iteration_host_t0 = self._t0
+        self.iteration_end_s = time.perf_counter() - self._t0
         if self._gpu_units:  # resolve GPU unit times once per iteration, not per unit
-            torch.cuda.synchronize()
-            self.units = [
-                UnitRecord(
-                    k, m, self._t0_event.elapsed_time(a) / 1e3, self._t0_event.elapsed_time(b) / 1e3, mhz
-                )
-                for k, m, a, b, mhz in self._gpu_units
-            ]
+            self._resolve_gpu_units()
+
+    def _resolve_gpu_units(self) -> None:
+        """Unit times from CUDA events, and the host time of the iteration's first event.
+
+        One synchronize per iteration: an event recorded on the idle device completes at once, so
+        the host clock read right after it maps GPU time to host time (for the energy meter).
+        """
+        torch.cuda.synchronize()
+        end = self._event()
+        end.synchronize()
+        host_end = time.perf_counter()
+        ms = self._t0_event.elapsed_time
+        self.iteration_end_s = ms(end) / 1e3
+        self.iteration_host_t0 = host_end - self.iteration_end_s
+        self.units = [UnitRecord(k, m, ms(a) / 1e3, ms(b) / 1e3, mhz) for k, m, a, b, mhz in self._gpu_units]
 
     @property
     def _on_gpu(self) -> bool:

@@ -22,6 +22,7 @@ class RunPlan:
     clocks: list[list[int]] | None  # planned SM clock per unit, None: leave clocks alone
     predicted_time_s: float | None = None
     baseline: dict[str, float] | None = None  # predicted baseline time/energy from the planner
+    predicted_energy_j: float | None = None  # the planner's prediction for this plan (simulated)
 
 
 def load_plan(path: str | Path, num_stages: int, num_microbatches: int) -> RunPlan:

@@ -8,12 +8,15 @@ energy, clocks requested), `summary.json` and `gantt.png` (rank 0). Energy is la
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envpipe.runtime.engine import UnitRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -23,6 +26,7 @@ class StageReport:
     energies_j: list[float | None] = field(default_factory=list)
     peak_memory_bytes: int = 0
     units: list[UnitRecord] = field(default_factory=list)  # the last measured iteration
+    unit_energy_j: dict[str, Any] | None = None  # mean F/B unit energy, idle power (steady iterations)
 
 
 class Reporter:
@@ -45,6 +49,7 @@ class Reporter:
         clocks_requested: list[int],
         units: list[UnitRecord],
         loss: float | None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         line = {
             "iteration": index,
@@ -55,6 +60,7 @@ class Reporter:
             "energy": self.energy_label,
             "clocks_requested_mhz": clocks_requested,
             "loss": loss,
+            **(extra or {}),
         }
         self._lines.write(json.dumps(line) + "\n")
         self._lines.flush()
@@ -88,6 +94,7 @@ def summarize(
         "energy_per_iteration_j": sum(energies) if energies is not None else None,
         "energy_per_gpu_j": energies,
         "peak_memory_bytes_per_stage": [s.peak_memory_bytes for s in stages],
+        "unit_energy_per_stage": [s.unit_energy_j for s in stages],
         "predicted_iteration_time_s": predicted_time_s,
         "predicted_error": (t - predicted_time_s) / predicted_time_s if predicted_time_s else None,
     }
@@ -141,4 +148,7 @@ def write_summary(
         )
         + "\n"
     )
-    gantt(stages, out / "gantt.png", title)
+    try:
+        gantt(stages, out / "gantt.png", title)
+    except ImportError as exc:  # matplotlib is optional where only numbers are wanted
+        log.warning("no Gantt picture (%s)", exc)

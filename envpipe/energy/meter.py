@@ -1,0 +1,166 @@
+"""A cumulative energy counter as a function of host time, and meters that fill it.
+
+`CounterTrace` keeps (host time, joules) knots and interpolates linearly between them, so the energy
+of any interval (a pipeline unit) is ``at(end) - at(start)``.
+
+- `PolledMeter`: a background thread reads a real cumulative counter (NVML's
+  ``nvmlDeviceGetTotalEnergyConsumption``, mJ) every ``period_s``. The counter advances in steps (the
+  driver updates it every few to tens of milliseconds), so only the first sample of each new value is
+  kept, stamped with the host time it was first seen: the knots are the update moments and the
+  interpolation spreads each update's energy over the time since the previous one. An interval is
+  answerable once a knot at or after its end exists (``wait_until``).
+- `SimMeter`: the exact counter of the simulated GPU (`envpipe.runtime.clocks.SimClock`), whose
+  knots are unit boundaries; energy is **simulated**.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class CounterTrace:
+    """Knots (host time from ``time.perf_counter``, cumulative joules), times non-decreasing."""
+
+    def __init__(self) -> None:
+        self._t: list[float] = []
+        self._j: list[float] = []
+        self._lock = threading.Lock()
+
+    def add(self, t: float, joules: float) -> None:
+        with self._lock:
+            if self._t and t < self._t[-1]:
+                raise ValueError("counter knots must come in time order")
+            self._t.append(t)
+            self._j.append(joules)
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    @property
+    def last_time(self) -> float | None:
+        with self._lock:
+            return self._t[-1] if self._t else None
+
+    def at(self, times: float | np.ndarray) -> np.ndarray:
+        """Interpolated cumulative energy at host time(s); outside the knots the end values hold."""
+        with self._lock:
+            if not self._t:
+                raise ValueError("the energy counter has no samples yet")
+            t, j = np.asarray(self._t), np.asarray(self._j)
+        return np.interp(np.asarray(times, float), t, j)
+
+    def between(self, start: np.ndarray | float, end: np.ndarray | float) -> np.ndarray:
+        """Energy (J) of each interval [start, end]."""
+        return self.at(end) - self.at(start)
+
+    def trim(self, before: float) -> None:
+        """Forget knots older than ``before`` (keeping the last one before it, to interpolate from)."""
+        with self._lock:
+            keep = max(0, int(np.searchsorted(np.asarray(self._t), before, side="right")) - 1)
+            del self._t[:keep], self._j[:keep]
+
+    def update_intervals(self) -> np.ndarray:
+        """Seconds between consecutive knots (the counter's update period for a polled counter)."""
+        with self._lock:
+            return np.diff(np.asarray(self._t))
+
+
+class EnergyMeter(Protocol):
+    label: str  # "measured" or "simulated"
+    trace: CounterTrace
+
+    def wait_until(self, t: float, timeout_s: float = 2.0) -> bool:
+        """Block until the trace covers host time ``t``; False on timeout."""
+
+    def close(self) -> None: ...
+
+
+class PolledMeter:
+    """Samples ``read_j()`` (a cumulative counter in joules) in a background thread."""
+
+    label = "measured"
+
+    def __init__(
+        self, read_j: Callable[[], float], period_s: float = 0.002, on_close: Callable[[], None] | None = None
+    ) -> None:
+        if period_s <= 0:
+            raise ValueError("the polling period must be positive")
+        self._read, self.period_s, self._on_close = read_j, period_s, on_close
+        self.trace = CounterTrace()
+        self._last: float | None = None
+        self._stop = threading.Event()
+        self._new = threading.Condition()
+        self.error: Exception | None = None
+        self._sample()  # the first knot, and a clear error now if the counter cannot be read
+        self._thread = threading.Thread(target=self._run, name="envpipe-energy", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        value = float(self._read())
+        now = time.perf_counter()
+        if value != self._last:
+            self.trace.add(now, value)
+            self._last = value
+            with self._new:
+                self._new.notify_all()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self._sample()
+            except Exception as exc:  # a failing counter ends metering, never training
+                self.error = exc
+                with self._new:
+                    self._new.notify_all()
+                return
+
+    def wait_until(self, t: float, timeout_s: float = 2.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._new:
+            while (self.trace.last_time or -np.inf) < t and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._new.wait(left)
+        return self.error is None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+
+
+class SimMeter:
+    """The simulated GPU's exact counter (knots at unit boundaries, idle power in between)."""
+
+    label = "simulated"
+
+    def __init__(self, trace: CounterTrace, now_j: Callable[[], float]) -> None:
+        self.trace = trace
+        self._now_j = now_j
+
+    def wait_until(self, t: float, timeout_s: float = 2.0) -> bool:
+        if (self.trace.last_time or -np.inf) < t:  # idle since the last unit: close the trace now
+            self.trace.add(time.perf_counter(), self._now_j())
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+def nvml_reader(device_index: int, nvml: Any = None) -> tuple[Callable[[], float], Callable[[], None]]:
+    """(read joules, shutdown) for one GPU's NVML energy counter (read-only; ``nvml`` defaults to pynvml)."""
+    if nvml is None:
+        import pynvml
+
+        nvml = pynvml
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+    return (lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0), nvml.nvmlShutdown
