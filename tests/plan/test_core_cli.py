@@ -114,3 +114,16 @@ def test_simulate_with_tail_times(tmp_path):
 def test_simulate_refuses_bad_tail_times(tmp_path, value, message):
     res = baseline_plan_and_simulate(tmp_path)[1]("--tail-time", value)
     assert res.exit_code != 0 and message in res.output
+
+
+def test_plan_with_tail_time(tmp_path):
+    profile = str(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
+    base = ["plan", "--profile", profile, "-m", "8", "--policy", "baseline", "--gpu", "a100"]
+    plain = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "a.json")])
+    tailed = CliRunner().invoke(main, [*base, "--tail-time", "0.5", "--out", str(tmp_path / "b.json")])
+    assert plain.exit_code == 0 and tailed.exit_code == 0, tailed.output
+    t0 = json.loads((tmp_path / "a.json").read_text())["predicted"]["iteration_time_s"]
+    t1 = json.loads((tmp_path / "b.json").read_text())["predicted"]["iteration_time_s"]
+    assert t1 == pytest.approx(t0 + 0.5)
+    res = CliRunner().invoke(main, [*base, "--policy", "optimal", "--tail-time", "0.5"])
+    assert res.exit_code != 0 and "not supported with --policy optimal" in res.output
