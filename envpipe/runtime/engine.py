@@ -28,6 +28,7 @@ from envpipe.runtime.schedule import (
     ISendActivation,
     ISendGrad,
     SetClock,
+    TailMark,
     Unit,
     UnitEnd,
     UnitOrderSchedule,
@@ -43,6 +44,23 @@ class UnitRecord:
     start_s: float  # from the start of the iteration
     end_s: float
     mhz: int | None
+
+
+@dataclass
+class TailRecord:
+    """The iteration's tail on this rank, in seconds from the iteration start."""
+
+    start_s: float
+    reduced_s: float  # ReduceTiedGrads + ReduceGrads done: the data-parallel gradient all-reduce
+    stepped_s: float  # OptimizerStep done (ZeRO-1: includes the all-gather of the updated partitions)
+
+    @property
+    def allreduce_s(self) -> float:
+        return self.reduced_s - self.start_s
+
+    @property
+    def tail_s(self) -> float:
+        return self.stepped_s - self.start_s
 
 
 class EnvPipeEngine(PipelineEngine):
@@ -65,6 +83,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_clocks: list[list[int]] | None = None
         self.clock: Clock | None = None
         self.units: list[UnitRecord] = []
+        self.tail: TailRecord | None = None  # the last timed iteration's tail
         self._current_mhz: int | None = None
         self._timing = False
 
@@ -120,6 +139,7 @@ class EnvPipeEngine(PipelineEngine):
     def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
         self.units = []
         self._gpu_units: list[tuple[str, int, Any, Any, int | None]] = []
+        self._tail_marks: dict[str, Any] = {}
         self._t0 = time.perf_counter()
         if self._on_gpu:
             self._t0_event = self._event()
@@ -133,6 +153,10 @@ class EnvPipeEngine(PipelineEngine):
                 )
                 for k, m, a, b, mhz in self._gpu_units
             ]
+            if self._tail_marks:
+                self._tail_marks = {k: self._t0_event.elapsed_time(e) / 1e3 for k, e in self._tail_marks.items()}
+        if self._tail_marks:
+            self.tail = TailRecord(*(self._tail_marks[k] for k in ("start", "reduced", "stepped")))
 
     @property
     def _on_gpu(self) -> bool:
@@ -241,6 +265,9 @@ class EnvPipeEngine(PipelineEngine):
             end = time.perf_counter()
         self.units.append(UnitRecord(kind, mb, self._unit_t - self._t0, end - self._t0, self._current_mhz))
 
+    def _exec_tail_mark(self, at: str) -> None:
+        self._tail_marks[at] = self._event() if self._on_gpu else time.perf_counter() - self._t0
+
     _INSTRUCTION_MAP: ClassVar[dict[type, Any]] = {
         **PipelineEngine._INSTRUCTION_MAP,
         ds.SendActivation: _exec_isend_activations,
@@ -252,6 +279,7 @@ class EnvPipeEngine(PipelineEngine):
         SetClock: _exec_set_clock,
         UnitStart: _exec_unit_start,
         UnitEnd: _exec_unit_end,
+        TailMark: _exec_tail_mark,
     }
 
 

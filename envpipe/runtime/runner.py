@@ -19,9 +19,11 @@ import torch.distributed as tdist
 
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
+from envpipe.runtime import replicas
 from envpipe.runtime.clocks import Clock, SimClock, gpu_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.engine import EnvPipeEngine
+from envpipe.runtime.jobreport import RankRecord, job_summary
 from envpipe.runtime.plans import RunPlan, builtin_plan, load_plan
 from envpipe.runtime.report import Reporter, summarize, write_summary
 from envpipe.runtime.schedule import simulate_orders
@@ -37,7 +39,7 @@ def make_clock(cfg: EnvPipeConfig, engine: EnvPipeEngine) -> Clock | None:
             raise ValueError(
                 "envpipe.clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs"
             )
-        return SimClock()
+        return SimClock(slowdown=replicas.sim_slowdown(engine.grid.get_data_parallel_id()))
     if kind == "daemon":
         if not on_gpu:
             raise ValueError("envpipe.clock 'daemon' needs a GPU; use 'sim' or 'auto' on CPU")
@@ -73,6 +75,13 @@ class Runner:
         self._iteration = 0
         self.profile_points = profile_points
         self.idle_power_w: float | None = None
+        self.place = replicas.place(engine)
+        self.tails_s = [0.0] * engine.num_stages  # measured per-stage tail, used in predictions
+        self.straggler: int | None = None  # a replica found straggling in calibration
+        self.fast_profile: Profile | None = None  # the other replicas' profile when there is a straggler
+        self.relaxed: dict[str, Any] | None = None  # what the straggler rule did (for the report)
+        self._entries: list[replicas.Entry] = []
+        self._dp_log: list[tuple[float, float, float]] = []  # steady: (pipeline end, all-reduce, tail)
 
     def _step(self, data_iter: Iterator[Any], phase: str) -> tuple[float, float | None]:
         seen = len(_requested(self.clock))
@@ -89,14 +98,16 @@ class Runner:
             self._iteration, phase, t, energy, _requested(self.clock)[seen:], self.engine.units, value
         )
         self._iteration += 1
+        if phase == "steady":
+            tail = self.engine.tail
+            end = max((u.end_s for u in self.engine.units), default=0.0)
+            self._dp_log.append((end, tail.allreduce_s, tail.tail_s) if tail else (end, 0.0, 0.0))
         return t, energy
 
-    def _gather_stages(self, mine: dict[str, float]) -> list[dict[str, float]]:
-        """This rank's numbers from every stage, in stage order (any data-parallel replica will do)."""
-        everyone: list[Any] = [None] * tdist.get_world_size()
-        tdist.all_gather_object(everyone, (self.engine.stage_id, mine))
-        per_stage = dict(everyone)
-        return [per_stage[s] for s in range(self.engine.num_stages)]
+    def _gather_stages(self, mine: dict[str, float], exclude: tuple[int, ...] = ()) -> list[dict[str, float]]:
+        """Every rank's numbers; per stage those of its slowest replica (envpipe.runtime.replicas)."""
+        self._entries = replicas.gather((self.place, mine))
+        return replicas.slowest_per_stage(self._entries, self.engine.num_stages, exclude)
 
     def _unit_stats(self, t: float, energy: float | None, idle_w: float) -> dict[str, float]:
         """Mean F/B time of the last iteration and, from the energy counter, F/B energy.
@@ -109,6 +120,12 @@ class Runner:
         busy = sum(u.end_s - u.start_s for u in units)
         busy_w = ((energy or 0.0) - idle_w * max(0.0, t - busy)) / busy
         stats.update(F_j=stats["F"] * busy_w, B_j=stats["B"] * busy_w)
+        tail = self.engine.tail
+        stats.update(
+            pipeline_s=max(u.end_s for u in units),
+            allreduce_s=tail.allreduce_s if tail else 0.0,
+            tail_s=tail.tail_s if tail else 0.0,
+        )
         return stats
 
     def _idle_power(self) -> float:
@@ -130,29 +147,50 @@ class Runner:
         idle_w = self._idle_power()
         P, M = self.engine.num_stages, self.engine.micro_batches
         orders = one_f_one_b(P, M)
-        rows = []
+        rows, fast_rows = [], []
+        others = () if self.straggler is None else (self.straggler,)
         for mhz in clocks:
             self.engine.set_unit_orders(orders, [[mhz] * len(o) for o in orders], self.clock, timing=True)
             t, energy = self._step(data_iter, f"profile@{mhz}")
             rows.append(self._gather_stages(self._unit_stats(t, energy, idle_w)))
+            if others:
+                fast_rows.append(replicas.slowest_per_stage(self._entries, P, others))
         self.idle_power_w = idle_w
-
-        def table(key: str) -> np.ndarray:
-            return np.array([[rows[k][s][key] for k in range(len(clocks))] for s in range(P)])
-
-        return Profile(np.array(clocks), table("F"), table("B"), table("F_j"), table("B_j"), source="online")
+        if fast_rows:
+            self.fast_profile = _profile_of(clocks, fast_rows, "online (replicas waiting for the straggler)")
+        return _profile_of(clocks, rows, "online")
 
     def plan(self, data_iter: Iterator[Any], fwd_s: list[float], bwd_s: list[float]) -> RunPlan:
-        """A plan file; EnvPipe's own rule for 'baseline'; else profile (or a profile file) and plan."""
+        """Profile where needed (every rank), decide on rank 0, broadcast: this replica's plan.
+
+        The decision is a plan file; EnvPipe's own rule for 'baseline'; else the planner on the profile
+        (online or a file). Every replica of a stage gets the same plan, except that with
+        `straggler: frontier` the replicas waiting for a straggler get the straggler rule's plan.
+        """
+        profile = None
+        if not self.cfg.plan and not (self.cfg.type == "baseline" and not self.cfg.profile):
+            profile = load_profile(self.cfg.profile) if self.cfg.profile else self.profile(data_iter)
+        decided: Any = None
+        if tdist.get_rank() == 0:
+            try:
+                decided = self._decide(profile, fwd_s, bwd_s)
+            except Exception as exc:  # every rank raises it, none waits for a plan that never comes
+                decided = replicas.portable(exc)
+        plans, self.relaxed = replicas.agree(decided)
+        return plans.get(self.place.replica, plans[-1])
+
+    def _decide(
+        self, profile: Profile | None, fwd_s: list[float], bwd_s: list[float]
+    ) -> tuple[dict[int, RunPlan], dict[str, Any] | None]:
+        """{replica or -1 for all: plan}, and the straggler rule's note (rank 0 only)."""
         P, M = self.engine.num_stages, self.engine.micro_batches
         if self.cfg.plan:
-            return load_plan(self.cfg.plan, P, M)
-        if self.cfg.type == "baseline" and not self.cfg.profile:
+            return {-1: load_plan(self.cfg.plan, P, M)}, None
+        if profile is None:
             plan = builtin_plan(self.cfg.scheduling, P, M, fwd_s, bwd_s)
             times = simulate_orders(plan.orders, lambda s, k: fwd_s[s] if k == "F" else bwd_s[s])
-            plan.predicted_time_s = max(end for st in times for _, end in st)
-            return plan
-        profile = load_profile(self.cfg.profile) if self.cfg.profile else self.profile(data_iter)
+            plan.predicted_time_s = max(st[-1][1] + tail for st, tail in zip(times, self.tails_s, strict=True))
+            return {-1: plan}, None
         if profile.num_stages != P:
             raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {P}")
         from envpipe.plan.planner import make_plan  # the planner is only needed for this phase
@@ -166,11 +204,11 @@ class Runner:
             reconfig=self.cfg.reconfig,
             idle_power_w=idle_w,
             gpu=self.cfg.gpu or "all",
+            tail_s=self.tails_s,
         )
-        if tdist.get_rank() == 0:
-            result.plan.save(Path(self.cfg.report_dir) / "plan.json")
+        result.plan.save(Path(self.cfg.report_dir) / "plan.json")
         pred = result.plan.predicted
-        return RunPlan(
+        agreed = RunPlan(
             result.plan.orders(),
             [[u.freq_mhz for u in units] for units in result.plan.stages],
             pred.get("iteration_time_s"),
@@ -178,6 +216,27 @@ class Runner:
             if "baseline_time_s" in pred and "baseline_energy_j" in pred
             else None,
         )
+        plans = {-1: agreed}
+        if self.straggler is None or self.cfg.straggler != "frontier":
+            return plans, None
+        from envpipe.runtime.straggler import relaxed_plan
+
+        relaxed = relaxed_plan(
+            self.fast_profile or profile,
+            M,
+            self.cfg.scheduling,
+            idle_w,
+            self.tails_s,
+            agreed.predicted_time_s or 0.0,
+            self.straggler,
+        )
+        if relaxed is None:
+            return plans, {"straggler_replica": self.straggler, "applied": False,
+                           "reason": "no frontier plan of the other replicas fits the straggler's time"}
+        for d in range(self.engine.grid.get_data_parallel_world_size()):
+            if d != self.straggler:
+                plans[d] = relaxed.plan
+        return plans, {**relaxed.note, "applied": True}
 
     def train(
         self, data_iter: Iterator[Any], steps: int, calibration_steps: int = 2
@@ -190,6 +249,10 @@ class Runner:
         for _ in range(max(1, calibration_steps)):
             last = self._step(data_iter, "calibrate")
         stages = self._gather_stages(self._unit_stats(last[0], last[1], 0.0))
+        self.tails_s = replicas.stage_tails(self._entries, engine.num_stages)
+        self.straggler = replicas.find_straggler(
+            replicas.replica_times(self._entries), self.cfg.straggler_threshold
+        )
         plan = self.plan(data_iter, [st["F"] for st in stages], [st["B"] for st in stages])
         engine.set_unit_orders(plan.orders, plan.clocks, self.clock, timing=True)
         if engine.device.type == "cuda":
@@ -203,14 +266,20 @@ class Runner:
             if engine.device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         )
-        everyone: list[Any] = [None] * tdist.get_world_size()
-        tdist.all_gather_object(everyone, stage)
+        pipes, reduces, tails = (list(x) for x in zip(*self._dp_log, strict=True)) if self._dp_log else ([], [], [])
+        digest = replicas.plan_digest(plan.orders, plan.clocks, engine.stage_id)
+        everyone = replicas.gather(RankRecord(self.place, stage, digest, pipes, reduces, tails))
         if tdist.get_rank() != 0:
             return None
-        reports = sorted({s.stage: s for s in everyone}.values(), key=lambda s: s.stage)
-        summary = summarize(
-            reports, self.samples, self.reporter.energy_label, plan.predicted_time_s, plan.baseline
+        records = sorted(everyone, key=lambda r: (r.place.replica, r.place.stage))
+        reports = [r.report for r in records]  # every GPU of every replica: job-wide energy
+        dp = len({r.place.replica for r in records})
+        baseline = {**plan.baseline, "energy_j": plan.baseline["energy_j"] * dp} if plan.baseline else None
+        summary = summarize(reports, self.samples, self.reporter.energy_label, plan.predicted_time_s, baseline)
+        summary["job"] = job_summary(
+            records, self.reporter.energy_label, self.tails_s, self.cfg.straggler_threshold
         )
+        summary["job"]["straggler_rule"] = self.relaxed
         summary.update(
             type=self.cfg.type,
             scheduling=self.cfg.scheduling,
@@ -223,7 +292,16 @@ class Runner:
         write_summary(
             self.cfg.report_dir,
             summary,
-            reports,
+            [r.report for r in records if r.place.replica == 0],
             f"{self.cfg.scheduling} / {self.cfg.type}: measured units, energy {summary['energy']}",
         )
         return summary
+
+
+def _profile_of(clocks: list[int], rows: list[list[dict[str, float]]], source: str) -> Profile:
+    """A Profile from per-clock, per-stage unit numbers."""
+
+    def table(key: str) -> np.ndarray:
+        return np.array([[rows[k][s][key] for k in range(len(clocks))] for s in range(len(rows[0]))])
+
+    return Profile(np.array(clocks), table("F"), table("B"), table("F_j"), table("B_j"), source=source)

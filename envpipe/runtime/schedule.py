@@ -39,6 +39,10 @@ class UnitEnd(ds.PipeInstruction):
     """Marks the end of a forward/backward unit."""
 
 
+class TailMark(ds.PipeInstruction):
+    """Marks a point of the iteration's tail: "start", "reduced" (gradient all-reduce done), "stepped"."""
+
+
 def max_in_flight(order: Sequence[Unit]) -> int:
     """Most forwards whose backward has not run yet: the pipe buffers a stage needs."""
     live = peak = 0
@@ -164,4 +168,8 @@ class UnitOrderSchedule(ds.PipeSchedule):
                 current = self.clocks[i]
                 cmds.append(SetClock(mhz=current))
             yield cmds + self._unit_cmds(kind, mb)
-        yield [ds.ReduceTiedGrads(), ds.ReduceGrads(), ds.OptimizerStep()]
+        reduce: list[ds.PipeInstruction] = [ds.ReduceTiedGrads(), ds.ReduceGrads()]
+        if self.timed:  # the tail: data-parallel gradient all-reduce, then the optimizer step
+            yield [TailMark(at="start"), *reduce, TailMark(at="reduced"), ds.OptimizerStep(), TailMark(at="stepped")]
+        else:
+            yield [*reduce, ds.OptimizerStep()]

@@ -1,0 +1,201 @@
+"""Data x pipeline parallelism: DP2 x PP2 real DeepSpeed processes (gloo, CPU), ZeRO-1, the runtime's
+replica handling (slowest per stage, one broadcast plan, all-reduce in the iteration, job-wide report,
+stragglers), and the shape and setting errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
+from envpipe.runtime import replicas
+from envpipe.runtime.config import EnvPipeConfigError, parse
+from envpipe.runtime.jobreport import RankRecord, job_summary
+from envpipe.runtime.report import StageReport
+from tests.test_runtime_pipeline import _orders, run_pipeline
+
+M = 4
+
+
+def assert_same_math(results: list[dict], name: str, reference: str) -> None:
+    """Losses and every rank's parameters of run `name` equal those of run `reference`."""
+    for rank in results:
+        assert rank[name]["losses"] == pytest.approx(rank[reference]["losses"], rel=1e-6, abs=1e-7), name
+        for pname, values in rank[reference]["params"].items():
+            assert rank[name]["params"][pname] == pytest.approx(values, rel=1e-5, abs=1e-6), (name, pname)
+
+
+def iterations(report_dir: Path, rank: int) -> list[dict]:
+    return [json.loads(x) for x in (report_dir / f"iterations.rank{rank}.jsonl").read_text().splitlines()]
+
+
+def check_dp_report(report_dir: Path, world: int, nodes: int) -> dict:
+    """The job-wide parts every DP2 x PP2 runtime report must have; returns the summary."""
+    summary = json.loads((report_dir / "summary.json").read_text())
+    job = summary["job"]
+    assert (job["data_parallel"], job["gpus"], job["nodes"]) == (2, world, nodes)
+    assert len(summary["energy_per_gpu_j"]) == world  # every GPU of every replica
+    assert summary["energy_per_iteration_j"] == pytest.approx(sum(summary["energy_per_gpu_j"]))
+    per_node = [n["energy_per_iteration_j"] for n in job["energy_per_node_j"]]
+    assert sum(per_node) == pytest.approx(summary["energy_per_iteration_j"])
+    assert sorted(r for n in job["energy_per_node_j"] for r in n["ranks"]) == list(range(world))
+    for stage in job["allreduce"]:  # measured in every rank's iteration, simulated in the prediction
+        assert all(t > 0 for t in stage["measured_allreduce_s"]) and stage["simulated_tail_s"] > 0
+    assert summary["predicted_iteration_time_s"] > max(s["simulated_tail_s"] for s in job["allreduce"])
+    assert [r["replica"] for r in job["replicas"]] == [0, 1]
+    return summary
+
+
+@pytest.mark.slow
+def test_dp2_pp2_same_math_as_stock_with_and_without_zero1(tmp_path: Path) -> None:
+    steps = 3
+    runs = [
+        {"name": "stock", "engine": "stock", "M": M, "steps": steps},
+        {"name": "1f1b", "engine": "envpipe", "M": M, "steps": steps, "orders": _orders(one_f_one_b(2, M))},
+        {"name": "envpipe", "engine": "envpipe", "M": M, "steps": steps,
+         "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
+        {"name": "stock_zero1", "engine": "stock", "M": M, "steps": steps, "zero": 1},
+        {"name": "envpipe_zero1", "engine": "envpipe", "M": M, "steps": steps, "zero": 1,
+         "orders": _orders(envpipe_schedule(2, M, [2, 0]))},
+        {"name": "runtime", "engine": "runtime", "M": M, "steps": steps - 1, "calibration": 1, "zero": 1,
+         "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
+    ]
+    results = run_pipeline(2, runs, tmp_path, world=4)
+    assert results[0]["stock_zero1"]["losses"][0] != results[0]["stock_zero1"]["losses"][-1]  # it trains
+    for name in ("1f1b", "envpipe"):
+        assert_same_math(results, name, "stock")
+    for name in ("envpipe_zero1", "runtime"):
+        assert_same_math(results, name, "stock_zero1")
+    assert_same_math(results, "stock_zero1", "stock")  # ZeRO-1 itself changes nothing but memory
+    summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
+    assert summary["job"]["plans_identical_across_replicas"] and summary["job"]["straggler_replica"] is None
+    assert summary["orders"][1] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]  # the last stage's
+    for rank in range(4):
+        steady = [x for x in iterations(tmp_path / "runtime", rank) if x["phase"] == "steady"]
+        assert len(steady) == steps - 1
+
+
+@pytest.mark.slow
+def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("scipy", reason="the optimal planner's frontier needs scipy")
+    monkeypatch.setenv(replicas.SLOW_REPLICA_ENV, "1:4")  # replica 1's sim clock runs 4x slower
+    block = {"type": "envelope", "scheduling": "1f1b", "clock": "sim", "straggler": "frontier",
+             "straggler_threshold": 0.5}
+    runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1, "envpipe": block}]
+    run_pipeline(2, runs, tmp_path, world=4)
+    summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
+    job = summary["job"]
+    assert job["straggler_replica"] == 1
+    assert [r["straggler"] for r in job["replicas"]] == [False, True]
+    rule = job["straggler_rule"]
+    assert rule["applied"] and rule["straggler_replica"] == 1 and rule["numbers"] == "simulated"
+    assert rule["predicted_time_s"] <= rule["straggler_predicted_time_s"]
+    assert rule["predicted_energy_per_replica_j"] < rule["fastest_frontier_energy_per_replica_j"]
+    assert not job["plans_identical_across_replicas"]  # replica 0 runs the straggler rule's plan
+    # replica 0 (ranks 0, 2) asks for lower clocks than the straggler (ranks 1, 3) on the same stage
+    for fast, slow in ((0, 1), (2, 3)):
+        f = [c for x in iterations(tmp_path / "runtime", fast) if x["phase"] == "steady"
+             for c in x["clocks_requested_mhz"]]
+        s = [c for x in iterations(tmp_path / "runtime", slow) if x["phase"] == "steady"
+             for c in x["clocks_requested_mhz"]]
+        assert f and s and min(f) <= min(s)
+
+
+@pytest.mark.slow
+def test_plan_broadcast_gives_every_replica_the_same_clocks(tmp_path: Path) -> None:
+    block = {"type": "envelope", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}
+    runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1, "envpipe": block}]
+    run_pipeline(2, runs, tmp_path, world=4)
+    summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
+    assert summary["job"]["plans_identical_across_replicas"]
+    digests = summary["job"]["plan_digest_per_rank"]
+    for a, b in ((0, 1), (2, 3)):  # replicas 0 and 1 of stage 0, then of stage 1 (DeepSpeed's grid)
+        assert digests[str(a)] == digests[str(b)]
+        ca = [x["clocks_requested_mhz"] for x in iterations(tmp_path / "runtime", a) if x["phase"] == "steady"]
+        cb = [x["clocks_requested_mhz"] for x in iterations(tmp_path / "runtime", b) if x["phase"] == "steady"]
+        assert ca == cb and ca[0]
+
+
+@pytest.mark.parametrize(
+    ("world", "stages", "message"),
+    [(4, 3, "3 pipeline stages do not divide the 4 processes"), (2, 4, "4 pipeline stages do not divide"),
+     (4, 0, "positive integer"), (4, True, "positive integer")],
+)
+def test_bad_shapes(world: int, stages: int, message: str) -> None:
+    with pytest.raises(replicas.ReplicaError, match=message):
+        replicas.pipeline_shape(world, stages)
+
+
+def test_shapes() -> None:
+    assert replicas.pipeline_shape(4, None) == (4, 1)
+    assert replicas.pipeline_shape(4, 2) == (2, 2)
+    assert replicas.pipeline_shape(16, 8) == (8, 2)
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [({"pipeline_stages": 0}, "'envpipe.pipeline_stages' must be a positive integer"),
+     ({"pipeline_stages": "2"}, "positive integer"),
+     ({"straggler": "wait"}, "choose one of report, frontier"),
+     ({"straggler_threshold": -1}, "positive number"),
+     ({"straggler_threshold": True}, "positive number")],
+)
+def test_bad_dp_settings(block: dict, message: str) -> None:
+    with pytest.raises(EnvPipeConfigError, match=message):
+        parse(block, {})
+
+
+def test_slow_replica_setting() -> None:
+    assert replicas.sim_slowdown(1, {replicas.SLOW_REPLICA_ENV: "1:2.5"}) == 2.5
+    assert replicas.sim_slowdown(0, {replicas.SLOW_REPLICA_ENV: "1:2.5"}) == 1.0
+    assert replicas.sim_slowdown(0, {}) == 1.0
+    for bad in ("1", "x:2", "1:0.5"):
+        with pytest.raises(replicas.ReplicaError, match=replicas.SLOW_REPLICA_ENV):
+            replicas.sim_slowdown(0, {replicas.SLOW_REPLICA_ENV: bad})
+
+
+def _place(rank: int, stage: int, replica: int, node: int = 0) -> replicas.Place:
+    return replicas.Place(rank, stage, replica, "host", node)
+
+
+def test_slowest_replica_per_stage_and_shortest_tail() -> None:
+    def stats(f: float, b: float, tail: float, end: float) -> dict[str, float]:
+        return {"F": f, "B": b, "F_j": f, "B_j": b, "tail_s": tail, "pipeline_s": end}
+
+    entries = [
+        (_place(0, 0, 0), stats(1.0, 2.0, 0.5, 10.0)),
+        (_place(1, 0, 1), stats(1.5, 2.5, 0.1, 14.0)),
+        (_place(2, 1, 0), stats(2.0, 2.0, 0.4, 11.0)),
+        (_place(3, 1, 1), stats(1.0, 1.0, 0.3, 13.0)),
+    ]
+    per_stage = replicas.slowest_per_stage(entries, 2)
+    assert [s["F"] for s in per_stage] == [1.5, 2.0]
+    assert [s["F"] for s in replicas.slowest_per_stage(entries, 2, exclude=(1,))] == [1.0, 2.0]
+    assert replicas.stage_tails(entries, 2) == [0.1, 0.3]
+    assert replicas.replica_times(entries) == {0: 11.0, 1: 14.0}
+    assert replicas.find_straggler({0: 11.0, 1: 14.0}) == 1
+    assert replicas.find_straggler({0: 11.0, 1: 11.2}) is None
+    assert replicas.find_straggler({0: 11.0}) is None
+    with pytest.raises(replicas.ReplicaError, match=r"no measurements from stage\(s\) \[2\]"):
+        replicas.slowest_per_stage(entries, 3)
+
+
+def test_job_summary_sums_every_gpu_of_every_node() -> None:
+    def record(rank: int, stage: int, replica: int, node: int, joules: float, end: float) -> RankRecord:
+        report = StageReport(stage, [1.0, 1.2], [joules, joules])
+        return RankRecord(_place(rank, stage, replica, node), report, f"d{stage}", [end, end], [0.1, 0.1],
+                          [0.2, 0.2])
+
+    records = [record(0, 0, 0, 0, 10.0, 0.8), record(1, 0, 1, 0, 11.0, 0.8),
+               record(2, 1, 0, 2, 12.0, 0.8), record(3, 1, 1, 2, 13.0, 1.0)]
+    job = job_summary(records, "measured", [0.15, 0.25], 0.05)
+    assert [n["energy_per_iteration_j"] for n in job["energy_per_node_j"]] == [21.0, 25.0]
+    assert [n["ranks"] for n in job["energy_per_node_j"]] == [[0, 1], [2, 3]]
+    assert [r["energy_per_iteration_j"] for r in job["replicas"]] == [22.0, 24.0]
+    assert job["straggler_replica"] == 1 and job["plans_identical_across_replicas"]
+    assert job["allreduce"][1] == {"stage": 1, "measured_allreduce_s": [0.1, 0.1], "measured_tail_s": [0.2, 0.2],
+                                   "simulated_tail_s": 0.25}
