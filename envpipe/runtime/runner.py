@@ -147,17 +147,22 @@ class Runner:
         idle_w = self._idle_power()
         P, M = self.engine.num_stages, self.engine.micro_batches
         orders = one_f_one_b(P, M)
-        rows, fast_rows = [], []
-        others = () if self.straggler is None else (self.straggler,)
+        rows, per_clock = [], []
         for mhz in clocks:
             self.engine.set_unit_orders(orders, [[mhz] * len(o) for o in orders], self.clock, timing=True)
             t, energy = self._step(data_iter, f"profile@{mhz}")
             rows.append(self._gather_stages(self._unit_stats(t, energy, idle_w)))
-            if others:
-                fast_rows.append(replicas.slowest_per_stage(self._entries, P, others))
+            per_clock.append(self._entries)
         self.idle_power_w = idle_w
-        if fast_rows:
-            self.fast_profile = _profile_of(clocks, fast_rows, "online (replicas waiting for the straggler)")
+        # every replica at every clock: a steadier sign of a straggler than the calibration iterations
+        totals: dict[int, float] = {}
+        for entries in per_clock:
+            for replica, t in replicas.replica_times(entries).items():
+                totals[replica] = totals.get(replica, 0.0) + t
+        self.straggler = replicas.find_straggler(totals, self.cfg.straggler_threshold)
+        if self.straggler is not None:
+            fast = [replicas.slowest_per_stage(e, P, (self.straggler,)) for e in per_clock]
+            self.fast_profile = _profile_of(clocks, fast, "online (replicas waiting for the straggler)")
         return _profile_of(clocks, rows, "online")
 
     def plan(self, data_iter: Iterator[Any], fwd_s: list[float], bwd_s: list[float]) -> RunPlan:
