@@ -14,7 +14,9 @@ from envpipe.runtime import replicas
 from envpipe.runtime.config import EnvPipeConfigError, parse
 from envpipe.runtime.jobreport import RankRecord, job_summary
 from envpipe.runtime.report import StageReport
-from tests.test_runtime_pipeline import _orders, run_pipeline
+from tests import netns_hosts
+from tests.test_launch_ssh import _launch as launch_ssh
+from tests.test_runtime_pipeline import WORKER, _orders, run_pipeline
 
 M = 4
 
@@ -199,3 +201,40 @@ def test_job_summary_sums_every_gpu_of_every_node() -> None:
     assert job["straggler_replica"] == 1 and job["plans_identical_across_replicas"]
     assert job["allreduce"][1] == {"stage": 1, "measured_allreduce_s": [0.1, 0.1], "measured_tail_s": [0.2, 0.2],
                                    "simulated_tail_s": 0.25}
+
+
+SSH_REASON = netns_hosts.netns_unavailable()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SSH_REASON is not None, reason=f"real ssh test impossible here: {SSH_REASON}")
+def test_dp2_pp2_across_two_ssh_hosts(tmp_path: Path) -> None:
+    """2 network-namespace hosts x 2 ranks through envpipe-launch --backend ssh (real sshd and pdsh)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    runs = [
+        {"name": "stock", "engine": "stock", "M": M, "steps": 3},
+        {"name": "envpipe", "engine": "envpipe", "M": M, "steps": 3,
+         "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
+        {"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1,
+         "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
+    ]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"stages": 2, "runs": runs}))
+    hosts = netns_hosts.start(tmp_path)
+    try:
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("".join(f"{ip} slots=2\n" for ip in hosts.ips))
+        r = launch_ssh(
+            hosts, "--nodes", "2", "--hostfile", str(hostfile), "--env", f"GLOO_SOCKET_IFNAME={netns_hosts.IFNAME}",
+            "--env", "OMP_NUM_THREADS=1", str(WORKER), f"@{spec}", str(out), timeout=240,
+        )
+    finally:
+        hosts.close()
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    assert_same_math(results, "envpipe", "stock")
+    assert_same_math(results, "runtime", "stock")
+    summary = check_dp_report(out / "runtime", world=4, nodes=2)
+    per_node = summary["job"]["energy_per_node_j"]
+    assert [n["ranks"] for n in per_node] == [[0, 1], [2, 3]] and all(n["energy_per_iteration_j"] > 0 for n in per_node)
