@@ -77,7 +77,7 @@ class Runner:
         self.idle_power_w: float | None = None
         self.place = replicas.place(engine)
         self.tails_s = [0.0] * engine.num_stages  # measured per-stage tail, used in predictions
-        self.straggler: int | None = None  # a replica found straggling in calibration
+        self.straggler: int | None = None  # a straggling replica (calibration, then profiling iterations)
         self.fast_profile: Profile | None = None  # the other replicas' profile when there is a straggler
         self.relaxed: dict[str, Any] | None = None  # what the straggler rule did (for the report)
         self._entries: list[replicas.Entry] = []
@@ -104,10 +104,10 @@ class Runner:
             self._dp_log.append((end, tail.allreduce_s, tail.tail_s) if tail else (end, 0.0, 0.0))
         return t, energy
 
-    def _gather_stages(self, mine: dict[str, float], exclude: tuple[int, ...] = ()) -> list[dict[str, float]]:
+    def _gather_stages(self, mine: dict[str, float]) -> list[dict[str, float]]:
         """Every rank's numbers; per stage those of its slowest replica (envpipe.runtime.replicas)."""
         self._entries = replicas.gather((self.place, mine))
-        return replicas.slowest_per_stage(self._entries, self.engine.num_stages, exclude)
+        return replicas.slowest_per_stage(self._entries, self.engine.num_stages)
 
     def _unit_stats(self, t: float, energy: float | None, idle_w: float) -> dict[str, float]:
         """Mean F/B time of the last iteration and, from the energy counter, F/B energy.
@@ -224,10 +224,13 @@ class Runner:
         plans = {-1: agreed}
         if self.straggler is None or self.cfg.straggler != "frontier":
             return plans, None
+        if self.fast_profile is None:
+            return plans, {"straggler_replica": self.straggler, "applied": False,
+                           "reason": "the straggler rule needs online profiling (a profile per replica)"}
         from envpipe.runtime.straggler import relaxed_plan
 
         relaxed = relaxed_plan(
-            self.fast_profile or profile,
+            self.fast_profile,
             M,
             self.cfg.scheduling,
             idle_w,
