@@ -238,3 +238,21 @@ def test_dp2_pp2_across_two_ssh_hosts(tmp_path: Path) -> None:
     summary = check_dp_report(out / "runtime", world=4, nodes=2)
     per_node = summary["job"]["energy_per_node_j"]
     assert [n["ranks"] for n in per_node] == [[0, 1], [2, 3]] and all(n["energy_per_iteration_j"] > 0 for n in per_node)
+
+
+def test_errors_broadcast_from_rank_0_survive_pickling() -> None:
+    from envpipe.profile.csv_profile import ProfileError
+    from envpipe.runtime.plans import PlanFileError
+
+    plain = PlanFileError("plan.json: not JSON")
+    assert replicas.portable(plain) is plain
+    custom = replicas.portable(ProfileError("p.csv", 3, "bad row"))  # its __init__ does not unpickle
+    assert isinstance(custom, ValueError) and "p.csv:3: bad row" in str(custom)
+
+
+def test_sim_clock_slowdown_must_not_speed_up() -> None:
+    from envpipe.runtime.clocks import SimClock
+
+    with pytest.raises(ValueError, match="slowdown must be >= 1"):
+        SimClock(slowdown=0.5)
+    assert SimClock(slowdown=2.0).slowdown == 2.0
