@@ -3,7 +3,7 @@
 Usage: python pipe_worker.py SPEC OUT_DIR  (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; DeepSpeed's
 launcher may add --local_rank=N, which is ignored). SPEC is JSON, or @FILE holding it:
 {"stages": P, "runs": [{"name": str, "engine": "stock"|"envpipe"|"runtime", "M": int, "steps": int,
-  "orders": [[["F",0],...],...] | null, "zero": 0|1 (optional),
+  "orders": [[["F",0],...],...] | null, "zero": 0|1, "bf16": bool (optional),
   "envpipe": {envpipe block}, "calibration": int (runtime only: envpipe.runtime.runner.Runner, where
   "steps" counts the steady iterations after calibration and profiling)}]}.
 Each data-parallel replica draws its own batches. Writes OUT_DIR/rank<r>.json with losses and parameters;
@@ -30,14 +30,14 @@ from envpipe.runtime.runner import Runner, make_clock
 HIDDEN, MICRO = 8, 2
 
 
-def batches(seed: int):
+def batches(seed: int, dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(seed)
     while True:
         x = torch.randn(MICRO, HIDDEN, generator=g)
-        yield x, x.sum(dim=1, keepdim=True).expand(-1, HIDDEN) * 0.1
+        yield x.to(dtype), (x.sum(dim=1, keepdim=True).expand(-1, HIDDEN) * 0.1).to(dtype)
 
 
-def make_engine(kind: str, stages: int, M: int, zero: int = 0):
+def make_engine(kind: str, stages: int, M: int, zero: int = 0, bf16: bool = False):
     torch.manual_seed(1234)
     layers = [
         torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()) for _ in range(2 * stages)
@@ -54,6 +54,8 @@ def make_engine(kind: str, stages: int, M: int, zero: int = 0):
     if zero:
         config["zero_optimization"] = {"stage": zero}
         config["zero_allow_untested_optimizer"] = True  # torch SGD
+    if bf16:
+        config["bf16"] = {"enabled": True}
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     init = deepspeed.initialize if kind == "stock" else initialize
     engine, *_ = init(model=model, optimizer=opt, config=config)
@@ -62,7 +64,7 @@ def make_engine(kind: str, stages: int, M: int, zero: int = 0):
 
 def train(engine, run: dict, out: Path) -> list[float]:
     """Every iteration's loss (DeepSpeed broadcasts it to every stage)."""
-    it = batches(7 + engine.grid.get_data_parallel_id())
+    it = batches(7 + engine.grid.get_data_parallel_id(), torch.bfloat16 if run.get("bf16") else torch.float32)
     if run["engine"] != "runtime":
         return [float(engine.train_batch(it)) for _ in range(run["steps"])]
     losses: list[float] = []
@@ -82,7 +84,7 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     results = {}
     for run in spec["runs"]:
-        engine = make_engine(run["engine"], spec["stages"], run["M"], run.get("zero", 0))
+        engine = make_engine(run["engine"], spec["stages"], run["M"], run.get("zero", 0), run.get("bf16", False))
         if run.get("orders") is not None:
             engine.set_unit_orders([[tuple(u) for u in o] for o in run["orders"]])
         losses = train(engine, run, out)

@@ -51,7 +51,7 @@ def check_dp_report(report_dir: Path, world: int, nodes: int) -> dict:
 
 
 @pytest.mark.slow
-def test_dp2_pp2_same_math_as_stock_with_and_without_zero1(tmp_path: Path) -> None:
+def test_dp2_pp2_same_math_as_stock_with_and_without_zero1_fp32_and_bf16(tmp_path: Path) -> None:
     steps = 3
     runs = [
         {"name": "stock", "engine": "stock", "M": M, "steps": steps},
@@ -61,6 +61,9 @@ def test_dp2_pp2_same_math_as_stock_with_and_without_zero1(tmp_path: Path) -> No
         {"name": "stock_zero1", "engine": "stock", "M": M, "steps": steps, "zero": 1},
         {"name": "envpipe_zero1", "engine": "envpipe", "M": M, "steps": steps, "zero": 1,
          "orders": _orders(envpipe_schedule(2, M, [2, 0]))},
+        {"name": "stock_bf16_zero1", "engine": "stock", "M": M, "steps": steps, "zero": 1, "bf16": True},
+        {"name": "envpipe_bf16_zero1", "engine": "envpipe", "M": M, "steps": steps, "zero": 1, "bf16": True,
+         "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
         {"name": "runtime", "engine": "runtime", "M": M, "steps": steps - 1, "calibration": 1, "zero": 1,
          "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
     ]
@@ -71,6 +74,7 @@ def test_dp2_pp2_same_math_as_stock_with_and_without_zero1(tmp_path: Path) -> No
     for name in ("envpipe_zero1", "runtime"):
         assert_same_math(results, name, "stock_zero1")
     assert_same_math(results, "stock_zero1", "stock")  # ZeRO-1 itself changes nothing but memory
+    assert_same_math(results, "envpipe_bf16_zero1", "stock_bf16_zero1")  # DeepSpeed's bf16 ZeRO-1 path
     summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
     assert summary["job"]["plans_identical_across_replicas"] and summary["job"]["straggler_replica"] is None
     assert summary["orders"][1] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]  # the last stage's
