@@ -29,8 +29,10 @@ def row(name: str, s: dict[str, Any], stock: dict[str, Any] | None) -> str:
     ratio = s["throughput_samples_per_s"] / stock["throughput_samples_per_s"] if stock else None
     nodes = [n["energy_per_iteration_j"] for n in job.get("energy_per_node_j", [])]
     reduce = "; ".join(
-        f"s{a['stage']}: {_fmt(a['measured_allreduce_s'])} (sim tail {_fmt(a['simulated_tail_s'])})"
+        f"s{a['stage']}: all-reduce {_fmt(a['measured_allreduce_s'], 2)}, tail {_fmt(a['measured_tail_s'], 2)} "
+        f"(simulated tail {_fmt(a['simulated_tail_s'], 2)})"
         for a in job.get("allreduce", [])
+        if any(v is not None for v in a["measured_allreduce_s"])
     )
     cells = [name, shape, _fmt(s["iteration_time_s"]), _fmt(s["throughput_samples_per_s"]), _fmt(ratio, 3),
              f"{_fmt(s.get('energy_per_iteration_j'))} ({s.get('energy')})", _fmt(nodes),
@@ -44,18 +46,16 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     print("| run | shape | iteration (s, measured) | samples/s | vs stock | energy / iteration, all GPUs (J) "
-          "| per node (J) | predicted (s, simulated) | all-reduce per replica (s, measured) |")
+          "| per node (J) | predicted (s, simulated) | per stage, per replica (s, measured) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    stock: dict[str, Any] | None = None
+    summaries = {n: json.loads((out / n / "summary.json").read_text()) for n in argv[1:]
+                 if (out / n / "summary.json").exists()}
     for name in argv[1:]:
-        path = out / name / "summary.json"
-        if not path.exists():
+        if name not in summaries:
             print(f"| {name} | not run or failed | | | | | | | |")
             continue
-        s = json.loads(path.read_text())
-        if name.startswith("stock"):
-            stock = s
-        print(row(name, s, stock))
+        # envpipe_X is compared with stock_X
+        print(row(name, summaries[name], summaries.get(name.replace("envpipe", "stock", 1))))
     return 0
 
 
