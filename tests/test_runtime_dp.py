@@ -260,3 +260,26 @@ def test_sim_clock_slowdown_must_not_speed_up() -> None:
     with pytest.raises(ValueError, match="slowdown must be >= 1"):
         SimClock(slowdown=0.5)
     assert SimClock(slowdown=2.0).slowdown == 2.0
+
+
+def test_gpu_script_parses_and_its_table_reads_reports(tmp_path: Path) -> None:
+    """benchmarks/dp_h200.sh (run end to end on CPU with TINY=1 by hand) and its table on two reports."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    assert subprocess.run(["bash", "-n", str(root / "benchmarks" / "dp_h200.sh")]).returncode == 0
+    job = {"data_parallel": 2, "gpus": 4, "energy_per_node_j": [{"energy_per_iteration_j": 50.0}],
+           "allreduce": [{"stage": 0, "measured_allreduce_s": [0.01, 0.02], "measured_tail_s": [0.03, 0.04],
+                          "simulated_tail_s": 0.03}]}
+    for name, t in (("stock_dp2", 0.2), ("envpipe_dp2", 0.25)):
+        (tmp_path / name).mkdir()
+        summary = {"iteration_time_s": t, "throughput_samples_per_s": 32 / t, "energy_per_iteration_j": 50.0,
+                   "energy": "measured", "predicted_iteration_time_s": 0.24, "job": job}
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    table = subprocess.run([sys.executable, str(root / "benchmarks" / "dp_table.py"), str(tmp_path), "stock_dp2",
+                            "envpipe_dp2", "envpipe_dp2_zero1"], capture_output=True, text=True, check=True).stdout
+    lines = table.splitlines()
+    assert "| envpipe_dp2 | DP2×PP2 | 0.25 | 128 | 0.8 | 50 (measured) | 50 | 0.24 |" in lines[3]
+    assert "all-reduce 0.01 / 0.02, tail 0.03 / 0.04 (simulated tail 0.03)" in lines[3]
+    assert lines[4].startswith("| envpipe_dp2_zero1 | not run or failed")
