@@ -283,3 +283,20 @@ def test_gpu_script_parses_and_its_table_reads_reports(tmp_path: Path) -> None:
     assert "| envpipe_dp2 | DP2×PP2 | 0.25 | 128 | 0.8 | 50 (measured) | 50 | 0.24 |" in lines[3]
     assert "all-reduce 0.01 / 0.02, tail 0.03 / 0.04 (simulated tail 0.03)" in lines[3]
     assert lines[4].startswith("| envpipe_dp2_zero1 | not run or failed")
+
+
+def test_example_refuses_stages_that_do_not_divide_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(example))
+    import train_gpt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(replicas.ReplicaError, match="3 pipeline stages do not divide the 4 processes"):
+        train_gpt.main(["--tiny", "--pipeline-stages", "3"])
+    (tmp_path / "ds.json").write_text(json.dumps({"envpipe": {"pipeline_stages": 8}}))
+    with pytest.raises(replicas.ReplicaError, match="8 pipeline stages do not divide the 4 processes"):
+        train_gpt.main(["--tiny", "--config", "ds.json"])
+    with pytest.raises(SystemExit):
+        train_gpt.main(["--tiny", "--pipeline-stages", "0"])
+    assert list(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
