@@ -92,8 +92,6 @@ def main() -> None:
         results[run["name"]] = {"losses": losses, "params": params, "engine": type(engine).__name__}
     with open(out / f"rank{os.environ['RANK']}.json", "w") as fh:
         json.dump(results, fh)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
