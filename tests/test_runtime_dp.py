@@ -203,6 +203,12 @@ def test_job_summary_sums_every_gpu_of_every_node() -> None:
     assert [n["ranks"] for n in job["energy_per_node_j"]] == [[0, 1], [2, 3]]
     assert [r["energy_per_iteration_j"] for r in job["replicas"]] == [22.0, 24.0]
     assert job["straggler_replica"] == 1 and job["plans_identical_across_replicas"]
+    assert job["straggler_seen_in"] == "steady iterations"
+    calm = [record(0, 0, 0, 0, 10.0, 0.8), record(1, 0, 1, 0, 11.0, 0.8)]
+    assert job_summary(calm, "measured", [0.1], 0.05)["straggler_replica"] is None
+    kept = job_summary(calm, "measured", [0.1], 0.05, detected_straggler=1)  # others slowed down to match it
+    assert kept["straggler_replica"] == 1 and kept["straggler_seen_in"] == "calibration/profiling"
+    assert [r["straggler"] for r in kept["replicas"]] == [False, True]
     assert job["allreduce"][1] == {"stage": 1, "measured_allreduce_s": [0.1, 0.1], "measured_tail_s": [0.2, 0.2],
                                    "simulated_tail_s": 0.25}
 

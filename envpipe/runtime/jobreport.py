@@ -47,8 +47,14 @@ def job_summary(
     energy_label: str,
     simulated_tails_s: Sequence[float],
     straggler_threshold: float,
+    detected_straggler: int | None = None,
 ) -> dict[str, Any]:
-    """Per node, per replica, per stage all-reduce, the straggler flag, and whether plans agree."""
+    """Per node, per replica, per stage all-reduce, the straggler flag, and whether plans agree.
+
+    `detected_straggler`: the replica the runtime found straggling before planning (calibration or
+    profiling). It stays flagged when steady times no longer show it, which is what happens when the
+    other replicas take the straggler rule's slower, cheaper plan.
+    """
     nodes = sorted({(r.place.node_first_rank, r.place.host) for r in records})
     per_node = []
     for i, (first, host) in enumerate(nodes):
@@ -78,7 +84,9 @@ def job_summary(
     times: dict[int, float] = {
         p["replica"]: p["pipeline_time_s"] for p in per_replica if p["pipeline_time_s"] is not None
     }
-    straggler = find_straggler(times, straggler_threshold)
+    seen = find_straggler(times, straggler_threshold)
+    straggler = seen if seen is not None else detected_straggler
+    where = "steady iterations" if seen is not None else "calibration/profiling" if straggler is not None else None
     for p in per_replica:
         p["straggler"] = p["replica"] == straggler
     stages = sorted({r.place.stage for r in records})
@@ -104,6 +112,7 @@ def job_summary(
         "replica_times": "measured (pipeline_time_s: until the replica's last stage ends its units, "
         "before the all-reduce)",
         "straggler_replica": straggler,
+        "straggler_seen_in": where,
         "straggler_threshold": straggler_threshold,
         "allreduce": allreduce,
         "allreduce_times": "measured per rank (replica order); simulated_tail_s: the tail in the prediction",

@@ -285,7 +285,7 @@ class Runner:
         baseline = {**plan.baseline, "energy_j": plan.baseline["energy_j"] * dp} if plan.baseline else None
         summary = summarize(reports, self.samples, self.reporter.energy_label, plan.predicted_time_s, baseline)
         summary["job"] = job_summary(
-            records, self.reporter.energy_label, self.tails_s, self.cfg.straggler_threshold
+            records, self.reporter.energy_label, self.tails_s, self.cfg.straggler_threshold, self.straggler
         )
         summary["job"]["straggler_rule"] = self.relaxed
         summary.update(
