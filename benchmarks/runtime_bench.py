@@ -105,9 +105,10 @@ def runtime_run(
 def stage_ends(runner: Runner, cal: Calibration, orders: list) -> dict[str, list[float]] | None:
     """Measured (last steady iteration) vs predicted end of every stage's last unit, from train_batch's start."""
     assert runner.last_timing is not None
-    timings: list[StageTiming] = runner._gather(runner.last_timing)
+    gathered = runner._gather(runner.last_timing)
     if tdist.get_rank() != 0:
         return None
+    timings: list[StageTiming] = [t for w, t in sorted(gathered, key=lambda x: x[0].stage) if w.replica == 0]
     t0 = timings[0].step_start
     measured = [max(b for *_, b in t.units) - t0 for t in timings]
     dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             (out / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
             print(f"M={M} done in {res['wall_s']:.0f}s: throughput ratio {res['throughput_ratio']}", flush=True)
     tdist.barrier()
+    tdist.destroy_process_group()  # before interpreter exit (gloo threads; see examples/train_gpt.py)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,22 @@ transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), 
                                help="seconds to send one activation or gradient between stages")
 
 
+def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> list[float]:
+    try:
+        times = [float(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected seconds, e.g. 0.02 or 0.02,0.03") from None
+    if any(not np.isfinite(t) or t < 0 for t in times):
+        raise click.BadParameter(f"{value!r}: tail times must be finite and not negative")
+    return times
+
+
+tail_option = click.option(
+    "--tail-time", default="0", show_default=True, callback=_tail_times,
+    help="seconds each stage works after its last unit (gradient all-reduce, optimizer step): "
+         "one number, or one per stage separated by commas")
+
+
 @main.command()
 @profile_option
 @click.option("--microbatches", "-m", type=click.IntRange(min=1), required=True, help="micro-batches per iteration")
@@ -85,6 +101,7 @@ transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), 
 @click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
               help="candidate-clock filter (EnvPipe's per-GPU rule; 'all' = every clock in the profile)")
 @transfer_option
+@tail_option
 @click.option("--memory-cap", type=click.IntRange(min=0), default=None,
               help="most extra warm-up micro-batches of activations a stage can hold")
 @click.option("--threshold-scale", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
@@ -94,24 +111,25 @@ transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), 
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
 @optimal_options
 def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
-         idle_power: float | None, gpu: str, transfer_time: float, memory_cap: int | None, threshold_scale: float,
-         out: str | None, text: bool, gantt: str | None, max_slowdown: float | None, time_budget: float | None,
-         frontier_csv: str | None, frontier_points: int) -> None:
+         idle_power: float | None, gpu: str, transfer_time: float, tail_time: list[float], memory_cap: int | None,
+         threshold_scale: float, out: str | None, text: bool, gantt: str | None, max_slowdown: float | None,
+         time_budget: float | None, frontier_csv: str | None, frontier_points: int) -> None:
     """Plan clocks for one iteration and show the predicted time and energy."""
     gpu = gpu.lower()
     watts = _idle_power(idle_power, gpu)
     if gantt and Path(gantt).suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("must end in .png or .svg", param_hint="--gantt")
+    tail = tail_time[0] if len(tail_time) == 1 else np.array(tail_time)
     if policy == "optimal":
         run_optimal(_load_or_fail(profile_path, stages), microbatches, schedule, watts, transfer_time, memory_cap,
-                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt))
+                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail)
         return
     if (max_slowdown, time_budget, frontier_csv) != (None, None, None):
         raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
     try:
         result = make_plan(_load(profile_path, stages), microbatches, schedule=schedule, policy=policy,
                            reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,
-                           memory_cap=memory_cap, threshold_scale=threshold_scale)
+                           memory_cap=memory_cap, threshold_scale=threshold_scale, tail_s=tail)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     p = result.plan
@@ -134,16 +152,6 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
         click.echo(f"Gantt picture written to {gantt}")
 
 
-def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> list[float]:
-    try:
-        times = [float(v) for v in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected seconds, e.g. 0.02 or 0.02,0.03") from None
-    if any(not np.isfinite(t) or t < 0 for t in times):
-        raise click.BadParameter(f"{value!r}: tail times must be finite and not negative")
-    return times
-
-
 @main.command()
 @profile_option
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan JSON")
@@ -152,9 +160,7 @@ def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> list[
 @click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
               help="only used to pick a default --idle-power")
 @transfer_option
-@click.option("--tail-time", default="0", show_default=True, callback=_tail_times,
-              help="seconds each stage works after its last unit (gradient all-reduce, optimizer step): "
-                   "one number, or one per stage separated by commas")
+@tail_option
 @click.option("--text", is_flag=True, help="print EnvPipe's text trace")
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
 def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: float | None, gpu: str,

@@ -46,16 +46,17 @@ class OptimalArgs:
 
 
 def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                memory_cap: int | None, args: OptimalArgs) -> None:
+                memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray = 0.0) -> None:
+    """``tail_s``: each stage's work after its last unit (one number or one per stage), as in make_plan."""
     if args.frontier_csv is not None:
         if args.max_slowdown is not None or args.time_budget is not None:
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
-        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory_cap, args)
+        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory_cap, args, tail_s)
         return
     try:
         result = optimal_plan(profile, microbatches, idle_power_w=watts, schedule=schedule,
                               time_budget_s=args.time_budget, max_slowdown=args.max_slowdown,
-                              transfer_s=transfer_s, memory_cap=memory_cap)
+                              transfer_s=transfer_s, memory_cap=memory_cap, tail_s=tail_s)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     p = result.plan
@@ -92,14 +93,14 @@ def _freqs(result: OptimalResult) -> np.ndarray:
 
 
 def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                  memory_cap: int | None, args: OptimalArgs) -> None:
+                  memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray = 0.0) -> None:
     assert args.frontier_csv is not None
     try:
         points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule, points=args.frontier_points,
-                          transfer_s=transfer_s, memory_cap=memory_cap)
+                          transfer_s=transfer_s, memory_cap=memory_cap, tail_s=tail_s)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    base = baseline_timeline(profile, microbatches, watts, transfer_s)
+    base = baseline_timeline(profile, microbatches, watts, transfer_s, tail_s)
     try:
         plan_dir, png = write_frontier(points, Path(args.frontier_csv), base)
     except OSError as exc:

@@ -3,6 +3,7 @@ into DeepSpeed pipeline layers, on synthetic tokens, with the EnvPipe runtime or
 
     torchrun --nproc-per-node 2 examples/train_gpt.py --model gpt2 --steps 10            # GPUs
     DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 examples/train_gpt.py --tiny --steps 3   # CPU, gloo
+    torchrun --nproc-per-node 4 examples/train_gpt.py --pipeline-stages 2 --zero-stage 1    # DP2 x PP2, ZeRO-1
 
 The `envpipe` block of --config (and ENVPIPE_TYPE / ENVPIPE_SCHEDULING / ENVPIPE_RECONFIGURE) chooses
 the schedule; --plan runs a plan file. --engine stock runs DeepSpeed's own PipelineEngine for comparison.
@@ -28,7 +29,10 @@ from deepspeed.pipe import LayerSpec, PipelineModule
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from envpipe.runtime import config as envpipe_config
+from envpipe.runtime import replicas
 from envpipe.runtime.engine import initialize
+from envpipe.runtime.jobreport import RankRecord, job_summary
+from envpipe.runtime.report import StageReport
 from envpipe.runtime.runner import Runner, make_clock
 from envpipe.runtime.textreport import render
 
@@ -158,19 +162,15 @@ def run_stock(engine, data: Iterator, args: argparse.Namespace, samples: int) ->
         times.append(time.perf_counter() - t0)
         if energy:
             joules.append(energy.energy_j() - e0)
-    mine = {
-        "stage": engine.stage_id,
-        "times": times,
-        "energy": joules,
-        "peak": torch.cuda.max_memory_allocated() if on_gpu else None,
-    }
-    everyone: list = [None] * tdist.get_world_size()
-    tdist.all_gather_object(everyone, mine)
+    peak = torch.cuda.max_memory_allocated() if on_gpu else 0
+    report = StageReport(engine.stage_id, times, list(joules) if energy else [None] * len(times), peak)
+    where = replicas.place(engine)
+    everyone = replicas.gather(RankRecord(where, report, "stock"))
     if tdist.get_rank() != 0:
         return None
-    per_stage = sorted({d["stage"]: d for d in everyone}.values(), key=lambda d: d["stage"])
-    t = statistics.median(max(ts) for ts in zip(*(d["times"] for d in per_stage), strict=True))
-    gpu_j = [statistics.median(d["energy"]) for d in per_stage] if energy else None
+    ranks = sorted(everyone, key=lambda r: (r.place.replica, r.place.stage))  # every GPU of every replica
+    t = statistics.median(max(ts) for ts in zip(*(r.report.times_s for r in ranks), strict=True))
+    gpu_j = [statistics.median(r.report.energies_j) for r in ranks] if energy else None
     summary = {
         "engine": "stock-deepspeed-1f1b",
         "iterations": args.steps,
@@ -179,7 +179,8 @@ def run_stock(engine, data: Iterator, args: argparse.Namespace, samples: int) ->
         "energy": "measured" if energy else "none",
         "energy_per_gpu_j": gpu_j,
         "energy_per_iteration_j": sum(gpu_j) if gpu_j else None,
-        "peak_memory_bytes_per_stage": [d["peak"] for d in per_stage],
+        "peak_memory_bytes_per_stage": [r.report.peak_memory_bytes or None for r in ranks],
+        "job": job_summary(ranks, "measured" if energy else "none", [], replicas.STRAGGLER_THRESHOLD),
     }
     Path(args.report_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.report_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -208,6 +209,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plan", help="plan JSON to run (skips profiling and planning)")
     p.add_argument("--clock", choices=envpipe_config.CLOCKS, help="clock backend (overrides the config)")
     p.add_argument("--engine", choices=["envpipe", "stock"], default="envpipe")
+    p.add_argument(
+        "--pipeline-stages",
+        type=int,
+        default=None,
+        help="pipeline stages; data-parallel replicas = processes / stages (default: one stage per process, "
+        "or envpipe.pipeline_stages)",
+    )
+    p.add_argument("--zero-stage", type=int, choices=[0, 1], default=None, help="ZeRO stage (1: optimizer states)")
     p.add_argument("--report-dir", default="envpipe-report")
     # DeepSpeed's launcher (deepspeed, envpipe-launch) adds --local_rank=N; LOCAL_RANK says the same
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -218,6 +227,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in (*names, "profile_points", "reconfigure_rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.pipeline_stages is not None and args.pipeline_stages < 1:
+        p.error("--pipeline-stages must be >= 1")
     return args
 
 
@@ -228,9 +239,21 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in (("plan", args.plan), ("clock", args.clock)) if v}
     overrides["report_dir"] = args.report_dir
     cfg = envpipe_config.parse({**_block(cfg), **overrides})
+    # the launcher's WORLD_SIZE: a bad shape stops the job before any process group starts
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    stages, _ = replicas.pipeline_shape(world, args.pipeline_stages or cfg.pipeline_stages)
     on_gpu = uses_gpu()
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
-    engine = build_engine(args, ds_config, args.engine)
+    train(args, ds_config, cfg, stages)
+    # Before interpreter exit: gloo's worker threads still holding finished async work would otherwise be
+    # torn down during finalization (SIGABRT "terminate called without an active exception", pytorch#190489).
+    # Local on every rank: no rank waits for another here.
+    tdist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, ds_config: dict, cfg: envpipe_config.EnvPipeConfig, stages: int) -> None:
+    """Build the engine and train: stock DeepSpeed, or the EnvPipe runtime (rank 0 prints the report)."""
+    engine = build_engine(args, ds_config, args.engine, stages)
     data = tokens(args, engine.device)
     samples = engine.train_batch_size()
     if args.engine == "stock":
@@ -255,8 +278,11 @@ def uses_gpu() -> bool:
     return os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
 
 
-def build_engine(args: argparse.Namespace, ds_config: dict, engine: str = "envpipe"):
-    """A pipeline engine over all ranks (one stage each): stock DeepSpeed's or the EnvPipe runtime's."""
+def build_engine(args: argparse.Namespace, ds_config: dict, engine: str = "envpipe", stages: int | None = None):
+    """A pipeline engine over all ranks: stock DeepSpeed's or the EnvPipe runtime's.
+
+    ``stages``: pipeline stages (default: one per rank); the other axis is data parallelism (ZeRO: --zero-stage).
+    """
     ds_config = dict(ds_config)
     dtype = args.dtype or ("bf16" if uses_gpu() else "fp32")
     ds_config.setdefault("train_micro_batch_size_per_gpu", args.micro_batch)
@@ -264,8 +290,10 @@ def build_engine(args: argparse.Namespace, ds_config: dict, engine: str = "envpi
     ds_config.setdefault("steps_per_print", 10**9)
     if dtype == "bf16":
         ds_config.setdefault("bf16", {"enabled": True})
+    if args.zero_stage is not None:
+        ds_config["zero_optimization"] = {**ds_config.get("zero_optimization", {}), "stage": args.zero_stage}
     torch.manual_seed(1234)
-    model = pipeline(args, tdist.get_world_size())
+    model = pipeline(args, stages or tdist.get_world_size())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # a torch optimizer: no JIT-built ops
     init = deepspeed.initialize if engine == "stock" else initialize
     return init(model=model, optimizer=optimizer, config=ds_config)[0]

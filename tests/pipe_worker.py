@@ -1,8 +1,13 @@
-"""One rank of a tiny CPU (gloo) DeepSpeed pipeline, run as a real process by test_runtime_pipeline.py.
+"""One rank of a tiny CPU (gloo) DeepSpeed pipeline, run as a real process by the runtime tests.
 
-Usage: python pipe_worker.py SPEC_JSON OUT_DIR  (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set).
-SPEC: {"stages": P, "runs": [{"name": str, "engine": "stock"|"envpipe", "M": int, "steps": int,
-       "orders": [[["F",0],...],...] | null}]}. Writes OUT_DIR/rank<r>.json with losses and parameters.
+Usage: python pipe_worker.py SPEC OUT_DIR  (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; DeepSpeed's
+launcher may add --local_rank=N, which is ignored). SPEC is JSON, or @FILE holding it:
+{"stages": P, "runs": [{"name": str, "engine": "stock"|"envpipe"|"runtime", "M": int, "steps": int,
+  "orders": [[["F",0],...],...] | null, "zero": 0|1, "bf16": bool (optional),
+  "envpipe": {envpipe block}, "calibration": int (runtime only: envpipe.runtime.runner.Runner, where
+  "steps" counts the steady iterations after calibration and profiling)}]}.
+Each data-parallel replica draws its own batches. Writes OUT_DIR/rank<r>.json with losses and parameters;
+runtime runs also write their report to OUT_DIR/<name>/.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -17,19 +23,21 @@ import deepspeed
 import torch
 from deepspeed.pipe import PipelineModule
 
+from envpipe.runtime import config as envpipe_config
 from envpipe.runtime.engine import initialize
+from envpipe.runtime.runner import Runner, make_clock
 
 HIDDEN, MICRO = 8, 2
 
 
-def batches(seed: int):
+def batches(seed: int, dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(seed)
     while True:
         x = torch.randn(MICRO, HIDDEN, generator=g)
-        yield x, x.sum(dim=1, keepdim=True).expand(-1, HIDDEN) * 0.1
+        yield x.to(dtype), (x.sum(dim=1, keepdim=True).expand(-1, HIDDEN) * 0.1).to(dtype)
 
 
-def make_engine(kind: str, stages: int, M: int):
+def make_engine(kind: str, stages: int, M: int, zero: int = 0, bf16: bool = False):
     torch.manual_seed(1234)
     layers = [
         torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()) for _ in range(2 * stages)
@@ -43,26 +51,49 @@ def make_engine(kind: str, stages: int, M: int):
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if zero:
+        config["zero_optimization"] = {"stage": zero}
+        config["zero_allow_untested_optimizer"] = True  # torch SGD
+    if bf16:
+        config["bf16"] = {"enabled": True}
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     init = deepspeed.initialize if kind == "stock" else initialize
     engine, *_ = init(model=model, optimizer=opt, config=config)
     return engine
 
 
+def train(engine, run: dict, out: Path) -> list[float]:
+    """Every iteration's loss (DeepSpeed broadcasts it to every stage)."""
+    it = batches(7 + engine.grid.get_data_parallel_id(), torch.bfloat16 if run.get("bf16") else torch.float32)
+    if run["engine"] != "runtime":
+        return [float(engine.train_batch(it)) for _ in range(run["steps"])]
+    losses: list[float] = []
+    train_batch = engine.train_batch
+    engine.train_batch = lambda data_iter: losses.append(float(train_batch(data_iter))) or losses[-1]
+    cfg = envpipe_config.parse({**run["envpipe"], "report_dir": str(out / run["name"])})
+    calibration = run.get("calibration", 1)
+    clock = make_clock(cfg, engine)
+    Runner(engine, cfg, clock, engine.train_batch_size()).train(it, run["steps"], calibration)
+    return losses
+
+
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    spec = json.loads(Path(args[0][1:]).read_text() if args[0].startswith("@") else args[0])
+    out = Path(args[1])
     deepspeed.init_distributed(dist_backend="gloo")
     results = {}
     for run in spec["runs"]:
-        engine = make_engine(run["engine"], spec["stages"], run["M"])
+        engine = make_engine(run["engine"], spec["stages"], run["M"], run.get("zero", 0), run.get("bf16", False))
         if run.get("orders") is not None:
             engine.set_unit_orders([[tuple(u) for u in o] for o in run["orders"]])
-        it = batches(7)
-        losses = [float(engine.train_batch(it)) for _ in range(run["steps"])]
+        losses = train(engine, run, out)
         params = {n: p.detach().flatten().tolist() for n, p in engine.module.named_parameters()}
         results[run["name"]] = {"losses": losses, "params": params, "engine": type(engine).__name__}
-    with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:
+    with open(out / f"rank{os.environ['RANK']}.json", "w") as fh:
         json.dump(results, fh)
+    # local, no barrier: gloo's threads are joined before interpreter finalization (else a SIGABRT at exit)
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

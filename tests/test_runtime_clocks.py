@@ -95,7 +95,9 @@ def test_clock_backend_choice() -> None:
     from envpipe.runtime.config import parse
     from envpipe.runtime.runner import make_clock
 
-    cpu, gpu = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device=torch.device("cuda", 0))
+    grid = SimpleNamespace(get_data_parallel_id=lambda: 0)  # replica 0
+    cpu = SimpleNamespace(device=torch.device("cpu"), grid=grid)
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), grid=grid)
     assert isinstance(make_clock(parse({}, {}), cpu), SimClock)
     assert make_clock(parse({"clock": "none"}, {}), cpu) is None
     with pytest.raises(ValueError, match="'daemon' needs a GPU"):

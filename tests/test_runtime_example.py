@@ -165,8 +165,12 @@ def test_online_profile_plan_reconfigure_and_predict(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     rec = summary["reconfiguration"]
     assert rounds == list(range(rec["rounds"])) and rec["method"] == "balanced"
-    assert rec["stop_reason"] in ("critical path is the envelope", "every critical unit is at the highest clock")
-    assert rec["rounds"] == rec["raises"] + 1 or rec["rounds"] == 21  # one measured iteration per round
+    # usually 8-12 rounds; on a loaded 2-core machine noisy waits can keep the path off the envelope until
+    # the round guard (--reconfigure-rounds, 20) ends the phase, which is a designed stop too
+    guard = rec["stop_reason"] == "stopped after 20 rounds (guard)"
+    stops = ("critical path is the envelope", "every critical unit is at the highest clock")
+    assert guard or rec["stop_reason"] in stops
+    assert rec["rounds"] == rec["raises"] + 1  # one measured iteration per round (21 at the guard)
     assert summary["baseline_source"] == "planner prediction (simulated)"
     assert summary["predicted_energy_j"] > 0 and -1 < summary["predicted_saving_vs_baseline"] < 1
     plan = json.loads((tmp_path / "rep" / "plan.json").read_text())

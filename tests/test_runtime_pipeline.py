@@ -38,16 +38,20 @@ def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | Non
         "OMP_NUM_THREADS": "1",
     }
     spec = json.dumps({"stages": stages, "runs": runs})
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), spec, str(tmp_path)],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
+    # output to files, not pipes: a rank blocked writing to a full pipe nobody reads (the test waits on
+    # rank 0 first) would hang the whole job until the watchdog
+    logs = [tmp_path / f"rank{r}.log" for r in range(world)]
+    procs = []
+    for r in range(world):
+        with logs[r].open("w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), spec, str(tmp_path)],
+                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     deadline = time.monotonic() + WATCHDOG_S
     try:
         for p in procs:
@@ -55,10 +59,11 @@ def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | Non
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        pytest.fail(f"pipeline with {stages} stages did not finish in {WATCHDOG_S}s (deadlock?)")
+            p.wait()
+        tails = "".join(f"--- rank {r} ---\n{log.read_text()[-1500:]}\n" for r, log in enumerate(logs))
+        pytest.fail(f"pipeline with {stages} stages did not finish in {WATCHDOG_S}s (deadlock?)\n{tails}")
     for r, p in enumerate(procs):
-        out = p.stdout.read() if p.stdout else ""
-        assert p.returncode == 0, f"rank {r} failed:\n{out[-3000:]}"
+        assert p.returncode == 0, f"rank {r} failed:\n{logs[r].read_text()[-3000:]}"
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -11,7 +11,7 @@ from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline, u
 from envpipe.plan.policies import POLICIES, initial_clocks, valley_clocks
 from envpipe.plan.reconfig import RECONFIGS, ReconfigResult, reconfigure
 from envpipe.plan.schedules import SCHEDULES, build_schedule, reschedule_counts
-from envpipe.plan.simulate import Timeline, simulate
+from envpipe.plan.simulate import Timeline, simulate, stage_tails
 from envpipe.profile import Profile
 from envpipe.profile.gpus import candidate_clocks
 
@@ -39,10 +39,13 @@ def make_plan(
     transfer_s: float = 0.0,
     memory_cap: int | None = None,
     threshold_scale: float = 4.0,
+    tail_s: float | np.ndarray | list[float] = 0.0,
 ) -> PlanResult:
     """Plan one iteration of ``profile``'s pipeline with EnvPipe's method.
 
     ``memory_cap``: the most extra warm-up micro-batches of activations a stage can hold (None: no cap).
+    ``tail_s``: each stage's work after its last unit (gradient all-reduce, optimizer step), one number or
+    one per stage; it is part of every simulated iteration (valley sweep, reconfiguration, baseline).
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
@@ -55,11 +58,12 @@ def make_plan(
     if idle_power_w < 0:
         raise ValueError("idle power must not be negative")
     M, S = num_microbatches, profile.num_stages
+    tail = stage_tails(tail_s, S)
     candidates = candidate_clocks([int(f) for f in profile.freqs], gpu)
     if policy == "baseline":
         valley = [profile.f_max] * S
     else:
-        valley = valley_clocks(profile, candidates, M, idle_power_w, policy == "uniform", transfer_s)
+        valley = valley_clocks(profile, candidates, M, idle_power_w, policy == "uniform", transfer_s, tail)
 
     reschedule = [0] * S
     if schedule == "envpipe" and policy != "baseline":
@@ -72,12 +76,12 @@ def make_plan(
 
     def simulate_freqs(freqs: np.ndarray, previous: Timeline | None, changed: np.ndarray | None) -> Timeline:
         dur, en = unit_costs(dag, profile, clock_index[freqs])
-        return simulate(dag, dur, en, idle_power_w, transfer_s, previous=previous, changed=changed)
+        return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail, previous=previous, changed=changed)
 
     start = initial_clocks(policy, dag, profile.f_max, valley)
     method = "default" if policy == "baseline" else reconfig
     result = reconfigure(dag, start, profile.freqs, simulate_freqs, method, threshold_scale)
-    baseline = baseline_timeline(profile, M, idle_power_w, transfer_s)
+    baseline = baseline_timeline(profile, M, idle_power_w, transfer_s, tail)
     name = policy if method == "default" else f"{policy}+{method}"
     plan = plan_from_timeline(result.timeline, result.freqs_mhz, schedule, name, baseline)
     return PlanResult(plan, result.timeline, baseline, candidates, valley, reschedule, result)

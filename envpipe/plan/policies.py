@@ -20,8 +20,13 @@ POLICIES = ("baseline", "uniform", "envelope")
 
 
 def valley_clocks(profile: Profile, candidates: list[int], num_microbatches: int, idle_power_w: float,
-                  sweep_last_stage: bool, transfer_s: float = 0.0) -> list[int]:
-    """Per-stage energy-optimal clock among ``candidates`` (EnvPipe's f_opt)."""
+                  sweep_last_stage: bool, transfer_s: float = 0.0,
+                  tail_s: float | np.ndarray = 0.0) -> list[int]:
+    """Per-stage energy-optimal clock among ``candidates`` (EnvPipe's f_opt).
+
+    ``tail_s`` (per stage or one number): work after a stage's last unit; it lengthens every swept
+    iteration, so the idle time it adds is charged at the blocking power like any other wait.
+    """
     S, M = profile.num_stages, num_microbatches
     dag = PipelineDag.from_orders(one_f_one_b(S, M), M)
     last = dag.stage == S - 1
@@ -32,7 +37,7 @@ def valley_clocks(profile: Profile, candidates: list[int], num_microbatches: int
         if not sweep_last_stage:
             freq_idx[last] = 0
         dur, en = unit_costs(dag, profile, freq_idx)
-        tl = simulate(dag, dur, en, idle_power_w, transfer_s)
+        tl = simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
         per_stage_units = np.bincount(dag.stage, weights=en, minlength=S)
         stage_energy[c] = per_stage_units + tl.idle_time * idle_power_w
     best = np.argmin(stage_energy, axis=0)

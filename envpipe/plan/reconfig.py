@@ -5,6 +5,8 @@ Each round simulates the plan, walks EnvPipe's critical path, and:
 - greedy: raises the latest-in-time critical unit below max by 3 x 30 MHz;
 - balanced: raises every critical unit at the path's minimum clock by 30 MHz.
 It stops when every critical unit is an envelope unit or nothing on the path can be raised.
+Per-stage tails (gradient all-reduce, optimizer step) come in through ``simulate_freqs``: they are in
+every timeline it returns, and so in the time and energy each round is judged by.
 
 The walk (EnvPipe's find_critical_path) goes back in time from stage 0's last unit to its first:
 a unit whose recv stall is below the threshold was delayed by its own predecessor on the stage;

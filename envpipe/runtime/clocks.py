@@ -39,12 +39,18 @@ class Clock(Protocol):
 
 
 class SimClock:
-    """Emulates a GPU clock on CPU with a frequency model; energy is simulated."""
+    """Emulates a GPU clock on CPU with a frequency model; energy is simulated.
+
+    ``slowdown`` > 1 stretches every unit further, as a slower GPU would (a straggling replica in tests).
+    """
 
     energy_label = "simulated"
     controls_clocks = True
 
-    def __init__(self, model: FrequencyModel | None = None) -> None:
+    def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0) -> None:
+        if not slowdown >= 1.0:
+            raise ValueError(f"a sim clock slowdown must be >= 1, got {slowdown}")
+        self.slowdown = slowdown
         self.model = model or FrequencyModel.default()
         self.supported_mhz = list(self.model.clocks_mhz)
         self.mhz = self.model.max_mhz
@@ -62,7 +68,7 @@ class SimClock:
     def after_unit(self, seconds: float) -> None:
         start = time.perf_counter() - seconds
         at_start = self._energy_at(start)
-        stretched = seconds * self.model.time_scale(self.mhz)
+        stretched = seconds * self.model.time_scale(self.mhz) * self.slowdown
         if stretched > seconds:
             time.sleep(stretched - seconds)
         self._busy_s += stretched

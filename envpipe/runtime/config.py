@@ -1,7 +1,8 @@
 """The `envpipe` block of a DeepSpeed config and the ENVPIPE_* environment variables.
 
     "envpipe": {"type": "envelope", "scheduling": "envpipe", "reconfig": "default", "gpu": "a100",
-                "clock": "auto", "plan": "plan.json", "report_dir": "envpipe-report"}
+                "clock": "auto", "plan": "plan.json", "report_dir": "envpipe-report",
+                "pipeline_stages": 2, "straggler": "report", "straggler_threshold": 0.05}
 
 ENVPIPE_TYPE, ENVPIPE_SCHEDULING and ENVPIPE_RECONFIGURE override the block, as in EnvPipe.
 """
@@ -18,9 +19,12 @@ TYPES = ("baseline", "uniform", "envelope")
 SCHEDULINGS = ("1f1b", "envpipe")
 RECONFIGS = ("default", "greedy", "balanced")
 CLOCKS = ("auto", "sim", "daemon", "none")
+STRAGGLERS = ("report", "frontier")
 _ENV = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reconfig": "ENVPIPE_RECONFIGURE"}
-_CHOICES = {"type": TYPES, "scheduling": SCHEDULINGS, "reconfig": RECONFIGS, "clock": CLOCKS}
+_CHOICES = {"type": TYPES, "scheduling": SCHEDULINGS, "reconfig": RECONFIGS, "clock": CLOCKS, "straggler": STRAGGLERS}
 _STRINGS = ("gpu", "plan", "profile", "report_dir")
+_POSITIVE_INTS = ("pipeline_stages",)
+_FRACTIONS = ("straggler_threshold",)
 
 
 class EnvPipeConfigError(ValueError):
@@ -37,6 +41,9 @@ class EnvPipeConfig:
     plan: str | None = None  # skip profiling and planning: run this plan file
     profile: str | None = None  # skip profiling: plan from this profile CSV
     report_dir: str = "envpipe-report"
+    pipeline_stages: int | None = None  # None: one stage per process (no data parallelism)
+    straggler: str = "report"  # "frontier": replicas waiting for a straggler take a cheaper plan
+    straggler_threshold: float = 0.05  # a replica this much slower than the others' median straggles
 
     @property
     def policy(self) -> str:
@@ -50,7 +57,7 @@ def parse(block: Any, environ: Mapping[str, str] | None = None) -> EnvPipeConfig
         block = {}
     if not isinstance(block, Mapping):
         raise EnvPipeConfigError(f"the 'envpipe' config block must be an object, got {type(block).__name__}")
-    known = set(_CHOICES) | set(_STRINGS)
+    known = set(_CHOICES) | set(_STRINGS) | set(_POSITIVE_INTS) | set(_FRACTIONS)
     unknown = sorted(set(block) - known)
     if unknown:
         raise EnvPipeConfigError(
@@ -67,6 +74,14 @@ def parse(block: Any, environ: Mapping[str, str] | None = None) -> EnvPipeConfig
     for key in _STRINGS:
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise EnvPipeConfigError(f"{sources[key]} must be a non-empty string")
+    for key in _POSITIVE_INTS:
+        value = values.get(key)
+        if key in values and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise EnvPipeConfigError(f"{sources[key]} must be a positive integer, got {value!r}")
+    for key in _FRACTIONS:
+        value = values.get(key)
+        if key in values and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
+            raise EnvPipeConfigError(f"{sources[key]} must be a positive number, got {value!r}")
     if values.get("plan") and values.get("profile"):
         raise EnvPipeConfigError(
             "give either 'plan' (skip profiling and planning) or 'profile' (skip profiling), not both"

@@ -28,6 +28,7 @@ from envpipe.runtime.schedule import (
     ISendActivation,
     ISendGrad,
     SetClock,
+    TailMark,
     Unit,
     UnitEnd,
     UnitOrderSchedule,
@@ -65,6 +66,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_clocks: list[list[int]] | None = None
         self.clock: Clock | None = None
         self.units: list[UnitRecord] = []
+        self.allreduce_s: float | None = None  # last timed iteration: ReduceTiedGrads + ReduceGrads (seconds)
         self._current_mhz: int | None = None
         self._timing = False
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
@@ -122,6 +124,7 @@ class EnvPipeEngine(PipelineEngine):
     def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
         self.units = []
         self._gpu_units: list[tuple[str, int, Any, Any, int | None]] = []
+        self._tail_marks: dict[str, Any] = {}
         self._t0 = time.perf_counter()
         if self._on_gpu:
             self._t0_event = self._event()
@@ -131,9 +134,11 @@ class EnvPipeEngine(PipelineEngine):
         self.iteration_end_s = time.perf_counter() - self._t0
         if self._gpu_units:  # resolve GPU unit times once per iteration, not per unit
             self._resolve_gpu_units()
+        marks = self._tail_marks
+        self.allreduce_s = marks["reduced"] - marks["start"] if marks else None
 
     def _resolve_gpu_units(self) -> None:
-        """Unit times from CUDA events, and the host time of the iteration's first event.
+        """Unit times (and the all-reduce marks) from CUDA events, and the host time of the first event.
 
         One synchronize per iteration: an event recorded on the idle device completes at once, so
         the host clock read right after it maps GPU time to host time (for the energy meter).
@@ -146,6 +151,7 @@ class EnvPipeEngine(PipelineEngine):
         self.iteration_end_s = ms(end) / 1e3
         self.iteration_host_t0 = host_end - self.iteration_end_s
         self.units = [UnitRecord(k, m, ms(a) / 1e3, ms(b) / 1e3, mhz) for k, m, a, b, mhz in self._gpu_units]
+        self._tail_marks = {k: ms(e) / 1e3 for k, e in self._tail_marks.items()}
 
     @property
     def _on_gpu(self) -> bool:
@@ -254,6 +260,9 @@ class EnvPipeEngine(PipelineEngine):
             end = time.perf_counter()
         self.units.append(UnitRecord(kind, mb, self._unit_t - self._t0, end - self._t0, self._current_mhz))
 
+    def _exec_tail_mark(self, at: str) -> None:
+        self._tail_marks[at] = self._event() if self._on_gpu else time.perf_counter() - self._t0
+
     _INSTRUCTION_MAP: ClassVar[dict[type, Any]] = {
         **PipelineEngine._INSTRUCTION_MAP,
         ds.SendActivation: _exec_isend_activations,
@@ -265,6 +274,7 @@ class EnvPipeEngine(PipelineEngine):
         SetClock: _exec_set_clock,
         UnitStart: _exec_unit_start,
         UnitEnd: _exec_unit_end,
+        TailMark: _exec_tail_mark,
     }
 
 

@@ -2,6 +2,8 @@
 rule, or profile + the planner), reconfigure (from measured waits), steady state.
 
 Every rank calls `train` with its EnvPipeEngine; rank 0 writes the summary and the Gantt picture.
+With data-parallel replicas (envpipe.runtime.replicas) every replica measures, each stage is planned
+for its slowest replica, rank 0 decides and broadcasts the plan, and the summary covers the whole job.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from envpipe.energy.accounting import account
 from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_reader
 from envpipe.plan.schedules import Unit, one_f_one_b
 from envpipe.profile import Profile, load_profile
+from envpipe.runtime import replicas
 from envpipe.runtime.clocks import Clock, SimClock, gpu_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.engine import EnvPipeEngine
+from envpipe.runtime.jobreport import RankRecord, job_summary
 from envpipe.runtime.plans import RunPlan, builtin_plan, load_plan
 from envpipe.runtime.reconfigure import reconfigure_online
 from envpipe.runtime.report import Reporter, summarize, write_summary
-from envpipe.runtime.timing import Calibration, StageTiming, calibrate, measured_timeline, predict_time
+from envpipe.runtime.timing import Calibration, StageTiming, measured_timeline, predict_time
 
 log = logging.getLogger(__name__)
 STEADY_ACCOUNTED = 50  # unit energy in the summary: over the last (up to) this many steady iterations
@@ -41,7 +45,7 @@ def make_clock(cfg: EnvPipeConfig, engine: EnvPipeEngine) -> Clock | None:
             raise ValueError(
                 "envpipe.clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs"
             )
-        return SimClock()
+        return SimClock(slowdown=replicas.sim_slowdown(engine.grid.get_data_parallel_id()))
     if kind == "daemon":
         if not on_gpu:
             raise ValueError("envpipe.clock 'daemon' needs a GPU; use 'sim' or 'auto' on CPU")
@@ -95,6 +99,12 @@ class Runner:
         self._round = 0
         self.reconfig_log: dict[str, Any] | None = None
         self.calibration: Calibration | None = None
+        self.place = replicas.place(engine)
+        self.straggler: int | None = None  # a straggling replica (calibration, then profiling iterations)
+        self.fast_profile: Profile | None = None  # the other replicas' profile when there is a straggler
+        self.relaxed: dict[str, Any] | None = None  # what the straggler rule did (for the report)
+        self._plans: dict[int, RunPlan] = {}  # the broadcast decision: {replica, or -1 for all: plan}
+        self._dp_log: list[tuple[float, float, float]] = []  # steady: (units end, all-reduce, tail) per iteration
 
     # --- one iteration ---------------------------------------------------------------------------
     def _step(self, data_iter: Iterator[Any], phase: str, extra: dict[str, Any] | None = None) -> StageTiming:
@@ -117,14 +127,22 @@ class Runner:
         self.last_timing = StageTiming(
             engine.stage_id, t0, t1, [(u.kind, u.mb, h + u.start_s, h + u.end_s) for u in engine.units]
         )
+        if phase == "steady" and engine.units:  # the tail as calibration measures it; the all-reduce within it
+            units_end = max(u.end_s for u in engine.units)
+            self._dp_log.append((units_end, engine.allreduce_s or 0.0, t1 - (h + units_end)))
         return self.last_timing
 
-    def _gather(self, mine: Any) -> list[Any]:
-        """This rank's object from every stage, in stage order (any data-parallel replica will do)."""
-        everyone: list[Any] = [None] * tdist.get_world_size()
-        tdist.all_gather_object(everyone, (self.engine.stage_id, mine))
-        per_stage = dict(everyone)
-        return [per_stage[s] for s in range(self.engine.num_stages)]
+    def _gather(self, mine: Any) -> list[tuple[replicas.Place, Any]]:
+        """Every rank's object with its place (stage, replica), in rank order (a collective call)."""
+        return replicas.gather((self.place, mine))
+
+    def _calibrate(
+        self, orders: list[list[Unit]], iterations: list[list[tuple[replicas.Place, StageTiming]]]
+    ) -> tuple[Calibration, list[tuple[replicas.Place, dict[str, float]]]]:
+        """The job's calibration (per stage its slowest replica, its shortest tail) and per-rank numbers."""
+        cals = replicas.calibrate_replicas(orders, iterations)
+        entries = replicas.stage_entries(cals, iterations[-1])
+        return replicas.job_calibration(cals, entries, len(orders)), entries
 
     def _unit_energy(self, timing: StageTiming) -> tuple[float | None, float | None, float | None]:
         """(mean F, mean B energy, idle power) of one iteration from the meter (counter at unit bounds)."""
@@ -157,33 +175,62 @@ class Runner:
         clocks = profile_clocks(self.clock.supported_mhz, self.profile_points)
         self.idle_power_w = self._idle_power()
         P = self.engine.num_stages
-        times, energies = [], []
+        per_clock: list[list[replicas.Entry]] = []
         for mhz in clocks:
             self.engine.set_unit_orders(orders, [[mhz] * len(o) for o in orders], self.clock, timing=True)
             timing = self._step(data_iter, f"profile@{mhz}")
-            stages = self._gather((timing, self._unit_energy(timing)))
-            cal = calibrate(orders, [[t for t, _ in stages]])
-            times.append((cal.fwd_s, cal.bwd_s))
-            energies.append([e[:2] for _, e in stages])
-
-        fwd_t, bwd_t = (np.array([[t[kind][s] for t in times] for s in range(P)], float) for kind in (0, 1))
-        fwd_j, bwd_j = (np.array([[e[s][kind] for e in energies] for s in range(P)], float) for kind in (0, 1))
-        return Profile(np.array(clocks), fwd_t, bwd_t, fwd_j, bwd_j, source="online")
+            gathered = self._gather((timing, self._unit_energy(timing)))
+            _, measured = self._calibrate(orders, [[(w, t) for w, (t, _) in gathered]])
+            for (_, stats), (_, (_, (f_j, b_j, _))) in zip(measured, gathered, strict=True):
+                stats.update(F_j=np.nan if f_j is None else f_j, B_j=np.nan if b_j is None else b_j)
+            per_clock.append(list(measured))
+        # every replica at every clock: a steadier sign of a straggler than the calibration iterations
+        totals: dict[int, float] = {}
+        for entries in per_clock:
+            for replica, t in replicas.replica_times(entries).items():
+                totals[replica] = totals.get(replica, 0.0) + t
+        self.straggler = replicas.find_straggler(totals, self.cfg.straggler_threshold)
+        if self.straggler is not None:
+            fast = [replicas.slowest_per_stage(e, P, (self.straggler,)) for e in per_clock]
+            self.fast_profile = _profile_of(clocks, fast, "online (replicas waiting for the straggler)")
+        return _profile_of(clocks, [replicas.slowest_per_stage(e, P) for e in per_clock], "online")
 
     def plan(self, data_iter: Iterator[Any], cal: Calibration) -> tuple[RunPlan, Any]:
-        """A plan file; EnvPipe's own rule for 'baseline'; else profile (or a profile file) and plan.
+        """Profile where needed (every rank), decide on rank 0, broadcast: this replica's plan.
 
-        Returns the plan and, when the planner made it, the planner's Plan and profile (to re-predict).
+        The decision is a plan file; EnvPipe's own rule for 'baseline'; else the planner on the profile
+        (online, or a profile file). Every replica of a stage gets the same plan, except that with
+        `straggler: frontier` the replicas waiting for a straggler get the straggler rule's plan.
+        Returns the plan and, when the planner made it, the planner's Plan, profile and idle power
+        (to re-predict). A planning error on rank 0 is raised on every rank.
         """
+        profile = None
+        if not self.cfg.plan and not self.cfg.profile and self.cfg.type != "baseline":
+            P, M = self.engine.num_stages, self.engine.micro_batches
+            profile = self.profile(data_iter, one_f_one_b(P, M))  # collective: every rank profiles
+        decided: Any = None
+        if tdist.get_rank() == 0:
+            try:
+                decided = self._decide(profile, cal)
+            except Exception as exc:  # every rank raises it, none waits for a plan that never comes
+                decided = replicas.portable(exc)
+        self._plans, self.relaxed, planned = replicas.agree(decided)
+        return self._plans.get(self.place.replica, self._plans[-1]), planned
+
+    def _decide(
+        self, profile: Profile | None, cal: Calibration
+    ) -> tuple[dict[int, RunPlan], dict[str, Any] | None, Any]:
+        """({replica, or -1 for all: plan}, the straggler rule's note, the planner's output) on rank 0."""
         P, M = self.engine.num_stages, self.engine.micro_batches
         if self.cfg.plan:
-            return load_plan(self.cfg.plan, P, M), None
+            return {-1: load_plan(self.cfg.plan, P, M)}, None, None
         if self.cfg.type == "baseline" and not self.cfg.profile:
             plan = builtin_plan(self.cfg.scheduling, P, M, cal.fwd_s, cal.bwd_s)
             plan.predicted_time_s = predict_time(plan.orders, cal)
-            return plan, None
-        orders = one_f_one_b(P, M)
-        profile = load_profile(self.cfg.profile) if self.cfg.profile else self.profile(data_iter, orders)
+            return {-1: plan}, None, None
+        if profile is None:
+            assert self.cfg.profile is not None  # plan() profiles online otherwise
+            profile = load_profile(self.cfg.profile)
         if profile.num_stages != P:
             raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {P}")
         from envpipe.plan.planfile import baseline_timeline, evaluate_plan
@@ -191,6 +238,7 @@ class Runner:
 
         idle_w = self.idle_power_w if self.idle_power_w is not None else self._idle_power()
         online = self._reconfigures()
+        tail = np.asarray(cal.tail_s)
         result = make_plan(
             profile,
             M,
@@ -200,20 +248,39 @@ class Runner:
             idle_power_w=idle_w,
             gpu=self.cfg.gpu or "all",
             transfer_s=cal.transfer_s,
+            tail_s=tail,
         )
-        tail = np.asarray(cal.tail_s)
         predicted = evaluate_plan(result.plan, profile, idle_w, cal.transfer_s, tail)
         baseline = baseline_timeline(profile, M, idle_w, cal.transfer_s, tail)
-        if tdist.get_rank() == 0:
-            result.plan.save(Path(self.cfg.report_dir) / "plan.json")
-        run = RunPlan(
+        result.plan.save(Path(self.cfg.report_dir) / "plan.json")
+        agreed = RunPlan(
             result.plan.orders(),
             [[u.freq_mhz for u in units] for units in result.plan.stages],
             predicted.iteration_time,
             {"time_s": baseline.iteration_time, "energy_j": baseline.energy},
             predicted.energy,
         )
-        return run, (result.plan, profile, idle_w)
+        planned = (result.plan, profile, idle_w)
+        plans = {-1: agreed}
+        if self.straggler is None or self.cfg.straggler != "frontier":
+            return plans, None, planned
+        note: dict[str, Any] = {"straggler_replica": self.straggler, "applied": False}
+        if self.fast_profile is None:
+            note["reason"] = "the straggler rule needs online profiling (a profile per replica)"
+            return plans, note, planned
+        from envpipe.runtime.straggler import relaxed_plan
+
+        relaxed = relaxed_plan(
+            self.fast_profile, M, self.cfg.scheduling, idle_w, cal.tail_s, predicted.iteration_time, self.straggler,
+            cal.transfer_s,
+        )
+        if relaxed is None:
+            note["reason"] = "no frontier plan of the other replicas fits the straggler's time"
+            return plans, note, planned
+        for d in range(self.engine.grid.get_data_parallel_world_size()):
+            if d != self.straggler:
+                plans[d] = relaxed.plan
+        return plans, {**relaxed.note, "applied": True}, planned
 
     def _reconfigures(self) -> bool:
         return self.cfg.reconfig != "default" and self.clock is not None and self.clock.controls_clocks
@@ -222,6 +289,10 @@ class Runner:
         """EnvPipe's reconfiguration phase from measured waits; the plan's clocks come back raised."""
         if not self._reconfigures() or plan.clocks is None:
             return plan
+        if self.relaxed and self.relaxed.get("applied"):  # every rank must take the same raises each round
+            self.reconfig_log = {"method": self.cfg.reconfig, "skipped": "the straggler rule gave the replicas "
+                                 "different plans; reconfiguration raises one plan's clocks on every replica"}
+            return plan
         engine = self.engine
         idle_w = self.idle_power_w or 0.0
 
@@ -229,7 +300,10 @@ class Runner:
             engine.set_unit_orders(plan.orders, clocks, self.clock, timing=True)
             timing = self._step(data_iter, "reconfigure", {"round": self._round})
             self._round += 1
-            return measured_timeline(plan.orders, self._gather(timing), cal, idle_power_w=idle_w)
+            gathered = self._gather(timing)  # the waits of the replica that ended last: all wait for it
+            slowest = replicas.slowest_replica(gathered)
+            stages = [t for w, t in gathered if w.replica == slowest]
+            return measured_timeline(plan.orders, stages, cal, idle_power_w=idle_w)
 
         self._round = 0
         assert self.clock is not None
@@ -270,8 +344,9 @@ class Runner:
         orders = one_f_one_b(P, M)
         engine.set_unit_orders(orders, clock=self.clock, timing=True)
         measured = [self._gather(self._step(data_iter, "calibrate")) for _ in range(max(1, calibration_steps))]
-        cal = calibrate(orders, measured[1:] or measured)  # the first iteration warms up
+        cal, entries = self._calibrate(orders, measured[1:] or measured)  # the first iteration warms up
         self.calibration = cal
+        self.straggler = replicas.find_straggler(replicas.replica_times(entries), self.cfg.straggler_threshold)
         plan, planned = self.plan(data_iter, cal)
         plan = self.reconfigure(data_iter, plan, cal, planned)
         engine.set_unit_orders(plan.orders, plan.clocks, self.clock, timing=True)
@@ -293,14 +368,26 @@ class Runner:
         stage.unit_energy_j = self._steady_unit_energy()
         if self.meter is not None:
             self.meter.close()
-        everyone: list[Any] = [None] * tdist.get_world_size()
-        tdist.all_gather_object(everyone, stage)
+        units_end, allreduce, tails = ([x[k] for x in self._dp_log] for k in range(3))
+        digest = replicas.plan_digest(plan.orders, plan.clocks, engine.stage_id)
+        everyone = replicas.gather(RankRecord(self.place, stage, digest, units_end, allreduce, tails))
         if tdist.get_rank() != 0:
             return None
-        reports = sorted({s.stage: s for s in everyone}.values(), key=lambda s: s.stage)
-        summary = summarize(
-            reports, self.samples, self.reporter.energy_label, plan.predicted_time_s, plan.baseline
+        records = sorted(everyone, key=lambda r: (r.place.replica, r.place.stage))
+        reports = [r.report for r in records]  # every GPU of every replica: job-wide energy
+        dp = engine.grid.get_data_parallel_world_size()
+        plans = [self._plans.get(d, self._plans[-1]) for d in range(dp)]
+        baseline = {**plan.baseline, "energy_j": plan.baseline["energy_j"] * dp} if plan.baseline else None
+        energies = [p.predicted_energy_j for p in plans]
+        predicted_j = sum(e for e in energies if e is not None) if None not in energies else None
+        predicted_s = plan.predicted_time_s  # with the straggler rule, the job waits for the straggler's plan
+        if self.relaxed and self.relaxed.get("applied"):
+            predicted_s = self.relaxed["straggler_predicted_time_s"]
+        summary = summarize(reports, self.samples, self.reporter.energy_label, predicted_s, baseline)
+        summary["job"] = job_summary(
+            records, self.reporter.energy_label, cal.tail_s, self.cfg.straggler_threshold, self.straggler
         )
+        summary["job"]["straggler_rule"] = self.relaxed
         summary.update(
             type=self.cfg.type,
             scheduling=self.cfg.scheduling,
@@ -310,9 +397,9 @@ class Runner:
             plan_file=self.cfg.plan,
             baseline_source="planner prediction (simulated)" if plan.baseline else None,
             calibration=cal.as_dict(),
-            predicted_energy_j=plan.predicted_energy_j,
-            predicted_saving_vs_baseline=1.0 - plan.predicted_energy_j / plan.baseline["energy_j"]
-            if plan.predicted_energy_j is not None and plan.baseline
+            predicted_energy_j=predicted_j,  # the job's: every replica's plan
+            predicted_saving_vs_baseline=1.0 - predicted_j / baseline["energy_j"]
+            if predicted_j is not None and baseline
             else None,
             reconfiguration=self.reconfig_log,
             energy_counter_update_s=self._counter_update_s(),
@@ -322,7 +409,7 @@ class Runner:
         write_summary(
             self.cfg.report_dir,
             summary,
-            reports,
+            [r.report for r in records if r.place.replica == 0],  # the Gantt picture: one pipeline
             f"{self.cfg.scheduling} / {self.cfg.type}: measured units, energy {summary['energy']}",
         )
         return summary
@@ -344,3 +431,12 @@ class Runner:
             return None
         steps = self.meter.trace.update_intervals()
         return float(np.median(steps)) if steps.size else None
+
+
+def _profile_of(clocks: list[int], rows: list[list[dict[str, float]]], source: str) -> Profile:
+    """A Profile from per-clock, per-stage unit numbers (F, B seconds; F_j, B_j joules)."""
+
+    def table(key: str) -> np.ndarray:
+        return np.array([[rows[k][s][key] for k in range(len(clocks))] for s in range(len(rows[0]))], float)
+
+    return Profile(np.array(clocks), table("F"), table("B"), table("F_j"), table("B_j"), source=source)

@@ -39,6 +39,10 @@ class UnitEnd(ds.PipeInstruction):
     """Marks the end of a forward/backward unit."""
 
 
+class TailMark(ds.PipeInstruction):
+    """Marks the gradient all-reduce (ReduceTiedGrads + ReduceGrads): "start" before it, "reduced" after."""
+
+
 def max_in_flight(order: Sequence[Unit]) -> int:
     """Most forwards whose backward has not run yet: the pipe buffers a stage needs."""
     live = peak = 0
@@ -164,4 +168,7 @@ class UnitOrderSchedule(ds.PipeSchedule):
                 current = self.clocks[i]
                 cmds.append(SetClock(mhz=current))
             yield cmds + self._unit_cmds(kind, mb)
-        yield [ds.ReduceTiedGrads(), ds.ReduceGrads(), ds.OptimizerStep()]
+        reduce: list[ds.PipeInstruction] = [ds.ReduceTiedGrads(), ds.ReduceGrads()]
+        if self.timed:  # the gradient all-reduce's own time, for the report (the tail is timed by the runner)
+            reduce = [TailMark(at="start"), *reduce, TailMark(at="reduced")]
+        yield [*reduce, ds.OptimizerStep()]

@@ -114,3 +114,33 @@ def test_simulate_with_tail_times(tmp_path):
 def test_simulate_refuses_bad_tail_times(tmp_path, value, message):
     res = baseline_plan_and_simulate(tmp_path)[1]("--tail-time", value)
     assert res.exit_code != 0 and message in res.output
+
+
+def test_plan_with_tail_time(tmp_path):
+    profile = str(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
+    base = ["plan", "--profile", profile, "-m", "8", "--policy", "baseline", "--gpu", "a100"]
+    plain = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "a.json")])
+    tailed = CliRunner().invoke(main, [*base, "--tail-time", "0.5", "--out", str(tmp_path / "b.json")])
+    assert plain.exit_code == 0 and tailed.exit_code == 0, tailed.output
+    t0 = json.loads((tmp_path / "a.json").read_text())["predicted"]["iteration_time_s"]
+    t1 = json.loads((tmp_path / "b.json").read_text())["predicted"]["iteration_time_s"]
+    assert t1 == pytest.approx(t0 + 0.5)
+
+
+def test_optimal_plan_with_tail_time(tmp_path):
+    """The optimal planner takes the tail too: the budget (1F1B at the highest clock) and the plan's iteration
+    both end 0.5 s later; per-stage tails are accepted."""
+    pytest.importorskip("scipy", reason="the optimal planner needs scipy")
+    profile = str(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
+    base = ["plan", "--profile", profile, "-m", "4", "--policy", "optimal", "--idle-power", "83.64"]
+    plain = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "a.json")])
+    tailed = CliRunner().invoke(main, [*base, "--tail-time", "0.5", "--out", str(tmp_path / "b.json")])
+    assert plain.exit_code == 0 and tailed.exit_code == 0, tailed.output
+    budget = [float(x.split("time budget ")[1].split(" s")[0]) for x in (plain.output, tailed.output)]
+    assert budget[1] == pytest.approx(budget[0] + 0.5, abs=1e-4)
+    t0, t1 = (json.loads((tmp_path / f).read_text())["predicted"]["iteration_time_s"] for f in ("a.json", "b.json"))
+    assert t1 == pytest.approx(t0 + 0.5, rel=1e-3) and t1 <= budget[1] + 1e-9
+    per_stage = CliRunner().invoke(main, [*base, "--tail-time", ",".join(["0"] * 7 + ["0.5"])])
+    assert per_stage.exit_code == 0, per_stage.output
+    res = CliRunner().invoke(main, [*base, "--tail-time", "0.1,0.2"])
+    assert res.exit_code != 0 and "2 tail times given for 8 stages" in res.output

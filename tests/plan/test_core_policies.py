@@ -97,3 +97,15 @@ def test_bad_planner_arguments(gpt3, kwargs, message):
     args = {"idle_power_w": 83.64} | kwargs
     with pytest.raises(ValueError, match=message):
         make_plan(gpt3, 8, **args)
+
+
+def test_make_plan_counts_the_tail_in_every_iteration(gpt3) -> None:
+    """A per-stage tail (gradient all-reduce + optimizer step) is in the plan's and the baseline's time."""
+    M, w = 8, IDLE_W["gpt3-175b+a100_sxm_bf16"]
+    plain = make_plan(gpt3, M, policy="envelope", reconfig="balanced", idle_power_w=w, gpu="a100")
+    tailed = make_plan(gpt3, M, policy="envelope", reconfig="balanced", idle_power_w=w, gpu="a100", tail_s=0.25)
+    assert tailed.baseline.iteration_time == pytest.approx(plain.baseline.iteration_time + 0.25)
+    assert tailed.plan.predicted["iteration_time_s"] >= plain.plan.predicted["iteration_time_s"] + 0.25 - 1e-9
+    assert tailed.timeline.tail_s.tolist() == [0.25] * gpt3.num_stages
+    with pytest.raises(ValueError, match="tail times given"):
+        make_plan(gpt3, M, idle_power_w=w, tail_s=[0.1, 0.2])

@@ -1,0 +1,74 @@
+"""Table of a data x pipeline benchmark: one row per run from each run's summary.json (benchmarks/dp_h200.sh).
+
+Usage: python benchmarks/dp_table.py OUT_DIR RUN...   (RUN: a report directory name under OUT_DIR)
+Prints Markdown: shape, iteration time and throughput (measured), job-wide energy per iteration summed
+over every GPU of every node and per node (label from the report), and per stage the gradient
+all-reduce and the tail (step end - last unit end) measured on each replica vs the calibrated tail the
+runtime's prediction used (simulated). A run the script skipped (too few GPUs: OUT_DIR/RUN.skipped) or
+that failed (OUT_DIR/RUN.failed) gets a row that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, list):
+        return " / ".join(_fmt(v, digits) for v in x)
+    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+
+
+def row(name: str, s: dict[str, Any], stock: dict[str, Any] | None) -> str:
+    job = s.get("job", {})
+    dp = job.get("data_parallel", 1)
+    shape = f"DP{dp}×PP{job.get('gpus', dp) // dp}"
+    ratio = s["throughput_samples_per_s"] / stock["throughput_samples_per_s"] if stock else None
+    nodes = [n["energy_per_iteration_j"] for n in job.get("energy_per_node_j", [])]
+    reduce = "; ".join(
+        f"s{a['stage']}: all-reduce {_fmt(a['measured_allreduce_s'], 2)}, tail {_fmt(a['measured_tail_s'], 2)} "
+        f"(simulated tail {_fmt(a['simulated_tail_s'], 2)})"
+        for a in job.get("allreduce", [])
+        if any(v is not None for v in a["measured_allreduce_s"])
+    )
+    cells = [name, shape, _fmt(s["iteration_time_s"]), _fmt(s["throughput_samples_per_s"]), _fmt(ratio, 3),
+             f"{_fmt(s.get('energy_per_iteration_j'))} ({s.get('energy')})", _fmt(nodes),
+             _fmt(s.get("predicted_iteration_time_s")), reduce or "—"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _missing(out: Path, name: str) -> str:
+    """Why a run has no summary: the script's note (skipped, failed), else "not run or failed"."""
+    for kind in ("skipped", "failed"):
+        note = out / f"{name}.{kind}"
+        if note.exists():
+            return note.read_text().strip() or kind
+    return "not run or failed"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    print("| run | shape | iteration (s, measured) | samples/s | vs stock | energy / iteration, all GPUs (J) "
+          "| per node (J) | predicted (s, simulated) | per stage, per replica (s, measured) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    summaries = {n: json.loads((out / n / "summary.json").read_text()) for n in argv[1:]
+                 if (out / n / "summary.json").exists()}
+    for name in argv[1:]:
+        if name not in summaries:
+            print(f"| {name} | {_missing(out, name)} | | | | | | | |")
+            continue
+        # envpipe_X is compared with stock_X
+        print(row(name, summaries[name], summaries.get(name.replace("envpipe", "stock", 1))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,223 @@
+"""Data-parallel replicas of the pipeline: the job's shape, who measures, what is agreed, stragglers.
+
+DeepSpeed's grid is world = stages x replicas (axes pipe x data). The replicas of a stage all-reduce
+their gradients at the end of every iteration, so each iteration waits for the slowest of them.
+
+- **Every replica measures.** Per stage the runtime takes the *slowest* replica's numbers (largest
+  forward + backward unit time; its unit energies go with it): the all-reduce makes every replica wait
+  for it anyway, so planning for it costs no time and planning for a faster one would.
+- **Calibration per replica.** Each replica's stages form one measured pipeline (`calibrate_replicas`):
+  its own unit, overhead, transfer and tail times (envpipe.runtime.timing); `job_calibration` combines them.
+- **Tails.** A stage's tail (step end - last unit end: gradient all-reduce + optimizer step) is the *shortest*
+  over its replicas: the last replica to reach the all-reduce does not wait there, so its tail is transfer +
+  step alone.
+- **One decision.** Rank 0 plans; the plan is broadcast (`agree`), so every replica of a stage runs the
+  same orders and clocks. Only the straggler rule (`envpipe.runtime.straggler`) gives the replicas
+  that wait for a straggler a plan of their own, and the report says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import socket
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as tdist
+
+from envpipe.plan.schedules import Unit
+from envpipe.runtime.timing import Calibration, StageTiming, calibrate
+
+STRAGGLER_THRESHOLD = 0.05  # default: a replica this much slower than the others' median is a straggler
+SLOW_REPLICA_ENV = "ENVPIPE_SIM_SLOW_REPLICA"  # "REPLICA:FACTOR": that replica's sim clock runs slower
+
+
+class ReplicaError(ValueError):
+    """A data x pipeline shape that cannot work, or a bad straggler emulation setting."""
+
+
+def pipeline_shape(world_size: int, stages: int | None) -> tuple[int, int]:
+    """(stages, data-parallel replicas) for this world; stages default to the world size (no DP)."""
+    stages = world_size if stages is None else stages
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ReplicaError(f"pipeline stages must be a positive integer, got {stages!r}")
+    if stages > world_size or world_size % stages:
+        raise ReplicaError(
+            f"{stages} pipeline stages do not divide the {world_size} processes of the job: data-parallel "
+            f"replicas = processes / stages must be a whole number (e.g. {_divisors(world_size)})"
+        )
+    return stages, world_size // stages
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank sits: its stage, its replica (DeepSpeed's data-parallel id) and its node."""
+
+    rank: int
+    stage: int
+    replica: int
+    host: str
+    node_first_rank: int  # the lowest global rank on the node: tells nodes apart that share a hostname
+
+
+def place(engine: Any) -> Place:
+    rank = tdist.get_rank()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return Place(rank, engine.stage_id, engine.grid.get_data_parallel_id(), socket.gethostname(), rank - local)
+
+
+def gather(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (a collective call)."""
+    everyone: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(everyone, obj)
+    return everyone
+
+
+def agree(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (a collective call). An exception from rank 0 is raised everywhere."""
+    box = [obj if tdist.get_rank() == 0 else None]
+    tdist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling (to be broadcast with `agree`), else a ValueError with its message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return ValueError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+Entry = tuple[Place, Mapping[str, float]]
+
+
+def slowest_per_stage(entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()) -> list[dict[str, float]]:
+    """Per stage, the numbers of its slowest replica (largest F + B), leaving out replicas in `exclude`."""
+    skip = set(exclude)
+    best: dict[int, Mapping[str, float]] = {}
+    for where, stats in entries:
+        if where.replica in skip:
+            continue
+        cur = best.get(where.stage)
+        if cur is None or stats["F"] + stats["B"] > cur["F"] + cur["B"]:
+            best[where.stage] = stats
+    missing = [s for s in range(stages) if s not in best]
+    if missing:
+        raise ReplicaError(f"no measurements from stage(s) {missing}")
+    return [dict(best[s]) for s in range(stages)]
+
+
+def stage_tails(entries: Iterable[Entry], stages: int) -> list[float]:
+    """Per stage, the shortest measured tail over its replicas (the last to arrive does not wait)."""
+    tails: dict[int, float] = {}
+    for where, stats in entries:
+        tails[where.stage] = min(tails.get(where.stage, float("inf")), stats["tail_s"])
+    return [tails[s] for s in range(stages)]
+
+
+Measured = tuple[Place, StageTiming]  # one rank's iteration
+
+
+def calibrate_replicas(
+    orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[Measured]]
+) -> dict[int, Calibration]:
+    """Each replica's calibration from its own stages' timings (samples of the iterations pooled)."""
+    per: dict[int, list[list[StageTiming]]] = {}
+    for it in iterations:
+        mine: dict[int, list[StageTiming]] = {}
+        for where, timing in it:
+            mine.setdefault(where.replica, []).append(timing)
+        for d, timings in mine.items():
+            per.setdefault(d, []).append(timings)
+    return {d: calibrate(orders, its) for d, its in sorted(per.items())}
+
+
+def stage_entries(cals: Mapping[int, Calibration], last: Sequence[Measured]) -> list[tuple[Place, dict[str, float]]]:
+    """Per rank: its stage's calibrated numbers in its replica, and when its units ended (`last` iteration)."""
+    entries: list[tuple[Place, dict[str, float]]] = []
+    for where, t in last:
+        c, s = cals[where.replica], where.stage
+        stats = {"F": c.fwd_s[s], "B": c.bwd_s[s], "gap_s": c.gap_s[s], "tail_s": c.tail_s[s]}
+        entries.append((where, {**stats, "pipeline_s": _units_end(t)}))
+    return entries
+
+
+def _units_end(t: StageTiming) -> float:
+    """When the rank's last unit ended, from its own step start (host clocks of different nodes differ)."""
+    return max((end for *_, end in t.units), default=t.step_start) - t.step_start
+
+
+def job_calibration(
+    cals: Mapping[int, Calibration], entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()
+) -> Calibration:
+    """The job's simulator inputs: per stage the slowest replica's units, the shortest tail of the stage."""
+    entries = list(entries)
+    skip = set(exclude)
+    rows = slowest_per_stage(entries, stages, skip)
+    kept = [c for d, c in cals.items() if d not in skip]
+    return Calibration(
+        [r["F"] for r in rows],
+        [r["B"] for r in rows],
+        [r["gap_s"] for r in rows],
+        max(c.transfer_s for c in kept),
+        stage_tails(entries, stages),
+        max(c.head_s for c in kept),
+    )
+
+
+def slowest_replica(iteration: Iterable[Measured]) -> int:
+    """The replica whose stages ended their units last in this iteration (ties: the lowest id)."""
+    times: dict[int, float] = {}
+    for where, t in iteration:
+        times[where.replica] = max(times.get(where.replica, 0.0), _units_end(t))
+    return max(sorted(times), key=lambda d: times[d])
+
+
+def replica_times(entries: Iterable[Entry], key: str = "pipeline_s") -> dict[int, float]:
+    """Per replica, the latest `key` over its stages (default: when its last stage finished its units)."""
+    times: dict[int, float] = {}
+    for where, stats in entries:
+        times[where.replica] = max(times.get(where.replica, 0.0), stats[key])
+    return times
+
+
+def find_straggler(times: Mapping[int, float], threshold: float = STRAGGLER_THRESHOLD) -> int | None:
+    """The replica slower than the median of the others by more than `threshold`, if any."""
+    if len(times) < 2:
+        return None
+    worst = max(times, key=lambda r: times[r])
+    others = statistics.median(t for r, t in times.items() if r != worst)
+    return worst if times[worst] > others * (1.0 + threshold) else None
+
+
+def plan_digest(orders: Sequence[Sequence[Any]], clocks: Sequence[Sequence[int]] | None, stage: int) -> str:
+    """A short hash of one stage's orders and clocks: equal digests, identical plans."""
+    text = json.dumps([list(map(list, orders[stage])), list(clocks[stage]) if clocks is not None else None])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def sim_slowdown(replica: int, environ: Mapping[str, str] | None = None) -> float:
+    """The sim clock slowdown of this replica from ENVPIPE_SIM_SLOW_REPLICA=REPLICA:FACTOR (CPU tests)."""
+    value = (os.environ if environ is None else environ).get(SLOW_REPLICA_ENV, "")
+    if not value:
+        return 1.0
+    try:
+        who, factor = value.split(":")
+        slow, f = int(who), float(factor)
+    except ValueError:
+        raise ReplicaError(f"{SLOW_REPLICA_ENV}={value!r}: expected REPLICA:FACTOR, e.g. 1:3") from None
+    if not f >= 1.0:
+        raise ReplicaError(f"{SLOW_REPLICA_ENV}={value!r}: the factor must be >= 1")
+    return f if slow == replica else 1.0
