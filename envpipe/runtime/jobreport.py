@@ -116,7 +116,8 @@ def job_summary(
         "straggler_threshold": straggler_threshold,
         "allreduce": allreduce,
         "allreduce_times": "measured per rank (replica order); tail: step end - last unit end (all-reduce, "
-        "optimizer step, loss broadcast); simulated_tail_s: the calibrated tail in the prediction",
+        "optimizer step, loss broadcast); simulated_tail_s: the calibrated tail in the prediction, less the head "
+        "(train_batch start to the first unit) that calibration folds into it",
         "plans_identical_across_replicas": all(len(d) == 1 for d in digests.values()),
         "plan_digest_per_rank": {r.place.rank: r.plan_digest for r in records},
     }
