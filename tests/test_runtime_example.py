@@ -24,7 +24,8 @@ def _torchrun(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **env_extra}
+    # PYTHONFAULTHANDLER: a rank killed by a signal (SIGABRT, SIGSEGV) prints its Python stack
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env_extra}
     cmd = [
         sys.executable,
         "-m",

@@ -36,6 +36,7 @@ def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | Non
         "WORLD_SIZE": str(world),
         "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
         "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",  # a rank killed by a signal prints its Python stack to its log
     }
     spec = json.dumps({"stages": stages, "runs": runs})
     # output to files, not pipes: a rank blocked writing to a full pipe nobody reads (the test waits on
