@@ -144,8 +144,17 @@ def _port_open(port: int) -> bool:
 
 
 def _sshd_pids(port: int) -> list[str]:
-    found = subprocess.run(["pgrep", "-f", f"sshd -D -e -p {port} "], capture_output=True, text=True)
-    return found.stdout.split()
+    """The listening sshd daemons on `port`. A connection (e.g. _port_open's probe) forks a child that keeps the
+    daemon's command line for a moment, longer on a loaded machine: children of a found pid are not counted."""
+    found = subprocess.run(["pgrep", "-f", f"sshd -D -e -p {port} "], capture_output=True, text=True).stdout.split()
+    return [pid for pid in found if (parent := _ppid(pid)) is not None and parent not in found]
+
+
+def _ppid(pid: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None  # gone meanwhile: not a listening daemon
 
 
 @pytest.mark.skipif(NO_SSHD is not None or os.geteuid() != 0, reason=NO_SSHD or "sshd's privsep needs root here")
