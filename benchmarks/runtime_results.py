@@ -136,9 +136,11 @@ def render(out_dir: Path, command: str | None) -> str:
         "# Runtime on H200: stock DeepSpeed 1F1B vs the EnvPipe runtime (measured)",
         "",
         f"Run started {b0['started_utc']} UTC on {b0['device']}; model arguments `{' '.join(b0['model_args'])}`; "
-        f"{b0['steps']} measured iterations per run, stock and runtime interleaved {b0['rounds']} times per M. "
+        f"{b0['steps']} measured iterations per run, stock and runtime interleaved {b0['rounds']} times per M "
+        "(in reverse order every other round). "
         "Clocks were never changed (the runtime records clock requests only); energy is the NVML cumulative "
-        "energy counter (measured), per unit interpolated at unit boundaries from a 2 ms poll.",
+        "energy counter (measured), per unit interpolated at unit boundaries from a "
+        f"{b0['meter_period_s'] * 1e3:.0f} ms poll.",
         "",
         f"Command: `{command or 'OUT=... bash benchmarks/runtime_h200.sh'}`",
         "",
