@@ -23,6 +23,7 @@ import argparse
 import copy
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -45,6 +46,7 @@ from envpipe.plan.dag import PipelineDag  # noqa: E402
 from envpipe.plan.schedules import one_f_one_b  # noqa: E402
 from envpipe.plan.simulate import simulate  # noqa: E402
 from envpipe.runtime import config as envpipe_config  # noqa: E402
+from envpipe.runtime.clocks import NvmlEnergyClock, SimClock  # noqa: E402
 from envpipe.runtime.runner import Runner, make_clock  # noqa: E402
 from envpipe.runtime.timing import Calibration, StageTiming, unit_durations  # noqa: E402
 
@@ -176,7 +178,25 @@ def _ratios(runs: list[dict], rounds: list[dict]) -> dict[str, Any]:
     }
 
 
-def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) -> dict:
+def idle_power(on_gpu: bool, seconds: float = 2.0) -> float:
+    """This GPU's power while idle (NVML counter over ``seconds``, measured), before any run.
+
+    The blocking power the planner charges for bubbles. Not the power seen in a pipeline's waits: the
+    counter moves only every ~100 ms, so interpolated wait energy carries the neighbouring units' power.
+    On CPU: the simulated GPU's idle power.
+    """
+    if not on_gpu:
+        return SimClock().model.idle_power_w
+    meter = NvmlEnergyClock(int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        e0, t0 = meter.energy_j(), time.perf_counter()
+        time.sleep(seconds)
+        return (meter.energy_j() - e0) / (time.perf_counter() - t0)
+    finally:
+        meter.close()
+
+
+def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path, idle_w: float) -> dict:
     margs = train_gpt.parse_args(
         [
             *model_args,
@@ -230,11 +250,10 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) 
             result["engine_ratio"] = _ratios([x["engine_1f1b"] for x in rounds], rounds)
         result["stage_ends"] = ends
         energy = last.get("unit_energy_per_stage") or []
-        idle_w = [u["idle_w"] for u in energy if u and u.get("idle_w")]
-        if energy and all(u and u.get("F_j") and u.get("B_j") for u in energy) and idle_w:
+        if energy and all(u and u.get("F_j") and u.get("B_j") for u in energy):
             gpu = "a100" if args.cpu else "h200"
             try:  # a planning error must not cost the measurements above
-                result["deployable_plan"] = deployable_plan(last, M, gpu, float(np.mean(idle_w)))
+                result["deployable_plan"] = deployable_plan(last, M, gpu, idle_w)
             except Exception as exc:
                 result["deployable_plan_error"] = repr(exc)
     del stock, rt
@@ -251,7 +270,9 @@ def main(argv: list[str] | None = None) -> None:
     model_args = [*(TINY if args.cpu else GPT2_H200), *model_args]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    idle_w = idle_power(on_gpu)  # on every rank; rank 0's GPU is the one reported
     bench: dict[str, Any] = {
+        "idle_power_w": idle_w,
         "stages": tdist.get_world_size(),
         "model_args": model_args,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
@@ -263,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     for M in args.ms:
         t0 = time.perf_counter()
-        res = bench_m(args, model_args, M, out)
+        res = bench_m(args, model_args, M, out, bench["idle_power_w"])
         res["wall_s"] = time.perf_counter() - t0
         bench["runs"].append(res)
         if tdist.get_rank() == 0:

@@ -109,9 +109,10 @@ def plans(bench: dict) -> list[str]:
         p = run.get("deployable_plan")
         if not p:
             continue
+        idle = "simulated" if bench["device"] == "cpu" else "measured on the idle GPU before the runs"
         out += [
             f"**{bench['stages']} stages, M = {run['M']}** ({p['label']}; idle power {p['idle_power_w']:.0f} W, "
-            f"measured): r_s = {p['reschedule']}, valley clocks {p['valley_mhz']} MHz; predicted "
+            f"{idle}): r_s = {p['reschedule']}, valley clocks {p['valley_mhz']} MHz; predicted "
             f"{_f(p['predicted_time_s'])} s and {_f(p['predicted_energy_j'], 1)} J vs baseline "
             f"{_f(p['baseline_time_s'])} s and {_f(p['baseline_energy_j'], 1)} J: saving {100 * p['saving']:.1f}%, "
             f"slowdown {100 * p['slowdown']:+.1f}% (simulated).",
