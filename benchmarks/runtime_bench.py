@@ -8,8 +8,9 @@ clock requests only unless envpipe-clockd runs) and energy is the NVML counter (
 
 For each M: both engines are built once (same seed, same weights), then ``--rounds`` times: stock
 1F1B for ``--steps`` iterations, the EnvPipe engine alone in 1F1B order (no unit timing, no clock
-client: what the engine itself costs), then the whole runtime in 1F1B order (calibration +
-``--steps`` steady iterations): interleaved, so drift hits all alike. Then the runtime in EnvPipe's order. From the
+client: what the engine itself costs), and the whole runtime in 1F1B order (calibration +
+``--steps`` steady iterations): interleaved, and in reverse order every other round, so drift hits
+all alike. Then the runtime in EnvPipe's order. From the
 runtime's calibration at the default clock: predicted vs measured iteration time and per-stage unit
 end times, and the plan the planner would deploy on a profile built from the measured unit times
 and energies (other clocks simulated by the frequency model). Rank 0 writes OUT/bench.json after
@@ -22,6 +23,7 @@ import argparse
 import copy
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -39,10 +41,12 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import train_gpt  # noqa: E402  (examples/train_gpt.py: the model, the stock loop)
 
+from envpipe.energy.meter import METER_PERIOD_S  # noqa: E402
 from envpipe.plan.dag import PipelineDag  # noqa: E402
 from envpipe.plan.schedules import one_f_one_b  # noqa: E402
 from envpipe.plan.simulate import simulate  # noqa: E402
 from envpipe.runtime import config as envpipe_config  # noqa: E402
+from envpipe.runtime.clocks import NvmlEnergyClock, SimClock  # noqa: E402
 from envpipe.runtime.runner import Runner, make_clock  # noqa: E402
 from envpipe.runtime.timing import Calibration, StageTiming, unit_durations  # noqa: E402
 
@@ -175,7 +179,25 @@ def _ratios(runs: list[dict], rounds: list[dict]) -> dict[str, Any]:
     }
 
 
-def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) -> dict:
+def idle_power(on_gpu: bool, seconds: float = 2.0) -> float:
+    """This GPU's power while idle (NVML counter over ``seconds``, measured), before any run.
+
+    The blocking power the planner charges for bubbles. Not the power seen in a pipeline's waits: the
+    counter moves only every ~100 ms, so interpolated wait energy carries the neighbouring units' power.
+    On CPU: the simulated GPU's idle power.
+    """
+    if not on_gpu:
+        return SimClock().model.idle_power_w
+    meter = NvmlEnergyClock(int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        e0, t0 = meter.energy_j(), time.perf_counter()
+        time.sleep(seconds)
+        return (meter.energy_j() - e0) / (time.perf_counter() - t0)
+    finally:
+        meter.close()
+
+
+def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path, idle_w: float) -> dict:
     margs = train_gpt.parse_args(
         [
             *model_args,
@@ -193,20 +215,26 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) 
     samples = stock.train_batch_size()
     rounds = []
     for r in range(args.rounds):
-        sargs = copy.copy(margs)
-        sargs.report_dir = str(out / f"M{M}" / f"stock_r{r}")
-        s = train_gpt.run_stock(stock, data_s, sargs, samples)
-        bare = None
-        if not args.no_bare:  # the EnvPipe engine alone (1F1B, no timing, no clocks), timed like stock
-            rt.set_unit_orders(one_f_one_b(rt.num_stages, M))
-            sargs.report_dir = str(out / f"M{M}" / f"engine_r{r}")
-            bare = train_gpt.run_stock(rt, data_r, sargs, samples)
-            if bare is not None:
-                bare["engine"] = "envpipe-engine-1f1b (no timing, no clocks)"
-        t, runner = runtime_run(
-            rt, data_r, margs, "1f1b", out / f"M{M}" / f"runtime_1f1b_r{r}", args.steps, args.calibration_steps
-        )
-        rounds.append({"stock": s, "engine_1f1b": bare, "runtime_1f1b": t})
+        # counterbalanced: the GPU's clock drifts with its power and heat within a round, so stock runs
+        # first in even rounds and last in odd ones, and drift does not favour either side
+        order = ["stock", "engine_1f1b", "runtime_1f1b"]
+        got: dict[str, Any] = {"engine_1f1b": None}
+        for name in order if r % 2 == 0 else order[::-1]:
+            report_dir = out / f"M{M}" / f"{name}_r{r}"
+            sargs = copy.copy(margs)
+            sargs.report_dir = str(report_dir)
+            if name == "stock":
+                got[name] = train_gpt.run_stock(stock, data_s, sargs, samples)
+            elif name == "engine_1f1b" and not args.no_bare:  # the EnvPipe engine alone: no timing, no clocks
+                rt.set_unit_orders(one_f_one_b(rt.num_stages, M))
+                got[name] = train_gpt.run_stock(rt, data_r, sargs, samples)
+                if got[name] is not None:
+                    got[name]["engine"] = "envpipe-engine-1f1b (no timing, no clocks)"
+            elif name == "runtime_1f1b":
+                got[name], runner = runtime_run(
+                    rt, data_r, margs, "1f1b", report_dir, args.steps, args.calibration_steps
+                )
+        rounds.append(got)
     result: dict[str, Any] = {"M": M, "rounds": rounds}
     orders = one_f_one_b(rt.num_stages, M)
     last = rounds[-1]["runtime_1f1b"]
@@ -223,11 +251,10 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) 
             result["engine_ratio"] = _ratios([x["engine_1f1b"] for x in rounds], rounds)
         result["stage_ends"] = ends
         energy = last.get("unit_energy_per_stage") or []
-        idle_w = [u["idle_w"] for u in energy if u and u.get("idle_w")]
-        if energy and all(u and u.get("F_j") and u.get("B_j") for u in energy) and idle_w:
+        if energy and all(u and u.get("F_j") and u.get("B_j") for u in energy):
             gpu = "a100" if args.cpu else "h200"
             try:  # a planning error must not cost the measurements above
-                result["deployable_plan"] = deployable_plan(last, M, gpu, float(np.mean(idle_w)))
+                result["deployable_plan"] = deployable_plan(last, M, gpu, idle_w)
             except Exception as exc:
                 result["deployable_plan_error"] = repr(exc)
     del stock, rt
@@ -244,18 +271,21 @@ def main(argv: list[str] | None = None) -> None:
     model_args = [*(TINY if args.cpu else GPT2_H200), *model_args]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    idle_w = idle_power(on_gpu)  # on every rank; rank 0's GPU is the one reported
     bench: dict[str, Any] = {
+        "idle_power_w": idle_w,
         "stages": tdist.get_world_size(),
         "model_args": model_args,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "steps": args.steps,
         "rounds": args.rounds,
+        "meter_period_s": METER_PERIOD_S,
         "runs": [],
     }
     for M in args.ms:
         t0 = time.perf_counter()
-        res = bench_m(args, model_args, M, out)
+        res = bench_m(args, model_args, M, out, bench["idle_power_w"])
         res["wall_s"] = time.perf_counter() - t0
         bench["runs"].append(res)
         if tdist.get_rank() == 0:

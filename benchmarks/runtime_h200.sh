@@ -16,8 +16,8 @@ PY=${PYTHON:-python3}
 STAGES=${STAGES:-"2 4"}
 MS_2=${MS_2:-8}
 MS_4=${MS_4:-4,8,16}
-ROUNDS=${ROUNDS:-3}
-STEPS=${STEPS:-15}
+ROUNDS=${ROUNDS:-6}
+STEPS=${STEPS:-10}
 EXTRA=()
 if [ "${CPU:-0}" = 1 ]; then
   export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1

@@ -109,9 +109,10 @@ def plans(bench: dict) -> list[str]:
         p = run.get("deployable_plan")
         if not p:
             continue
+        idle = "simulated" if bench["device"] == "cpu" else "measured on the idle GPU before the runs"
         out += [
             f"**{bench['stages']} stages, M = {run['M']}** ({p['label']}; idle power {p['idle_power_w']:.0f} W, "
-            f"measured): r_s = {p['reschedule']}, valley clocks {p['valley_mhz']} MHz; predicted "
+            f"{idle}): r_s = {p['reschedule']}, valley clocks {p['valley_mhz']} MHz; predicted "
             f"{_f(p['predicted_time_s'])} s and {_f(p['predicted_energy_j'], 1)} J vs baseline "
             f"{_f(p['baseline_time_s'])} s and {_f(p['baseline_energy_j'], 1)} J: saving {100 * p['saving']:.1f}%, "
             f"slowdown {100 * p['slowdown']:+.1f}% (simulated).",
@@ -136,9 +137,11 @@ def render(out_dir: Path, command: str | None) -> str:
         "# Runtime on H200: stock DeepSpeed 1F1B vs the EnvPipe runtime (measured)",
         "",
         f"Run started {b0['started_utc']} UTC on {b0['device']}; model arguments `{' '.join(b0['model_args'])}`; "
-        f"{b0['steps']} measured iterations per run, stock and runtime interleaved {b0['rounds']} times per M. "
+        f"{b0['steps']} measured iterations per run, stock and runtime interleaved {b0['rounds']} times per M "
+        "(in reverse order every other round). "
         "Clocks were never changed (the runtime records clock requests only); energy is the NVML cumulative "
-        "energy counter (measured), per unit interpolated at unit boundaries from a 2 ms poll.",
+        "energy counter (measured), per unit interpolated at unit boundaries from a "
+        f"{b0['meter_period_s'] * 1e3:.0f} ms poll.",
         "",
         f"Command: `{command or 'OUT=... bash benchmarks/runtime_h200.sh'}`",
         "",

@@ -60,7 +60,7 @@ def make_meter(clock: Clock | None, engine: EnvPipeEngine) -> EnergyMeter | None
     if clock is None or engine.device.type != "cuda":
         return None
     read, shutdown = nvml_reader(engine.device.index or 0)
-    return PolledMeter(read, period_s=0.005, on_close=shutdown)  # 5 ms: little GIL time taken from training
+    return PolledMeter(read, on_close=shutdown)
 
 
 def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
