@@ -198,3 +198,24 @@ def test_example_takes_the_local_rank_deepspeeds_launcher_adds() -> None:
     # `deepspeed` / `envpipe-launch` run `train_gpt.py --local_rank=N <user args>`
     assert train_gpt.parse_args(["--local_rank=1", "--tiny"]).layers == 4
     assert train_gpt.parse_args(["--local-rank", "0", "--steps", "3"]).steps == 3
+
+
+@pytest.mark.slow
+def test_steady_iterations_time_units_every_tenth_and_the_last(tmp_path: Path) -> None:
+    """Without the sim clock (which must see every unit), steady iterations time their units only now
+    and then; every iteration still has its line, and the summary's units are a timed iteration's."""
+    proc = _torchrun(
+        ["--microbatches", "4", "--steps", "12", "--calibration-steps", "2", "--clock", "none", "--report-dir", "rep"],
+        {"ENVPIPE_TYPE": "baseline", "ENVPIPE_SCHEDULING": "1f1b"},
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for rank in (0, 1):
+        lines = [json.loads(x) for x in (tmp_path / "rep" / f"iterations.rank{rank}.jsonl").read_text().splitlines()]
+        steady = [x for x in lines if x["phase"] == "steady"]
+        assert len(steady) == 12 and all(x["time_s"] > 0 for x in steady)
+        assert [i for i, x in enumerate(steady) if x["units_timed"]] == [0, 10, 11]
+        assert all(x["units_timed"] for x in lines if x["phase"] == "calibrate")
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["iterations"] == 12
+    assert [len(units) for units in summary["units_last_iteration"]] == [8, 8]  # the last one is timed

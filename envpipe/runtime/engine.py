@@ -23,7 +23,7 @@ from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.runtime.clocks import Clock
+from envpipe.runtime.clocks import Clock, SimClock
 from envpipe.runtime.schedule import (
     ISendActivation,
     ISendGrad,
@@ -107,6 +107,11 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
         self.clock = clock
         self._timing = timing or clock is not None
+
+    def time_units(self, on: bool) -> None:
+        """Time units (CUDA events, one synchronize) in the next iterations or not. The sim clock must
+        see every unit (it stretches each one), so with it units are always timed."""
+        self._timing = on or isinstance(self.clock, SimClock)
 
     def _train_schedule(self) -> ds.PipeSchedule:
         if self.unit_orders is None:

@@ -60,6 +60,7 @@ class Reporter:
             "energy": self.energy_label,
             "clocks_requested_mhz": clocks_requested,
             "loss": loss,
+            "units_timed": bool(units),
             **(extra or {}),
         }
         self._lines.write(json.dumps(line) + "\n")
@@ -67,7 +68,8 @@ class Reporter:
         if phase == "steady":
             self.stage.times_s.append(time_s)
             self.stage.energies_j.append(energy_j)
-            self.stage.units = list(units)
+            if units:  # steady iterations time their units only now and then
+                self.stage.units = list(units)
 
     def close(self) -> None:
         self._lines.close()
