@@ -89,11 +89,7 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
     for name, watts in PROFILES.items():
         prof = load_profile(embedded_profile_path(name))
         for M in Ms:
-            one = optimal_plan(prof, M, idle_power_w=watts, schedule="1f1b")
-            t0 = time.perf_counter()
-            env_sched = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
-            wall = time.perf_counter() - t0
-            env = make_plan(prof, M, idle_power_w=watts)
+            one, env_sched, wall, env = compared_plans(prof, M, watts)
             bt, be = one.baseline.iteration_time, one.baseline.energy
             cells = []
             for plan in (one.plan, env_sched.plan):
@@ -111,6 +107,16 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
     lines.append("")
 
 
+def compared_plans(prof, M: int, watts: float):
+    """The optimal plan on 1F1B, the optimal plan over both orders (and its measured planning time), and
+    EnvPipe's envelope+balanced plan: the columns every comparison table needs."""
+    one = optimal_plan(prof, M, idle_power_w=watts, schedule="1f1b")
+    t0 = time.perf_counter()
+    both = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
+    wall = time.perf_counter() - t0
+    return one, both, wall, make_plan(prof, M, idle_power_w=watts)
+
+
 def other_profiles_table(lines: list[str]) -> None:
     lines += ["## Other real profiles (Perseus artifact, not the shared ones)", "",
               "Same columns as above, on tests/plan/data (8 stages; BLOOM's last stage is lighter, GPT-3/A40's "
@@ -120,11 +126,7 @@ def other_profiles_table(lines: list[str]) -> None:
               "| optimal envpipe % | plan time (s, measured) |", "|---|---|---|---|---|---|---|---|"]
     for (name, M), perseus in PERSEUS_OTHER.items():
         prof, watts = real_profile(name), REAL[name][1]
-        one = optimal_plan(prof, M, idle_power_w=watts, schedule="1f1b")
-        t0 = time.perf_counter()
-        both = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
-        wall = time.perf_counter() - t0
-        env = make_plan(prof, M, idle_power_w=watts)
+        one, both, wall, env = compared_plans(prof, M, watts)
         bt, be = one.baseline.iteration_time, one.baseline.energy
         (_, e1), (_, e2), (et, ee) = (resimulated(p, prof, watts) for p in (one.plan, both.plan, env.plan))
         lines.append(f"| {name} | {M} | {100 * (1 - perseus / be):.2f} | {100 * (1 - ee / be):.2f} "
