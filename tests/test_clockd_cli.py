@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 
 import pytest
@@ -11,6 +10,7 @@ from click.testing import CliRunner
 
 from envpipe.clock.daemon import main
 from tests.clockd_helpers import daemon_process
+from tests.ports import free_port
 
 
 @pytest.mark.parametrize(
@@ -42,12 +42,6 @@ def test_nvml_backend_without_a_driver_says_so(tmp_path) -> None:
         pass
     result = CliRunner().invoke(main, ["--backend", "nvml", "--socket", str(tmp_path / "c.sock")])
     assert result.exit_code != 0 and "cannot start with backend 'nvml'" in result.output
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

@@ -6,12 +6,13 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = ROOT / "images" / "runtime" / "entrypoint.sh"
@@ -21,12 +22,6 @@ needs_ssh = pytest.mark.skipif(
     not (Path("/usr/sbin/sshd").exists() and shutil.which("ssh") and shutil.which("ssh-keygen")),
     reason="openssh-server/openssh-client not installed (.ci/apt-deps installs them)",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local_sshd_config(home: Path, port: int) -> Path:

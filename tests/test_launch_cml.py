@@ -14,6 +14,8 @@ from envpipe_launch.backends import cml
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
 
+from tests.ports import free_port
+
 FAKES = str(Path(__file__).resolve().parent / "fakes")
 NO_SSHD = next(
     (f"{t} not installed (run .ci/apt-deps)" for t in ("ssh-keygen", cml.SSHD) if shutil.which(t) is None), None
@@ -160,9 +162,7 @@ def _ppid(pid: str) -> str | None:
 @pytest.mark.skipif(NO_SSHD is not None or os.geteuid() != 0, reason=NO_SSHD or "sshd's privsep needs root here")
 def test_session_sshd_runs_only_during_the_job(workers, tmp_path) -> None:
     cml.prepare_keys(None)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.makedirs("/run/sshd", exist_ok=True)
     with cml.session_sshd("127.0.0.1", port):
         assert _port_open(port) and len(_sshd_pids(port)) == 1

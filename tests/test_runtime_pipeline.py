@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,11 @@ from pathlib import Path
 import pytest
 
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
+from tests.ports import free_port
 
 WORKER = Path(__file__).with_name("pipe_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 150
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | None = None) -> list[dict]:
@@ -32,7 +26,7 @@ def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | Non
         **os.environ,
         "DS_ACCELERATOR": "cpu",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(world),
         "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
         "OMP_NUM_THREADS": "1",
