@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import deepspeed
 import numpy as np
 import torch
 import torch.distributed as tdist
@@ -46,6 +45,7 @@ from envpipe.plan.dag import PipelineDag  # noqa: E402
 from envpipe.plan.schedules import one_f_one_b  # noqa: E402
 from envpipe.plan.simulate import simulate  # noqa: E402
 from envpipe.runtime import config as envpipe_config  # noqa: E402
+from envpipe.runtime import distributed  # noqa: E402
 from envpipe.runtime.clocks import NvmlEnergyClock, SimClock  # noqa: E402
 from envpipe.runtime.runner import Runner, make_clock  # noqa: E402
 from envpipe.runtime.timing import Calibration, StageTiming, unit_durations  # noqa: E402
@@ -267,7 +267,7 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path, 
 def main(argv: list[str] | None = None) -> None:
     args, model_args = parse(argv)
     on_gpu = not args.cpu and train_gpt.uses_gpu()
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    distributed.init_distributed(on_gpu)
     model_args = [*(TINY if args.cpu else GPT2_H200), *model_args]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -292,8 +292,8 @@ def main(argv: list[str] | None = None) -> None:
             (out / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
             print(f"M={M} done in {res['wall_s']:.0f}s: throughput ratio {res['throughput_ratio']}", flush=True)
     tdist.barrier()
-    tdist.destroy_process_group()  # before interpreter exit (gloo threads; see examples/train_gpt.py)
 
 
 if __name__ == "__main__":
     main()
+    distributed.exit_process()

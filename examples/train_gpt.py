@@ -29,7 +29,7 @@ from deepspeed.pipe import LayerSpec, PipelineModule
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from envpipe.runtime import config as envpipe_config
-from envpipe.runtime import replicas
+from envpipe.runtime import distributed, replicas
 from envpipe.runtime.engine import initialize
 from envpipe.runtime.jobreport import RankRecord, job_summary
 from envpipe.runtime.report import StageReport
@@ -243,12 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     stages, _ = replicas.pipeline_shape(world, args.pipeline_stages or cfg.pipeline_stages)
     on_gpu = uses_gpu()
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    distributed.init_distributed(on_gpu)
     train(args, ds_config, cfg, stages)
-    # Before interpreter exit: gloo's worker threads still holding finished async work would otherwise be
-    # torn down during finalization (SIGABRT "terminate called without an active exception", pytorch#190489).
-    # Local on every rank: no rank waits for another here.
-    tdist.destroy_process_group()
 
 
 def train(args: argparse.Namespace, ds_config: dict, cfg: envpipe_config.EnvPipeConfig, stages: int) -> None:
@@ -305,3 +301,4 @@ def _block(cfg: envpipe_config.EnvPipeConfig) -> dict:
 
 if __name__ == "__main__":
     main()
+    distributed.exit_process()  # no interpreter finalization racing gloo's threads (envpipe.runtime.distributed)

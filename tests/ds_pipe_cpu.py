@@ -2,7 +2,7 @@
 
 Usage: ds_pipe_cpu.py OUT_DIR (the last argument; DeepSpeed inserts --local_rank first).
 Each rank writes OUT_DIR/rank<r>.txt with its world size, network namespace (so a test can tell
-the nodes apart) and final loss.
+the nodes apart) and final loss. Process groups start and end through envpipe.runtime.distributed.
 """
 
 import os
@@ -15,6 +15,8 @@ import torch
 from deepspeed.pipe import LayerSpec, PipelineModule
 from torch import nn
 
+from envpipe.runtime import distributed
+
 STEPS = 3
 
 
@@ -26,7 +28,7 @@ def batches():
 
 
 def main() -> None:
-    deepspeed.init_distributed(dist_backend="gloo")
+    distributed.init_distributed(on_gpu=False)
     torch.manual_seed(0)
     layers = [
         LayerSpec(nn.Linear, 16, 16),
@@ -52,8 +54,8 @@ def main() -> None:
     with open(os.path.join(sys.argv[-1], f"rank{rank}.txt"), "w") as f:
         f.write(f"rank {rank} world {world} netns {netns} loss {float(loss):.6f}\n")
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    distributed.exit_process()

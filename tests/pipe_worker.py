@@ -24,6 +24,7 @@ import torch
 from deepspeed.pipe import PipelineModule
 
 from envpipe.runtime import config as envpipe_config
+from envpipe.runtime import distributed
 from envpipe.runtime.engine import initialize
 from envpipe.runtime.runner import Runner, make_clock
 
@@ -81,7 +82,7 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     spec = json.loads(Path(args[0][1:]).read_text() if args[0].startswith("@") else args[0])
     out = Path(args[1])
-    deepspeed.init_distributed(dist_backend="gloo")
+    distributed.init_distributed(on_gpu=False)
     results = {}
     for run in spec["runs"]:
         engine = make_engine(run["engine"], spec["stages"], run["M"], run.get("zero", 0), run.get("bf16", False))
@@ -92,9 +93,8 @@ def main() -> None:
         results[run["name"]] = {"losses": losses, "params": params, "engine": type(engine).__name__}
     with open(out / f"rank{os.environ['RANK']}.json", "w") as fh:
         json.dump(results, fh)
-    # local, no barrier: gloo's threads are joined before interpreter finalization (else a SIGABRT at exit)
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    distributed.exit_process()

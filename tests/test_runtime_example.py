@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from envpipe.plan.schedules import envpipe_schedule
 from envpipe.runtime.config import EnvPipeConfigError
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
@@ -21,9 +21,6 @@ EXAMPLE = ROOT / "examples" / "train_gpt.py"
 def _torchrun(
     args: list[str], env_extra: dict[str, str], cwd: Path, size: tuple[str, ...] = ("--tiny",)
 ) -> subprocess.CompletedProcess:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # PYTHONFAULTHANDLER: a rank killed by a signal (SIGABRT, SIGSEGV) prints its Python stack
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env_extra}
     cmd = [
@@ -33,7 +30,7 @@ def _torchrun(
         "--nproc-per-node",
         "2",
         "--master-port",
-        str(port),
+        str(free_port()),
         str(EXAMPLE),
         *size,
         *args,
