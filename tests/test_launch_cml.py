@@ -7,9 +7,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from envpipe_launch import proctree
 from envpipe_launch.backends import cml
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
@@ -157,6 +159,25 @@ def _ppid(pid: str) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
     except (OSError, IndexError):
         return None  # gone meanwhile: not a listening daemon
+
+
+@pytest.mark.skipif(NO_SSHD is not None or os.geteuid() != 0, reason=NO_SSHD or "sshd's privsep needs root here")
+def test_session_sshd_stops_the_child_of_a_connection_still_open(workers) -> None:
+    # sshd's per-connection child runs in a session of its own (setsid): a signal to sshd's group misses it
+    cml.prepare_keys(None)
+    port = free_port()
+    os.makedirs("/run/sshd", exist_ok=True)
+    with socket.socket() as client:
+        with cml.session_sshd("127.0.0.1", port):
+            client.connect(("127.0.0.1", port))
+            (daemon,) = (int(pid) for pid in _sshd_pids(port))
+            deadline = time.monotonic() + 10
+            while not (children := {pid: p for pid, p in proctree.running().items() if p.ppid == daemon}):
+                assert time.monotonic() < deadline, "sshd forked no child for the connection"
+                time.sleep(0.02)
+            assert all(p.pgrp != daemon for p in children.values())  # the premise: another process group
+        running = proctree.running()
+        assert [pid for pid, p in children.items() if pid in running and running[pid].start == p.start] == []
 
 
 @pytest.mark.skipif(NO_SSHD is not None or os.geteuid() != 0, reason=NO_SSHD or "sshd's privsep needs root here")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from .. import hostfile, net
+from .. import hostfile, net, proctree
 from ..errors import LaunchError
 from ..job import JobSpec
 from . import ssh
@@ -110,9 +109,7 @@ def session_sshd(ip: str, port: int, timeout_s: float = 15.0) -> Iterator[None]:
             ) from e
         yield
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+        proctree.stop(proc)  # sshd and the children it forked for connections
 
 
 def run_from_session(
