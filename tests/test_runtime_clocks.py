@@ -69,7 +69,7 @@ def test_daemon_clock_never_blocks_the_training_thread() -> None:
     t0 = time.perf_counter()
     for mhz in (1400, 1200, 1000):
         clock.set(mhz)
-    assert time.perf_counter() - t0 < 0.1  # the client is stuck, the caller is not
+    assert time.perf_counter() - t0 < 2.0  # the client is stuck for 5 s, the caller is not
     client.release.set()
     deadline = time.monotonic() + 5
     while (not client.calls or client.calls[-1] != ("GPU-1", 1000)) and time.monotonic() < deadline:
