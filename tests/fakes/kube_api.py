@@ -75,6 +75,7 @@ class FakeKubeAPI:
         self._changed: asyncio.Condition | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._kubelets: set[asyncio.Task] = set()  # pods still being started: cancelled at stop
         self.port = 0
 
     # ---- lifecycle (a thread with its own event loop, so sync tests can use it) ----
@@ -102,10 +103,17 @@ class FakeKubeAPI:
         self._loop.run_forever()
 
     def stop(self) -> None:
-        assert self._loop is not None and self._runner is not None
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    async def _shutdown(self) -> None:
+        assert self._runner is not None
+        for task in self._kubelets:
+            task.cancel()
+        await asyncio.gather(*self._kubelets, return_exceptions=True)
+        await self._runner.cleanup()
 
     @property
     def url(self) -> str:
@@ -177,7 +185,9 @@ class FakeKubeAPI:
         self.objects[(plural, ns, name)] = obj
         await self._emit(plural, "ADDED", obj)
         if plural == "pods":
-            asyncio.get_running_loop().create_task(self._kubelet(ns, name))
+            task = asyncio.get_running_loop().create_task(self._kubelet(ns, name))
+            self._kubelets.add(task)
+            task.add_done_callback(self._kubelets.discard)
         return web.json_response(obj, status=201)
 
     async def _item(self, req: web.Request) -> web.Response:
