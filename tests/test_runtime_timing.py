@@ -21,9 +21,14 @@ TAIL = [0.03, 0.02, 0.01]
 
 def measure(orders, fwd, bwd, host0: float = 100.0) -> list[StageTiming]:
     """A pipeline where a unit starts GAP after its stage is free or TRANSFER after its input ended."""
-    P, M = len(orders), len(orders[0]) // 2
-    dag = PipelineDag.from_orders(orders, M)
+    dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
     dur = np.where(dag.is_fwd, np.asarray(fwd)[dag.stage], np.asarray(bwd)[dag.stage]) + GAP
+    return _timings(dag, dur, host0)
+
+
+def _timings(dag: PipelineDag, dur: np.ndarray, host0: float) -> list[StageTiming]:
+    """Each stage's measured iteration of `dag` with unit times `dur` (GAP included) from host0."""
+    P = dag.num_stages
     tl = simulate(dag, dur, np.zeros_like(dur), 0.0, TRANSFER - GAP, tail_s=np.asarray(TAIL[:P]))
     origin = host0 + HEAD  # train_batch starts at host0 on every stage
     out = []
@@ -96,19 +101,9 @@ def test_online_reconfiguration_raises_slow_critical_units_until_the_envelope() 
 
 def measure_with_clocks(orders, base, scale) -> list[StageTiming]:
     """Like `measure`, with each unit's time stretched by its clock (backward twice the forward)."""
-    P, M = len(orders), len(orders[0]) // 2
-    dag = PipelineDag.from_orders(orders, M)
+    dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
     dur = np.zeros(dag.num_units)
     for s, ids in enumerate(dag.order):
         for pos, i in enumerate(ids):
             dur[i] = base[s] * (1 if dag.is_fwd[i] else 2) * scale[(s, pos)] + GAP
-    tl = simulate(dag, dur, np.zeros_like(dur), 0.0, TRANSFER - GAP, tail_s=np.asarray(TAIL[:P]))
-    return [
-        StageTiming(
-            s,
-            0.0,
-            HEAD + tl.stage_end[s] + TAIL[s],
-            [(*dag.unit(i)[1:], HEAD + tl.start[i] + GAP, HEAD + tl.end[i]) for i in dag.order[s]],
-        )
-        for s in range(P)
-    ]
+    return _timings(dag, dur, host0=0.0)

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from envpipe.energy.meter import CounterTrace
+from envpipe.energy.meter import CounterTrace, nvml_reader
 from envpipe.profile import FrequencyModel
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 class Clock(Protocol):
     energy_label: str  # "simulated" or "measured"
     controls_clocks: bool  # False: requests are only recorded (no daemon): clocks stay as they are
+    needs_unit_times: bool  # True: `after_unit` must see every unit (the engine always times units)
     supported_mhz: list[int]  # SM clocks this GPU accepts, descending
     requested: list[int]  # every clock requested so far, in order
 
@@ -46,6 +47,7 @@ class SimClock:
 
     energy_label = "simulated"
     controls_clocks = True
+    needs_unit_times = True  # it stretches every unit
 
     def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0) -> None:
         if not slowdown >= 1.0:
@@ -97,6 +99,7 @@ class DaemonClock:
 
     energy_label = "measured"
     controls_clocks = True
+    needs_unit_times = False
 
     def __init__(self, client: object, gpu_uuid: str, supported_mhz: list[int]) -> None:
         self._client = client
@@ -147,14 +150,13 @@ class NvmlEnergyClock:
 
     energy_label = "measured"
     controls_clocks = False
+    needs_unit_times = False
 
     def __init__(self, device_index: int) -> None:
         import pynvml  # lazily: CPU machines have no NVML
 
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        self.supported_mhz = supported_clocks(pynvml, self._handle)
+        self._read_j, self._shutdown = nvml_reader(device_index, pynvml)  # the energy meter's NVML reader
+        self.supported_mhz = supported_clocks(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index))
         self.requested: list[int] = []
 
     def set(self, mhz: int) -> None:
@@ -164,10 +166,10 @@ class NvmlEnergyClock:
         return None
 
     def energy_j(self) -> float:
-        return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
+        return self._read_j()
 
     def close(self) -> None:
-        self._nvml.nvmlShutdown()
+        self._shutdown()
 
 
 def supported_clocks(nvml: Any, handle: Any) -> list[int]:

@@ -23,7 +23,7 @@ from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.runtime.clocks import Clock, SimClock
+from envpipe.runtime.clocks import Clock
 from envpipe.runtime.schedule import (
     ISendActivation,
     ISendGrad,
@@ -70,7 +70,6 @@ class EnvPipeEngine(PipelineEngine):
         self._current_mhz: int | None = None
         self._timing = False
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
-        self.iteration_end_s = 0.0  # when its schedule (sends and optimizer step included) ended
 
     def _direction_groups(self) -> tuple[Any, Any]:
         """Create (collectively, on every rank) a forward and a backward group per adjacent pair."""
@@ -109,9 +108,9 @@ class EnvPipeEngine(PipelineEngine):
         self._timing = timing or clock is not None
 
     def time_units(self, on: bool) -> None:
-        """Time units (CUDA events, one synchronize) in the next iterations or not. The sim clock must
-        see every unit (it stretches each one), so with it units are always timed."""
-        self._timing = on or isinstance(self.clock, SimClock)
+        """Time units (CUDA events, one synchronize) in the next iterations or not. A clock that must
+        see every unit (the sim clock stretches each one) has units always timed."""
+        self._timing = on or (self.clock is not None and self.clock.needs_unit_times)
 
     def _train_schedule(self) -> ds.PipeSchedule:
         if self.unit_orders is None:
@@ -136,7 +135,6 @@ class EnvPipeEngine(PipelineEngine):
         super()._exec_schedule(pipe_schedule)
         self._wait_sends()  # every posted send is waited on and its tensor released each iteration
         self.iteration_host_t0 = self._t0
-        self.iteration_end_s = time.perf_counter() - self._t0
         if self._gpu_units:  # resolve GPU unit times once per iteration, not per unit
             self._resolve_gpu_units()
         marks = self._tail_marks
@@ -153,8 +151,8 @@ class EnvPipeEngine(PipelineEngine):
         end.synchronize()
         host_end = time.perf_counter()
         ms = self._t0_event.elapsed_time
-        self.iteration_end_s = ms(end) / 1e3
-        self.iteration_host_t0 = host_end - self.iteration_end_s
+        end_s = ms(end) / 1e3  # when the schedule (sends and optimizer step included) ended
+        self.iteration_host_t0 = host_end - end_s
         self.units = [UnitRecord(k, m, ms(a) / 1e3, ms(b) / 1e3, mhz) for k, m, a, b, mhz in self._gpu_units]
         self._tail_marks = {k: ms(e) / 1e3 for k, e in self._tail_marks.items()}
 

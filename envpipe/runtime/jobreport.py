@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envpipe.runtime.replicas import Place, find_straggler
-from envpipe.runtime.report import StageReport
+from envpipe.runtime.report import StageReport, median_energy, slowest_per_iteration
 
 
 @dataclass
@@ -29,13 +29,6 @@ class RankRecord:
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
-
-
-def _energy(r: RankRecord) -> float | None:
-    es = r.report.energies_j
-    if not es or any(e is None for e in es):
-        return None
-    return statistics.median(e for e in es if e is not None)
 
 
 def _total(values: list[float | None]) -> float | None:
@@ -64,21 +57,21 @@ def job_summary(
                 "node": i,
                 "host": host,
                 "ranks": sorted(r.place.rank for r in mine),
-                "energy_per_iteration_j": _total([_energy(r) for r in mine]),
+                "energy_per_iteration_j": _total([median_energy(r.report) for r in mine]),
             }
         )
     replicas = sorted({r.place.replica for r in records})
     per_replica: list[dict[str, Any]] = []
     for d in replicas:
         mine = [r for r in records if r.place.replica == d]
-        iters = [max(ts) for ts in zip(*(r.report.times_s for r in mine), strict=True)]
-        pipes = [max(ps) for ps in zip(*(r.pipeline_s for r in mine), strict=True)]
+        iters = slowest_per_iteration(r.report.times_s for r in mine)
+        pipes = slowest_per_iteration(r.pipeline_s for r in mine)
         per_replica.append(
             {
                 "replica": d,
                 "iteration_time_s": _median(iters),
                 "pipeline_time_s": _median(pipes),
-                "energy_per_iteration_j": _total([_energy(r) for r in mine]),
+                "energy_per_iteration_j": _total([median_energy(r.report) for r in mine]),
             }
         )
     times: dict[int, float] = {

@@ -6,10 +6,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envpipe.plan.schedules import Unit, envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.runtime.schedule import validate_orders
+
+if TYPE_CHECKING:
+    from envpipe.plan.planfile import Plan
+    from envpipe.plan.simulate import Timeline
 
 
 class PlanFileError(ValueError):
@@ -23,6 +27,17 @@ class RunPlan:
     predicted_time_s: float | None = None
     baseline: dict[str, float] | None = None  # predicted baseline time/energy from the planner
     predicted_energy_j: float | None = None  # the planner's prediction for this plan (simulated)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, predicted: Timeline, baseline: Timeline | None = None) -> RunPlan:
+        """A planner Plan's orders and clocks, with its simulated iteration (and the baseline's)."""
+        return cls(
+            plan.orders(),
+            [[u.freq_mhz for u in units] for units in plan.stages],
+            predicted.iteration_time,
+            {"time_s": baseline.iteration_time, "energy_j": baseline.energy} if baseline is not None else None,
+            predicted.energy,
+        )
 
 
 def load_plan(path: str | Path, num_stages: int, num_microbatches: int) -> RunPlan:

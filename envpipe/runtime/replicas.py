@@ -177,20 +177,23 @@ def job_calibration(
     )
 
 
+def _latest_per_replica(times: Iterable[tuple[Place, float]]) -> dict[int, float]:
+    """Per replica, the latest of its stages' times."""
+    latest: dict[int, float] = {}
+    for where, t in times:
+        latest[where.replica] = max(latest.get(where.replica, 0.0), t)
+    return latest
+
+
 def slowest_replica(iteration: Iterable[Measured]) -> int:
     """The replica whose stages ended their units last in this iteration (ties: the lowest id)."""
-    times: dict[int, float] = {}
-    for where, t in iteration:
-        times[where.replica] = max(times.get(where.replica, 0.0), _units_end(t))
+    times = _latest_per_replica((where, _units_end(t)) for where, t in iteration)
     return max(sorted(times), key=lambda d: times[d])
 
 
-def replica_times(entries: Iterable[Entry], key: str = "pipeline_s") -> dict[int, float]:
-    """Per replica, the latest `key` over its stages (default: when its last stage finished its units)."""
-    times: dict[int, float] = {}
-    for where, stats in entries:
-        times[where.replica] = max(times.get(where.replica, 0.0), stats[key])
-    return times
+def replica_times(entries: Iterable[Entry]) -> dict[int, float]:
+    """Per replica, when its last stage finished its units (the latest `pipeline_s` over its stages)."""
+    return _latest_per_replica((where, stats["pipeline_s"]) for where, stats in entries)
 
 
 def find_straggler(times: Mapping[int, float], threshold: float = STRAGGLER_THRESHOLD) -> int | None:

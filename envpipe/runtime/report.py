@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,19 @@ class Reporter:
         self._lines.close()
 
 
+def slowest_per_iteration(per_rank: Iterable[Sequence[float]]) -> list[float]:
+    """Per iteration, the largest of the ranks' values (the iteration waits for the slowest rank)."""
+    return [max(xs) for xs in zip(*per_rank, strict=True)]
+
+
+def median_energy(report: StageReport) -> float | None:
+    """A rank's median steady-iteration energy; None when it ran none or one lacks its energy."""
+    es = report.energies_j
+    if not es or any(e is None for e in es):
+        return None
+    return statistics.median(e for e in es if e is not None)
+
+
 def summarize(
     stages: list[StageReport],
     samples_per_iteration: int,
@@ -83,11 +97,10 @@ def summarize(
     baseline: dict[str, float] | None,
 ) -> dict[str, Any]:
     """The final summary from every stage's report (stage order). Medians over steady iterations."""
-    times = [max(ts) for ts in zip(*(s.times_s for s in stages), strict=True)]
+    times = slowest_per_iteration(s.times_s for s in stages)
     t = statistics.median(times)
-    energies = None
-    if all(e is not None for s in stages for e in s.energies_j) and stages[0].energies_j:
-        energies = [statistics.median(s.energies_j) for s in stages]  # type: ignore[type-var]
+    per_stage = [median_energy(s) for s in stages]  # every stage has one entry per iteration (as times_s)
+    energies = [e for e in per_stage if e is not None] if None not in per_stage else None
     summary: dict[str, Any] = {
         "iterations": len(times),
         "iteration_time_s": t,

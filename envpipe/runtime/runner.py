@@ -12,6 +12,7 @@ import logging
 import resource
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_reader
 from envpipe.plan.schedules import Unit, one_f_one_b
 from envpipe.profile import Profile, load_profile
 from envpipe.runtime import replicas
-from envpipe.runtime.clocks import Clock, SimClock, gpu_clock
+from envpipe.runtime.clocks import Clock, NvmlEnergyClock, SimClock, gpu_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.engine import EnvPipeEngine
 from envpipe.runtime.jobreport import RankRecord, job_summary
@@ -64,6 +65,8 @@ def make_meter(clock: Clock | None, engine: EnvPipeEngine) -> EnergyMeter | None
         return SimMeter(clock.trace, clock.energy_j)
     if clock is None or engine.device.type != "cuda":
         return None
+    if isinstance(clock, NvmlEnergyClock):  # polls the clock's own NVML counter: no second NVML session
+        return PolledMeter(clock.energy_j)
     read, shutdown = nvml_reader(engine.device.index or 0)
     return PolledMeter(read, on_close=shutdown)
 
@@ -101,7 +104,6 @@ class Runner:
         self.idle_power_w: float | None = None
         self.last_timing: StageTiming | None = None
         self._steady: list[StageTiming] = []
-        self._round = 0
         self.reconfig_log: dict[str, Any] | None = None
         self.calibration: Calibration | None = None
         self.place = replicas.place(engine)
@@ -185,7 +187,8 @@ class Runner:
             self.engine.set_unit_orders(orders, [[mhz] * len(o) for o in orders], self.clock, timing=True)
             timing = self._step(data_iter, f"profile@{mhz}")
             gathered = self._gather((timing, self._unit_energy(timing)))
-            _, measured = self._calibrate(orders, [[(w, t) for w, (t, _) in gathered]])
+            its = [[(w, t) for w, (t, _) in gathered]]
+            measured = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
             for (_, stats), (_, (_, (f_j, b_j, _))) in zip(measured, gathered, strict=True):
                 stats.update(F_j=np.nan if f_j is None else f_j, B_j=np.nan if b_j is None else b_j)
             per_clock.append(list(measured))
@@ -238,7 +241,6 @@ class Runner:
             profile = load_profile(self.cfg.profile)
         if profile.num_stages != P:
             raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {P}")
-        from envpipe.plan.planfile import baseline_timeline, evaluate_plan
         from envpipe.plan.planner import make_plan  # the planner is only needed for this phase
 
         idle_w = self.idle_power_w if self.idle_power_w is not None else self._idle_power()
@@ -255,16 +257,9 @@ class Runner:
             transfer_s=cal.transfer_s,
             tail_s=tail,
         )
-        predicted = evaluate_plan(result.plan, profile, idle_w, cal.transfer_s, tail)
-        baseline = baseline_timeline(profile, M, idle_w, cal.transfer_s, tail)
+        predicted = result.timeline  # simulated with the same transfer and tails (as is result.baseline)
         result.plan.save(Path(self.cfg.report_dir) / "plan.json")
-        agreed = RunPlan(
-            result.plan.orders(),
-            [[u.freq_mhz for u in units] for units in result.plan.stages],
-            predicted.iteration_time,
-            {"time_s": baseline.iteration_time, "energy_j": baseline.energy},
-            predicted.energy,
-        )
+        agreed = RunPlan.from_plan(result.plan, predicted, result.baseline)
         planned = (result.plan, profile, idle_w)
         plans = {-1: agreed}
         if self.straggler is None or self.cfg.straggler != "frontier":
@@ -300,17 +295,18 @@ class Runner:
             return plan
         engine = self.engine
         idle_w = self.idle_power_w or 0.0
+        rounds = 0
 
         def run_iteration(clocks: list[list[int]]) -> Any:
+            nonlocal rounds
             engine.set_unit_orders(plan.orders, clocks, self.clock, timing=True)
-            timing = self._step(data_iter, "reconfigure", {"round": self._round})
-            self._round += 1
+            timing = self._step(data_iter, "reconfigure", {"round": rounds})
+            rounds += 1
             gathered = self._gather(timing)  # the waits of the replica that ended last: all wait for it
             slowest = replicas.slowest_replica(gathered)
             stages = [t for w, t in gathered if w.replica == slowest]
             return measured_timeline(plan.orders, stages, cal, idle_power_w=idle_w)
 
-        self._round = 0
         assert self.clock is not None
         done = reconfigure_online(
             self.cfg.reconfig, plan.orders, plan.clocks, self.clock.supported_mhz, run_iteration,
@@ -325,7 +321,7 @@ class Runner:
             "critical_path_per_round": [[f"S{s}{k}{m}" for s, k, m in r.critical_path] for r in done.rounds],
         }
         plan.clocks = done.clocks
-        if planned is not None:  # re-predict the raised plan with the planner's simulator
+        if planned is not None and tdist.get_rank() == 0:  # re-predict the raised plan (only rank 0 reports it)
             from envpipe.plan.planfile import PlannedUnit, evaluate_plan
             from envpipe.profile.interpolate import with_clocks
 
@@ -337,8 +333,7 @@ class Runner:
             ]
             raised = evaluate_plan(pl, profile, idle, cal.transfer_s, np.asarray(cal.tail_s))
             plan.predicted_time_s, plan.predicted_energy_j = raised.iteration_time, raised.energy
-            if tdist.get_rank() == 0:
-                pl.save(Path(self.cfg.report_dir) / "plan.json")
+            pl.save(Path(self.cfg.report_dir) / "plan.json")
         return plan
 
     def train(
@@ -405,7 +400,7 @@ class Runner:
             microbatches=M,
             plan_file=self.cfg.plan,
             baseline_source="planner prediction (simulated)" if plan.baseline else None,
-            calibration=cal.as_dict(),
+            calibration=asdict(cal),
             predicted_energy_j=predicted_j,  # the job's: every replica's plan
             predicted_saving_vs_baseline=1.0 - predicted_j / baseline["energy_j"]
             if predicted_j is not None and baseline

@@ -52,10 +52,7 @@ def relaxed_plan(
         return None
     best = min(fits, key=lambda p: p.energy_j)
     tl, fastest = best.timeline, points[0].timeline  # simulated with the same transfer and tails
-    plan = RunPlan(
-        best.plan.orders(), [[u.freq_mhz for u in units] for units in best.plan.stages], tl.iteration_time,
-        predicted_energy_j=tl.energy,
-    )
+    plan = RunPlan.from_plan(best.plan, tl)
     note = {
         "straggler_replica": straggler,
         "rule": "least-energy frontier plan whose iteration fits the straggler's (optimal planner)",

@@ -47,9 +47,6 @@ class Calibration:
     tail_s: list[float]  # per stage: after its last unit to the iteration's end (plus the head)
     head_s: float  # from train_batch's start to stage 0's first unit
 
-    def as_dict(self) -> dict[str, object]:
-        return {k: getattr(self, k) for k in ("fwd_s", "bwd_s", "gap_s", "transfer_s", "tail_s", "head_s")}
-
 
 class _Measured:
     """Host start/end of every DAG unit of one iteration, and each unit's same-stage and input ends."""
@@ -69,10 +66,13 @@ class _Measured:
         self.data_end = np.where(dag.data_crosses, ends[dag.pred_data], np.nan)  # nan: no recv
         self.data_bound = self.data_end >= self.free(np.zeros(dag.num_units))
 
+    def origin(self, gap0: float) -> float:
+        """The pipeline's start: stage 0's first unit less its per-unit overhead ``gap0``."""
+        return self.start[self.first] - gap0
+
     def free(self, gap: np.ndarray) -> np.ndarray:
         """When each unit's stage was free for it: its previous unit's end, or the pipeline's start."""
-        origin = self.start[self.first] - gap[self.first]
-        return np.where(np.isnan(self.prev_end), origin, self.prev_end)
+        return np.where(np.isnan(self.prev_end), self.origin(gap[self.first]), self.prev_end)
 
     def stall(self, gap: np.ndarray) -> np.ndarray:
         """Recv stall per unit: time waiting for the input beyond the usual per-unit overhead."""
@@ -103,8 +103,7 @@ def calibrate(orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[St
     bwd = [float(dur[(dag.stage == s) & ~dag.is_fwd].mean()) for s in range(P)]
     heads, tails = [], []
     for m, by_stage in measured:
-        origin = m.start[dag.order[0][0]] - gaps[0]
-        head = origin - by_stage[0].step_start
+        head = m.origin(gaps[0]) - by_stage[0].step_start
         heads.append(head)
         tails.append([by_stage[s].step_end - m.end[dag.order[s][-1]] + head for s in range(P)])
     return Calibration(
@@ -121,11 +120,16 @@ def unit_durations(dag: PipelineDag, fwd_s: Sequence[float], bwd_s: Sequence[flo
     return np.where(dag.is_fwd, np.asarray(fwd_s)[dag.stage], np.asarray(bwd_s)[dag.stage])
 
 
-def predict_time(orders: Sequence[Sequence[Unit]], cal: Calibration) -> float:
-    """Simulated iteration time of ``orders`` with the calibrated unit, transfer and tail times."""
+def predicted_timeline(orders: Sequence[Sequence[Unit]], cal: Calibration) -> Timeline:
+    """Simulated iteration of ``orders`` with the calibrated unit, transfer and tail times (no energy)."""
     dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
     dur = unit_durations(dag, cal.fwd_s, cal.bwd_s)
-    return simulate(dag, dur, np.zeros_like(dur), 0.0, cal.transfer_s, tail_s=np.asarray(cal.tail_s)).iteration_time
+    return simulate(dag, dur, np.zeros_like(dur), 0.0, cal.transfer_s, tail_s=np.asarray(cal.tail_s))
+
+
+def predict_time(orders: Sequence[Sequence[Unit]], cal: Calibration) -> float:
+    """Simulated iteration time of ``orders`` with the calibrated unit, transfer and tail times."""
+    return predicted_timeline(orders, cal).iteration_time
 
 
 def measured_timeline(
@@ -139,7 +143,7 @@ def measured_timeline(
     dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
     m = _Measured(dag, stages)
     gap = np.asarray(cal.gap_s)[dag.stage]
-    origin = m.start[dag.order[0][0]] - cal.gap_s[0]
+    origin = m.origin(cal.gap_s[0])
     start, end = m.start - gap - origin, m.end - origin
     ready_same = m.free(gap) - origin
     # EnvPipe's recv time (a CUDA event pair around the recv) is never below the transfer itself
