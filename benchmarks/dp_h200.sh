@@ -10,16 +10,13 @@
 #   OUT=dp-bench bash benchmarks/dp_h200.sh          # GPUs; about 3-4 min on 4 x H200
 #   TINY=1 OUT=/tmp/dp-tiny bash benchmarks/dp_h200.sh   # CPU smoke run (gloo, sim clock, tiny model)
 #   TINY=1 GPUS=2 ...                                 # CPU, as if 2 GPUs were visible (the skip path)
-# DeepSpeed is installed from .whl/ when it is missing (carry .whl to the device machine).
+# DeepSpeed missing: the wheels carried in .whl/ are unpacked onto PYTHONPATH first (benchmarks/deepspeed_whl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-dp-bench}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-if ! $PY -c 'import deepspeed' 2>/dev/null; then
-  ls .whl/*.whl > /dev/null || { echo "deepspeed is not installed and .whl/ holds no wheels"; exit 1; }
-  $PY -m pip install -q --no-index --find-links .whl .whl/*.whl || $PY -m pip install -q --no-deps .whl/*.whl
-fi
+source benchmarks/deepspeed_whl.sh
 if [ "${TINY:-0}" = 1 ]; then
   export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
   GPUS=${GPUS:-4}

@@ -41,14 +41,12 @@ sys.path.insert(0, str(ROOT / "examples"))
 import train_gpt  # noqa: E402  (examples/train_gpt.py: the model, the stock loop)
 
 from envpipe.energy.meter import METER_PERIOD_S  # noqa: E402
-from envpipe.plan.dag import PipelineDag  # noqa: E402
 from envpipe.plan.schedules import one_f_one_b  # noqa: E402
-from envpipe.plan.simulate import simulate  # noqa: E402
 from envpipe.runtime import config as envpipe_config  # noqa: E402
-from envpipe.runtime import distributed  # noqa: E402
+from envpipe.runtime import distributed, replicas  # noqa: E402
 from envpipe.runtime.clocks import NvmlEnergyClock, SimClock  # noqa: E402
-from envpipe.runtime.runner import Runner, make_clock  # noqa: E402
-from envpipe.runtime.timing import Calibration, StageTiming, unit_durations  # noqa: E402
+from envpipe.runtime.runner import Runner  # noqa: E402
+from envpipe.runtime.timing import StageTiming, predicted_timeline  # noqa: E402
 
 TINY = ["--tiny"]
 GPT2_H200 = [
@@ -85,40 +83,27 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
 
 
 def runtime_run(
-    engine: Any,
-    data: Any,
-    margs: argparse.Namespace,
-    scheduling: str,
-    report_dir: Path,
-    steps: int,
-    calibration_steps: int,
+    engine: Any, data: Any, scheduling: str, report_dir: Path, steps: int, calibration_steps: int
 ) -> tuple[dict | None, Runner]:
     cfg = envpipe_config.parse(
         {"type": "baseline", "scheduling": scheduling, "report_dir": str(report_dir)}, environ={}
     )
-    clock = make_clock(cfg, engine)
-    try:
-        runner = Runner(engine, cfg, clock, engine.train_batch_size())
-        summary = runner.train(data, steps, calibration_steps)
-    finally:
-        if clock is not None:
-            clock.close()
-    return summary, runner
+    return train_gpt.run_envpipe(engine, data, cfg, engine.train_batch_size(), steps, calibration_steps)
 
 
-def stage_ends(runner: Runner, cal: Calibration, orders: list) -> dict[str, list[float]] | None:
+def stage_ends(runner: Runner, orders: list) -> dict[str, list[float]] | None:
     """Measured (last steady iteration) vs predicted end of every stage's last unit, from train_batch's start."""
-    assert runner.last_timing is not None
-    gathered = runner._gather(runner.last_timing)
+    cal = runner.calibration
+    assert runner.last_timing is not None and cal is not None
+    gathered = replicas.gather((runner.place, runner.last_timing))
     if tdist.get_rank() != 0:
         return None
     timings: list[StageTiming] = [t for w, t in sorted(gathered, key=lambda x: x[0].stage) if w.replica == 0]
     t0 = timings[0].step_start
     measured = [max(b for *_, b in t.units) - t0 for t in timings]
-    dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
-    dur = unit_durations(dag, cal.fwd_s, cal.bwd_s)
-    tl = simulate(dag, dur, np.zeros_like(dur), 0.0, cal.transfer_s)
-    return {"measured_s": measured, "predicted_s": [float(x + cal.head_s) for x in tl.stage_end]}
+    # the units' ends do not depend on the tails (they add to the iteration time only)
+    stage_end = predicted_timeline(orders, cal).stage_end
+    return {"measured_s": measured, "predicted_s": [float(x + cal.head_s) for x in stage_end]}
 
 
 def deployable_plan(summary: dict, M: int, gpu: str, idle_w: float) -> dict:
@@ -213,6 +198,7 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path, 
     rt = train_gpt.build_engine(margs, {}, "envpipe")
     data_s, data_r = train_gpt.tokens(margs, stock.device), train_gpt.tokens(margs, rt.device)
     samples = stock.train_batch_size()
+    orders = one_f_one_b(rt.num_stages, M)
     rounds = []
     for r in range(args.rounds):
         # counterbalanced: the GPU's clock drifts with its power and heat within a round, so stock runs
@@ -226,24 +212,18 @@ def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path, 
             if name == "stock":
                 got[name] = train_gpt.run_stock(stock, data_s, sargs, samples)
             elif name == "engine_1f1b" and not args.no_bare:  # the EnvPipe engine alone: no timing, no clocks
-                rt.set_unit_orders(one_f_one_b(rt.num_stages, M))
+                rt.set_unit_orders(orders)
                 got[name] = train_gpt.run_stock(rt, data_r, sargs, samples)
                 if got[name] is not None:
                     got[name]["engine"] = "envpipe-engine-1f1b (no timing, no clocks)"
             elif name == "runtime_1f1b":
-                got[name], runner = runtime_run(
-                    rt, data_r, margs, "1f1b", report_dir, args.steps, args.calibration_steps
-                )
+                got[name], runner = runtime_run(rt, data_r, "1f1b", report_dir, args.steps, args.calibration_steps)
         rounds.append(got)
     result: dict[str, Any] = {"M": M, "rounds": rounds}
-    orders = one_f_one_b(rt.num_stages, M)
     last = rounds[-1]["runtime_1f1b"]
-    assert runner.calibration is not None
-    ends = stage_ends(runner, runner.calibration, orders)
+    ends = stage_ends(runner, orders)
     if not args.no_envpipe_order:
-        e, _ = runtime_run(
-            rt, data_r, margs, "envpipe", out / f"M{M}" / "runtime_envpipe", args.steps, args.calibration_steps
-        )
+        e, _ = runtime_run(rt, data_r, "envpipe", out / f"M{M}" / "runtime_envpipe", args.steps, args.calibration_steps)
         result["runtime_envpipe"] = e
     if tdist.get_rank() == 0:
         result["throughput_ratio"] = _ratios([x["runtime_1f1b"] for x in rounds], rounds)

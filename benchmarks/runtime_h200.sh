@@ -8,7 +8,8 @@
 #   STAGES="4" MS_4=8 ROUNDS=5 bash benchmarks/runtime_h200.sh  # one configuration, more rounds
 #   CPU=1 OUT=/tmp/rt bash benchmarks/runtime_h200.sh           # tiny model on CPU: checks the script's logic
 #
-# DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked onto PYTHONPATH first.
+# DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked onto PYTHONPATH first
+# (benchmarks/deepspeed_whl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runtime-bench}
@@ -24,14 +25,7 @@ if [ "${CPU:-0}" = 1 ]; then
   EXTRA=(--cpu)
 fi
 mkdir -p "$OUT"
-if ! $PY -c 'import deepspeed' 2>/dev/null; then
-  # unpack the carried wheels (DeepSpeed and its small pure dependencies) onto PYTHONPATH: no pip, no root
-  [ -d .whl ] || { echo "deepspeed is not installed and there is no .whl/ to unpack it from" >&2; exit 1; }
-  mkdir -p .whl/site
-  for w in .whl/*.whl; do $PY -m zipfile -e "$w" .whl/site; done
-  export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
-  $PY -c 'import deepspeed' || { echo "deepspeed still not importable from .whl/site" >&2; exit 1; }
-fi
+source benchmarks/deepspeed_whl.sh
 { date -u; uname -srm; echo "cpus: $(nproc)"
   if [ "${CPU:-0}" != 1 ]; then
     nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.sm,clocks.max.sm --format=csv

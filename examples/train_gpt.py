@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from envpipe.runtime import config as envpipe_config
 from envpipe.runtime import distributed, replicas
 from envpipe.runtime.engine import initialize
 from envpipe.runtime.jobreport import RankRecord, job_summary
-from envpipe.runtime.report import StageReport
+from envpipe.runtime.report import StageReport, summarize
 from envpipe.runtime.runner import Runner, make_clock
 from envpipe.runtime.textreport import render
 
@@ -169,18 +168,21 @@ def run_stock(engine, data: Iterator, args: argparse.Namespace, samples: int) ->
     if tdist.get_rank() != 0:
         return None
     ranks = sorted(everyone, key=lambda r: (r.place.replica, r.place.stage))  # every GPU of every replica
-    t = statistics.median(max(ts) for ts in zip(*(r.report.times_s for r in ranks), strict=True))
-    gpu_j = [statistics.median(r.report.energies_j) for r in ranks] if energy else None
+    label = "measured" if energy else "none"
+    common = summarize([r.report for r in ranks], samples, label, None, None)
+    keys = (
+        "iterations",
+        "iteration_time_s",
+        "throughput_samples_per_s",
+        "energy",
+        "energy_per_gpu_j",
+        "energy_per_iteration_j",
+    )
     summary = {
         "engine": "stock-deepspeed-1f1b",
-        "iterations": args.steps,
-        "iteration_time_s": t,
-        "throughput_samples_per_s": samples / t,
-        "energy": "measured" if energy else "none",
-        "energy_per_gpu_j": gpu_j,
-        "energy_per_iteration_j": sum(gpu_j) if gpu_j else None,
+        **{k: common[k] for k in keys},
         "peak_memory_bytes_per_stage": [r.report.peak_memory_bytes or None for r in ranks],
-        "job": job_summary(ranks, "measured" if energy else "none", [], replicas.STRAGGLER_THRESHOLD),
+        "job": job_summary(ranks, label, [], replicas.STRAGGLER_THRESHOLD),
     }
     Path(args.report_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.report_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -257,17 +259,44 @@ def train(args: argparse.Namespace, ds_config: dict, cfg: envpipe_config.EnvPipe
         if summary is not None:
             print(json.dumps(summary, indent=1))
         return
-    clock = make_clock(cfg, engine)
-    try:
-        runner = Runner(engine, cfg, clock, samples, args.profile_points, args.reconfigure_rounds)
-        summary = runner.train(data, args.steps, args.calibration_steps)
-    finally:
-        if clock is not None:
-            clock.close()  # back to default clocks
+    summary, _ = run_envpipe(
+        engine,
+        data,
+        cfg,
+        samples,
+        args.steps,
+        args.calibration_steps,
+        profile_points=args.profile_points,
+        reconfigure_rounds=args.reconfigure_rounds,
+    )
     if summary is not None:
         text = render(summary, args.report_dir)
         (Path(args.report_dir) / "report.txt").write_text(text + "\n")
         print(text)
+
+
+def run_envpipe(
+    engine,
+    data: Iterator,
+    cfg: envpipe_config.EnvPipeConfig,
+    samples: int,
+    steps: int,
+    calibration_steps: int,
+    **runner_options: int,
+) -> tuple[dict | None, Runner]:
+    """The EnvPipe runtime: calibration, then ``steps`` steady iterations; clocks back to default after.
+
+    ``runner_options``: Runner's profile_points / reconfigure_rounds (default: Runner's). Returns the
+    summary (rank 0; None elsewhere) and the runner.
+    """
+    clock = make_clock(cfg, engine)
+    try:
+        runner = Runner(engine, cfg, clock, samples, **runner_options)
+        summary = runner.train(data, steps, calibration_steps)
+    finally:
+        if clock is not None:
+            clock.close()  # back to default clocks
+    return summary, runner
 
 
 def uses_gpu() -> bool:
