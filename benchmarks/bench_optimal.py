@@ -27,17 +27,17 @@ sys.path.insert(0, str(ROOT))  # the cases shared with the tests (tests/plan/opt
 from envpipe.plan.frontier import frontier  # noqa: E402
 from envpipe.plan.lp import InfeasibleBudget  # noqa: E402
 from envpipe.plan.milp import MilpTimeout  # noqa: E402
-from envpipe.plan.optimal import optimal_plan  # noqa: E402
+from envpipe.plan.optimal import OptimalResult, optimal_plan  # noqa: E402
 from envpipe.plan.planfile import Plan, evaluate_plan  # noqa: E402
 from envpipe.plan.planner import make_plan  # noqa: E402
 from envpipe.plan.policies import POLICIES  # noqa: E402
 from envpipe.plan.reconfig import RECONFIGS  # noqa: E402
-from envpipe.profile import Profile, load_profile  # noqa: E402
-from envpipe.profile.csv_profile import embedded_profile_path  # noqa: E402
+from envpipe.plan.simulate import Timeline  # noqa: E402
+from envpipe.profile import Profile  # noqa: E402
 from tests.plan.optimal_cases import REAL, cut_down, milp_energy, random_case, real_profile, spread_clocks  # noqa: E402
 
 FRONTIERS = Path(os.environ.get("PERSEUS_FRONTIERS", "/work/shared/data/perseus_frontiers"))
-PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}  # Perseus's blocking power
+PROFILES = ("gpt3-175b+a100_sxm_bf16", "bloom+a40_bf16")  # shipped with the package; idle power: REAL
 # Perseus's least energy with its own time <= the exact 1F1B all-max time, read from its published frontiers
 # (ml-energy/zeus, branch kronos, sosp24_data/emulation/iteration_time_energy/, rows time,energy)
 PERSEUS_OTHER = {("bloom+a100_sxm_bf16", 12): 6316.46615047702,  # a100_sxm/bloom_bf16_mb12.csv, row 2.823 s
@@ -86,35 +86,39 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
               "| LP bound 1F1B % | optimal envpipe % | optimal @EnvPipe time % | chosen r_s "
               "| plan time (s, measured) |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, watts in PROFILES.items():
-        prof = load_profile(embedded_profile_path(name))
+    for name in PROFILES:
+        prof, watts = real_profile(name), REAL[name][1]
         for M in Ms:
-            one, env_sched, wall, env = compared_plans(prof, M, watts)
-            bt, be = one.baseline.iteration_time, one.baseline.energy
-            cells = []
-            for plan in (one.plan, env_sched.plan):
-                t, e = resimulated(plan, prof, watts)
-                assert t <= bt * (1 + 1e-9), f"{name} M={M}: plan over budget ({t} > {bt})"
-                cells.append(f"{100 * (1 - e / be):.2f}")
-            et, ee = resimulated(env.plan, prof, watts)
+            cells, base, env_sched, et = compared_cells(name, prof, M, watts)
+            bt, be = base.iteration_time, base.energy
             at_env = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe", time_budget_s=max(et, bt))
             _, ae = resimulated(at_env.plan, prof, watts)
             ref, aligned = perseus_savings(name, M, bt, be)
-            bound = 100 * (1 - (one.lp_energy or np.nan) / be)
-            lines.append(f"| {name} | {M} | {ref} | {aligned} | {100 * (1 - ee / be):.2f} ({100 * (et / bt - 1):.1f}) "
-                         f"| {cells[0]} | {bound:.2f} | {cells[1]} | {100 * (1 - ae / be):.2f} "
-                         f"| {env_sched.reschedule} | {wall:.2f} |")
+            lines.append(f"| {name} | {M} | {ref} | {aligned} | {' | '.join(cells[:4])} | {100 * (1 - ae / be):.2f} "
+                         f"| {env_sched.reschedule} | {cells[4]} |")
     lines.append("")
 
 
-def compared_plans(prof, M: int, watts: float):
-    """The optimal plan on 1F1B, the optimal plan over both orders (and its measured planning time), and
-    EnvPipe's envelope+balanced plan: the columns every comparison table needs."""
+def compared_cells(name: str, prof: Profile, M: int, watts: float
+                   ) -> tuple[list[str], Timeline, OptimalResult, float]:
+    """The cells every savings table shares: EnvPipe % (slowdown %) of its envelope+balanced plan, optimal 1F1B %,
+    LP bound 1F1B %, optimal envpipe % (the planner over both orders) and that plan's measured planning time;
+    with the 1F1B all-max baseline, the optimal envpipe result and EnvPipe's iteration time for the other cells."""
     one = optimal_plan(prof, M, idle_power_w=watts, schedule="1f1b")
     t0 = time.perf_counter()
     both = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
     wall = time.perf_counter() - t0
-    return one, both, wall, make_plan(prof, M, idle_power_w=watts)
+    env = make_plan(prof, M, idle_power_w=watts)
+    bt, be = one.baseline.iteration_time, one.baseline.energy
+    savings = []
+    for plan in (one.plan, both.plan):
+        t, e = resimulated(plan, prof, watts)
+        assert t <= bt * (1 + 1e-9), f"{name} M={M}: plan over budget ({t} > {bt})"
+        savings.append(f"{100 * (1 - e / be):.2f}")
+    et, ee = resimulated(env.plan, prof, watts)
+    cells = [f"{100 * (1 - ee / be):.2f} ({100 * (et / bt - 1):.1f})", savings[0],
+             f"{100 * (1 - (one.lp_energy or np.nan) / be):.2f}", savings[1], f"{wall:.2f}"]
+    return cells, one.baseline, both, et
 
 
 def other_profiles_table(lines: list[str]) -> None:
@@ -126,12 +130,8 @@ def other_profiles_table(lines: list[str]) -> None:
               "| optimal envpipe % | plan time (s, measured) |", "|---|---|---|---|---|---|---|---|"]
     for (name, M), perseus in PERSEUS_OTHER.items():
         prof, watts = real_profile(name), REAL[name][1]
-        one, both, wall, env = compared_plans(prof, M, watts)
-        bt, be = one.baseline.iteration_time, one.baseline.energy
-        (_, e1), (_, e2), (et, ee) = (resimulated(p, prof, watts) for p in (one.plan, both.plan, env.plan))
-        lines.append(f"| {name} | {M} | {100 * (1 - perseus / be):.2f} | {100 * (1 - ee / be):.2f} "
-                     f"({100 * (et / bt - 1):.1f}) | {100 * (1 - e1 / be):.2f} | "
-                     f"{100 * (1 - (one.lp_energy or np.nan) / be):.2f} | {100 * (1 - e2 / be):.2f} | {wall:.2f} |")
+        cells, base, _, _ = compared_cells(name, prof, M, watts)
+        lines.append(f"| {name} | {M} | {100 * (1 - perseus / base.energy):.2f} | {' | '.join(cells)} |")
     lines.append("")
 
 
@@ -193,16 +193,18 @@ def envpipe_losses(case) -> int:  # type: ignore[no-untyped-def]
     """How many EnvPipe policy variants beat the planner at their own iteration time (should be 0)."""
     losses = 0
     for policy in POLICIES:
-        for reconfig in RECONFIGS:
+        # the baseline policy ignores the reconfiguration: plan it once and count it for each
+        variants = [(RECONFIGS[0], len(RECONFIGS))] if policy == "baseline" else [(r, 1) for r in RECONFIGS]
+        for reconfig, count in variants:
             env = make_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
                             policy=policy, reconfig=reconfig)
             try:
                 ours = optimal_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
                                     time_budget_s=env.timeline.iteration_time)
             except InfeasibleBudget:
-                losses += 1
+                losses += count
                 continue
-            losses += int(ours.timeline.energy > env.timeline.energy * (1 + 1e-9))
+            losses += count * int(ours.timeline.energy > env.timeline.energy * (1 + 1e-9))
     return losses
 
 
@@ -213,8 +215,8 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 def speed_table(lines: list[str], quick: bool) -> None:
-    prof = load_profile(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
-    W = 83.64
+    name = "gpt3-175b+a100_sxm_bf16"
+    prof, W = real_profile(name), REAL[name][1]
     rows = [
         ("S=8, M=96, 38 clocks: one plan, 1F1B order", lambda: optimal_plan(prof, 96, idle_power_w=W)),
         ("S=8, M=96, 38 clocks: one plan, envpipe schedule (2 orders)",
@@ -239,7 +241,7 @@ def speed_table(lines: list[str], quick: bool) -> None:
         grid += [(16, 128, 38), (32, 128, 38)]
     for S, M, K in grid:
         p = prof.with_stages(S)
-        p = p.restricted(p.freqs[np.linspace(0, p.freqs.size - 1, K).round().astype(int)])
+        p = p.restricted(p.freqs[spread_clocks(p, K)])
         seconds = timed(lambda p=p, M=M: optimal_plan(p, M, idle_power_w=W))
         lines.append(f"| {S} | {M} | {K} | {2 * S * M} | {seconds:.2f} |")
     lines.append("")

@@ -73,14 +73,15 @@ transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), 
                                help="seconds to send one activation or gradient between stages")
 
 
-def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> list[float]:
+def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> float | np.ndarray:
+    """One tail time for every stage (a float), or one per stage (an array)."""
     try:
         times = [float(v) for v in value.split(",")]
     except ValueError:
         raise click.BadParameter(f"{value!r}: expected seconds, e.g. 0.02 or 0.02,0.03") from None
     if any(not np.isfinite(t) or t < 0 for t in times):
         raise click.BadParameter(f"{value!r}: tail times must be finite and not negative")
-    return times
+    return times[0] if len(times) == 1 else np.array(times)
 
 
 tail_option = click.option(
@@ -111,25 +112,25 @@ tail_option = click.option(
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
 @optimal_options
 def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
-         idle_power: float | None, gpu: str, transfer_time: float, tail_time: list[float], memory_cap: int | None,
-         threshold_scale: float, out: str | None, text: bool, gantt: str | None, max_slowdown: float | None,
-         time_budget: float | None, frontier_csv: str | None, frontier_points: int) -> None:
+         idle_power: float | None, gpu: str, transfer_time: float, tail_time: float | np.ndarray,
+         memory_cap: int | None, threshold_scale: float, out: str | None, text: bool, gantt: str | None,
+         max_slowdown: float | None, time_budget: float | None, frontier_csv: str | None,
+         frontier_points: int) -> None:
     """Plan clocks for one iteration and show the predicted time and energy."""
     gpu = gpu.lower()
     watts = _idle_power(idle_power, gpu)
     if gantt and Path(gantt).suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("must end in .png or .svg", param_hint="--gantt")
-    tail = tail_time[0] if len(tail_time) == 1 else np.array(tail_time)
     if policy == "optimal":
         run_optimal(_load_or_fail(profile_path, stages), microbatches, schedule, watts, transfer_time, memory_cap,
-                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail)
+                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail_time)
         return
     if (max_slowdown, time_budget, frontier_csv) != (None, None, None):
         raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
     try:
         result = make_plan(_load(profile_path, stages), microbatches, schedule=schedule, policy=policy,
                            reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,
-                           memory_cap=memory_cap, threshold_scale=threshold_scale, tail_s=tail)
+                           memory_cap=memory_cap, threshold_scale=threshold_scale, tail_s=tail_time)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     p = result.plan
@@ -164,15 +165,14 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
 @click.option("--text", is_flag=True, help="print EnvPipe's text trace")
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
 def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: float | None, gpu: str,
-             transfer_time: float, tail_time: list[float], text: bool, gantt: str | None) -> None:
+             transfer_time: float, tail_time: float | np.ndarray, text: bool, gantt: str | None) -> None:
     """Recompute iteration time and energy of any plan (also one written by hand)."""
     watts = _idle_power(idle_power, gpu.lower())
-    tail = tail_time[0] if len(tail_time) == 1 else np.array(tail_time)
     try:
         profile = _load(profile_path, stages)
         plan_obj = Plan.load(plan_path)
-        tl = evaluate_plan(plan_obj, profile, watts, transfer_time, tail)
-        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail)
+        tl = evaluate_plan(plan_obj, profile, watts, transfer_time, tail_time)
+        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail_time)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     freqs = _freqs_of(plan_obj, tl.dag.order, tl.dag.num_units)

@@ -46,7 +46,7 @@ class OptimalArgs:
 
 
 def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray = 0.0) -> None:
+                memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
     """``tail_s``: each stage's work after its last unit (one number or one per stage), as in make_plan."""
     if args.frontier_csv is not None:
         if args.max_slowdown is not None or args.time_budget is not None:
@@ -93,7 +93,7 @@ def _freqs(result: OptimalResult) -> np.ndarray:
 
 
 def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                  memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray = 0.0) -> None:
+                  memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
     assert args.frontier_csv is not None
     try:
         points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule, points=args.frontier_points,

@@ -123,40 +123,45 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
     roundings = [problem.fit(relax.duration + 1e-9)]
     if segments is None:  # nearest rounding needs many repair steps on very large DAGs
         roundings.append(_nearest(problem, relax.duration))
-    best: tuple[float, np.ndarray] | None = None
+    best: tuple[np.ndarray, Timeline] | None = None
     for option in roundings:
         option = _improve(problem, _repair(problem, option, budget_s), budget_s)
-        energy = problem.simulate(option).energy
-        if best is None or energy < best[0]:
-            best = (energy, option)
+        tl = problem.simulate(option)
+        if best is None or tl.energy < best[1].energy:
+            best = (option, tl)
     assert best is not None
-    option = best[1]
-    if problem.dag.num_units <= _POLISH_UNITS and _neighbourhood(problem, option).sum() <= _POLISH_BINARIES:
-        option = _polish(problem, option, budget_s)
-    return Solution(option, problem.simulate(option), relax.energy if segments is None else None)
+    option, tl = best
+    if problem.dag.num_units <= _POLISH_UNITS:
+        allowed = _neighbourhood(problem, option)
+        if allowed.sum() <= _POLISH_BINARIES:
+            option, tl = _polish(problem, option, tl, allowed, budget_s)
+    return Solution(option, tl, relax.energy if segments is None else None)
 
 
-def _polish(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
+def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, allowed: np.ndarray,
+            budget_s: float) -> tuple[np.ndarray, Timeline]:
     """Large-neighbourhood search: the exact MILP restricted to options within _POLISH_RADIUS of each
     unit's current one. It finds the multi-unit exchanges (speed some units up, slow others down) that
-    rounding and free float miss. Repeats around each improvement; kept only if the simulator agrees."""
+    rounding and free float miss. Repeats around each improvement; kept only if the simulator agrees.
+
+    ``timeline`` is ``option`` simulated and ``allowed`` its neighbourhood; returns the best option and
+    its simulated timeline."""
     deadline = time.monotonic() + _POLISH_SECONDS_PER_UNIT * problem.dag.num_units
-    energy = problem.simulate(option).energy
     for _ in range(_POLISH_ROUNDS):
         left = deadline - time.monotonic()
         if left <= 0:
             break
         try:
             found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
-                                  time_limit_s=left, allowed=_neighbourhood(problem, option),
-                                  node_limit=_POLISH_NODES)
+                                  time_limit_s=left, allowed=allowed, node_limit=_POLISH_NODES)
         except (MilpTimeout, InfeasibleBudget):  # no better point found (or none within HiGHS's tolerances)
             break
         tl = problem.simulate(found)
-        if not (_within(tl.iteration_time, budget_s) and tl.energy < energy * (1 - 1e-12)):
+        if not (_within(tl.iteration_time, budget_s) and tl.energy < timeline.energy * (1 - 1e-12)):
             break
-        option, energy = found, tl.energy
-    return option
+        option, timeline = found, tl
+        allowed = _neighbourhood(problem, option)
+    return option, timeline
 
 
 def _neighbourhood(problem: ClockProblem, option: np.ndarray) -> np.ndarray:

@@ -70,10 +70,11 @@ def random_case(seed: int) -> Case:
                 int(rng.choice([4, 6, 8])), slowdown, str(rng.choice(["1f1b", "envpipe"])))
 
 
-def milp_energy(prof: Profile, microbatches: int, schedule: str, watts: float, budget_s: float,
-                tail_s: float | np.ndarray = 0.0, time_limit_s: float = 120.0) -> float:
-    """Least energy within the budget over every order the planner considers, by the exact MILP."""
-    best = np.inf
+def milp_energies(prof: Profile, microbatches: int, schedule: str, watts: float, budget_s: float,
+                  tail_s: float | np.ndarray = 0.0, time_limit_s: float = 120.0) -> dict[tuple[int, ...], float]:
+    """Least energy within the budget for each order the planner considers (keyed by its r_s), by the exact
+    MILP, simulated; orders with no plan within the budget are left out."""
+    energies: dict[tuple[int, ...], float] = {}
     for r in candidate_orders(prof, microbatches, schedule, watts):
         problem = build_problem(prof, microbatches, schedule, r, watts, tail_s=tail_s)
         try:
@@ -83,5 +84,12 @@ def milp_energy(prof: Profile, microbatches: int, schedule: str, watts: float, b
             continue
         tl = problem.simulate(option)
         assert tl.iteration_time <= budget_s * (1 + 1e-6) and abs(tl.energy - value) <= 1e-6 * tl.energy
-        best = min(best, tl.energy)
-    return float(best)
+        energies[tuple(r)] = tl.energy
+    return energies
+
+
+def milp_energy(prof: Profile, microbatches: int, schedule: str, watts: float, budget_s: float,
+                tail_s: float | np.ndarray = 0.0, time_limit_s: float = 120.0) -> float:
+    """Least energy within the budget over every order the planner considers, by the exact MILP."""
+    return float(min(milp_energies(prof, microbatches, schedule, watts, budget_s, tail_s, time_limit_s).values(),
+                     default=np.inf))
