@@ -52,11 +52,14 @@ class Hosts:
     def exec_argv(self, i: int, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.names[i], *argv]
 
+    def pids(self, i: int) -> list[str]:
+        """The processes running in host i's namespace."""
+        return subprocess.run(["ip", "netns", "pids", self.names[i]], capture_output=True, text=True).stdout.split()
+
     def close(self) -> None:
         # whatever still runs inside our namespaces (job processes of a failed test) goes too
-        for n in self.names:
-            pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
-            for pid in pids:
+        for i in range(len(self.names)):
+            for pid in self.pids(i):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), 9)
         for p in self.procs:

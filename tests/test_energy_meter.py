@@ -46,6 +46,7 @@ class SteppedCounter:
 
     def __init__(self, power_w, step_s: float) -> None:
         self.t0, self.power_w, self.step_s = time.perf_counter(), power_w, step_s
+        self.published: dict[int, float] = {}  # step index -> the energy published at its start
 
     def energy_at(self, t: float) -> float:
         ts = np.linspace(0.0, t, 2001)
@@ -53,7 +54,10 @@ class SteppedCounter:
 
     def __call__(self) -> float:
         elapsed = time.perf_counter() - self.t0
-        return self.energy_at(elapsed - elapsed % self.step_s)  # the last published update
+        step, since = divmod(elapsed, self.step_s)  # since == elapsed % step_s
+        if int(step) not in self.published:  # the value changes only per step: integrate once per step
+            self.published[int(step)] = self.energy_at(elapsed - since)  # the last published update
+        return self.published[int(step)]
 
 
 def test_polled_meter_interpolates_a_stepped_counter_at_unit_boundaries() -> None:

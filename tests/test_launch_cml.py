@@ -7,15 +7,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from envpipe_launch import proctree
+from envpipe_launch import net, proctree
 from envpipe_launch.backends import cml
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
 
+from tests.clockd_helpers import wait_for
 from tests.ports import free_port
 
 FAKES = str(Path(__file__).resolve().parent / "fakes")
@@ -91,27 +91,23 @@ def test_unreachable_worker_with_the_real_ssh_runner(workers, monkeypatch) -> No
     assert len(_stopped(workers)) == 1
 
 
-def test_keys_prepared_before_workers_start(workers, tmp_path) -> None:
+def test_keys_prepared_before_workers_start(workers, tmp_path, monkeypatch) -> None:
     run = Recorder()
     seen: list[str] = []
-    real = cml.prepare_keys
     cml_launch_workers = workers.launch_workers
 
     def launch_workers(*a, **kw):
         seen.extend(sorted(p.name for p in (tmp_path / ".envpipe" / "ssh").iterdir()))
         return cml_launch_workers(*a, **kw)
 
-    workers.launch_workers = launch_workers
-    try:
-        assert cml.launch(_spec(nodes=2), cml.CmlOptions(), runner=run) == 0
-    finally:
-        workers.launch_workers = cml_launch_workers
+    monkeypatch.setattr(workers, "launch_workers", launch_workers)
+    assert cml.launch(_spec(nodes=2), cml.CmlOptions(), runner=run) == 0
     # the shared host key exists before any worker's sshd could race to create it
     assert seen == ["authorized_keys", "host_key", "host_key.pub", "id_ed25519", "id_ed25519.pub"]
     d = tmp_path / ".envpipe" / "ssh"
     pub = (d / "id_ed25519.pub").read_text().strip()
     assert (d / "authorized_keys").read_text().splitlines() == [pub]
-    assert real(None) == str(d / "id_ed25519")  # a second launch reuses the key and adds no line
+    assert cml.prepare_keys(None) == str(d / "id_ed25519")  # a second launch reuses the key and adds no line
     assert (d / "authorized_keys").read_text().splitlines() == [pub]
 
 
@@ -143,48 +139,48 @@ def test_outside_cml_is_a_clear_error(monkeypatch) -> None:
 
 
 def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    return net.port_open("127.0.0.1", port)
 
 
 def _sshd_pids(port: int) -> list[str]:
     """The listening sshd daemons on `port`. A connection (e.g. _port_open's probe) forks a child that keeps the
     daemon's command line for a moment, longer on a loaded machine: children of a found pid are not counted."""
     found = subprocess.run(["pgrep", "-f", f"sshd -D -e -p {port} "], capture_output=True, text=True).stdout.split()
-    return [pid for pid in found if (parent := _ppid(pid)) is not None and parent not in found]
+    procs = proctree.running()  # a pid gone meanwhile is not a listening daemon
+    return [pid for pid in found if int(pid) in procs and str(procs[int(pid)].ppid) not in found]
 
 
-def _ppid(pid: str) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-    except (OSError, IndexError):
-        return None  # gone meanwhile: not a listening daemon
-
-
-@pytest.mark.skipif(NO_SSHD is not None or os.geteuid() != 0, reason=NO_SSHD or "sshd's privsep needs root here")
-def test_session_sshd_stops_the_child_of_a_connection_still_open(workers) -> None:
-    # sshd's per-connection child runs in a session of its own (setsid): a signal to sshd's group misses it
+@pytest.fixture
+def session_port(workers) -> int:
+    """Keys prepared, sshd's privilege-separation directory made: a free port for cml.session_sshd."""
+    if os.geteuid() != 0:
+        pytest.skip("sshd's privsep needs root here")
     cml.prepare_keys(None)
-    port = free_port()
     os.makedirs("/run/sshd", exist_ok=True)
+    return free_port()
+
+
+def test_session_sshd_stops_the_child_of_a_connection_still_open(session_port: int) -> None:
+    # sshd's per-connection child runs in a session of its own (setsid): a signal to sshd's group misses it
+    port = session_port
     with socket.socket() as client:
         with cml.session_sshd("127.0.0.1", port):
             client.connect(("127.0.0.1", port))
             (daemon,) = (int(pid) for pid in _sshd_pids(port))
-            deadline = time.monotonic() + 10
-            while not (children := {pid: p for pid, p in proctree.running().items() if p.ppid == daemon}):
-                assert time.monotonic() < deadline, "sshd forked no child for the connection"
-                time.sleep(0.02)
+            children: dict[int, proctree.Proc] = {}
+
+            def forked() -> bool:  # sshd forked a child for the connection
+                children.update({pid: p for pid, p in proctree.running().items() if p.ppid == daemon})
+                return bool(children)
+
+            wait_for(forked)
             assert all(p.pgrp != daemon for p in children.values())  # the premise: another process group
         running = proctree.running()
         assert [pid for pid, p in children.items() if pid in running and running[pid].start == p.start] == []
 
 
-@pytest.mark.skipif(NO_SSHD is not None or os.geteuid() != 0, reason=NO_SSHD or "sshd's privsep needs root here")
-def test_session_sshd_runs_only_during_the_job(workers, tmp_path) -> None:
-    cml.prepare_keys(None)
-    port = free_port()
-    os.makedirs("/run/sshd", exist_ok=True)
+def test_session_sshd_runs_only_during_the_job(session_port: int) -> None:
+    port = session_port
     with cml.session_sshd("127.0.0.1", port):
         assert _port_open(port) and len(_sshd_pids(port)) == 1
         with cml.session_sshd("127.0.0.1", port):  # already listening: nothing more is started

@@ -9,14 +9,13 @@ import pytest
 from envpipe_launch import proctree
 from envpipe_launch.errors import LaunchError
 
+from tests.clockd_helpers import wait_for
+
 
 def _start(script: str, processes: int) -> subprocess.Popen:
     """A bash leader in its own session; returns once its tree has `processes` running processes."""
     leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
-    deadline = time.monotonic() + 10
-    while len(proctree.tree(leader.pid, proctree.running(), {})) < processes:
-        assert time.monotonic() < deadline, "the leader's children did not start"
-        time.sleep(0.02)
+    wait_for(lambda: len(proctree.tree(leader.pid, proctree.running(), {})) >= processes)  # its children started
     return leader
 
 

@@ -132,11 +132,8 @@ def test_ctrl_c_stops_every_rank_on_every_host(hosts: netns_hosts.Hosts, tmp_pat
 
 def _job_pids(hosts: netns_hosts.Hosts, i: int, script: Path) -> list[str]:
     """Processes in host i's namespace that still run the job script."""
-    pids = subprocess.run(
-        ["ip", "netns", "pids", hosts.names[i]], capture_output=True, text=True
-    ).stdout.split()
     alive = []
-    for pid in pids:
+    for pid in hosts.pids(i):
         try:
             if str(script) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
                 alive.append(pid)

@@ -105,7 +105,7 @@ def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> No
         }
         proc, nb = _run(tmp_path, params, env, prefix=hosts.exec_argv(0, []))
         assert proc.returncode == 0, proc.stderr[-6000:]
-        left = {n: _pids(n) for n in hosts.names}
+        left = {n: hosts.pids(i) for i, n in enumerate(hosts.names)}
     finally:
         hosts.close()
     assert left == {n: [] for n in hosts.names}, "sshd of session and worker stopped, no rank left"
@@ -150,7 +150,7 @@ def test_worker_that_fails_to_start_stops_the_notebook_and_every_worker(tmp_path
         }
         params = {"NODES": 3, "GPUS_PER_NODE": 1, "REPORT_DIR": str(tmp_path / "report"), "READY_TIMEOUT_S": 30}
         proc, nb = _run(tmp_path, params, env, prefix=hosts.exec_argv(0, []))
-        left = {n: _pids(n) for n in hosts.names}
+        left = {n: hosts.pids(i) for i, n in enumerate(hosts.names)}
     finally:
         hosts.close()
     assert proc.returncode == 1
@@ -177,7 +177,3 @@ def test_outside_a_cml_session_the_notebook_stops_with_a_clear_error(tmp_path: P
     assert "envpipe-launch exited with status 2" in error.evalue
     assert "CDSW_IP_ADDRESS is not set: the cml backend runs inside a CML session" in proc.stderr
     assert _calls(tmp_path) == []  # no worker was asked for
-
-
-def _pids(netns: str) -> list[str]:
-    return subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()

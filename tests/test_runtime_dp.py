@@ -51,24 +51,36 @@ def check_dp_report(report_dir: Path, world: int, nodes: int) -> dict:
     return summary
 
 
-@pytest.mark.slow
-def test_dp2_pp2_same_math_as_stock_with_and_without_zero1_fp32_and_bf16(tmp_path: Path) -> None:
-    steps = 3
+STEPS = 3  # of the shared launch's runs
+
+
+@pytest.fixture(scope="module")
+def dp_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
+    """One DP2 x PP2 launch (4 processes) for the tests below: every rank's results and the output directory."""
+    out = tmp_path_factory.mktemp("dp2_pp2")
     runs = [
-        {"name": "stock", "engine": "stock", "M": M, "steps": steps},
-        {"name": "1f1b", "engine": "envpipe", "M": M, "steps": steps, "orders": _orders(one_f_one_b(2, M))},
-        {"name": "envpipe", "engine": "envpipe", "M": M, "steps": steps,
+        {"name": "stock", "engine": "stock", "M": M, "steps": STEPS},
+        {"name": "1f1b", "engine": "envpipe", "M": M, "steps": STEPS, "orders": _orders(one_f_one_b(2, M))},
+        {"name": "envpipe", "engine": "envpipe", "M": M, "steps": STEPS,
          "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
-        {"name": "stock_zero1", "engine": "stock", "M": M, "steps": steps, "zero": 1},
-        {"name": "envpipe_zero1", "engine": "envpipe", "M": M, "steps": steps, "zero": 1,
+        {"name": "stock_zero1", "engine": "stock", "M": M, "steps": STEPS, "zero": 1},
+        {"name": "envpipe_zero1", "engine": "envpipe", "M": M, "steps": STEPS, "zero": 1,
          "orders": _orders(envpipe_schedule(2, M, [2, 0]))},
-        {"name": "stock_bf16_zero1", "engine": "stock", "M": M, "steps": steps, "zero": 1, "bf16": True},
-        {"name": "envpipe_bf16_zero1", "engine": "envpipe", "M": M, "steps": steps, "zero": 1, "bf16": True,
+        {"name": "stock_bf16_zero1", "engine": "stock", "M": M, "steps": STEPS, "zero": 1, "bf16": True},
+        {"name": "envpipe_bf16_zero1", "engine": "envpipe", "M": M, "steps": STEPS, "zero": 1, "bf16": True,
          "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
-        {"name": "runtime", "engine": "runtime", "M": M, "steps": steps - 1, "calibration": 1, "zero": 1,
+        {"name": "runtime", "engine": "runtime", "M": M, "steps": STEPS - 1, "calibration": 1, "zero": 1,
          "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
+        # for test_plan_broadcast_gives_every_replica_the_same_clocks
+        {"name": "runtime_envelope", "engine": "runtime", "M": M, "steps": 2, "calibration": 1,
+         "envpipe": {"type": "envelope", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
     ]
-    results = run_pipeline(2, runs, tmp_path, world=4)
+    return run_pipeline(2, runs, out, world=4), out
+
+
+@pytest.mark.slow
+def test_dp2_pp2_same_math_as_stock_with_and_without_zero1_fp32_and_bf16(dp_runs: tuple[list[dict], Path]) -> None:
+    results, out = dp_runs
     assert results[0]["stock_zero1"]["losses"][0] != results[0]["stock_zero1"]["losses"][-1]  # it trains
     for name in ("1f1b", "envpipe"):
         assert_same_math(results, name, "stock")
@@ -76,12 +88,12 @@ def test_dp2_pp2_same_math_as_stock_with_and_without_zero1_fp32_and_bf16(tmp_pat
         assert_same_math(results, name, "stock_zero1")
     assert_same_math(results, "stock_zero1", "stock")  # ZeRO-1 itself changes nothing but memory
     assert_same_math(results, "envpipe_bf16_zero1", "stock_bf16_zero1")  # DeepSpeed's bf16 ZeRO-1 path
-    summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
+    summary = check_dp_report(out / "runtime", world=4, nodes=1)
     assert summary["job"]["plans_identical_across_replicas"] and summary["job"]["straggler_replica"] is None
     assert summary["orders"][1] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]  # the last stage's
     for rank in range(4):
-        steady = [x for x in iterations(tmp_path / "runtime", rank) if x["phase"] == "steady"]
-        assert len(steady) == steps - 1
+        steady = [x for x in iterations(out / "runtime", rank) if x["phase"] == "steady"]
+        assert len(steady) == STEPS - 1
 
 
 @pytest.mark.slow
@@ -122,17 +134,15 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
 
 
 @pytest.mark.slow
-def test_plan_broadcast_gives_every_replica_the_same_clocks(tmp_path: Path) -> None:
-    block = {"type": "envelope", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}
-    runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1, "envpipe": block}]
-    run_pipeline(2, runs, tmp_path, world=4)
-    summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
+def test_plan_broadcast_gives_every_replica_the_same_clocks(dp_runs: tuple[list[dict], Path]) -> None:
+    report = dp_runs[1] / "runtime_envelope"  # an envelope plan, run in the shared launch
+    summary = check_dp_report(report, world=4, nodes=1)
     assert summary["job"]["plans_identical_across_replicas"]
     digests = summary["job"]["plan_digest_per_rank"]
     for a, b in ((0, 1), (2, 3)):  # replicas 0 and 1 of stage 0, then of stage 1 (DeepSpeed's grid)
         assert digests[str(a)] == digests[str(b)]
-        ca = [x["clocks_requested_mhz"] for x in iterations(tmp_path / "runtime", a) if x["phase"] == "steady"]
-        cb = [x["clocks_requested_mhz"] for x in iterations(tmp_path / "runtime", b) if x["phase"] == "steady"]
+        ca = [x["clocks_requested_mhz"] for x in iterations(report, a) if x["phase"] == "steady"]
+        cb = [x["clocks_requested_mhz"] for x in iterations(report, b) if x["phase"] == "steady"]
         assert ca == cb and ca[0]
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -16,6 +17,16 @@ from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
+
+
+def _import_example() -> ModuleType:
+    """examples/train_gpt.py as the module `train_gpt`; sys.path is left as it was."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    return train_gpt
 
 
 def _torchrun(
@@ -93,11 +104,7 @@ def test_example_runs_a_plan_with_simulated_clocks(model: str, tmp_path: Path) -
 
 
 def test_example_refuses_bad_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    sys.path.insert(0, str(EXAMPLE.parent))
-    try:
-        import train_gpt
-    finally:
-        sys.path.remove(str(EXAMPLE.parent))
+    train_gpt = _import_example()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ENVPIPE_SCHEDULING", "gpipe")
     with pytest.raises(
@@ -187,11 +194,7 @@ def test_online_profile_plan_reconfigure_and_predict(tmp_path: Path) -> None:
 
 
 def test_example_takes_the_local_rank_deepspeeds_launcher_adds() -> None:
-    sys.path.insert(0, str(EXAMPLE.parent))
-    try:
-        import train_gpt
-    finally:
-        sys.path.remove(str(EXAMPLE.parent))
+    train_gpt = _import_example()
     # `deepspeed` / `envpipe-launch` run `train_gpt.py --local_rank=N <user args>`
     assert train_gpt.parse_args(["--local_rank=1", "--tiny"]).layers == 4
     assert train_gpt.parse_args(["--local-rank", "0", "--steps", "3"]).steps == 3

@@ -8,15 +8,26 @@ import time
 from .errors import LaunchError
 
 
+def _connect(host: str, port: int, timeout_s: float) -> OSError | None:
+    """None if `host`:`port` accepts a TCP connection within `timeout_s`, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return e
+
+
+def port_open(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Does something listen on `host`:`port` now? One connection attempt, no retry."""
+    return _connect(host, port, timeout_s) is None
+
+
 def wait_for_port(host: str, port: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    last: OSError | None = None
     while True:
-        try:
-            with socket.create_connection((host, port), timeout=min(2.0, max(timeout_s, 0.1))):
-                return
-        except OSError as e:
-            last = e
+        last = _connect(host, port, min(2.0, max(timeout_s, 0.1)))
+        if last is None:
+            return
         if time.monotonic() >= deadline:
             raise LaunchError(f"worker {host}:{port} unreachable after {timeout_s:g}s ({last})")
         time.sleep(0.2)

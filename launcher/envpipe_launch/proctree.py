@@ -53,8 +53,11 @@ def tree(leader: int, procs: dict[int, Proc], known: dict[int, int]) -> dict[int
 
 def stop(leader: subprocess.Popen, timeout_s: float = 10.0) -> None:
     """SIGTERM `leader` (started with start_new_session) and everything it started, SIGKILL what is left
-    after `timeout_s`, and return once none of it runs; the leader is reaped."""
-    tracked = tree(leader.pid, running(), {})  # before any signal: a stopped parent's children are reparented
+    after `timeout_s`, and return once none of it runs; the leader is reaped.
+
+    The tree is first taken in the SIGTERM pass before it signals anything: a stopped parent's children
+    are reparented, and only a process already tracked is still followed after that."""
+    tracked: dict[int, int] = {}
     for signum, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, KILL_WAIT_S)):
         if _signal_until_gone(leader, tracked, signum, wait_s):
             return

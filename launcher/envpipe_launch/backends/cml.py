@@ -82,12 +82,7 @@ def prepare_keys(ssh_key: str | None) -> str:
 @contextlib.contextmanager
 def session_sshd(ip: str, port: int, timeout_s: float = 15.0) -> Iterator[None]:
     """sshd in this session (node 0) while the job runs; nothing is started if the port answers."""
-    try:
-        net.wait_for_port(ip, port, 0)
-        running = True
-    except LaunchError:
-        running = False
-    if running:
+    if net.port_open(ip, port, timeout_s=0.1):
         yield
         return
     os.makedirs(_ssh_dir(), mode=0o700, exist_ok=True)

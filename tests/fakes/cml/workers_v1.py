@@ -19,7 +19,8 @@ Configured through environment variables, read at each launch_workers call:
   ENVPIPE_FAKE_CML_NETNS          comma-separated network namespaces, in launch order: worker i runs its
                                   `code` there (`!cmd` through bash, else python -c) as a real process;
                                   it is "running" while that process lives, then "succeeded" or "failed";
-                                  stop_workers kills its process group; its output goes to
+                                  stop_workers ends its whole process tree, sshd's setsid children
+                                  included (as a pod deletion does); its output goes to
                                   <ENVPIPE_FAKE_CML_LOG>.<worker id>.out (or nowhere)
   ENVPIPE_FAKE_CML_LOG            a file: every call is appended to it as a JSON line {"fn", "args",
                                   "kwargs"}, so a test can see the calls of another process (a notebook
@@ -29,15 +30,15 @@ Inspect `calls` (a list of (function, args, kwargs)) and `workers` in tests; `re
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
 from typing import Any
+
+from envpipe_launch import proctree  # the launcher that imports this fake is importable wherever it runs
 
 calls: list[tuple[str, tuple, dict]] = []
 workers: dict[str, dict[str, Any]] = {}
@@ -87,9 +88,7 @@ def _kill(wid: str) -> None:
     proc = _procs.pop(wid, None)
     if proc is None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+    proctree.stop(proc)  # SIGTERM, SIGKILL what is left: the tree is gone and the process reaped
 
 
 def launch_workers(
