@@ -8,6 +8,7 @@ import click
 import numpy as np
 
 from envpipe.cli_optimal import OptimalArgs, optimal_options, run_optimal
+from envpipe.cli_search import search_command
 from envpipe.plan.dag import ScheduleError
 from envpipe.plan.gantt import draw_gantt
 from envpipe.plan.planfile import Plan, PlanError, baseline_timeline, evaluate_plan
@@ -61,6 +62,9 @@ def _freqs_of(plan: Plan, tl_dag_order: tuple[tuple[int, ...], ...], n: int) -> 
 @click.version_option(package_name="envpipe")
 def main() -> None:
     """EnvPipe: plan and simulate energy-saving clocks for pipeline-parallel training."""
+
+
+main.add_command(search_command)
 
 
 profile_option = click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),

@@ -124,12 +124,34 @@ def model_config(args: argparse.Namespace):
     return cfg
 
 
-def pipeline(args: argparse.Namespace, stages: int) -> PipelineModule:
+def layer_specs(args: argparse.Namespace) -> list[LayerSpec]:
+    """The pipeline's layers: embedding, one per transformer block, head (args.layers + 2)."""
     cfg = model_config(args)
     layers = [LayerSpec(Embedding, cfg, args.model == "gpt2")]
     layers += [LayerSpec(Block, cfg, args.model, i) for i in range(args.layers)]
     layers.append(LayerSpec(Head, cfg, args.model))
+    return layers
+
+
+def pipeline(args: argparse.Namespace, stages: int) -> PipelineModule:
+    layers = layer_specs(args)
+    if args.stage_layers:
+        return CutPipelineModule(args.stage_layers, layers=layers, num_stages=stages, loss_fn=lm_loss)
     return PipelineModule(layers=layers, num_stages=stages, loss_fn=lm_loss, partition_method="type:Block")
+
+
+class CutPipelineModule(PipelineModule):
+    """A PipelineModule with an explicit stage cut: ``counts[s]`` consecutive layers on stage s (DeepSpeed's
+    `parts` boundaries, given instead of computed by a partition method)."""
+
+    def __init__(self, counts: list[int], **kwargs) -> None:
+        self._counts = list(counts)
+        super().__init__(**kwargs)
+
+    def _partition_layers(self, method: str = "uniform") -> None:
+        self.parts = [sum(self._counts[:s]) for s in range(len(self._counts) + 1)]
+        stage = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
 
 
 def tokens(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -220,6 +242,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--zero-stage", type=int, choices=[0, 1], default=None, help="ZeRO stage (1: optimizer states)")
     p.add_argument("--report-dir", default="envpipe-report")
+    p.add_argument(
+        "--stage-layers",
+        type=_counts,
+        default=None,
+        help="layers per pipeline stage, e.g. 5,5: a cut over the pipeline's --layers + 2 layers (embedding, "
+        "blocks, head); default: DeepSpeed balances the blocks",
+    )
+    p.add_argument(
+        "--profile-layers",
+        metavar="PATH",
+        help="measure every layer of this model (time and memory per micro-batch size) into a layer profile "
+        "for `envpipe search`, then exit (one process; clocks untouched)",
+    )
+    p.add_argument("--profile-micro-batches", type=_counts, default=[1, 2, 4], help="micro-batch sizes to profile")
     # DeepSpeed's launcher (deepspeed, envpipe-launch) adds --local_rank=N; LOCAL_RANK says the same
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -236,7 +272,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.profile_layers:
+        profile_layers(args)
+        return
     ds_config = json.loads(Path(args.config).read_text()) if args.config else {}
+    ds_config = apply_found(args, ds_config, args.config)
     ds_config, cfg = envpipe_config.split(ds_config)
     overrides = {k: v for k, v in (("plan", args.plan), ("clock", args.clock)) if v}
     overrides["report_dir"] = args.report_dir
@@ -244,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     # the launcher's WORLD_SIZE: a bad shape stops the job before any process group starts
     world = int(os.environ.get("WORLD_SIZE", "1"))
     stages, _ = replicas.pipeline_shape(world, args.pipeline_stages or cfg.pipeline_stages)
+    check_stage_layers(args, stages)
     on_gpu = uses_gpu()
     distributed.init_distributed(on_gpu)
     train(args, ds_config, cfg, stages)
@@ -322,6 +363,71 @@ def build_engine(args: argparse.Namespace, ds_config: dict, engine: str = "envpi
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # a torch optimizer: no JIT-built ops
     init = deepspeed.initialize if engine == "stock" else initialize
     return init(model=model, optimizer=optimizer, config=ds_config)[0]
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas") from None
+    if any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be >= 1")
+    return counts
+
+
+def apply_found(args: argparse.Namespace, ds_config: dict, config_path: str | None) -> dict:
+    """A configuration found by `envpipe search`: its `envpipe_search` block sets the model, the micro-batch
+    size and count and the stage cut (removed before DeepSpeed sees the config); its plan path is relative
+    to the config file."""
+    from envpipe.search.found import FoundConfigError, train_settings
+
+    if "envpipe_search" not in ds_config:
+        return ds_config
+    ds_config = dict(ds_config)
+    try:
+        settings, plan = train_settings(ds_config.pop("envpipe_search"), ds_config)
+    except FoundConfigError as exc:
+        sys.exit(f"train_gpt.py: error: {config_path}: {exc}")
+    for key, value in settings.items():
+        setattr(args, key, value)
+    if plan is not None and config_path is not None:
+        ds_config["envpipe"] = {**ds_config["envpipe"], "plan": str(Path(config_path).parent / plan)}
+    return ds_config
+
+
+def check_stage_layers(args: argparse.Namespace, stages: int) -> None:
+    """--stage-layers must cut all layers of the pipeline into exactly its stages (one line otherwise)."""
+    cut = args.stage_layers
+    if cut is None:
+        return
+    if sum(cut) != args.layers + 2 or len(cut) != stages:
+        sys.exit(
+            f"train_gpt.py: error: --stage-layers {','.join(map(str, cut))} cuts {sum(cut)} layers into {len(cut)} "
+            f"stages; the pipeline has {args.layers + 2} layers (embedding, {args.layers} blocks, head) and "
+            f"{stages} stages"
+        )
+
+
+def profile_layers(args: argparse.Namespace) -> None:
+    """Measure every pipeline layer of this model on this process's device (--profile-layers)."""
+    from envpipe.runtime.layer_profile import Target, profile_layers
+    from envpipe.search.layers import ModelShape
+
+    on_gpu = uses_gpu()
+    local = args.local_rank or int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if on_gpu else torch.device("cpu")
+    torch.manual_seed(1234)
+    shape = ModelShape(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab)
+
+    def batch(b: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(tokens(argparse.Namespace(vocab=args.vocab, seq=args.seq, micro_batch=b), dev))
+
+    target = Target([spec.build for spec in layer_specs(args)], batch, lm_loss, shape)
+    dtype = args.dtype or ("bf16" if on_gpu else "fp32")
+    profile = profile_layers(target, args.profile_micro_batches, device, dtype, progress=print)
+    profile.save(args.profile_layers)
+    print(f"layer profile ({profile.device}, {dtype}, micro-batch sizes {profile.micro_batch_sizes}) written to "
+          f"{args.profile_layers}")
 
 
 def _block(cfg: envpipe_config.EnvPipeConfig) -> dict:

@@ -1,0 +1,293 @@
+"""Per-layer profiler: forward/backward time and memory of every pipeline layer, per micro-batch size.
+
+Measures the layers exactly as the training job builds them (the caller hands over the same layer
+builders DeepSpeed's PipelineModule gets) and writes an `envpipe.search.layers.LayerProfile`. It lives
+in envpipe.runtime, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
+importable where only the planner is installed.
+
+One layer is built at a time (a model larger than one device can still be profiled); each layer's input
+is the previous layer's real output, so shapes and dtypes are the training job's. Per micro-batch size:
+warm-up units, then ``reps`` timed forward and backward units (the device is synchronized around each;
+on GPUs their median, on CPU their least: other processes share the cores, and the least is the layer's
+cost without them), then one unit under the allocation probe (``AllocationWindows``). Per layer also one
+optimizer step as DeepSpeed takes it: torch AdamW on the fp32 weights (fp32), or on fp32 master
+copies with the gradient cast and the weights copied back (bf16, DeepSpeed's BF16_Optimizer).
+
+Clocks are never changed. On GPUs the busy power is the NVML energy counter over the timed units and
+the idle power the counter over ``idle_seconds`` before any work (both measured); on CPU both come
+from the simulated GPU's frequency model and are labelled simulated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import torch
+
+from envpipe.profile import FrequencyModel
+from envpipe.profile.gpus import GPU_FILTERS
+from envpipe.search.layers import Layer, LayerCost, LayerProfile, ModelShape
+
+_WINDOW = "envpipe.window."
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class AllocationWindows:
+    """Bytes allocated inside named windows: what stays allocated at the window's end (``held``) and the
+    peak above the level at its start (``peak``). The allocator's own accounting: torch.cuda's counters on
+    GPUs; on CPU the memory events of torch's profiler (every allocation and free through torch's CPU
+    allocator), read when the probe closes. Used as a context manager around all windows."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._result: dict[str, tuple[int, int]] = {}
+        self._prof: torch.profiler.profile | None = None
+
+    def __enter__(self) -> AllocationWindows:
+        if self.device.type == "cpu":
+            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._prof is None:
+            return
+        self._prof.__exit__(None, None, None)
+        events = self._prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")  # type: ignore[union-attr]
+        for e in events:
+            if e.name().startswith(_WINDOW):
+                inside = [n for t, n in memory if e.start_ns() <= t <= e.end_ns()]
+                level = peak = 0
+                for n in inside:
+                    level += n
+                    peak = max(peak, level)
+                self._result[e.name()[len(_WINDOW):]] = (level, peak)
+        self._prof = None
+
+    @contextlib.contextmanager
+    def window(self, name: str) -> Iterator[None]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            yield
+            torch.cuda.synchronize(self.device)
+            self._result[name] = (torch.cuda.memory_allocated(self.device) - before,
+                                  torch.cuda.max_memory_allocated(self.device) - before)
+        else:
+            with torch.profiler.record_function(_WINDOW + name):
+                yield
+
+    def held(self, name: str) -> int:
+        return max(0, self._result[name][0])
+
+    def peak(self, name: str) -> int:
+        return max(0, self._result[name][1])
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to profile: the pipeline's layers as the job builds them, its micro-batches and its loss."""
+
+    layers: Sequence[Callable[[], torch.nn.Module]]  # e.g. DeepSpeed LayerSpec.build, in pipeline order
+    batch: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]  # micro-batch size -> (input, labels)
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    model: ModelShape
+
+
+def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: torch.device, dtype: str,
+                   reps: int = 10, warmup: int = 3, idle_seconds: float = 2.0,
+                   progress: Callable[[str], None] | None = None) -> LayerProfile:
+    """Measure every layer of ``target`` at every micro-batch size (clocks untouched)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    sizes = sorted(set(micro_batch_sizes))
+    if not sizes or sizes[0] < 1 or reps < 1 or warmup < 0:
+        raise ValueError("micro-batch sizes must be positive, reps >= 1 and warm-up >= 0")
+    stat: Callable[[list[float]], float] = statistics.median if device.type == "cuda" else min
+    power = _PowerMeter(device, idle_seconds)
+    batches = {b: target.batch(b, device) for b in sizes}
+    inputs = {b: x for b, (x, _) in batches.items()}
+    layers = []
+    last = len(target.layers) - 1
+    with power.busy():
+        for i, build in enumerate(target.layers):
+            module = build().to(device=device, dtype=DTYPES[dtype])
+            name = type(module).__name__
+            loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
+            units = {b: _Unit(module, inputs[b], b, loss, device) for b in sizes}
+            times = {b: unit.time(reps, warmup, stat) for b, unit in units.items()}
+            optimizer = _Optimizer(module, dtype, device)
+            step_s = stat(optimizer.time(reps))
+            with AllocationWindows(device) as probe:  # one allocation probe per layer: all its windows
+                outputs = {b: unit.probe(probe, str(b)) for b, unit in units.items()}
+                with probe.window("step"):
+                    optimizer.step()
+            per = {b: LayerCost(*times[b], probe.held(f"{b}.forward"), outputs[b].numel() * outputs[b].element_size()
+                                if loss is None else 0, probe.peak(f"{b}.forward"), probe.peak(f"{b}.backward"))
+                   for b in sizes}
+            layers.append(Layer(name, optimizer.parameters, optimizer.param_bytes, optimizer.state_bytes(), step_s,
+                                probe.peak("step"), per))
+            inputs = {b: out.detach() for b, out in outputs.items()}
+            if progress:
+                progress(f"layer {i + 1}/{len(target.layers)} ({name}) measured")
+            del module, units, optimizer
+    busy_w, idle_w, power_label = power.result()
+    gpu, measured_mhz, clock_label = _clocks(device)
+    return LayerProfile(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        dtype=dtype, date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
+        clock_model=FrequencyModel.default().name, clock_label=clock_label, busy_power_w=busy_w,
+        idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device: torch.device, fn: Callable[[], object]) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+class _Unit:
+    """One layer at one micro-batch size: its forward (the loss too on the last layer) and its backward
+    (from the gradient the next stage would send, or from the loss)."""
+
+    def __init__(self, module: torch.nn.Module, x: torch.Tensor, b: int,
+                 loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device) -> None:
+        self.module, self.b, self.loss, self.device = module, b, loss, device
+        self.x = x.detach().requires_grad_(True) if x.is_floating_point() else x.detach()
+        out, root = self.forward()
+        self.grad = None if loss is not None else torch.randn_like(out)
+        self.backward(root)  # the weights' gradients exist from here on, as between micro-batches
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.module(self.x)
+        return out, (self.loss(out, self.b) if self.loss is not None else out)
+
+    def backward(self, root: torch.Tensor) -> None:
+        root.backward(self.grad)
+        self.x.grad = None
+
+    def time(self, reps: int, warmup: int, stat: Callable[[list[float]], float]) -> tuple[float, float]:
+        """Forward and backward seconds (``stat`` of ``reps`` units) after ``warmup`` units."""
+        for _ in range(warmup):
+            self.backward(self.forward()[1])
+        fwd, bwd = [], []
+        held: list[torch.Tensor] = []  # the forward's (output, root), for the backward
+        for _ in range(reps):
+            fwd.append(_timed(self.device, lambda: held.extend(self.forward())))
+            bwd.append(_timed(self.device, lambda: self.backward(held[-1])))
+            held.clear()
+        return stat(fwd), stat(bwd)
+
+    def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
+        """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""
+        with probe.window(f"{name}.forward"):
+            out, root = self.forward()
+        with probe.window(f"{name}.backward"):
+            self.backward(root)
+        return out
+
+
+class _Optimizer:
+    """One optimizer step of a layer as DeepSpeed takes it: torch AdamW (the example's optimizer) on the
+    fp32 weights, or, for bf16, on fp32 master copies, gradients cast to them and weights copied back
+    (DeepSpeed's BF16_Optimizer). The layer's gradients must exist."""
+
+    def __init__(self, module: torch.nn.Module, dtype: str, device: torch.device) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.device = device
+        self.parameters = sum(p.numel() for p in self.params)
+        self.param_bytes = sum(p.numel() * p.element_size() for p in self.params)
+        self.master = self.params if dtype == "fp32" else [p.detach().float().requires_grad_(True)
+                                                             for p in self.params]
+        self.opt = torch.optim.AdamW(self.master, lr=1e-4) if self.params else None
+        self.step()  # creates the optimizer state
+
+    def step(self) -> None:
+        if self.opt is None:
+            return
+        if self.master is not self.params:
+            for m, p in zip(self.master, self.params, strict=True):
+                m.grad = p.grad.float() if p.grad is not None else None
+        self.opt.step()
+        if self.master is not self.params:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params, strict=True):
+                    p.copy_(m)
+
+    def time(self, reps: int) -> list[float]:
+        return [_timed(self.device, self.step) for _ in range(reps)] if self.opt else [0.0]
+
+    def state_bytes(self) -> int:
+        """The optimizer's state (AdamW moments) and, for bf16, the fp32 master weights."""
+        if self.opt is None:
+            return 0
+        state = sum(t.numel() * t.element_size() for s in self.opt.state.values() for t in s.values()
+                    if isinstance(t, torch.Tensor) and t.dim() > 0)
+        if self.master is not self.params:
+            state += sum(m.numel() * m.element_size() for m in self.master)
+        return state
+
+
+class _PowerMeter:
+    """GPU: idle power before any work, busy power over the measured units (NVML counter, read-only).
+    CPU: the simulated GPU's powers (frequency model)."""
+
+    def __init__(self, device: torch.device, idle_seconds: float) -> None:
+        self.device = device
+        self._busy_j = self._busy_s = 0.0
+        self._idle_w: float | None = None
+        self._read: Callable[[], float] | None = None
+        if device.type == "cuda":
+            from envpipe.energy.meter import nvml_reader
+
+            self._read, self._close = nvml_reader(device.index or 0)
+            e0, t0 = self._read(), time.perf_counter()
+            time.sleep(idle_seconds)
+            self._idle_w = (self._read() - e0) / (time.perf_counter() - t0)
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        if self._read is None:
+            yield
+            return
+        e0, t0 = self._read(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self._busy_j, self._busy_s = self._read() - e0, time.perf_counter() - t0
+            self._close()
+
+    def result(self) -> tuple[float, float, str]:
+        if self._idle_w is None:
+            model = FrequencyModel.default()
+            return (model.busy_power(model.max_mhz), model.idle_power_w,
+                    f"simulated: {model.name} frequency model (no GPU)")
+        return (self._busy_j / self._busy_s, self._idle_w,
+                "measured: NVML energy counter (busy: over the profiled units; idle: before any work)")
+
+
+def _clocks(device: torch.device) -> tuple[str, int | None, str]:
+    """(candidate-clock rule, the clock the times stand for, label)."""
+    model = FrequencyModel.default()
+    if device.type != "cuda":
+        return ("a100", None, f"CPU: times stand for the simulated GPU's highest clock ({model.max_mhz} MHz); "
+                "other clocks simulated by the frequency model")
+    name = torch.cuda.get_device_name(device).lower()
+    gpu = next((key for key in GPU_FILTERS if key in name), "all")
+    top = GPU_FILTERS[gpu].max_mhz if gpu in GPU_FILTERS else None
+    return (gpu, top, "measured at the GPU's default clocks (never changed; the GPU boosts and caps itself), "
+            "taken as its highest clock; lower clocks simulated by the frequency model")

@@ -1,0 +1,71 @@
+"""The GPUs a search plans for, where DeepSpeed puts the ranks, and what communication costs there.
+
+DeepSpeed's pipe x data grid numbers ranks stage-major: rank = stage x D + replica, and the launcher puts
+ranks 0..G-1 on node 0, G..2G-1 on node 1, and so on. So a stage's D replicas (its gradient all-reduce)
+share a node when D divides G, and the p2p link between stages crosses nodes when the ranks on its two
+ends sit on different nodes.
+
+Communication times are a simple alpha-beta model, with the bandwidths and the latency given (assumed,
+or measured: benchmarks/search_links.py): point-to-point = latency + bytes / bandwidth; ring all-reduce
+over D = 2 (D-1) (latency + bytes / (D bandwidth)), with the all-reduce's own (bus) bandwidth within a
+node, where collectives and p2p often differ; all-gather = half of an all-reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    memory_bytes: int  # per GPU: the allocator's peak must fit in it
+    intra_node_bytes_per_s: float
+    inter_node_bytes_per_s: float
+    latency_s: float
+    allreduce_intra_bytes_per_s: float  # bus bandwidth of an all-reduce within a node
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"need at least one node and one GPU per node, got {self.nodes} x {self.gpus_per_node}")
+        if self.memory_bytes <= 0:
+            raise ValueError("the memory per GPU must be positive")
+        bandwidths = (self.intra_node_bytes_per_s, self.inter_node_bytes_per_s, self.allreduce_intra_bytes_per_s)
+        if min(bandwidths) <= 0 or self.latency_s < 0:
+            raise ValueError("bandwidths must be positive and the latency not negative")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def _node(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def link_crosses_nodes(self, replicas: int, stage: int) -> bool:
+        """Does the p2p link from ``stage`` to ``stage + 1`` cross nodes (for any replica)?"""
+        D = replicas
+        return any(self._node(stage * D + r) != self._node((stage + 1) * D + r) for r in range(D))
+
+    def group_crosses_nodes(self, replicas: int, stage: int) -> bool:
+        """Does the data-parallel group of ``stage`` span more than one node?"""
+        D = replicas
+        return self._node(stage * D) != self._node(stage * D + D - 1)
+
+    def _bandwidth(self, crosses: bool) -> float:
+        return self.inter_node_bytes_per_s if crosses else self.intra_node_bytes_per_s
+
+    def p2p_s(self, nbytes: float, crosses: bool) -> float:
+        return self.latency_s + nbytes / self._bandwidth(crosses)
+
+    def allreduce_s(self, nbytes: float, replicas: int, crosses: bool) -> float:
+        if replicas == 1:
+            return 0.0
+        D = replicas
+        bandwidth = self.inter_node_bytes_per_s if crosses else self.allreduce_intra_bytes_per_s
+        return 2 * (D - 1) * (self.latency_s + nbytes / (D * bandwidth))
+
+    def allgather_s(self, nbytes: float, replicas: int, crosses: bool) -> float:
+        return self.allreduce_s(nbytes, replicas, crosses) / 2

@@ -1,0 +1,147 @@
+"""One configuration (a shape and its stage cut) as the planner sees it, and its optimal clock plan.
+
+From the layer profile: per stage the forward and backward unit time (the sum over its layers) and
+energy (time x the profile's busy power), measured at the top clock, the other clocks simulated by the
+frequency model (envpipe.profile.from_measured); the p2p transfer of the boundary activation (the
+slowest link: the simulator takes one transfer time); per stage a tail (its layers' optimizer step, the
+gradient all-reduce over the replicas and, bf16, the weights' all-gather); per stage its memory. Then
+the simulator's 1F1B all-max baseline, and the optimal planner (envpipe.plan.optimal) in EnvPipe's
+schedule: it tries EnvPipe's extra warm-up forwards (capped by memory) and plain 1F1B, and keeps the
+order and clocks of least energy within the time budget. Every number here is simulated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.planfile import Plan, baseline_timeline
+from envpipe.profile import FrequencyModel, Profile
+from envpipe.profile.from_measured import profile_from_measured
+from envpipe.profile.gpus import GPU_FILTERS
+from envpipe.search.bounds import energy_lower_bound, time_lower_bound
+from envpipe.search.cluster import Cluster
+from envpipe.search.cut import Cut
+from envpipe.search.layers import LayerProfile
+from envpipe.search.memory import MemoryTables, StageBytes
+from envpipe.search.space import Shape
+
+
+def clock_candidates(layers: LayerProfile) -> list[int]:
+    """The stage profile's clocks: the GPU's candidate rule (90 MHz steps), or the simulated GPU's clocks."""
+    rule = GPU_FILTERS.get(layers.gpu)
+    if rule is None:
+        return list(FrequencyModel.default().clocks_mhz)
+    return list(range(rule.max_mhz, rule.min_mhz - 1, -rule.granularity))
+
+
+def in_flight(stages: int, microbatches: int, reschedule: list[int] | None = None) -> list[int]:
+    """Micro-batches a stage holds at most: its warm-up forwards, min(M, P - s + r_s) (at least 1)."""
+    r = reschedule or [0] * stages
+    return [max(1, min(microbatches, stages - s + (r[s] if s < stages - 1 else 0))) for s in range(stages)]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A shape with its cut, ready for the simulator and the planner."""
+
+    shape: Shape
+    cut: Cut
+    profile: Profile  # stage profile: top clock from the layer profile, lower clocks simulated
+    transfer_s: float
+    tail_s: np.ndarray  # (P,)
+    memory: tuple[StageBytes, ...]
+    idle_power_w: float
+    baseline_time_s: float  # 1F1B, every unit at the top clock
+    baseline_energy_j: float  # one pipeline
+
+    @property
+    def time_lower_bound_s(self) -> float:
+        return time_lower_bound(self.profile, self.shape.microbatches, self.transfer_s, self.tail_s)
+
+    def energy_lower_bound_j(self, budget_s: float | None = None) -> float:
+        """Job energy (all replicas) no plan within the budget (default: the baseline's time) goes below."""
+        budget = self.baseline_time_s if budget_s is None else budget_s
+        return self.shape.replicas * energy_lower_bound(self.profile, self.shape.microbatches, self.idle_power_w,
+                                                        self.transfer_s, self.tail_s, budget)
+
+
+def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cut, tables: MemoryTables) -> Pipeline:
+    b, D = shape.micro_batch, shape.replicas
+    bounds = cut.bounds
+    costs = [[layer.per_micro_batch[b] for layer in layers.layers[lo:hi]] for lo, hi in bounds]
+    fwd = [sum(c.forward_s for c in stage) for stage in costs]
+    bwd = [sum(c.backward_s for c in stage) for stage in costs]
+    watts = layers.busy_power_w
+    profile = profile_from_measured(fwd, bwd, [t * watts for t in fwd], [t * watts for t in bwd],
+                                    clock_candidates(layers))
+    transfer = max((cluster.p2p_s(stage[-1].output_bytes, cluster.link_crosses_nodes(D, s))
+                    for s, stage in enumerate(costs[:-1])), default=0.0)
+    tail = np.array([_tail_s(layers, cluster, D, s, lo, hi) for s, (lo, hi) in enumerate(bounds)])
+    base = baseline_timeline(profile, shape.microbatches, layers.idle_power_w, transfer, tail)
+    return Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
+                    layers.idle_power_w, base.iteration_time, base.energy)
+
+
+def _tail_s(layers: LayerProfile, cluster: Cluster, replicas: int, stage: int, lo: int, hi: int) -> float:
+    """After a stage's last unit: its optimizer step, the gradient all-reduce, (bf16) the weights' all-gather."""
+    own = layers.layers[lo:hi]
+    weights = sum(layer.param_bytes for layer in own)
+    crosses = cluster.group_crosses_nodes(replicas, stage)
+    tail = sum(layer.optimizer_step_s for layer in own) + cluster.allreduce_s(weights, replicas, crosses)
+    if layers.dtype == "bf16":
+        tail += cluster.allgather_s(weights, replicas, crosses)
+    return tail
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration with its optimal plan (simulated); energies are the job's (all replicas)."""
+
+    pipeline: Pipeline
+    plan: Plan
+    reschedule: list[int]
+    iteration_time_s: float
+    energy_j: float
+    baseline_energy_j: float
+    peak_bytes: tuple[int, ...]  # per stage, with the plan's order
+
+    @property
+    def shape(self) -> Shape:
+        return self.pipeline.shape
+
+    @property
+    def saving(self) -> float:
+        return 1.0 - self.energy_j / self.baseline_energy_j
+
+    @property
+    def order(self) -> str:
+        return "1f1b" if not any(self.reschedule) else "envpipe r=" + ",".join(map(str, self.reschedule))
+
+    def throughput(self) -> float:
+        return self.shape.global_batch / self.iteration_time_s
+
+
+def memory_cap(pipeline: Pipeline, capacity: int) -> int:
+    """Extra warm-up micro-batches every non-last stage can hold beyond 1F1B's (the planner's count-based cap;
+    the least over the stages)."""
+    P, M = pipeline.shape.stages, pipeline.shape.microbatches
+    base = in_flight(P, M)
+    extra = [pipeline.memory[s].most_in_flight(capacity) - base[s] for s in range(P - 1)]
+    return max(0, min(extra, default=0))
+
+
+def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None = None) -> Candidate:
+    """The least-energy plan of ``pipeline`` within the budget (default: its 1F1B all-max time)."""
+    shape = pipeline.shape
+    # envpipe/plan/memory.py (StageMemory, issue 18) will take bytes per stage; until then the count-based cap
+    result = optimal_plan(pipeline.profile, shape.microbatches, idle_power_w=pipeline.idle_power_w,
+                          schedule="envpipe", time_budget_s=time_budget_s, transfer_s=pipeline.transfer_s,
+                          memory_cap=memory_cap(pipeline, capacity), tail_s=pipeline.tail_s)
+    flight = in_flight(shape.stages, shape.microbatches, result.reschedule)
+    D = shape.replicas
+    return Candidate(pipeline, result.plan, list(result.reschedule), result.timeline.iteration_time,
+                     D * result.timeline.energy, D * pipeline.baseline_energy_j,
+                     tuple(m.peak(w) for m, w in zip(pipeline.memory, flight, strict=True)))

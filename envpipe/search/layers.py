@@ -1,0 +1,251 @@
+"""The per-layer profile: what one pipeline layer costs, per micro-batch size (a versioned JSON file).
+
+Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
+
+    {"version": 1, "kind": "envpipe-layer-profile",
+     "device": "NVIDIA H200", "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
+     "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
+     "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
+     "model": {"family": "gpt2", "layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304},
+     "micro_batch_sizes": [1, 2, 4],
+     "layers": [{"name": "Embedding", "parameters": 103M, "param_bytes": ..., "optimizer_state_bytes": ...,
+                 "optimizer_step_s": ..., "optimizer_step_peak_bytes": ...,
+                 "per_micro_batch": {"1": {"forward_s": ..., "backward_s": ..., "activation_bytes": ...,
+                                           "output_bytes": ..., "forward_peak_bytes": ...,
+                                           "backward_peak_bytes": ...}, ...}}, ...]}
+
+Times are measured at the device's current clock (GPUs: clocks never changed); the other clocks of a
+stage profile built from this file come from the frequency model (``clocks.model``) and are simulated.
+Memory per layer and micro-batch (bytes of the allocator: torch.cuda on GPUs, torch's CPU allocator
+through the profiler's memory events on CPU):
+
+- activation_bytes: held from the end of the layer's forward until its backward (what autograd saves,
+  and the output);
+- output_bytes: the activation the layer passes on (to the next stage when a cut follows it);
+- forward_peak_bytes / backward_peak_bytes: the transient peak above what was held before the forward /
+  the backward (workspace, gradients of activations);
+- parameters, param_bytes: the layer's weights in the training dtype; optimizer_state_bytes: the
+  optimizer's state (AdamW on fp32 master weights); optimizer_step_s and optimizer_step_peak_bytes: one
+  optimizer step of the layer (time, transient memory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LAYER_PROFILE_VERSION = 1
+KIND = "envpipe-layer-profile"
+DTYPES = ("fp32", "bf16")
+FAMILIES = ("gpt2", "llama")
+_MODEL_KEYS = ("family", "layers", "hidden", "heads", "seq", "vocab")
+_PER_MB_KEYS = ("forward_s", "backward_s", "activation_bytes", "output_bytes", "forward_peak_bytes",
+                "backward_peak_bytes")
+_LAYER_KEYS = ("parameters", "param_bytes", "optimizer_state_bytes", "optimizer_step_s", "optimizer_step_peak_bytes")
+
+
+class LayerProfileError(ValueError):
+    """A malformed layer profile; the message names the file, where in it, and why."""
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer at one micro-batch size."""
+
+    forward_s: float
+    backward_s: float
+    activation_bytes: int
+    output_bytes: int
+    forward_peak_bytes: int
+    backward_peak_bytes: int
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    parameters: int
+    param_bytes: int
+    optimizer_state_bytes: int
+    optimizer_step_s: float
+    optimizer_step_peak_bytes: int
+    per_micro_batch: dict[int, LayerCost]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model the profile was measured on: enough to build it again (examples/train_gpt.py)."""
+
+    family: str
+    layers: int  # transformer blocks; the pipeline has layers + 2 (embedding, head)
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+
+    def train_args(self) -> list[str]:
+        """The example's arguments that build this model."""
+        return ["--model", self.family, "--layers", str(self.layers), "--hidden", str(self.hidden),
+                "--heads", str(self.heads), "--seq", str(self.seq), "--vocab", str(self.vocab)]
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    device: str
+    dtype: str
+    date: str
+    gpu: str  # candidate-clock rule (envpipe.profile.gpus): the GPU's own, or the simulated GPU's on CPU
+    measured_mhz: int | None  # the clock the times were measured at (None: a CPU, no SM clock)
+    clock_model: str  # frequency model that gives the other clocks (simulated)
+    clock_label: str
+    busy_power_w: float
+    idle_power_w: float
+    power_label: str
+    model: ModelShape
+    layers: tuple[Layer, ...]
+    source: str = "<memory>"
+
+    @property
+    def micro_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.layers[0].per_micro_batch))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": LAYER_PROFILE_VERSION,
+            "kind": KIND,
+            "device": self.device,
+            "dtype": self.dtype,
+            "date": self.date,
+            "clocks": {"gpu": self.gpu, "measured_mhz": self.measured_mhz, "model": self.clock_model,
+                       "label": self.clock_label},
+            "power": {"busy_w": self.busy_power_w, "idle_w": self.idle_power_w, "label": self.power_label},
+            "model": {k: getattr(self.model, k) for k in _MODEL_KEYS},
+            "micro_batch_sizes": list(self.micro_batch_sizes),
+            "layers": [
+                {"name": layer.name, **{k: getattr(layer, k) for k in _LAYER_KEYS},
+                 "per_micro_batch": {str(b): {k: getattr(c, k) for k in _PER_MB_KEYS}
+                                     for b, c in sorted(layer.per_micro_batch.items())}}
+                for layer in self.layers
+            ],
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
+def load_layer_profile(path: str | Path) -> LayerProfile:
+    """Read and validate a layer profile; LayerProfileError names the file and the first problem."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise LayerProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise LayerProfileError(f"{path}: not a text (UTF-8) JSON file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LayerProfileError(f"{path}: not JSON: {exc}") from None
+    try:
+        return _from_json(data, str(path))
+    except LayerProfileError as exc:
+        raise LayerProfileError(f"{path}: {exc}") from None
+
+
+def _from_json(data: Any, source: str) -> LayerProfile:
+    top = _object(data, "the profile")
+    if top.get("kind") != KIND:
+        raise LayerProfileError(f"'kind' must be {KIND!r}, got {top.get('kind')!r} (a stage profile CSV is another "
+                                "format: `envpipe plan --profile`)")
+    if top.get("version") != LAYER_PROFILE_VERSION:
+        raise LayerProfileError(f"unsupported layer profile version {top.get('version')!r} "
+                                f"(this tool reads {LAYER_PROFILE_VERSION})")
+    dtype = _string(top, "dtype", "'dtype'")
+    if dtype not in DTYPES:
+        raise LayerProfileError(f"'dtype' must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    clocks = _object(top.get("clocks"), "'clocks'")
+    power = _object(top.get("power"), "'power'")
+    model = _object(top.get("model"), "'model'")
+    family = _string(model, "family", "'model.family'")
+    if family not in FAMILIES:
+        raise LayerProfileError(f"'model.family' must be one of {', '.join(FAMILIES)}, got {family!r}")
+    shape = ModelShape(family, *(_count(model, k, f"'model.{k}'", minimum=1) for k in _MODEL_KEYS[1:]))
+    sizes = top.get("micro_batch_sizes")
+    if not isinstance(sizes, list) or not sizes or any(not _is_int(b) or b < 1 for b in sizes):
+        raise LayerProfileError("'micro_batch_sizes' must be a non-empty list of positive integers")
+    raw_layers = top.get("layers")
+    if not isinstance(raw_layers, list) or not raw_layers:
+        raise LayerProfileError("'layers' must be a non-empty list")
+    layers = tuple(_layer(raw, i, sorted(sizes)) for i, raw in enumerate(raw_layers))
+    if len(layers) != shape.layers + 2:
+        raise LayerProfileError(f"{len(layers)} layers for a model of {shape.layers} blocks: expected "
+                                f"{shape.layers + 2} (embedding, blocks, head)")
+    measured = clocks.get("measured_mhz")
+    if measured is not None and (not _is_int(measured) or measured < 1):
+        raise LayerProfileError(f"'clocks.measured_mhz' must be a positive integer or null, got {measured!r}")
+    return LayerProfile(
+        device=_string(top, "device", "'device'"), dtype=dtype, date=_string(top, "date", "'date'"),
+        gpu=_string(clocks, "gpu", "'clocks.gpu'"), measured_mhz=measured,
+        clock_model=_string(clocks, "model", "'clocks.model'"), clock_label=_string(clocks, "label", "'clocks.label'"),
+        busy_power_w=_number(power, "busy_w", "'power.busy_w'", positive=True),
+        idle_power_w=_number(power, "idle_w", "'power.idle_w'", positive=False),
+        power_label=_string(power, "label", "'power.label'"), model=shape, layers=layers, source=source)
+
+
+def _layer(raw: Any, index: int, sizes: list[int]) -> Layer:
+    where = f"layer {index}"
+    obj = _object(raw, where)
+    per_raw = _object(obj.get("per_micro_batch"), f"{where}: 'per_micro_batch'")
+    if sorted(per_raw) != sorted(str(b) for b in sizes):
+        raise LayerProfileError(f"{where}: 'per_micro_batch' has sizes {sorted(per_raw)}, expected {sizes} "
+                                "(micro_batch_sizes)")
+    per: dict[int, LayerCost] = {}
+    for b in sizes:
+        at = f"{where} micro-batch {b}"
+        cell = _object(per_raw[str(b)], at)
+        per[b] = LayerCost(_number(cell, "forward_s", f"{at}: 'forward_s'", positive=True),
+                           _number(cell, "backward_s", f"{at}: 'backward_s'", positive=True),
+                           *(_count(cell, k, f"{at}: '{k}'") for k in _PER_MB_KEYS[2:]))
+    parameters, param_bytes, state_bytes, step_peak = (
+        _count(obj, k, f"{where}: '{k}'")
+        for k in ("parameters", "param_bytes", "optimizer_state_bytes", "optimizer_step_peak_bytes"))
+    return Layer(_string(obj, "name", f"{where}: 'name'"), parameters, param_bytes, state_bytes,
+                 _number(obj, "optimizer_step_s", f"{where}: 'optimizer_step_s'", positive=False), step_peak, per)
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise LayerProfileError(f"{what} must be a JSON object")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _string(obj: dict[str, Any], key: str, label: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise LayerProfileError(f"{label} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _count(obj: dict[str, Any], key: str, label: str, minimum: int = 0) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise LayerProfileError(f"{label} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _number(obj: dict[str, Any], key: str, label: str, positive: bool) -> float:
+    value = obj.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0 or (
+            positive and value == 0):
+        need = "a positive number" if positive else "a number >= 0"
+        raise LayerProfileError(f"{label} must be {need}, got {value!r}")
+    return float(value)

@@ -1,0 +1,203 @@
+"""The configuration search: every shape, its best stage cut, the optimal clock plan of the promising ones.
+
+1. Shapes (space.py): P x D = the GPUs, micro-batch size b from the profile, M = global batch / (D b).
+2. Per shape, the cut (cut.py): the layers into P contiguous stages with the smallest bottleneck unit time
+   among the cuts whose every stage fits in memory with the micro-batches 1F1B keeps in flight there.
+   Shapes with no such cut are *infeasible* and never returned.
+3. Per feasible shape, the pipeline (evaluate.py): stage profile, transfer, tails, memory, and the
+   simulator's 1F1B all-max baseline (cheap).
+4. Only then the optimal planner (the expensive step), on as few pipelines as the objective allows:
+   - throughput: the k fastest baselines (the planner never makes an iteration longer than its budget,
+     the baseline's time), the others are pruned;
+   - energy (at a throughput floor): pipelines too slow for the floor are dropped; the others are planned
+     in order of an energy lower bound (evaluate.Pipeline.energy_lower_bound_j) with the floor's time as
+     budget, and planning stops once the bound reaches the k-th best energy found (branch and bound);
+   - frontier: in order of time; a pipeline is pruned when a planned one is at least as fast with at
+     most its lower bound of energy (it can only be dominated); the planned ones that no other beats in
+     both time and energy form the frontier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from envpipe.search.cluster import GIB, Cluster
+from envpipe.search.cut import bottleneck_cut, segment_sums
+from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, in_flight, plan_pipeline
+from envpipe.search.layers import LayerProfile
+from envpipe.search.memory import MemoryTables
+from envpipe.search.space import SearchError, Shape, shapes
+
+OBJECTIVES = ("throughput", "energy", "frontier")
+Progress = Callable[[int, int, str], None]  # (done, total, what)
+
+
+@dataclass(frozen=True)
+class Objective:
+    kind: str = "throughput"
+    min_throughput: float | None = None  # energy: samples/s the configuration must reach
+    max_slowdown: float | None = None  # energy: or at most this much slower than the fastest configuration
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise SearchError(f"unknown objective {self.kind!r}; choose one of {', '.join(OBJECTIVES)}")
+        floors = (self.min_throughput, self.max_slowdown)
+        if self.kind == "energy" and floors.count(None) != 1:
+            raise SearchError("the energy objective needs exactly one throughput floor: a minimum throughput "
+                              "(samples/s) or a maximum slowdown against the fastest configuration")
+        if self.kind != "energy" and floors != (None, None):
+            raise SearchError("a throughput floor (minimum throughput, maximum slowdown) belongs to the energy "
+                              "objective")
+        if (self.min_throughput is not None and not self.min_throughput > 0) or (
+                self.max_slowdown is not None and self.max_slowdown < 0):
+            raise SearchError("the minimum throughput must be positive and the maximum slowdown not negative")
+
+
+@dataclass
+class SearchStats:
+    shapes: int = 0  # configurations considered: every shape with its best cut
+    infeasible: int = 0  # no cut fits in memory
+    pruned: int = 0  # never planned: the objective's bound shows they cannot make the top k
+    too_slow: int = 0  # energy objective: even all-max 1F1B misses the throughput floor
+    planned: int = 0  # the optimal planner ran
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    objective: Objective
+    candidates: list[Candidate]  # the top k (frontier: its points), best first
+    planned: list[Candidate]  # every configuration the planner ran on (for the picture)
+    stats: SearchStats
+    time_budget_s: float | None  # energy objective: the floor's iteration time
+
+
+def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective: Objective, top_k: int = 5,
+           progress: Progress | None = None) -> SearchResult:
+    if top_k < 1:
+        raise SearchError(f"top k must be at least 1, got {top_k}")
+    t0 = time.perf_counter()
+    stats = SearchStats()
+    candidates = shapes(cluster.gpus, layers.num_layers, global_batch, layers.micro_batch_sizes)
+    stats.shapes = len(candidates)
+    pipelines, closest = _feasible_pipelines(layers, cluster, candidates, progress)
+    stats.infeasible = len(candidates) - len(pipelines)
+    if not pipelines:
+        need, shape = closest
+        raise SearchError(
+            f"no configuration fits {cluster.memory_bytes / GIB:.2f} GiB per GPU: the least memory any of the "
+            f"{len(candidates)} shapes needs is {need / GIB:.2f} GiB ({shape.label()}, its least-memory cut); "
+            "give more memory per GPU, more GPUs, or profile smaller micro-batches")
+    budget = None
+    if objective.kind == "throughput":
+        planned, chosen = _throughput(pipelines, cluster, top_k, stats, progress)
+    elif objective.kind == "energy":
+        budget = _floor_time(pipelines, objective, global_batch)
+        planned, chosen = _energy(pipelines, cluster, top_k, budget, stats, progress)
+    else:
+        planned, chosen = _frontier(pipelines, cluster, stats, progress)
+    stats.planned = len(planned)
+    stats.seconds = time.perf_counter() - t0
+    return SearchResult(objective, chosen, planned, stats, budget)
+
+
+def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list[Shape], progress: Progress | None
+                        ) -> tuple[list[Pipeline], tuple[float, Shape]]:
+    """The pipelines of the shapes that fit, each with its time-balanced feasible cut; and for an error
+    message the least memory any shape needs (its min-max-memory cut)."""
+    unit = np.array([[c.forward_s + c.backward_s for c in (layer.per_micro_batch[b] for layer in layers.layers)]
+                     for b in layers.micro_batch_sizes])
+    time_tables = {b: segment_sums(unit[i]) for i, b in enumerate(layers.micro_batch_sizes)}
+    pipelines: list[Pipeline] = []
+    closest: tuple[float, Shape] = (np.inf, candidates[0])
+    for i, shape in enumerate(candidates):
+        tables = MemoryTables(layers, shape.micro_batch, shape.replicas)
+        flight = in_flight(shape.stages, shape.microbatches)
+        peaks = np.stack([tables.peak(w) for w in flight])  # (P, L+1, L+1)
+        fits = peaks <= cluster.memory_bytes
+        cut = bottleneck_cut(np.where(fits, time_tables[shape.micro_batch][None], np.inf))
+        if cut is None:
+            least = bottleneck_cut(peaks)
+            if least is not None and least.cost < closest[0]:
+                closest = (least.cost, shape)
+        else:
+            pipelines.append(build_pipeline(layers, cluster, shape, cut, tables))
+        if progress:
+            progress(i + 1, len(candidates), f"cut {shape.label()}")
+    return pipelines, closest
+
+
+def _plan_all(pipelines: list[Pipeline], cluster: Cluster, budget: float | None, progress: Progress | None,
+              what: str) -> list[Candidate]:
+    out = []
+    for i, p in enumerate(pipelines):
+        out.append(plan_pipeline(p, cluster.memory_bytes, budget))
+        if progress:
+            progress(i + 1, len(pipelines), f"{what} {p.shape.label()}")
+    return out
+
+
+def _by_time(c: Candidate) -> tuple[float, float]:
+    return (c.iteration_time_s, c.energy_j)
+
+
+def _throughput(pipelines: list[Pipeline], cluster: Cluster, top_k: int, stats: SearchStats,
+                progress: Progress | None) -> tuple[list[Candidate], list[Candidate]]:
+    ranked = sorted(pipelines, key=lambda p: (p.baseline_time_s, p.shape.replicas * p.baseline_energy_j))
+    stats.pruned = max(0, len(ranked) - top_k)
+    planned = _plan_all(ranked[:top_k], cluster, None, progress, "plan")
+    return planned, sorted(planned, key=_by_time)
+
+
+def _floor_time(pipelines: list[Pipeline], objective: Objective, global_batch: int) -> float:
+    if objective.min_throughput is not None:
+        return global_batch / objective.min_throughput
+    assert objective.max_slowdown is not None
+    return min(p.baseline_time_s for p in pipelines) * (1 + objective.max_slowdown)
+
+
+def _energy(pipelines: list[Pipeline], cluster: Cluster, top_k: int, budget: float, stats: SearchStats,
+            progress: Progress | None) -> tuple[list[Candidate], list[Candidate]]:
+    fast = [p for p in pipelines if p.baseline_time_s <= budget * (1 + 1e-9)]
+    stats.too_slow = len(pipelines) - len(fast)
+    if not fast:
+        best = min(pipelines, key=lambda p: p.baseline_time_s)
+        raise SearchError(f"no configuration reaches the throughput floor: it needs an iteration of at most "
+                          f"{budget:.4f} s; the fastest ({best.shape.label()}) takes {best.baseline_time_s:.4f} s "
+                          "(simulated)")
+    bounded = sorted(((p.energy_lower_bound_j(budget), p) for p in fast), key=lambda x: x[0])
+    planned: list[Candidate] = []
+    for i, (bound, p) in enumerate(bounded):
+        energies = sorted(c.energy_j for c in planned)
+        if len(energies) >= top_k and bound >= energies[top_k - 1]:
+            stats.pruned = len(bounded) - i
+            break
+        planned.append(plan_pipeline(p, cluster.memory_bytes, budget))
+        if progress:
+            progress(i + 1, len(bounded), f"plan {p.shape.label()}")
+    return planned, sorted(planned, key=lambda c: (c.energy_j, c.iteration_time_s))[:top_k]
+
+
+def _frontier(pipelines: list[Pipeline], cluster: Cluster, stats: SearchStats, progress: Progress | None
+              ) -> tuple[list[Candidate], list[Candidate]]:
+    planned: list[Candidate] = []
+    ranked = sorted(pipelines, key=lambda p: p.time_lower_bound_s)
+    for i, p in enumerate(ranked):
+        bound = p.energy_lower_bound_j()
+        if any(c.iteration_time_s <= p.time_lower_bound_s and c.energy_j <= bound for c in planned):
+            stats.pruned += 1
+            continue
+        planned.append(plan_pipeline(p, cluster.memory_bytes))
+        if progress:
+            progress(i + 1, len(ranked), f"plan {p.shape.label()}")
+    frontier = [c for c in planned if not any(_dominates(d, c) for d in planned)]
+    return planned, sorted(frontier, key=_by_time)
+
+
+def _dominates(d: Candidate, c: Candidate) -> bool:
+    return (d.iteration_time_s <= c.iteration_time_s and d.energy_j <= c.energy_j
+            and (d.iteration_time_s, d.energy_j) != (c.iteration_time_s, c.energy_j))
