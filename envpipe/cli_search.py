@@ -84,9 +84,12 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     out = Path(out_dir)
     config = found_config(best, layers, cluster, "found.plan.json")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        (out / "top").mkdir(parents=True, exist_ok=True)
         best.plan.save(out / "found.plan.json")
         _write_json(out / "found.json", config)
+        for rank, other in enumerate(result.candidates[1:], 2):  # the runners-up, to train or benchmark too
+            other.plan.save(out / "top" / f"{rank}.plan.json")
+            _write_json(out / "top" / f"{rank}.json", found_config(other, layers, cluster, f"{rank}.plan.json"))
         _write_json(out / "search.json", result_json(result, layers, cluster, global_batch))
         draw_frontier(result, out / "frontier.png")
     except OSError as exc:
@@ -96,7 +99,8 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     click.echo("DeepSpeed config block (with the envpipe block):")
     click.echo(json.dumps(ds_block, indent=1))
     click.echo(f"written: {out / 'found.json'} (the config), {out / 'found.plan.json'} (the plan), "
-               f"{out / 'search.json'} (top {len(result.candidates)}), {out / 'frontier.png'}")
+               f"{out / 'search.json'} (top {len(result.candidates)}; runners-up's configs in {out / 'top'}), "
+               f"{out / 'frontier.png'}")
     click.echo("train it:")
     click.echo("  " + launch_command(cluster, str(out / "found.json"), launch_args))
 

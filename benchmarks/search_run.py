@@ -1,0 +1,111 @@
+"""Train one configuration found by `envpipe search` for real and write what it measured next to what the
+search predicted (rank 0: ``--out``, JSON). Run under torchrun with the configuration's P x D processes:
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/search_run.py --out run.json -- --config found.json --steps 10
+    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/search_run.py --out run.json -- --config ...
+
+The arguments after ``--`` are examples/train_gpt.py's. The job is built exactly as that script builds it
+(train_gpt.build_engine after train_gpt.apply_found). Peak memory: the allocator's peak from before the
+model is built through ``--memory-iterations`` iterations in the plan's order (torch.cuda's counters on
+GPUs, torch's CPU allocator through the profiler's memory events on CPU: envpipe.runtime.layer_profile.
+AllocationWindows), per stage the largest over its replicas. Iteration time: then the EnvPipe runtime
+runs the plan (calibration, ``--steps`` steady iterations); per steady iteration the slowest rank,
+median and least. Clocks: the sim clock on CPU; on GPUs the runtime only records clock requests unless
+envpipe-clockd runs (this script never changes clocks or power limits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import train_gpt  # noqa: E402  (examples/train_gpt.py: the model, the found configuration)
+
+from envpipe.plan.planfile import Plan  # noqa: E402
+from envpipe.runtime import config as envpipe_config  # noqa: E402
+from envpipe.runtime import distributed, replicas  # noqa: E402
+from envpipe.runtime.layer_profile import AllocationWindows  # noqa: E402
+
+
+def steady_times(report_dir: Path) -> list[float]:
+    """Per steady iteration, the slowest rank's time (every rank's iterations.rank<r>.jsonl)."""
+    per_rank = []
+    for path in sorted(report_dir.glob("iterations.rank*.jsonl")):
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x]
+        per_rank.append([x["time_s"] for x in lines if x["phase"] == "steady"])
+    return [max(ts) for ts in zip(*per_rank, strict=True)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--memory-iterations", type=int, default=2)
+    bench, rest = p.parse_known_args()
+    args = train_gpt.parse_args([a for a in rest if a != "--"])
+    if not args.config:
+        p.error("give examples/train_gpt.py's --config (a found configuration) after --")
+    ds_config = train_gpt.apply_found(args, json.loads(Path(args.config).read_text()), args.config)
+    ds_config, cfg = envpipe_config.split(ds_config)
+    cfg = dataclasses.replace(cfg, report_dir=args.report_dir)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    stages, _ = replicas.pipeline_shape(world, cfg.pipeline_stages)
+    train_gpt.check_stage_layers(args, stages)
+    on_gpu = train_gpt.uses_gpu()
+    distributed.init_distributed(on_gpu)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    assert cfg.plan is not None, "a found configuration carries its plan"
+    with AllocationWindows(device) as probe, probe.window("train"):
+        engine = train_gpt.build_engine(args, ds_config, "envpipe", stages)
+        engine.set_unit_orders(Plan.load(cfg.plan).orders())
+        data = train_gpt.tokens(args, engine.device)
+        for _ in range(bench.memory_iterations):
+            engine.train_batch(data)
+    where = replicas.place(engine)
+    peaks = replicas.gather((where.stage, probe.peak("train")))
+    summary, _ = train_gpt.run_envpipe(engine, data, cfg, engine.train_batch_size(), args.steps,
+                                       args.calibration_steps)
+    if tdist.get_rank() == 0:
+        assert summary is not None
+        times = steady_times(Path(args.report_dir))
+        found = json.loads(Path(args.config).read_text())["envpipe_search"]
+        result = {
+            "config": args.config,
+            "shape": {"stages": stages, "replicas": world // stages, "micro_batch": args.micro_batch,
+                      "microbatches": args.microbatches, "stage_layers": args.stage_layers},
+            "predicted": found["predicted"],
+            "predicted_label": found["label"],
+            "measured": {
+                "label": f"measured on {torch.cuda.get_device_name(device) if on_gpu else 'cpu'}",
+                "iteration_time_s": statistics.median(times),
+                "iteration_time_least_s": min(times),
+                "iterations": len(times),
+                "peak_memory_bytes_per_stage": [max(b for s, b in peaks if s == stage) for stage in range(stages)],
+                "memory_probe": "torch.cuda allocator peak" if on_gpu else "torch CPU allocator peak (profiler "
+                                "memory events)",
+                "runtime_predicted_iteration_time_s": summary.get("predicted_iteration_time_s"),
+                "calibration": summary.get("calibration"),
+            },
+        }
+        Path(bench.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({"predicted_s": found["predicted"]["iteration_time_s"], "measured_s": statistics.median(times),
+                          "peaks": result["measured"]["peak_memory_bytes_per_stage"],
+                          "predicted_peaks": found["predicted"]["peak_memory_bytes_per_stage"]}))
+
+
+if __name__ == "__main__":
+    main()
+    distributed.exit_process()

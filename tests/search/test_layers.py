@@ -1,0 +1,79 @@
+"""The layer profile file: round trip, and one clear line for each way it can be malformed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envpipe.search.layers import LayerProfileError, load_layer_profile
+from tests.search.profiles import layer_profile
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    profile = layer_profile([1.0, 2.0, 3.0, 4.0], dtype="bf16")
+    path = tmp_path / "layers.json"
+    profile.save(path)
+    again = load_layer_profile(path)
+    assert again.layers == profile.layers and again.model == profile.model and again.dtype == "bf16"
+    assert again.micro_batch_sizes == (1, 2, 4) and again.source == str(path)
+
+
+def _edit(data: dict[str, Any], change: str) -> None:
+    match change:
+        case "kind":
+            data["kind"] = "perseus"
+        case "version":
+            data["version"] = 7
+        case "dtype":
+            data["dtype"] = "fp8"
+        case "layer count":
+            data["layers"].pop()
+        case "negative time":
+            data["layers"][1]["per_micro_batch"]["2"]["forward_s"] = -1
+        case "missing size":
+            del data["layers"][2]["per_micro_batch"]["4"]
+        case "bytes not int":
+            data["layers"][0]["param_bytes"] = 1.5
+        case "family":
+            data["model"]["family"] = "bert"
+        case "power":
+            data["power"]["busy_w"] = 0
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("kind", "'kind' must be 'envpipe-layer-profile', got 'perseus'"),
+    ("version", "unsupported layer profile version 7"),
+    ("dtype", "'dtype' must be one of fp32, bf16, got 'fp8'"),
+    ("layer count", "3 layers for a model of 2 blocks: expected 4"),
+    ("negative time", "layer 1 micro-batch 2: 'forward_s' must be a positive number, got -1"),
+    ("missing size", "layer 2: 'per_micro_batch' has sizes ['1', '2'], expected [1, 2, 4]"),
+    ("bytes not int", "layer 0: 'param_bytes' must be an integer >= 0, got 1.5"),
+    ("family", "'model.family' must be one of gpt2, llama, got 'bert'"),
+    ("power", "'power.busy_w' must be a positive number, got 0"),
+])
+def test_malformed_profile_one_line(tmp_path: Path, change: str, message: str) -> None:
+    data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
+    _edit(data, change)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(LayerProfileError) as err:
+        load_layer_profile(path)
+    assert str(err.value).startswith(f"{path}: {message}")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot read"),
+    ("{not json", "not JSON"),
+    ("[1, 2]", "the profile must be a JSON object"),
+    ("stage,instruction,frequency,time,energy\n", "not JSON"),
+])
+def test_unreadable_files(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "layers.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(LayerProfileError, match=message):
+        load_layer_profile(path)
