@@ -113,7 +113,8 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     stat: Callable[[list[float]], float] = statistics.median if device.type == "cuda" else min
     power = _PowerMeter(device, idle_seconds)
     batches = {b: target.batch(b, device) for b in sizes}
-    inputs = {b: x for b, (x, _) in batches.items()}
+    # floating inputs in the training dtype, as DeepSpeed loads them on the first stage
+    inputs = {b: x.to(DTYPES[dtype]) if x.is_floating_point() else x for b, (x, _) in batches.items()}
     layers = []
     last = len(target.layers) - 1
     with power.busy():
@@ -121,7 +122,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
             module = build().to(device=device, dtype=DTYPES[dtype])
             name = type(module).__name__
             loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
-            units = {b: _Unit(module, inputs[b], b, loss, device) for b in sizes}
+            units = {b: _Unit(module, inputs[b], b, loss, device, dtype == "bf16") for b in sizes}
             times = {b: unit.time(reps, warmup, stat) for b, unit in units.items()}
             optimizer = _Optimizer(module, dtype, device)
             step_s = stat(optimizer.time(reps))
@@ -162,22 +163,33 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> float:
 
 class _Unit:
     """One layer at one micro-batch size: its forward (the loss too on the last layer) and its backward
-    (from the gradient the next stage would send, or from the loss)."""
+    (from the gradient the next stage would send, or from the loss). With ``accumulate`` (bf16), every
+    backward also does what DeepSpeed's BF16_Optimizer adds to it: the weights' gradients are zeroed
+    before and added into a gradient-accumulation buffer after."""
 
     def __init__(self, module: torch.nn.Module, x: torch.Tensor, b: int,
-                 loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device) -> None:
+                 loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device,
+                 accumulate: bool) -> None:
         self.module, self.b, self.loss, self.device = module, b, loss, device
         self.x = x.detach().requires_grad_(True) if x.is_floating_point() else x.detach()
+        self.params = [p for p in module.parameters() if p.requires_grad]
         out, root = self.forward()
         self.grad = None if loss is not None else torch.randn_like(out)
-        self.backward(root)  # the weights' gradients exist from here on, as between micro-batches
+        root.backward(self.grad)  # the weights' gradients exist from here on, as between micro-batches
+        self.x.grad = None
+        self.buffer = [torch.zeros_like(p) for p in self.params] if accumulate and self.params else None
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.module(self.x)
         return out, (self.loss(out, self.b) if self.loss is not None else out)
 
     def backward(self, root: torch.Tensor) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.buffer is not None:
+            torch._foreach_zero_(grads)
         root.backward(self.grad)
+        if self.buffer is not None:
+            torch._foreach_add_(self.buffer, grads)
         self.x.grad = None
 
     def time(self, reps: int, warmup: int, stat: Callable[[list[float]], float]) -> tuple[float, float]:
@@ -203,8 +215,8 @@ class _Unit:
 
 class _Optimizer:
     """One optimizer step of a layer as DeepSpeed takes it: torch AdamW (the example's optimizer) on the
-    fp32 weights, or, for bf16, on fp32 master copies, gradients cast to them and weights copied back
-    (DeepSpeed's BF16_Optimizer). The layer's gradients must exist."""
+    fp32 weights, or, for bf16, as DeepSpeed's BF16_Optimizer does: the gradients' norm, the gradients cast
+    to fp32 master copies, AdamW on those, the weights copied back. The layer's gradients must exist."""
 
     def __init__(self, module: torch.nn.Module, dtype: str, device: torch.device) -> None:
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -219,7 +231,8 @@ class _Optimizer:
     def step(self) -> None:
         if self.opt is None:
             return
-        if self.master is not self.params:
+        if self.master is not self.params:  # BF16_Optimizer: the gradients' norm, then cast to the master's
+            torch._foreach_norm([p.grad for p in self.params if p.grad is not None])
             for m, p in zip(self.master, self.params, strict=True):
                 m.grad = p.grad.float() if p.grad is not None else None
         self.opt.step()

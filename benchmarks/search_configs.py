@@ -1,0 +1,90 @@
+"""The configurations the accuracy benchmark trains: every shape `envpipe search` finds feasible on the given
+GPUs (each with its best cut and optimal plan), and for multi-stage shapes the cut moved by ``--shift``
+layers either way (a worse cut, predicted the same way), as found configurations for examples/train_gpt.py.
+
+    python benchmarks/search_configs.py --layers layers.json --gpus 2 --global-batch 16 --memory-gib 1 \
+        --links links.json --out configs/
+
+Writes OUT/<name>.json and OUT/<name>.plan.json per configuration and OUT/configs.txt (one name a line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from envpipe.search.cluster import GIB, Cluster  # noqa: E402
+from envpipe.search.cut import Cut  # noqa: E402
+from envpipe.search.evaluate import Candidate, build_pipeline, plan_pipeline  # noqa: E402
+from envpipe.search.found import found_config  # noqa: E402
+from envpipe.search.layers import LayerProfile, load_layer_profile  # noqa: E402
+from envpipe.search.memory import MemoryTables  # noqa: E402
+from envpipe.search.search import Objective, search  # noqa: E402
+
+
+def cluster_from(links_path: str, gpus: int, memory_gib: float) -> Cluster:
+    """One node of ``gpus`` GPUs with the links measured by benchmarks/search_links.py."""
+    links = json.loads(Path(links_path).read_text())
+    p2p = links["p2p_gbps"] * 1e9
+    return Cluster(1, gpus, int(memory_gib * GIB), p2p, p2p, links["p2p_latency_us"] * 1e-6,
+                   links["allreduce_bus_gbps"] * 1e9)
+
+
+def shifted(candidate: Candidate, layers: LayerProfile, cluster: Cluster, shift: int) -> list[Candidate]:
+    """The candidate with its first cut moved ``shift`` layers either way, where that still fits."""
+    counts = candidate.pipeline.cut.counts
+    shape = candidate.shape
+    tables = MemoryTables(layers, shape.micro_batch, shape.replicas)
+    out = []
+    for delta in (-shift, shift):
+        moved = (counts[0] + delta, counts[1] - delta, *counts[2:])
+        if min(moved) < 1:
+            continue
+        other = plan_pipeline(build_pipeline(layers, cluster, shape, Cut(moved, 0.0), tables), cluster.memory_bytes)
+        if max(other.peak_bytes) <= cluster.memory_bytes:
+            out.append(other)
+    return out
+
+
+def name(candidate: Candidate) -> str:
+    s = candidate.shape
+    return f"P{s.stages}_D{s.replicas}_b{s.micro_batch}_cut{'-'.join(map(str, candidate.pipeline.cut.counts))}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--memory-gib", type=float, required=True)
+    p.add_argument("--links", required=True, help="benchmarks/search_links.py's JSON")
+    p.add_argument("--shift", type=int, default=2, help="layers to move the first cut of multi-stage shapes")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    layers = load_layer_profile(args.layers)
+    cluster = cluster_from(args.links, args.gpus, args.memory_gib)
+    result = search(layers, cluster, args.global_batch, Objective("throughput"), top_k=1000)
+    chosen = list(result.candidates)
+    for c in result.candidates:
+        if c.shape.stages > 1 and args.shift:
+            chosen += shifted(c, layers, cluster, args.shift)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = []
+    for c in chosen:
+        n = name(c)
+        c.plan.save(out / f"{n}.plan.json")
+        (out / f"{n}.json").write_text(json.dumps(found_config(c, layers, cluster, f"{n}.plan.json"), indent=1) + "\n")
+        names.append(n)
+    (out / "configs.txt").write_text("".join(f"{n}\n" for n in names))
+    print(f"{len(names)} configurations ({result.stats.shapes} shapes, {result.stats.infeasible} do not fit): "
+          + ", ".join(names))
+
+
+if __name__ == "__main__":
+    main()

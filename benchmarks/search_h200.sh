@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Prediction accuracy of `envpipe search` (Aceso-style): measure the links, profile every layer, let the
+# search predict every configuration of 2 GPUs (P in {1, 2}, several micro-batch sizes, the best cut and
+# cuts moved by SHIFT layers), train each one for real (examples/train_gpt.py's model and found config,
+# EnvPipe runtime) and write predicted vs measured iteration time and peak memory per stage.
+# NEVER changes clocks or power limits: without envpipe-clockd the runtime only records clock requests.
+#
+#   OUT=/tmp/sr bash benchmarks/search_h200.sh                  # 2 x H200: GPT-2 and Llama, bf16
+#   MODELS=llama OUT=/tmp/sr bash benchmarks/search_h200.sh     # one model (each takes about 5-8 minutes)
+#   CPU=1 OUT=/tmp/sr bash benchmarks/search_h200.sh            # small models on 2 CPU processes (gloo, sim clock)
+#   CPU=1 TINY=1 MODELS=gpt2 SIZES=2 SHIFT=0 ...                 # the tests' quick check of the script's logic
+#
+# OUT gets few files (the device tool brings back at most 8): search_h200.md (the results), layers_<model>.json
+# (the layer profiles), layers_gpt2_48.json (GPU only: a 48-layer GPT-2 XL profile for the search-cost
+# benchmark), search_runs.tar.gz (everything else: configs, plans, run JSON, logs). Work files go to WORK.
+# DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked first (deepspeed_whl.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-search-bench}
+WORK=${WORK:-$(mktemp -d /tmp/search-bench.XXXXXX)}
+PY=${PYTHON:-python3}
+STEPS=${STEPS:-8}
+SHIFT=${SHIFT:-2}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+declare -A ARGS
+if [ "${CPU:-0}" = 1 ]; then
+  export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
+  MODELS=${MODELS:-"gpt2 llama"}
+  ARGS[gpt2]="--model gpt2 --layers 6 --hidden 256 --heads 4 --seq 128 --vocab 2048"
+  ARGS[llama]="--model llama --layers 6 --hidden 256 --heads 4 --seq 128 --vocab 2048"
+  if [ "${TINY:-0}" = 1 ]; then ARGS[gpt2]="--tiny"; ARGS[llama]="--tiny --model llama"; fi
+  SIZES=${SIZES:-1,2,4}; BATCH=${BATCH:-16}; MEMORY_GIB=${MEMORY_GIB:-4}
+else
+  unset ENVPIPE_CLOCKD_SOCKET 2>/dev/null || true
+  MODELS=${MODELS:-"gpt2 llama"}
+  ARGS[gpt2]="--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 50304"
+  ARGS[llama]="--model llama --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 32000"
+  SIZES=${SIZES:-2,4,8}; BATCH=${BATCH:-32}; MEMORY_GIB=${MEMORY_GIB:-130}
+fi
+mkdir -p "$OUT" "$WORK"
+source benchmarks/deepspeed_whl.sh
+{ date -u; uname -srm; echo "cpus: $(nproc)"; uptime
+  if [ "${CPU:-0}" != 1 ]; then
+    nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.sm,clocks.max.sm --format=csv
+  fi
+  $PY -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__)'
+} > "$WORK/machine.txt" 2>&1
+torchrun() { $PY -m torch.distributed.run --standalone --nproc-per-node "$1" "${@:2}"; }
+
+echo "$(date -u +%T) links"
+torchrun 2 benchmarks/search_links.py --out "$WORK/links.json" > "$WORK/links.log" 2>&1 || { tail -30 "$WORK/links.log"; exit 1; }
+LINKS=$($PY -c 'import json, sys; l = json.load(open(sys.argv[1]))
+print("--intra-node-gbps %.6g --allreduce-gbps %.6g --latency-us %.6g" % (l["p2p_gbps"], l["allreduce_bus_gbps"], l["p2p_latency_us"]))' "$WORK/links.json")
+FAILED=0
+for model in $MODELS; do
+  dir="$WORK/$model"
+  mkdir -p "$dir/runs"
+  echo "$(date -u +%T) $model: profile layers"
+  # shellcheck disable=SC2086
+  $PY examples/train_gpt.py ${ARGS[$model]} --profile-layers "$dir/layers.json" --profile-micro-batches "$SIZES" \
+    > "$dir/profile.log" 2>&1 || { tail -30 "$dir/profile.log"; exit 1; }
+  cp "$dir/layers.json" "$OUT/layers_$model.json"
+  echo "$(date -u +%T) $model: search"
+  # shellcheck disable=SC2086
+  $PY -c 'import sys; from envpipe.cli import main; sys.exit(main())' search --layers "$dir/layers.json" \
+    --gpus-per-node 2 --global-batch "$BATCH" --memory-gib "$MEMORY_GIB" $LINKS --top-k 10 --out-dir "$dir/search" \
+    > "$dir/search.log" 2>&1 || { tail -30 "$dir/search.log"; exit 1; }
+  $PY benchmarks/search_configs.py --layers "$dir/layers.json" --gpus 2 --global-batch "$BATCH" \
+    --memory-gib "$MEMORY_GIB" --links "$WORK/links.json" --shift "$SHIFT" --out "$dir/configs" | tee "$dir/configs.log"
+  while read -r name; do
+    echo "$(date -u +%T) $model: train $name"
+    if ! torchrun 2 benchmarks/search_run.py --out "$dir/runs/$name.json" -- --config "$dir/configs/$name.json" \
+        --steps "$STEPS" --calibration-steps 2 --report-dir "$dir/report_$name" > "$dir/runs/$name.log" 2>&1; then
+      echo "exit status $?, log runs/$name.log" > "$dir/runs/$name.failed"; tail -20 "$dir/runs/$name.log"; FAILED=1
+    fi
+  done < "$dir/configs/configs.txt"
+done
+if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-1}" = 1 ]; then
+  echo "$(date -u +%T) 48-layer GPT-2 XL profile (for the search-cost benchmark)"
+  $PY examples/train_gpt.py --model gpt2 --layers 48 --hidden 1600 --heads 25 --seq 1024 --vocab 50304 \
+    --profile-layers "$OUT/layers_gpt2_48.json" --profile-micro-batches 1,2,4,8 > "$WORK/profile48.log" 2>&1 || tail -20 "$WORK/profile48.log"
+fi
+cmd="MODELS=\"$MODELS\" SIZES=$SIZES BATCH=$BATCH STEPS=$STEPS SHIFT=$SHIFT${CPU:+ CPU=$CPU} bash benchmarks/search_h200.sh"
+$PY benchmarks/search_results.py "$WORK" --command "$cmd" > "$OUT/search_h200.md"
+tar -czf "$OUT/search_runs.tar.gz" -C "$WORK" .
+echo "$(date -u +%T) results: $OUT/search_h200.md"
+exit $FAILED

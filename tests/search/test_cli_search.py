@@ -1,0 +1,111 @@
+"""`envpipe search` through click: the files it writes, what they contain, and one line for bad input."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from envpipe.cli import main
+from envpipe.plan.planfile import Plan
+from envpipe.search.found import FoundConfigError, train_settings
+from tests.search.profiles import layer_profile
+
+
+@pytest.fixture
+def layers(tmp_path: Path) -> Path:
+    path = tmp_path / "layers.json"
+    layer_profile([1.0, 3.0, 3.0, 3.0, 3.0, 2.0], params=[2_000_000] * 6).save(path)
+    return path
+
+
+def _search(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(main, ["search", *args])
+    return res.exit_code, res.output
+
+
+def test_search_writes_a_trainable_configuration(tmp_path: Path, layers: Path) -> None:
+    out = tmp_path / "found"
+    code, text = _search("--layers", str(layers), "--gpus-per-node", "4", "--global-batch", "16",
+                         "--memory-gib", "2", "--top-k", "3", "--out-dir", str(out))
+    assert code == 0, text
+    assert "9 configurations for 4 GPUs (1 x 4), global batch 16" in text
+    result = json.loads((out / "search.json").read_text())
+    assert result["label"].startswith("simulated: layer profile") and len(result["configurations"]) == 3
+    best = result["configurations"][0]
+    config = json.loads((out / "found.json").read_text())
+    assert config["train_batch_size"] == 16 and config["envpipe"]["pipeline_stages"] == best["stages"]
+    settings, plan = train_settings(config["envpipe_search"], config)
+    assert settings["stage_layers"] == best["stage_layers"] and settings["micro_batch"] == best["micro_batch"]
+    assert Plan.load(out / plan).num_microbatches == best["microbatches"]
+    for rank in (2, 3):  # the runners-up can be trained too
+        other = json.loads((out / "top" / f"{rank}.json").read_text())
+        assert Plan.load(out / "top" / other["envpipe"]["plan"]).num_stages == other["envpipe"]["pipeline_stages"]
+    assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    launch = text.strip().splitlines()[-1].strip()
+    assert shlex.split(launch) == ["envpipe-launch", "--nodes", "1", "--gpus-per-node", "4", "--",
+                                   "examples/train_gpt.py", "--config", str(out / "found.json")]
+    assert '"envpipe_search"' not in text  # the printed DeepSpeed block is DeepSpeed's and the runtime's only
+
+
+def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> None:
+    code, text = _search("--layers", str(layers), "--nodes", "2", "--gpus-per-node", "2", "--global-batch", "16",
+                         "--memory-gib", "2", "--objective", "frontier", "--out-dir", str(tmp_path / "f"),
+                         "--launch-args", "--backend kube --image reg/envpipe-runtime:1")
+    assert code == 0, text
+    assert text.strip().endswith("envpipe-launch --nodes 2 --gpus-per-node 2 --backend kube --image "
+                                 f"reg/envpipe-runtime:1 -- examples/train_gpt.py --config {tmp_path / 'f' / 'found.json'}")
+    assert json.loads((tmp_path / "f" / "search.json").read_text())["objective"]["kind"] == "frontier"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gpus-per-node", "7", "--global-batch", "16"], "Error: no pipeline shape uses 7 GPUs"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "0.001"], "Error: no configuration fits"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--objective", "energy"], "Error: the energy objective needs"),
+    (["--gpus-per-node", "0", "--global-batch", "16"], "Invalid value for '--gpus-per-node'"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{bad}"], "Error: {bad}: layer 1 micro-batch 1: "
+                                                                             "'forward_s' must be a positive number"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{missing}"], "Error: {missing}: cannot read"),
+])
+def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: list[str], message: str) -> None:
+    bad = tmp_path / "bad.json"
+    data = json.loads(layers.read_text())
+    data["layers"][1]["per_micro_batch"]["1"]["forward_s"] = 0
+    bad.write_text(json.dumps(data))
+    paths = {"{bad}": str(bad), "{missing}": str(tmp_path / "missing.json")}
+    args = [paths.get(a, a) for a in args]
+    if "--layers" not in args:
+        args += ["--layers", str(layers)]
+    if "--memory-gib" not in args:
+        args += ["--memory-gib", "2"]
+    out = tmp_path / "out"
+    code, text = _search(*args, "--out-dir", str(out))
+    assert code != 0
+    for key, value in paths.items():
+        message = message.replace(key, value)
+    lines = [ln for ln in text.splitlines() if ln.startswith(("Error", "Usage", "Try"))]
+    assert message in text and "Traceback" not in text
+    assert len([ln for ln in lines if ln.startswith("Error")]) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda b, c: b.update(version=2), "must be an object with \"version\": 1"),
+    (lambda b, c: b.update(stage_layers=[3, 4]), "cuts 7 layers; the model has 6"),
+    (lambda b, c: c.update(gradient_accumulation_steps=99), "'envpipe_search.microbatches' must be a positive integer "
+                                                          "equal to 'gradient_accumulation_steps'"),
+    (lambda b, c: c["envpipe"].update(pipeline_stages=3), "'envpipe.pipeline_stages' is 3"),
+    (lambda b, c: b["model"].update(family="bert"), "'envpipe_search.model' must give"),
+])
+def test_found_config_checks(tmp_path: Path, layers: Path, edit, message: str) -> None:
+    code, text = _search("--layers", str(layers), "--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "2",
+                         "--out-dir", str(tmp_path / "o"))
+    assert code == 0, text
+    config = json.loads((tmp_path / "o" / "found.json").read_text())
+    block = config.pop("envpipe_search")
+    edit(block, config)
+    with pytest.raises(FoundConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        train_settings(block, config)

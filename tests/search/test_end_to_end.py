@@ -1,0 +1,88 @@
+"""Profile -> search -> train on CPU, the three commands of the README, with real processes: the layer
+profile of examples/train_gpt.py's model, `envpipe search` for 2 GPUs with a memory that only a 2-stage
+pipeline fits, and the exact envpipe-launch command it prints (DeepSpeed, 2 CPU processes, gloo). Also
+the GPU accuracy benchmark's CPU path."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from envpipe.cli import main
+from envpipe.search.cluster import GIB
+from envpipe.search.cut import bottleneck_cut
+from envpipe.search.evaluate import in_flight
+from envpipe.search.layers import load_layer_profile
+from envpipe.search.memory import MemoryTables
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+
+
+def _least_peak(path: Path, stages: int, micro_batch: int, microbatches: int) -> float:
+    """The least peak memory per GPU any cut into ``stages`` stages needs (one replica per stage)."""
+    tables = MemoryTables(load_layer_profile(path), micro_batch, 2 // stages)
+    cost = np.stack([tables.peak(w) for w in in_flight(stages, microbatches)])
+    cut = bottleneck_cut(cost)
+    assert cut is not None
+    return cut.cost
+
+
+@pytest.mark.slow
+def test_profile_search_train_two_stages(tmp_path: Path) -> None:
+    layers = tmp_path / "layers.json"
+    profile = subprocess.run([sys.executable, "examples/train_gpt.py", "--tiny", "--profile-layers", str(layers),
+                              "--profile-micro-batches", "2"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                             timeout=300)
+    assert profile.returncode == 0, profile.stdout + profile.stderr
+    assert "layer 6/6 (Head) measured" in profile.stdout
+    # global batch 4 on 2 GPUs, micro-batch 2: P=1 (D=2, M=1) or P=2 (D=1, M=2). A memory between the
+    # two shapes' least peaks leaves only the 2-stage pipeline.
+    one, two = _least_peak(layers, 1, 2, 1), _least_peak(layers, 2, 2, 2)
+    assert two < one
+    out = tmp_path / "found"
+    res = CliRunner().invoke(main, ["search", "--layers", str(layers), "--gpus-per-node", "2", "--global-batch", "4",
+                                    "--memory-gib", str((one + two) / 2 / GIB), "--out-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "1 do not fit" in res.output
+    config = json.loads((out / "found.json").read_text())
+    assert config["envpipe"]["pipeline_stages"] == 2 and len(config["envpipe_search"]["stage_layers"]) == 2
+    launch = shlex.split(res.output.strip().splitlines()[-1])
+    assert launch[:5] == ["envpipe-launch", "--nodes", "1", "--gpus-per-node", "2"]
+    launcher = str(Path(sys.executable).with_name("envpipe-launch"))
+    report = tmp_path / "report"
+    train = subprocess.run([launcher, *launch[1:], "--steps", "2", "--calibration-steps", "1", "--report-dir",
+                            str(report)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["stages"] == 2 and summary["microbatches"] == 2
+    assert summary["plan_file"] == str(out / "found.plan.json")
+    plan = json.loads((out / "found.plan.json").read_text())
+    assert summary["orders"] == [[f"{u['kind']}{u['mb']}" for u in units] for units in plan["stages"]]
+    assert summary["clocks"] == [[u["freq_mhz"] for u in units] for units in plan["stages"]]
+
+
+@pytest.mark.slow
+def test_accuracy_benchmark_cpu_path(tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**ENV, "PYTHON": sys.executable, "CPU": "1", "TINY": "1", "MODELS": "gpt2", "SIZES": "2", "BATCH": "4",
+           "SHIFT": "0", "STEPS": "2", "OUT": str(out), "WORK": str(work)}
+    run = subprocess.run(["bash", "benchmarks/search_h200.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["layers_gpt2.json", "search_h200.md", "search_runs.tar.gz"]
+    table = (out / "search_h200.md").read_text()
+    rows = [ln for ln in table.splitlines() if ln.startswith("| P")]
+    assert [r.split(" | ")[0] for r in rows] == ["| P1_D2_b2_cut6", "| P2_D1_b2_cut3-3"]
+    assert "Over 2 runs: iteration time |error| median" in table
+    for name in ("P1_D2_b2_cut6", "P2_D1_b2_cut3-3"):
+        run_json = json.loads((work / "gpt2" / "runs" / f"{name}.json").read_text())
+        assert all(b > 0 for b in run_json["measured"]["peak_memory_bytes_per_stage"])
