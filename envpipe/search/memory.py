@@ -13,7 +13,9 @@ A stage holding layers a..b-1 at micro-batch size m needs
   activations and output), plus, past stage 0, the received input the pipe buffers keep;
 - **transient** bytes on top, during one unit: the largest forward or backward workspace of the stage's
   layers and, past the last stage, the gradient received from the next stage; or, all activations freed,
-  the optimizer step's workspace.
+  the optimizer step's workspace (bf16: the fp32 gradients of the replica's partition and AdamW's
+  temporaries, all layers at once; fp32: AdamW's temporaries, all layers at once on GPUs where torch
+  takes its foreach path, one tensor at a time on CPU).
 
 peak = max(static + in-flight x per micro-batch + transient, static + step workspace). The in-flight count
 is the order's (envpipe.plan.schedules: 1F1B keeps min(M, P-s) on stage s, EnvPipe's order r_s more).
@@ -78,7 +80,12 @@ class MemoryTables:
         self.static = self._valid(segment_sums(state_bytes(profile, replicas)))
         self.per_microbatch = self._valid(segment_sums(act) + received[np.minimum(first, L - 1)])
         self.transient = self._valid(segment_max(work) + grad_in[np.clip(last, 0, L - 1)])
-        self.step = self._valid(segment_max(step))
+        if profile.dtype == "bf16":  # BF16_Optimizer steps one flat fp32 partition: its layers' workspaces add up
+            self.step = self._valid(segment_sums(step) / replicas)
+        elif profile.device == "cpu":  # torch AdamW's per-tensor loop on CPU: one layer's workspace at a time
+            self.step = self._valid(segment_max(step))
+        else:  # its foreach path on GPUs: every tensor's workspace at once
+            self.step = self._valid(segment_sums(step))
 
     def _valid(self, table: np.ndarray) -> np.ndarray:
         return np.where(self.valid, table, 0.0)
