@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envpipe.search.cluster import GIB, Cluster  # noqa: E402
-from envpipe.search.layers import load_layer_profile  # noqa: E402
-from envpipe.search.search import Objective, search  # noqa: E402
+from envpipe.search.cluster import GIB, Cluster
+from envpipe.search.layers import load_layer_profile
+from envpipe.search.search import Objective, search
 
 
 def main() -> None:

@@ -44,7 +44,8 @@ def model_section(model_dir: Path) -> tuple[list[str], list[float], list[float]]
         lines.append(
             f"| {path.stem} | {s['stages']} | {s['replicas']} | {s['micro_batch']} | {s['microbatches']} | "
             f"{','.join(map(str, s['stage_layers']))} | {pred['order']} | {pred['iteration_time_s'] * 1e3:.1f} | "
-            f"{meas['iteration_time_s'] * 1e3:.1f} | {100 * t_err:+.1f}% | {meas['iteration_time_least_s'] * 1e3:.1f} | "
+            f"{meas['iteration_time_s'] * 1e3:.1f} | {100 * t_err:+.1f}% | "
+            f"{meas['iteration_time_least_s'] * 1e3:.1f} | "
             f"{100 * least_err:+.1f}% | {' / '.join(f'{b / MIB:.0f}' for b in pred['peak_memory_bytes_per_stage'])} | "
             f"{' / '.join(f'{b / MIB:.0f}' for b in meas['peak_memory_bytes_per_stage'])} | {100 * worst:+.1f}% |")
     for failed in sorted((model_dir / "runs").glob("*.failed")):

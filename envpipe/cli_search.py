@@ -102,7 +102,7 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
                f"{out / 'search.json'} (top {len(result.candidates)}; runners-up's configs in {out / 'top'}), "
                f"{out / 'frontier.png'}")
     click.echo("train it:")
-    click.echo("  " + launch_command(cluster, str(out / "found.json"), launch_args))
+    click.echo("  " + launch_command(cluster, str(out / "found.json"), layers, launch_args))
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

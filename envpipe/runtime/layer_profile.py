@@ -143,7 +143,8 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     gpu, measured_mhz, clock_label = _clocks(device)
     return LayerProfile(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        dtype=dtype, date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
+        cpu_threads=None if device.type == "cuda" else torch.get_num_threads(), dtype=dtype,
+        date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
         clock_model=FrequencyModel.default().name, clock_label=clock_label, busy_power_w=busy_w,
         idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers))
 

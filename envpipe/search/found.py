@@ -76,11 +76,13 @@ def predicted(candidate: Candidate) -> dict[str, Any]:
     }
 
 
-def launch_command(cluster: Cluster, config_path: str, launch_args: str = "") -> str:
-    """The envpipe-launch command that trains the configuration (``launch_args``: backend options)."""
+def launch_command(cluster: Cluster, config_path: str, layers: LayerProfile, launch_args: str = "") -> str:
+    """The envpipe-launch command that trains the configuration (``launch_args``: backend options). A profile
+    measured on CPU holds for processes with its thread count: the command sets it."""
     words = ["envpipe-launch", "--nodes", str(cluster.nodes), "--gpus-per-node", str(cluster.gpus_per_node),
              *shlex.split(launch_args), "--", TRAIN_SCRIPT, "--config", config_path]
-    return shlex.join(words)
+    threads = f"OMP_NUM_THREADS={layers.cpu_threads} " if layers.cpu_threads is not None else ""
+    return threads + shlex.join(words)
 
 
 def train_settings(block: Any, ds_config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -3,7 +3,7 @@
 Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
 
     {"version": 1, "kind": "envpipe-layer-profile",
-     "device": "NVIDIA H200", "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
+     "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
      "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
      "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
      "model": {"family": "gpt2", "layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304},
@@ -14,8 +14,9 @@ Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by
                                            "output_bytes": ..., "forward_peak_bytes": ...,
                                            "backward_peak_bytes": ...}, ...}}, ...]}
 
-Times are measured at the device's current clock (GPUs: clocks never changed); the other clocks of a
-stage profile built from this file come from the frequency model (``clocks.model``) and are simulated.
+``cpu_threads``: on CPU, the threads torch computed with (a job must run its processes with as many to see
+the same times); null on GPUs. Times are measured at the device's current clock (GPUs: clocks never
+changed); the other clocks of a stage profile built from this file come from the frequency model (``clocks.model``) and are simulated.
 Memory per layer and micro-batch (bytes of the allocator: torch.cuda on GPUs, torch's CPU allocator
 through the profiler's memory events on CPU):
 
@@ -94,6 +95,7 @@ class ModelShape:
 @dataclass(frozen=True)
 class LayerProfile:
     device: str
+    cpu_threads: int | None  # CPU: torch's threads during the measurement; None on GPUs
     dtype: str
     date: str
     gpu: str  # candidate-clock rule (envpipe.profile.gpus): the GPU's own, or the simulated GPU's on CPU
@@ -120,6 +122,7 @@ class LayerProfile:
             "version": LAYER_PROFILE_VERSION,
             "kind": KIND,
             "device": self.device,
+            "cpu_threads": self.cpu_threads,
             "dtype": self.dtype,
             "date": self.date,
             "clocks": {"gpu": self.gpu, "measured_mhz": self.measured_mhz, "model": self.clock_model,
@@ -185,11 +188,15 @@ def _from_json(data: Any, source: str) -> LayerProfile:
     if len(layers) != shape.layers + 2:
         raise LayerProfileError(f"{len(layers)} layers for a model of {shape.layers} blocks: expected "
                                 f"{shape.layers + 2} (embedding, blocks, head)")
+    threads = top.get("cpu_threads")
+    if threads is not None and (not _is_int(threads) or threads < 1):
+        raise LayerProfileError(f"'cpu_threads' must be a positive integer or null, got {threads!r}")
     measured = clocks.get("measured_mhz")
     if measured is not None and (not _is_int(measured) or measured < 1):
         raise LayerProfileError(f"'clocks.measured_mhz' must be a positive integer or null, got {measured!r}")
     return LayerProfile(
-        device=_string(top, "device", "'device'"), dtype=dtype, date=_string(top, "date", "'date'"),
+        device=_string(top, "device", "'device'"), cpu_threads=threads, dtype=dtype,
+        date=_string(top, "date", "'date'"),
         gpu=_string(clocks, "gpu", "'clocks.gpu'"), measured_mhz=measured,
         clock_model=_string(clocks, "model", "'clocks.model'"), clock_label=_string(clocks, "label", "'clocks.label'"),
         busy_power_w=_number(power, "busy_w", "'power.busy_w'", positive=True),

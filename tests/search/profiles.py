@@ -22,11 +22,13 @@ def layer_profile(times_ms: Sequence[float], act_mib: Sequence[float] | None = N
     width = 4 if dtype == "fp32" else 2
     layers = []
     for i, (t, act, count) in enumerate(zip(times_ms, act_mib, params, strict=True)):
-        per = {b: LayerCost(b**0.8 * t / 3e3, 2 * b**0.8 * t / 3e3, int(b * act * MIB), 0 if i == n - 1 else int(b * out_mib * MIB),
-                            int(b * act * MIB * 1.5), int(b * act * MIB / 2)) for b in sizes}
+        per = {b: LayerCost(b**0.8 * t / 3e3, 2 * b**0.8 * t / 3e3, int(b * act * MIB),
+                            0 if i == n - 1 else int(b * out_mib * MIB), int(b * act * MIB * 1.5),
+                            int(b * act * MIB / 2)) for b in sizes}
         layers.append(Layer("Embedding" if i == 0 else "Head" if i == n - 1 else "Block", count, count * width,
                             8 * count if dtype == "fp32" else 12 * count, 1e-3 * count / 1e6, 4 * count, per))
-    return LayerProfile(device="test", dtype=dtype, date="2026-11-23T00:00:00Z", gpu="a100", measured_mhz=None,
+    return LayerProfile(device="test", cpu_threads=None, dtype=dtype, date="2026-11-23T00:00:00Z", gpu="a100",
+                        measured_mhz=None,
                         clock_model="sim-a100", clock_label="test", busy_power_w=300.0, idle_power_w=80.0,
                         power_label="test", model=ModelShape("gpt2", n - 2, 64, 2, 16, 128), layers=tuple(layers),
                         source="test")

@@ -56,8 +56,9 @@ def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> Non
                          "--memory-gib", "2", "--objective", "frontier", "--out-dir", str(tmp_path / "f"),
                          "--launch-args", "--backend kube --image reg/envpipe-runtime:1")
     assert code == 0, text
+    found = tmp_path / "f" / "found.json"
     assert text.strip().endswith("envpipe-launch --nodes 2 --gpus-per-node 2 --backend kube --image "
-                                 f"reg/envpipe-runtime:1 -- examples/train_gpt.py --config {tmp_path / 'f' / 'found.json'}")
+                                 f"reg/envpipe-runtime:1 -- examples/train_gpt.py --config {found}")
     assert json.loads((tmp_path / "f" / "search.json").read_text())["objective"]["kind"] == "frontier"
 
 
