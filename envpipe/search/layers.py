@@ -16,7 +16,8 @@ Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by
 
 ``cpu_threads``: on CPU, the threads torch computed with (a job must run its processes with as many to see
 the same times); null on GPUs. Times are measured at the device's current clock (GPUs: clocks never
-changed); the other clocks of a stage profile built from this file come from the frequency model (``clocks.model``) and are simulated.
+changed); the other clocks of a stage profile built from this file come from the frequency model
+(``clocks.model``) and are simulated.
 Memory per layer and micro-batch (bytes of the allocator: torch.cuda on GPUs, torch's CPU allocator
 through the profiler's memory events on CPU):
 
