@@ -36,6 +36,7 @@ import train_gpt  # noqa: E402  (examples/train_gpt.py: the model, the found con
 from envpipe.plan.planfile import Plan  # noqa: E402
 from envpipe.runtime import config as envpipe_config  # noqa: E402
 from envpipe.runtime import distributed, replicas  # noqa: E402
+from envpipe.runtime.clocks import Device, make_clock  # noqa: E402
 from envpipe.runtime.layer_profile import AllocationWindows  # noqa: E402
 
 
@@ -56,7 +57,7 @@ def main() -> None:
     args = train_gpt.parse_args([a for a in rest if a != "--"])
     if not args.config:
         p.error("give examples/train_gpt.py's --config (a found configuration) after --")
-    ds_config = train_gpt.apply_found(args, json.loads(Path(args.config).read_text()), args.config)
+    ds_config = train_gpt.apply_found(args, train_gpt.read_config(args.config), args.config)
     ds_config, cfg = envpipe_config.split(ds_config)
     cfg = dataclasses.replace(cfg, report_dir=args.report_dir)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -76,8 +77,13 @@ def main() -> None:
             engine.train_batch(data)
     where = replicas.place(engine)
     peaks = replicas.gather((where.stage, probe.peak("train")))
-    summary, _ = train_gpt.run_envpipe(engine, data, cfg, engine.train_batch_size(), args.steps,
-                                       args.calibration_steps)
+    clock = make_clock(cfg, Device(on_gpu, device.index or 0, engine.grid.get_data_parallel_id()))
+    try:
+        summary, _ = train_gpt.run_envpipe(engine, data, cfg, clock, engine.train_batch_size(), args.steps,
+                                           args.calibration_steps)
+    finally:
+        if clock is not None:
+            clock.close()  # back to default clocks
     if tdist.get_rank() == 0:
         assert summary is not None
         times = steady_times(Path(args.report_dir))
