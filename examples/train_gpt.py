@@ -152,6 +152,8 @@ class CutPipelineModule(PipelineModule):
 
     def _partition_layers(self, method: str = "uniform") -> None:
         self.parts = [sum(self._counts[:s]) for s in range(len(self._counts) + 1)]
+        if self.global_rank == 0:  # as DeepSpeed's own partitioning reports it
+            print(" ".join(f"stage={s} layers={c}" for s, c in enumerate(self._counts)))
         stage = self._topo.get_coord(self.global_rank).pipe
         self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
 

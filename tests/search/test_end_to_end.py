@@ -63,6 +63,8 @@ def test_profile_search_train_two_stages(tmp_path: Path) -> None:
                             str(report)], cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True,
                            text=True, timeout=300)
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    cut = config["envpipe_search"]["stage_layers"]
+    assert f"stage=0 layers={cut[0]} stage=1 layers={cut[1]}" in train.stdout  # DeepSpeed was given the cut
     summary = json.loads((report / "summary.json").read_text())
     assert summary["stages"] == 2 and summary["microbatches"] == 2
     assert summary["plan_file"] == str(out / "found.plan.json")
