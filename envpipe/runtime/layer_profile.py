@@ -120,25 +120,12 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     with power.busy():
         for i, build in enumerate(target.layers):
             module = build().to(device=device, dtype=DTYPES[dtype])
-            name = type(module).__name__
             loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
-            units = {b: _Unit(module, inputs[b], b, loss, device, dtype == "bf16") for b in sizes}
-            times = {b: unit.time(reps, warmup, stat) for b, unit in units.items()}
-            optimizer = _Optimizer(module, dtype, device)
-            step_s = stat(optimizer.time(reps))
-            with AllocationWindows(device) as probe:  # one allocation probe per layer: all its windows
-                outputs = {b: unit.probe(probe, str(b)) for b, unit in units.items()}
-                with probe.window("step"):
-                    optimizer.step()
-            per = {b: LayerCost(*times[b], probe.held(f"{b}.forward"), outputs[b].numel() * outputs[b].element_size()
-                                if loss is None else 0, probe.peak(f"{b}.forward"), probe.peak(f"{b}.backward"))
-                   for b in sizes}
-            layers.append(Layer(name, optimizer.parameters, optimizer.param_bytes, optimizer.state_bytes(), step_s,
-                                probe.peak("step"), per))
-            inputs = {b: out.detach() for b, out in outputs.items()}
+            layer, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, stat)
+            layers.append(layer)
             if progress:
-                progress(f"layer {i + 1}/{len(target.layers)} ({name}) measured")
-            del module, units, optimizer
+                progress(f"layer {i + 1}/{len(target.layers)} ({layer.name}) measured")
+            del module
     busy_w, idle_w, power_label = power.result()
     gpu, measured_mhz, clock_label = _clocks(device)
     return LayerProfile(
@@ -147,6 +134,27 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
         date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
         clock_model=FrequencyModel.default().name, clock_label=clock_label, busy_power_w=busy_w,
         idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers))
+
+
+def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
+                   loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device, dtype: str,
+                   reps: int, warmup: int, stat: Callable[[list[float]], float]
+                   ) -> tuple[Layer, dict[int, torch.Tensor]]:
+    """One layer at every micro-batch size (``inputs``: size -> its input); returns it and its outputs."""
+    units = {b: _Unit(module, x, b, loss, device, dtype == "bf16") for b, x in inputs.items()}
+    times = {b: unit.time(reps, warmup, stat) for b, unit in units.items()}
+    optimizer = _Optimizer(module, dtype, device)
+    step_s = stat(optimizer.time(reps))
+    with AllocationWindows(device) as probe:  # one allocation probe per layer: all its windows
+        outputs = {b: unit.probe(probe, str(b)) for b, unit in units.items()}
+        with probe.window("step"):
+            optimizer.step()
+    per = {b: LayerCost(*times[b], probe.held(f"{b}.forward"),
+                        0 if loss is not None else outputs[b].numel() * outputs[b].element_size(),
+                        probe.peak(f"{b}.forward"), probe.peak(f"{b}.backward")) for b in inputs}
+    layer = Layer(type(module).__name__, optimizer.parameters, optimizer.param_bytes, optimizer.state_bytes(),
+                  step_s, probe.peak("step"), per)
+    return layer, {b: out.detach() for b, out in outputs.items()}
 
 
 def _sync(device: torch.device) -> None:
