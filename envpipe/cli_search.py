@@ -16,7 +16,7 @@ from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.found import found_config, launch_command
 from envpipe.search.layers import LayerProfileError, load_layer_profile
 from envpipe.search.report import draw_frontier, result_json, table
-from envpipe.search.search import OBJECTIVES, Objective, search
+from envpipe.search.search import MAX_PLAN_UNITS, OBJECTIVES, Objective, search
 from envpipe.search.space import SearchError
 
 _PROGRESS_EVERY_S = 1.0
@@ -57,6 +57,9 @@ class _Progress:
               help="all-reduce bus bandwidth within a node in GB/s (default: --intra-node-gbps)")
 @click.option("--latency-us", type=click.FloatRange(min=0), default=20.0, show_default=True,
               help="latency of one message (assumed unless measured)")
+@click.option("--max-plan-units", type=click.IntRange(min=0), default=MAX_PLAN_UNITS, show_default=True,
+              help="iterations with more forward/backward units keep their 1F1B all-max plan (the optimal planner "
+              "takes minutes on tens of thousands of units); 0: no limit")
 @click.option("--out-dir", type=click.Path(file_okay=False), default="found", show_default=True,
               help="where search.json, found.json, found.plan.json and frontier.png go")
 @click.option("--launch-args", default="", help="backend options for the printed envpipe-launch command, "
@@ -64,20 +67,22 @@ class _Progress:
 def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batch: int, memory_gib: float,
                    objective: str, min_throughput: float | None, max_slowdown: float | None, top_k: int,
                    intra_node_gbps: float, inter_node_gbps: float, allreduce_gbps: float | None, latency_us: float,
-                   out_dir: str, launch_args: str) -> None:
+                   max_plan_units: int, out_dir: str, launch_args: str) -> None:
     """Search stages, stage cut, replicas, micro-batch size and count, order and clocks (Aceso-style)."""
     cluster = Cluster(nodes, gpus_per_node, int(memory_gib * GIB), intra_node_gbps * 1e9, inter_node_gbps * 1e9,
                       latency_us * 1e-6, (allreduce_gbps or intra_node_gbps) * 1e9)
     try:
         layers = load_layer_profile(layers_path)
         result = search(layers, cluster, global_batch, Objective(objective, min_throughput, max_slowdown), top_k,
-                        _Progress())
+                        _Progress(), max_plan_units or None)
     except (LayerProfileError, SearchError) as exc:
         raise click.ClickException(str(exc)) from None
     stats = result.stats
     click.echo(f"{stats.shapes} configurations for {cluster.gpus} GPUs ({nodes} x {gpus_per_node}), global batch "
                f"{global_batch}: {stats.infeasible} do not fit {memory_gib:g} GiB, {stats.too_slow} miss the floor, "
-               f"{stats.pruned} pruned, {stats.planned} planned; {stats.seconds:.2f} s")
+               f"{stats.pruned} pruned, {stats.planned} planned"
+               + (f" ({stats.not_planned} too large for the planner: 1F1B all-max)" if stats.not_planned else "")
+               + f"; {stats.seconds:.2f} s")
     click.echo(f"predictions simulated on {layers_path} ({layers.device}, {layers.dtype}, {layers.date}):")
     click.echo(table(result))
     best = result.candidates[0]

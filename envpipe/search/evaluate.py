@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envpipe.plan.optimal import optimal_plan
-from envpipe.plan.planfile import Plan, baseline_timeline
+from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
 from envpipe.profile import FrequencyModel, Profile
 from envpipe.profile.from_measured import profile_from_measured
 from envpipe.profile.gpus import GPU_FILTERS
@@ -107,6 +107,7 @@ class Candidate:
     energy_j: float
     baseline_energy_j: float
     peak_bytes: tuple[int, ...]  # per stage, with the plan's order
+    planned: bool = True  # False: too large for the planner, the 1F1B all-max baseline stands in
 
     @property
     def shape(self) -> Shape:
@@ -118,6 +119,8 @@ class Candidate:
 
     @property
     def order(self) -> str:
+        if not self.planned:
+            return "1f1b (not planned)"
         return "1f1b" if not any(self.reschedule) else "envpipe r=" + ",".join(map(str, self.reschedule))
 
     def throughput(self) -> float:
@@ -133,9 +136,19 @@ def memory_cap(pipeline: Pipeline, capacity: int) -> int:
     return max(0, min(extra, default=0))
 
 
-def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None = None) -> Candidate:
-    """The least-energy plan of ``pipeline`` within the budget (default: its 1F1B all-max time)."""
+def units(shape: Shape) -> int:
+    """Forward and backward units of one iteration: the size of the planner's DAG."""
+    return 2 * shape.stages * shape.microbatches
+
+
+def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None = None,
+                  max_units: int | None = None) -> Candidate:
+    """The least-energy plan of ``pipeline`` within the budget (default: its 1F1B all-max time). A pipeline of
+    more than ``max_units`` units gets its 1F1B all-max baseline as plan instead (the planner's LP grows
+    faster than the DAG: minutes at tens of thousands of units)."""
     shape = pipeline.shape
+    if max_units is not None and units(shape) > max_units:
+        return _baseline_candidate(pipeline)
     # envpipe/plan/memory.py (StageMemory, issue 18) will take bytes per stage; until then the count-based cap
     result = optimal_plan(pipeline.profile, shape.microbatches, idle_power_w=pipeline.idle_power_w,
                           schedule="envpipe", time_budget_s=time_budget_s, transfer_s=pipeline.transfer_s,
@@ -145,3 +158,13 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
     return Candidate(pipeline, result.plan, list(result.reschedule), result.timeline.iteration_time,
                      D * result.timeline.energy, D * pipeline.baseline_energy_j,
                      tuple(m.peak(w) for m, w in zip(pipeline.memory, flight, strict=True)))
+
+
+def _baseline_candidate(pipeline: Pipeline) -> Candidate:
+    shape, p = pipeline.shape, pipeline.profile
+    base = baseline_timeline(p, shape.microbatches, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
+    plan = plan_from_timeline(base, np.full(base.dag.num_units, p.f_max), "1f1b", "baseline", base)
+    flight = in_flight(shape.stages, shape.microbatches)
+    D = shape.replicas
+    return Candidate(pipeline, plan, [0] * shape.stages, base.iteration_time, D * base.energy, D * base.energy,
+                     tuple(m.peak(w) for m, w in zip(pipeline.memory, flight, strict=True)), planned=False)

@@ -73,6 +73,7 @@ def predicted(candidate: Candidate) -> dict[str, Any]:
         "peak_memory_bytes_per_stage": list(candidate.peak_bytes),
         "order": candidate.order,
         "reschedule": candidate.reschedule,
+        "clocks_planned": candidate.planned,
     }
 
 

@@ -39,7 +39,8 @@ def result_json(result: SearchResult, layers: LayerProfile, cluster: Cluster, gl
                  "allreduce_intra_bytes_per_s": cluster.allreduce_intra_bytes_per_s},
         "global_batch": global_batch,
         "search": {"configurations": stats.shapes, "infeasible_memory": stats.infeasible, "pruned": stats.pruned,
-                   "too_slow": stats.too_slow, "planned": stats.planned, "seconds": stats.seconds},
+                   "too_slow": stats.too_slow, "planned": stats.planned, "not_planned": stats.not_planned,
+                   "seconds": stats.seconds},
         "configurations": [configuration(c) for c in result.candidates],
     }
 

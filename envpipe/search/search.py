@@ -6,7 +6,8 @@
    Shapes with no such cut are *infeasible* and never returned.
 3. Per feasible shape, the pipeline (evaluate.py): stage profile, transfer, tails, memory, and the
    simulator's 1F1B all-max baseline (cheap).
-4. Only then the optimal planner (the expensive step), on as few pipelines as the objective allows:
+4. Only then the optimal planner (the expensive step), on as few pipelines as the objective allows (and
+   only on iterations of at most ``max_plan_units`` units; larger ones keep their 1F1B all-max plan):
    - throughput: the k fastest baselines (the planner never makes an iteration longer than its budget,
      the baseline's time), the others are pruned;
    - energy (at a throughput floor): pipelines too slow for the floor are dropped; the others are planned
@@ -33,7 +34,9 @@ from envpipe.search.memory import MemoryTables
 from envpipe.search.space import SearchError, Shape, shapes
 
 OBJECTIVES = ("throughput", "energy", "frontier")
+MAX_PLAN_UNITS = 8192  # larger iterations keep their 1F1B all-max plan (the planner's LP takes minutes there)
 Progress = Callable[[int, int, str], None]  # (done, total, what)
+Planner = Callable[[Pipeline, float | None], Candidate]  # (pipeline, time budget or None) -> planned
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class SearchStats:
     infeasible: int = 0  # no cut fits in memory
     pruned: int = 0  # never planned: the objective's bound shows they cannot make the top k
     too_slow: int = 0  # energy objective: even all-max 1F1B misses the throughput floor
-    planned: int = 0  # the optimal planner ran
+    planned: int = 0  # the optimal planner ran (or, past max_plan_units, the baseline stands in: not_planned)
+    not_planned: int = 0
     seconds: float = 0.0
 
 
@@ -77,9 +81,15 @@ class SearchResult:
 
 
 def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective: Objective, top_k: int = 5,
-           progress: Progress | None = None) -> SearchResult:
+           progress: Progress | None = None, max_plan_units: int | None = MAX_PLAN_UNITS) -> SearchResult:
+    """``max_plan_units``: configurations with more forward and backward units per iteration are not given
+    to the optimal planner; their 1F1B all-max baseline stands in (marked "not planned"). None: no limit."""
     if top_k < 1:
         raise SearchError(f"top k must be at least 1, got {top_k}")
+
+    def plan(p: Pipeline, budget: float | None) -> Candidate:
+        return plan_pipeline(p, cluster.memory_bytes, budget, max_plan_units)
+
     t0 = time.perf_counter()
     stats = SearchStats()
     candidates = shapes(cluster.gpus, layers.num_layers, global_batch, layers.micro_batch_sizes)
@@ -94,13 +104,14 @@ def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective:
             "give more memory per GPU, more GPUs, or profile smaller micro-batches")
     budget = None
     if objective.kind == "throughput":
-        planned, chosen = _throughput(pipelines, cluster, top_k, stats, progress)
+        planned, chosen = _throughput(pipelines, plan, top_k, stats, progress)
     elif objective.kind == "energy":
         budget = _floor_time(pipelines, objective, global_batch)
-        planned, chosen = _energy(pipelines, cluster, top_k, budget, stats, progress)
+        planned, chosen = _energy(pipelines, plan, top_k, budget, stats, progress)
     else:
-        planned, chosen = _frontier(pipelines, cluster, stats, progress)
+        planned, chosen = _frontier(pipelines, plan, stats, progress)
     stats.planned = len(planned)
+    stats.not_planned = sum(not c.planned for c in planned)
     stats.seconds = time.perf_counter() - t0
     return SearchResult(objective, chosen, planned, stats, budget)
 
@@ -131,25 +142,19 @@ def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list
     return pipelines, closest
 
 
-def _plan_all(pipelines: list[Pipeline], cluster: Cluster, budget: float | None, progress: Progress | None,
-              what: str) -> list[Candidate]:
-    out = []
-    for i, p in enumerate(pipelines):
-        out.append(plan_pipeline(p, cluster.memory_bytes, budget))
-        if progress:
-            progress(i + 1, len(pipelines), f"{what} {p.shape.label()}")
-    return out
-
-
 def _by_time(c: Candidate) -> tuple[float, float]:
     return (c.iteration_time_s, c.energy_j)
 
 
-def _throughput(pipelines: list[Pipeline], cluster: Cluster, top_k: int, stats: SearchStats,
+def _throughput(pipelines: list[Pipeline], plan: Planner, top_k: int, stats: SearchStats,
                 progress: Progress | None) -> tuple[list[Candidate], list[Candidate]]:
     ranked = sorted(pipelines, key=lambda p: (p.baseline_time_s, p.shape.replicas * p.baseline_energy_j))
     stats.pruned = max(0, len(ranked) - top_k)
-    planned = _plan_all(ranked[:top_k], cluster, None, progress, "plan")
+    planned = []
+    for i, p in enumerate(ranked[:top_k]):
+        planned.append(plan(p, None))
+        if progress:
+            progress(i + 1, min(top_k, len(ranked)), f"plan {p.shape.label()}")
     return planned, sorted(planned, key=_by_time)
 
 
@@ -160,7 +165,7 @@ def _floor_time(pipelines: list[Pipeline], objective: Objective, global_batch: i
     return min(p.baseline_time_s for p in pipelines) * (1 + objective.max_slowdown)
 
 
-def _energy(pipelines: list[Pipeline], cluster: Cluster, top_k: int, budget: float, stats: SearchStats,
+def _energy(pipelines: list[Pipeline], plan: Planner, top_k: int, budget: float, stats: SearchStats,
             progress: Progress | None) -> tuple[list[Candidate], list[Candidate]]:
     fast = [p for p in pipelines if p.baseline_time_s <= budget * (1 + 1e-9)]
     stats.too_slow = len(pipelines) - len(fast)
@@ -176,13 +181,13 @@ def _energy(pipelines: list[Pipeline], cluster: Cluster, top_k: int, budget: flo
         if len(energies) >= top_k and bound >= energies[top_k - 1]:
             stats.pruned = len(bounded) - i
             break
-        planned.append(plan_pipeline(p, cluster.memory_bytes, budget))
+        planned.append(plan(p, budget))
         if progress:
             progress(i + 1, len(bounded), f"plan {p.shape.label()}")
     return planned, sorted(planned, key=lambda c: (c.energy_j, c.iteration_time_s))[:top_k]
 
 
-def _frontier(pipelines: list[Pipeline], cluster: Cluster, stats: SearchStats, progress: Progress | None
+def _frontier(pipelines: list[Pipeline], plan: Planner, stats: SearchStats, progress: Progress | None
               ) -> tuple[list[Candidate], list[Candidate]]:
     planned: list[Candidate] = []
     ranked = sorted(pipelines, key=lambda p: p.time_lower_bound_s)
@@ -191,7 +196,7 @@ def _frontier(pipelines: list[Pipeline], cluster: Cluster, stats: SearchStats, p
         if any(c.iteration_time_s <= p.time_lower_bound_s and c.energy_j <= bound for c in planned):
             stats.pruned += 1
             continue
-        planned.append(plan_pipeline(p, cluster.memory_bytes))
+        planned.append(plan(p, None))
         if progress:
             progress(i + 1, len(ranked), f"plan {p.shape.label()}")
     frontier = [c for c in planned if not any(_dominates(d, c) for d in planned)]

@@ -158,3 +158,16 @@ def test_throughput_objective_ranks_by_time(everything) -> None:
     fastest = sorted(planned, key=lambda c: c.pipeline.baseline_time_s)[:2]
     assert [c.shape for c in result.candidates] == [c.shape for c in sorted(fastest, key=lambda c: c.iteration_time_s)]
     assert result.stats.pruned == len(planned) - 2
+
+
+def test_iterations_too_large_for_the_planner_keep_the_baseline(everything) -> None:
+    profile, hw, planned = everything
+    result = search(profile, hw, 16, Objective("throughput"), top_k=100, max_plan_units=16)
+    for c in result.candidates:
+        small = 2 * c.shape.stages * c.shape.microbatches <= 16
+        assert c.planned == small
+        if not small:
+            assert c.order == "1f1b (not planned)" and c.saving == 0
+            assert {u.freq_mhz for units in c.plan.stages for u in units} == {int(c.pipeline.profile.f_max)}
+            assert c.iteration_time_s == pytest.approx(c.pipeline.baseline_time_s)
+    assert result.stats.not_planned == sum(not c.planned for c in result.candidates) > 0
