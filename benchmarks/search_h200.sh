@@ -39,7 +39,7 @@ else
 fi
 mkdir -p "$OUT" "$WORK"
 source benchmarks/deepspeed_whl.sh
-{ date -u; uname -srm; echo "cpus: $(nproc)"; uptime
+{ date -u; uname -srm; echo "cpus: $(nproc --all)"; uptime
   if [ "${CPU:-0}" != 1 ]; then
     nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.sm,clocks.max.sm --format=csv
   fi
