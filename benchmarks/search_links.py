@@ -37,37 +37,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def one_way_s(nbytes: int, device: torch.device, reps: int) -> float:
-    x = torch.zeros(nbytes // 4, device=device)
-    rank = tdist.get_rank()
+def median_s(fn, device: torch.device, reps: int) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs after two warm-up runs (device synchronized around each)."""
     times = []
     for i in range(reps + 2):
         _sync(device)
         t0 = time.perf_counter()
-        if rank == 0:
+        fn()
+        _sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def one_way_s(nbytes: int, device: torch.device, reps: int) -> float:
+    x = torch.zeros(nbytes // 4, device=device)
+    peer = 1 - tdist.get_rank()
+
+    def round_trip() -> None:
+        if peer == 1:
             tdist.send(x, 1)
             tdist.recv(x, 1)
         else:
             tdist.recv(x, 0)
             tdist.send(x, 0)
-        _sync(device)
-        if i >= 2:  # two warm-up round trips
-            times.append((time.perf_counter() - t0) / 2)
-    return statistics.median(times)
+
+    return median_s(round_trip, device, reps) / 2
 
 
 def allreduce_bus_bytes_per_s(nbytes: int, device: torch.device, reps: int) -> float:
     x = torch.zeros(nbytes // 4, device=device)
     D = tdist.get_world_size()
-    times = []
-    for i in range(reps + 2):
-        _sync(device)
-        t0 = time.perf_counter()
-        tdist.all_reduce(x)
-        _sync(device)
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    return 2 * (D - 1) / D * nbytes / statistics.median(times)
+    return 2 * (D - 1) / D * nbytes / median_s(lambda: tdist.all_reduce(x), device, reps)
 
 
 def main() -> None:

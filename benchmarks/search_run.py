@@ -38,6 +38,7 @@ from envpipe.runtime import config as envpipe_config  # noqa: E402
 from envpipe.runtime import distributed, replicas  # noqa: E402
 from envpipe.runtime.clocks import Device, make_clock  # noqa: E402
 from envpipe.runtime.layer_profile import AllocationWindows  # noqa: E402
+from envpipe.runtime.report import slowest_per_iteration  # noqa: E402
 
 
 def steady_times(report_dir: Path) -> list[float]:
@@ -46,7 +47,7 @@ def steady_times(report_dir: Path) -> list[float]:
     for path in sorted(report_dir.glob("iterations.rank*.jsonl")):
         lines = [json.loads(x) for x in path.read_text().splitlines() if x]
         per_rank.append([x["time_s"] for x in lines if x["phase"] == "steady"])
-    return [max(ts) for ts in zip(*per_rank, strict=True)]
+    return slowest_per_iteration(per_rank)
 
 
 def main() -> None:
