@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Prediction accuracy of `envpipe search` (Aceso-style): measure the links, profile every layer, let the
-# search predict every configuration of 2 GPUs (P in {1, 2}, several micro-batch sizes, the best cut and
-# cuts moved by SHIFT layers), train each one for real (examples/train_gpt.py's model and found config,
+# search predict every configuration of 2 GPUs (P in {1, 2}, several micro-batch sizes, the best cut, and
+# for the fastest 2-stage shape cuts moved by SHIFT layers), train each one for real (examples/train_gpt.py's model and found config,
 # EnvPipe runtime) and write predicted vs measured iteration time and peak memory per stage.
 # NEVER changes clocks or power limits: without envpipe-clockd the runtime only records clock requests.
 #
 #   OUT=/tmp/sr bash benchmarks/search_h200.sh                  # 2 x H200: GPT-2 and Llama, bf16
-#   MODELS=llama OUT=/tmp/sr bash benchmarks/search_h200.sh     # one model (each takes about 5-8 minutes)
+#   MODELS=llama OUT=/tmp/sr bash benchmarks/search_h200.sh     # one model (8 runs of about 40 s each)
 #   CPU=1 OUT=/tmp/sr bash benchmarks/search_h200.sh            # small models on 2 CPU processes (gloo, sim clock)
 #   CPU=1 TINY=1 MODELS=gpt2 SIZES=2 SHIFT=0 ...                 # the tests' quick check of the script's logic
 #
