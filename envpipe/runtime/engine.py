@@ -22,8 +22,10 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock
+from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.schedule import (
     ISendActivation,
     ISendGrad,
@@ -33,7 +35,6 @@ from envpipe.runtime.schedule import (
     UnitEnd,
     UnitOrderSchedule,
     UnitStart,
-    validate_orders,
 )
 
 
@@ -60,7 +61,9 @@ class EnvPipeEngine(PipelineEngine):
             raise RuntimeError(
                 "the EnvPipe runtime does not support partitioned (tensor-parallel) activations"
             )
-        self._fwd_group, self._bwd_group = self._direction_groups()
+        self._fwd_group, self._bwd_group, self._shared_group = self._direction_groups()
+        self.p2p_shared_group = False  # diagnostics (benchmarks/engine_ablation.py): one group for both directions
+        self.p2p_blocking_sends = False  # ... or DeepSpeed's blocking sends instead of posted ones
         self._pending: list[tuple[Any, torch.Tensor]] = []
         self.unit_orders: list[list[Unit]] | None = None
         self.unit_clocks: list[list[int]] | None = None
@@ -69,14 +72,16 @@ class EnvPipeEngine(PipelineEngine):
         self.allreduce_s: float | None = None  # last timed iteration: ReduceTiedGrads + ReduceGrads (seconds)
         self._current_mhz: int | None = None
         self._timing = False
+        self._valid_orders: set[tuple[tuple[Unit, ...], ...]] = set()  # checked once, run many times
+        self.saved_meter: SavedTensorMeter | None = None  # set for one iteration: activation bytes per forward
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
 
-    def _direction_groups(self) -> tuple[Any, Any]:
-        """Create (collectively, on every rank) a forward and a backward group per adjacent pair."""
+    def _direction_groups(self) -> tuple[Any, Any, Any]:
+        """Create (collectively, on every rank) a forward, a backward and a shared group per adjacent pair."""
         mine: dict[tuple[int, int], Any] = {}
         for ranks in self.grid._topo.get_axis_comm_lists("pipe"):
             for a, b in itertools.pairwise(ranks):
-                mine[(a, b)] = (tdist.new_group([a, b]), tdist.new_group([a, b]))
+                mine[(a, b)] = (tdist.new_group([a, b]), tdist.new_group([a, b]), tdist.new_group([a, b]))
         me = self.global_rank
         nxt = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else None
         prv = self.grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage() else None
@@ -89,7 +94,11 @@ class EnvPipeEngine(PipelineEngine):
             "next": mine[(me, nxt)][1] if nxt is not None else None,
             "prev": mine[(prv, me)][1] if prv is not None else None,
         }
-        return fwd, bwd
+        shared = {
+            "next": mine[(me, nxt)][2] if nxt is not None else None,
+            "prev": mine[(prv, me)][2] if prv is not None else None,
+        }
+        return fwd, bwd, shared
 
     def set_unit_orders(
         self,
@@ -101,7 +110,10 @@ class EnvPipeEngine(PipelineEngine):
         """Use these per-stage orders (all stages, same on every rank) for the following iterations."""
         if len(orders) != self.num_stages:
             raise ValueError(f"the plan has {len(orders)} stages, the pipeline {self.num_stages}")
-        validate_orders(orders, self.micro_batches)
+        key = tuple(tuple(o) for o in orders)
+        if key not in self._valid_orders:
+            engine_order_dag(orders, self.micro_batches)  # ScheduleError (one line) for an order it cannot run
+            self._valid_orders.add(key)
         self.unit_orders = [list(o) for o in orders]
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
         self.clock = clock
@@ -167,8 +179,15 @@ class EnvPipeEngine(PipelineEngine):
         return ev
 
     # --- non-blocking p2p -------------------------------------------------------------------------
+    def _group(self, group: dict[str, Any], side: str) -> Any:
+        return self._shared_group[side] if self.p2p_shared_group else group[side]
+
     def _isend(self, tensors: Sequence[torch.Tensor], dst_stage: int, group: Any) -> None:
         dst = self.grid.stage_to_global(dst_stage)
+        if self.p2p_blocking_sends:
+            for t in tensors:
+                tdist.send(t.contiguous(), dst, group=group)
+            return
         self._pending = [(h, t) for h, t in self._pending if not h.is_completed()]
         for t in tensors:
             t = t.contiguous()
@@ -187,7 +206,7 @@ class EnvPipeEngine(PipelineEngine):
             self.first_output_send = False
             self._send_tensor_meta(outputs, self.next_stage)
         tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-        self._isend(tensors, self.next_stage, self._fwd_group["next"])
+        self._isend(tensors, self.next_stage, self._group(self._fwd_group, "next"))
 
     def _exec_isend_grads(self, buffer_id: int) -> None:
         inputs = self.pipe_buffers["inputs"][buffer_id]
@@ -200,13 +219,13 @@ class EnvPipeEngine(PipelineEngine):
         sendable = [g for g in grads if g is not None]
         if len(sendable) != len(grads):
             raise RuntimeError(f"stage {self.stage_id}: an input has no gradient to send back")
-        self._isend(sendable, self.prev_stage, self._bwd_group["prev"])
+        self._isend(sendable, self.prev_stage, self._group(self._bwd_group, "prev"))
         self.pipe_buffers["inputs"][buffer_id] = None
 
     def _exec_recv_activations(self, buffer_id: int) -> None:
         if self.dynamic_shape or self.pipe_recv_buf is None:
             self.pipe_recv_buf = self._recv_tensor_meta(self.prev_stage)
-        group = self._fwd_group["prev"]
+        group = self._group(self._fwd_group, "prev")
         if isinstance(self.pipe_recv_buf, torch.Tensor):
             self._recv(self.pipe_recv_buf, self.prev_stage, group)
             recvd: Any = self.pipe_recv_buf.clone().detach()
@@ -233,7 +252,7 @@ class EnvPipeEngine(PipelineEngine):
                 self.grad_layer = [
                     self._allocate_or_extend_buffers(i, s, d) for i, (s, d) in enumerate(shapes)
                 ]
-        group = self._bwd_group["next"]
+        group = self._group(self._bwd_group, "next")
         for buf in [self.grad_layer] if isinstance(self.grad_layer, torch.Tensor) else self.grad_layer:
             self._recv(buf, self.next_stage, group)
 
@@ -248,19 +267,23 @@ class EnvPipeEngine(PipelineEngine):
         if self.clock is not None:
             self.clock.set(mhz)
 
-    def _exec_unit_start(self, kind: str, mb: int) -> None:
+    def _exec_unit_start(self, kind: str, mb: int, buffer_id: int) -> None:
         if self._on_gpu:  # CUDA events: no synchronisation per unit
             self._unit_event = self._event()
+        if kind == "F" and self.saved_meter is not None:
+            self.saved_meter.start()
         self._unit_t = time.perf_counter()
         self._unit_cpu = time.thread_time()
 
-    def _exec_unit_end(self, kind: str, mb: int) -> None:
+    def _exec_unit_end(self, kind: str, mb: int, buffer_id: int) -> None:
+        if kind == "F" and self.saved_meter is not None:
+            self.saved_meter.stop(self.pipe_buffers["outputs"][buffer_id])
         if self._on_gpu:
             self._gpu_units.append((kind, mb, self._unit_event, self._event(), self._current_mhz))
             return
         end = time.perf_counter()
         if self.clock is not None:
-            self.clock.after_unit(end - self._unit_t, time.thread_time() - self._unit_cpu)
+            self.clock.after_unit(kind, end - self._unit_t, time.thread_time() - self._unit_cpu)
             end = time.perf_counter()
         self.units.append(UnitRecord(kind, mb, self._unit_t - self._t0, end - self._t0, self._current_mhz))
 
