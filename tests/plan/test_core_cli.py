@@ -53,10 +53,10 @@ def test_text_trace_format_and_svg(tmp_path):
         (["-m", "4", "--idle-power", "80"], "Missing option '--profile'"),
         (["--profile", "{p}", "-m", "0", "--idle-power", "80"], "0 is not in the range"),
         (["--profile", "{p}", "-m", "4"], "give --idle-power"),
-        (["--profile", "{p}", "-m", "4", "--idle-power", "-3"], "must not be negative"),
+        (["--profile", "{p}", "-m", "4", "--idle-power", "-3"], "must be in [0, 10000], got -3"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--policy", "turbo"], "Invalid value for '--policy'"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--gantt", "g.pdf"], "must end in .png or .svg"),
-        (["--profile", "{bad}", "-m", "4", "--idle-power", "80"], "bad.csv:2: time must be positive"),
+        (["--profile", "{bad}", "-m", "4", "--idle-power", "80"], "bad.csv:2: time must be in (0, 3600], got 0"),
     ],
 )
 def test_bad_input_is_refused_and_writes_nothing(tmp_path, args, message):
@@ -109,7 +109,7 @@ def test_simulate_with_tail_times(tmp_path):
     assert res.exit_code == 0 and f"{claimed:.4f} s" in res.output
 
 
-@pytest.mark.parametrize(("value", "message"), [("x", "expected seconds"), ("-1", "not negative"),
+@pytest.mark.parametrize(("value", "message"), [("x", "expected seconds"), ("-1", "tail times must be in [0, 3600], got -1"),
                                                 ("0.1,0.2", "2 tail times given for 8 stages")])
 def test_simulate_refuses_bad_tail_times(tmp_path, value, message):
     res = baseline_plan_and_simulate(tmp_path)[1]("--tail-time", value)

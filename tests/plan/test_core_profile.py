@@ -48,12 +48,12 @@ def test_small_valid_profile_round_trips(tmp_path):
     [
         ("0,forward,1410,0.1,1\n", "stage,instruction,frequency,time\n", 1, "missing column(s): energy"),
         ("0,forward,1410,abc,1\n", HEADER, 2, "column 'time' is not a number"),
-        ("0,forward,1410,0,1\n", HEADER, 2, "time must be positive"),
-        ("0,forward,1410,-0.5,1\n", HEADER, 2, "time must be positive"),
-        ("0,forward,1410,0.1,-1\n", HEADER, 2, "energy must not be negative"),
+        ("0,forward,1410,0,1\n", HEADER, 2, "time must be in (0, 3600], got 0"),
+        ("0,forward,1410,-0.5,1\n", HEADER, 2, "time must be in (0, 3600], got -0.5"),
+        ("0,forward,1410,0.1,-1\n", HEADER, 2, "energy must be in (0, 1e+07], got -1"),
         ("0,sideways,1410,0.1,1\n", HEADER, 2, "instruction must be forward or backward"),
-        ("0,forward,1410.5,0.1,1\n", HEADER, 2, "column 'frequency' is not a number"),
-        ("0,forward,1410,nan,1\n", HEADER, 2, "not finite"),
+        ("0,forward,1410.5,0.1,1\n", HEADER, 2, "column 'frequency' is not an integer: '1410.5'"),
+        ("0,forward,1410,nan,1\n", HEADER, 2, "time must be a finite number, got nan"),
         ("0,forward,1410,0.1,1\n0,forward,1410,0.2,1\n", HEADER, 3, "duplicate row for stage 0 forward at 1410 MHz"),
     ],
 )
