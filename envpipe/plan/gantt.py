@@ -118,14 +118,19 @@ def draw_bars(bars: Sequence[GanttBar], path: str | Path, title: str, *, span_s:
     return path
 
 
+def labels_that_fit(bars: Sequence[GanttBar], px_per_s: float, px_per_row: float) -> list[int]:
+    """Indices of the bars whose label (``F12``) fits inside them at this scale (pixels per second and per row)."""
+    char_px, text_px = 0.62 * _FONT_PT * _DPI / 72, 1.3 * _FONT_PT * _DPI / 72
+    return [i for i, b in enumerate(bars)
+            if (b.end_s - b.start_s) * px_per_s >= (len(f"{b.kind}{b.mb}") + 1) * char_px
+            and _HEIGHT[b.kind] * px_per_row >= text_px]
+
+
 def _label_where_fits(ax: Axes, bars: Sequence[GanttBar], colours: Sequence[tuple[float, float, float, float]],
                       S: int) -> None:
-    """``F12`` inside each unit wide and tall enough for it (measured in pixels after the layout)."""
+    """Label the units whose label fits, measured in pixels once the layout is settled."""
     (x0, y0), (x1, y1) = ax.transData.transform([(0, 0), (1, 1)])
-    px_per_s, px_per_row = abs(x1 - x0), abs(y1 - y0)
-    char_px, text_px = 0.62 * _FONT_PT * _DPI / 72, 1.3 * _FONT_PT * _DPI / 72
-    fits = [i for i, b in enumerate(bars) if (b.end_s - b.start_s) * px_per_s >= (len(f"{b.kind}{b.mb}") + 1) * char_px
-            and _HEIGHT[b.kind] * px_per_row >= text_px]
+    fits = labels_that_fit(bars, abs(x1 - x0), abs(y1 - y0))
     if len(fits) > _MAX_LABELS:
         return
     for i in fits:
