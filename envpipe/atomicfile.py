@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import IO, Any
 
 
-def _umask() -> int:
+def new_file_mode() -> int:
+    """The mode ``open`` gives a new file under this process's umask (0644 under the usual 022)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 @contextmanager
@@ -25,7 +26,7 @@ def atomic_write(path: str | Path, mode: str = "w", **open_args: Any) -> Iterato
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, mode, **open_args) as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide results from other users
+            os.fchmod(fh.fileno(), new_file_mode())  # mkstemp's 0600 would hide results from other users
             yield fh
         os.replace(tmp, path)
     except BaseException:

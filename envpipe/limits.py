@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+from pathlib import Path
 
 MAX_STAGES = 1024
 MAX_MICROBATCHES = 65_536
@@ -25,7 +26,7 @@ MAX_FRONTIER_POINTS = 1000
 MAX_THRESHOLD_SCALE = 1e6
 MAX_PROFILE_ROWS = 262_144  # 2 x stages x clocks, e.g. 128 stages x 1,024 clocks
 MAX_PROFILE_BYTES = 16 * 2**20
-MAX_PLAN_BYTES = 64 * 2**20
+MAX_PLAN_BYTES = 16 * 2**20  # the largest plan (131,072 units) takes about 8 MiB
 MAX_JSON_DEPTH = 8
 
 _quote = reprlib.Repr()
@@ -37,6 +38,19 @@ _quote.maxlevel = 2
 def quote(value: object) -> str:
     """A short repr of a user's value for an error message (a 1 MB field must not become a 1 MB line)."""
     return _quote.repr(value)
+
+
+def read_text(path: str | Path, max_bytes: int, what: str) -> str:
+    """A UTF-8 file (a BOM is fine) of at most ``max_bytes``, read without ever holding more: /dev/zero or a
+    huge file must not fill memory. OSError if it cannot be read; ValueError (the reason) if it is refused."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes // 2**20} MiB (the limit of a {what})")
+    try:
+        return data.decode("utf-8-sig")  # spreadsheet programs start UTF-8 files with a BOM
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not a UTF-8 {what} file (bad byte at offset {exc.start})") from None
 
 
 def range_error(value: float, low: float, high: float, low_open: bool = False) -> str | None:

@@ -27,6 +27,7 @@ from envpipe.limits import (
     MAX_PLAN_BYTES,
     MAX_STAGES,
     quote,
+    read_text,
     units_error,
 )
 from envpipe.plan.dag import PipelineDag, ScheduleError
@@ -98,15 +99,10 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read(MAX_PLAN_BYTES + 1)  # bounded: /dev/zero or a huge file must not fill memory
+            return cls.from_json(parse_json(read_text(path, MAX_PLAN_BYTES, "plan")))
         except OSError as exc:
             raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        try:
-            if len(raw) > MAX_PLAN_BYTES:
-                raise PlanError(f"larger than {MAX_PLAN_BYTES // 2**20} MiB (the limit of a plan)")
-            return cls.from_json(parse_json(raw))
-        except PlanError as exc:
+        except ValueError as exc:  # PlanError included
             raise PlanError(f"{path}: {exc}") from None
 
     @classmethod
@@ -147,12 +143,8 @@ class Plan:
                    [(p[0], p[1], p[2]) for p in path], digest)
 
 
-def parse_json(raw: bytes) -> Any:
-    """JSON as plans allow it: UTF-8 (a BOM is fine), finite numbers only, integers of at most 18 digits."""
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise PlanError(f"not a UTF-8 JSON file (undecodable byte at offset {exc.start})") from None
+def parse_json(text: str) -> Any:
+    """JSON as plans allow it: finite numbers only, integers of at most 18 digits, nesting within reason."""
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_short_int)
     except json.JSONDecodeError as exc:

@@ -28,6 +28,7 @@ from envpipe.limits import (
     MAX_UNIT_TIME_S,
     quote,
     range_error,
+    read_text,
 )
 
 REQUIRED_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
@@ -176,18 +177,14 @@ def load_profile(path: str | Path) -> Profile:
 
 def _read_text(path: Path) -> str:
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_PROFILE_BYTES + 1)  # bounded: /dev/zero or a huge file must not fill memory
+        text = read_text(path, MAX_PROFILE_BYTES, "profile")
     except OSError as exc:
         raise ProfileError(path, None, f"cannot open: {exc.strerror or exc}") from None
-    if len(data) > MAX_PROFILE_BYTES:
-        raise ProfileError(path, None, f"larger than {MAX_PROFILE_BYTES // 2**20} MiB (the limit of a profile)")
-    if b"\0" in data:
+    except ValueError as exc:
+        raise ProfileError(path, None, str(exc)) from None
+    if "\0" in text:
         raise ProfileError(path, None, "not a text CSV file (it contains NUL bytes)")
-    try:
-        return data.decode("utf-8-sig")  # spreadsheet programs start UTF-8 files with a BOM
-    except UnicodeDecodeError as exc:
-        raise ProfileError(path, None, f"not a text (UTF-8) CSV file (bad byte at offset {exc.start})") from None
+    return text
 
 
 def _columns(path: Path, header: list[str]) -> dict[str, int]:

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from envpipe.atomicfile import new_file_mode
 from envpipe.cli import main
 from envpipe.plan.planfile import Plan
 
@@ -222,7 +223,7 @@ def check(args: list[str], workdir: Path) -> None:
             if path.suffix == ".json":
                 plan = Plan.load(path)
                 assert all(abs(v) < float("inf") for v in plan.predicted.values())
-                assert path.stat().st_mode & 0o777 == 0o666 & ~UMASK, oct(path.stat().st_mode)
+                assert path.stat().st_mode & 0o777 == new_file_mode(), oct(path.stat().st_mode)
         return
     TRIED["refused"] += 1
     lines = res.stderr.splitlines()
@@ -237,15 +238,6 @@ def _both_outcomes_explored():
     print(f"\nplanner CLI fuzz: {TRIED['runs']} runs, {TRIED['ok']} succeeded, {TRIED['refused']} refused in one line")
     if TRIED["runs"] >= 300:  # the whole module ran, not one test picked out
         assert TRIED["ok"] > TRIED["runs"] // 20 and TRIED["refused"] > TRIED["runs"] // 20, TRIED
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-UMASK = _umask()
 
 
 def _write(d: Path, name: str, data: bytes) -> str:

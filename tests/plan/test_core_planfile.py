@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from envpipe.atomicfile import new_file_mode
 from envpipe.plan.planfile import Plan, PlanError, PlannedUnit, evaluate_plan
 from envpipe.plan.planner import make_plan
 
@@ -186,9 +186,7 @@ def test_plans_record_their_profile_and_refuse_another(small, gpt3, tmp_path):
 def test_save_creates_directories_and_files_others_can_read(small, tmp_path):
     path = tmp_path / "a" / "b" / "plan.json"
     small[1].plan.save(path)
-    mask = os.umask(0)
-    os.umask(mask)
-    assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # mkstemp alone gave 0600
+    assert path.stat().st_mode & 0o777 == new_file_mode()  # mkstemp alone gave 0600
     assert Plan.load(path).to_json() == small[1].plan.to_json()
     with pytest.raises(OSError):
         small[1].plan.save(path / "under_a_file.json")

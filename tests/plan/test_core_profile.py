@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from envpipe.atomicfile import new_file_mode
 from envpipe.profile import ProfileError, embedded_profile_path, load_profile
 
 HEADER = "stage,instruction,frequency,time,energy\n"
@@ -92,7 +92,7 @@ def test_empty_missing_and_binary_files(tmp_path):
         load_profile(tmp_path / "nope.csv")
     binary = tmp_path / "b.csv"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(ProfileError, match="not a text"):
+    with pytest.raises(ProfileError, match="not a UTF-8 profile file"):
         load_profile(binary)
 
 
@@ -182,11 +182,5 @@ def test_to_csv_is_atomic_and_readable_by_others(tmp_path):
     p = load_profile(write(tmp_path, good_rows()))
     out = tmp_path / "new" / "again.csv"
     p.to_csv(out)
-    assert out.stat().st_mode & 0o777 == 0o666 & ~current_umask()
+    assert out.stat().st_mode & 0o777 == new_file_mode()  # 0644 under umask 022
     assert [f.name for f in out.parent.iterdir()] == ["again.csv"]
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
