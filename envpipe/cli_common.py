@@ -92,8 +92,8 @@ class OneLineErrors(click.Group):
             _fail(one_line(exc.format_message()) + hint, exc.exit_code)
         except click.ClickException as exc:
             _fail(one_line(exc.format_message()), exc.exit_code)
-        except click.Abort:
-            _fail("aborted", 1)
+        except click.Abort:  # Ctrl-C: the shell's convention, 128 + SIGINT
+            _fail("interrupted", 130)
         except MemoryError:
             _fail("out of memory: try fewer stages or micro-batches", 1)
         except OSError as exc:
