@@ -7,8 +7,6 @@ per stage, same model and weights. Clocks are never changed (no clock daemon; NV
 Variants, each ``--steps`` iterations per round, in a rotated order every round (drift favours none):
 - stock: DeepSpeed's PipelineEngine and TrainSchedule;
 - engine: EnvPipeEngine in 1F1B order, no unit timing, no clock, no runner;
-- engine-shared-group: the same with one p2p process group per neighbour pair for both directions;
-- engine-blocking-sends: the same with DeepSpeed's blocking sends instead of posted ones;
 - engine+meter: the engine while a background thread polls the NVML energy counter (the runtime's meter);
 - runtime: the runtime's own steady iteration (Runner.run: its JSON line, its energy bookkeeping, the meter).
 With --torch-profile K, every rank also records K iterations of stock and of the runtime with torch.profiler
@@ -41,7 +39,7 @@ from envpipe.runtime import config as envpipe_config  # noqa: E402
 from envpipe.runtime import distributed  # noqa: E402
 from envpipe.runtime.runner import Runner  # noqa: E402
 
-VARIANTS = ("stock", "engine", "engine-shared-group", "engine-blocking-sends", "engine+meter", "runtime")
+VARIANTS = ("stock", "engine", "engine+meter", "runtime")
 
 
 def timed(engine: Any, data: Any, steps: int, on_gpu: bool) -> list[float]:
@@ -65,8 +63,6 @@ def run_variant(name: str, stock: Any, rt: Any, runner: Runner, data: Any, steps
             times.append(t.step_end - t.step_start)
         return times
     rt.set_unit_orders(runner.baseline.orders())  # 1F1B, no clocks, no timing
-    rt.p2p_shared_group = name == "engine-shared-group"
-    rt.p2p_blocking_sends = name == "engine-blocking-sends"
     meter = None
     if name == "engine+meter" and on_gpu:
         read, close = nvml_reader(rt.device.index or 0)
@@ -74,7 +70,6 @@ def run_variant(name: str, stock: Any, rt: Any, runner: Runner, data: Any, steps
     try:
         return timed(rt, data["rt"], steps, on_gpu)
     finally:
-        rt.p2p_shared_group = rt.p2p_blocking_sends = False
         if meter is not None:
             meter.close()
 

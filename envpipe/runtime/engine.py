@@ -61,9 +61,7 @@ class EnvPipeEngine(PipelineEngine):
             raise RuntimeError(
                 "the EnvPipe runtime does not support partitioned (tensor-parallel) activations"
             )
-        self._fwd_group, self._bwd_group, self._shared_group = self._direction_groups()
-        self.p2p_shared_group = False  # diagnostics (benchmarks/engine_ablation.py): one group for both directions
-        self.p2p_blocking_sends = False  # ... or DeepSpeed's blocking sends instead of posted ones
+        self._fwd_group, self._bwd_group = self._direction_groups()
         self._pending: list[tuple[Any, torch.Tensor]] = []
         self.unit_orders: list[list[Unit]] | None = None
         self.unit_clocks: list[list[int]] | None = None
@@ -76,12 +74,12 @@ class EnvPipeEngine(PipelineEngine):
         self.saved_meter: SavedTensorMeter | None = None  # set for one iteration: activation bytes per forward
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
 
-    def _direction_groups(self) -> tuple[Any, Any, Any]:
-        """Create (collectively, on every rank) a forward, a backward and a shared group per adjacent pair."""
+    def _direction_groups(self) -> tuple[Any, Any]:
+        """Create (collectively, on every rank) a forward and a backward group per adjacent pair."""
         mine: dict[tuple[int, int], Any] = {}
         for ranks in self.grid._topo.get_axis_comm_lists("pipe"):
             for a, b in itertools.pairwise(ranks):
-                mine[(a, b)] = (tdist.new_group([a, b]), tdist.new_group([a, b]), tdist.new_group([a, b]))
+                mine[(a, b)] = (tdist.new_group([a, b]), tdist.new_group([a, b]))
         me = self.global_rank
         nxt = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else None
         prv = self.grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage() else None
@@ -94,11 +92,7 @@ class EnvPipeEngine(PipelineEngine):
             "next": mine[(me, nxt)][1] if nxt is not None else None,
             "prev": mine[(prv, me)][1] if prv is not None else None,
         }
-        shared = {
-            "next": mine[(me, nxt)][2] if nxt is not None else None,
-            "prev": mine[(prv, me)][2] if prv is not None else None,
-        }
-        return fwd, bwd, shared
+        return fwd, bwd
 
     def set_unit_orders(
         self,
@@ -179,15 +173,8 @@ class EnvPipeEngine(PipelineEngine):
         return ev
 
     # --- non-blocking p2p -------------------------------------------------------------------------
-    def _group(self, group: dict[str, Any], side: str) -> Any:
-        return self._shared_group[side] if self.p2p_shared_group else group[side]
-
     def _isend(self, tensors: Sequence[torch.Tensor], dst_stage: int, group: Any) -> None:
         dst = self.grid.stage_to_global(dst_stage)
-        if self.p2p_blocking_sends:
-            for t in tensors:
-                tdist.send(t.contiguous(), dst, group=group)
-            return
         self._pending = [(h, t) for h, t in self._pending if not h.is_completed()]
         for t in tensors:
             t = t.contiguous()
@@ -206,7 +193,7 @@ class EnvPipeEngine(PipelineEngine):
             self.first_output_send = False
             self._send_tensor_meta(outputs, self.next_stage)
         tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-        self._isend(tensors, self.next_stage, self._group(self._fwd_group, "next"))
+        self._isend(tensors, self.next_stage, self._fwd_group["next"])
 
     def _exec_isend_grads(self, buffer_id: int) -> None:
         inputs = self.pipe_buffers["inputs"][buffer_id]
@@ -219,13 +206,13 @@ class EnvPipeEngine(PipelineEngine):
         sendable = [g for g in grads if g is not None]
         if len(sendable) != len(grads):
             raise RuntimeError(f"stage {self.stage_id}: an input has no gradient to send back")
-        self._isend(sendable, self.prev_stage, self._group(self._bwd_group, "prev"))
+        self._isend(sendable, self.prev_stage, self._bwd_group["prev"])
         self.pipe_buffers["inputs"][buffer_id] = None
 
     def _exec_recv_activations(self, buffer_id: int) -> None:
         if self.dynamic_shape or self.pipe_recv_buf is None:
             self.pipe_recv_buf = self._recv_tensor_meta(self.prev_stage)
-        group = self._group(self._fwd_group, "prev")
+        group = self._fwd_group["prev"]
         if isinstance(self.pipe_recv_buf, torch.Tensor):
             self._recv(self.pipe_recv_buf, self.prev_stage, group)
             recvd: Any = self.pipe_recv_buf.clone().detach()
@@ -252,7 +239,7 @@ class EnvPipeEngine(PipelineEngine):
                 self.grad_layer = [
                     self._allocate_or_extend_buffers(i, s, d) for i, (s, d) in enumerate(shapes)
                 ]
-        group = self._group(self._bwd_group, "next")
+        group = self._bwd_group["next"]
         for buf in [self.grad_layer] if isinstance(self.grad_layer, torch.Tensor) else self.grad_layer:
             self._recv(buf, self.next_stage, group)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from envpipe.atomicfile import atomic_write
 from envpipe.runtime.summary import RunSummary
 from envpipe.runtime.textreport import render
 
@@ -17,7 +18,8 @@ def write_report(out_dir: str | Path, summary: RunSummary) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary.save(out / "summary.json")
-    (out / "report.txt").write_text(render(summary, out) + "\n")
+    with atomic_write(out / "report.txt") as fh:
+        fh.write(render(summary, out) + "\n")
     try:
         gantt(summary, out / "gantt.png")
     except ImportError as exc:  # matplotlib is optional where only numbers are wanted

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
-import tempfile
 import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from envpipe.atomicfile import atomic_write
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("summary.schema.json")
@@ -290,17 +290,9 @@ class RunSummary:
 
     def save(self, path: str | Path) -> None:
         """Write atomically (no half-written summary for a reader to trip on)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.to_json(), fh, indent=1)
-                fh.write("\n")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_write(path) as fh:
+            json.dump(self.to_json(), fh, indent=1)
+            fh.write("\n")
 
     @classmethod
     def from_json(cls, data: Any) -> RunSummary:
