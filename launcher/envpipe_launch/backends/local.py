@@ -10,7 +10,7 @@ import tempfile
 
 from .. import deepspeed_cmd, hostfile
 from ..errors import LaunchError
-from ..job import JobSpec
+from ..job import JobSpec, env_pairs
 
 
 def count_gpus() -> int:
@@ -35,10 +35,10 @@ def launch(spec: JobSpec, python: str = sys.executable) -> int:
         env.setdefault("ENVPIPE_DIST_BACKEND", "gloo")
     elif spec.gpus_per_node > gpus:
         raise LaunchError(f"--gpus-per-node {spec.gpus_per_node} but this machine has {gpus} GPU(s)")
+    env.update(env_pairs(spec.env))  # one host: DeepSpeed's single-host path reads no env file
     with tempfile.TemporaryDirectory(prefix="envpipe-launch-") as tmp:
         path = os.path.join(tmp, "hostfile")
         with open(path, "w") as f:
             f.write(hostfile.render([hostfile.Host("localhost", spec.gpus_per_node)]))
         argv = deepspeed_cmd.deepspeed_argv(spec, path, "127.0.0.1", python=python)
-        deepspeed_cmd.write_env_file(tmp, spec.env, env)
-        return deepspeed_cmd.run(argv, env)
+        return deepspeed_cmd.run(argv, env, spec.stop_timeout_s)
