@@ -25,7 +25,7 @@ class LaunchCommand(click.Command):
         except click.ClickException as e:  # bad usage: click's message names the option
             _exit(f"error: {e.format_message()}", e.exit_code)
         except Stopped as e:  # the job (if any) is gone already
-            _exit(f"stopped by {e}", e.exit_status)
+            _exit(f"interrupted by {e}", e.exit_status)
 
 
 def _exit(message: str, status: int) -> None:
