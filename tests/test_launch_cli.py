@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from envpipe_launch import __version__, net
+from envpipe_launch import __version__, deepspeed_cmd, net
 from envpipe_launch.cli import main
 from envpipe_launch.errors import LaunchError, one_line
 from envpipe_launch.job import DEFAULT_MASTER_PORT, job_name
@@ -107,6 +107,14 @@ def test_env_values_deepspeed_would_change_on_other_hosts_are_refused(launcher: 
     r = CliRunner().invoke(main, ["--backend", "ssh", "--launcher", launcher, "--hosts", "127.0.0.1",
                                   "--env", f"A={value}", __file__])
     assert r.exit_code == 2 and "runner would not pass this value unchanged" in r.stderr, r.output
+
+
+def test_without_deepspeed_here_a_backend_that_needs_it_is_one_line(monkeypatch) -> None:
+    monkeypatch.setattr(deepspeed_cmd, "RUNNER_PACKAGE", "envpipe_no_such_module")
+    for args in ([__file__], ["--backend", "ssh", "--hosts", "127.0.0.1", __file__]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+        assert "runs DeepSpeed's launcher with this Python" in r.stderr and "no envpipe_no_such_module" in r.stderr
 
 
 def test_master_port_is_a_free_one_here_and_the_default_elsewhere() -> None:

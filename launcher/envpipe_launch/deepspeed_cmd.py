@@ -3,6 +3,7 @@ exit status passed through."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -14,6 +15,7 @@ from . import net, supervise
 from .errors import LaunchError
 from .job import JobSpec, env_pairs
 
+RUNNER_PACKAGE = "deepspeed"  # its launcher runs here, in this Python, for the local, ssh and cml backends
 SSH_CLIENT_OPTS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
 # What DeepSpeed's multi-node runner execs (and checks for, with a traceback when missing), per launcher.
 LAUNCHER_TOOLS = {"pdsh": ("pdsh", "ssh"), "openmpi": ("ompi_info", "mpirun", "ssh"), "mvapich": ("mpiname", "mpirun")}
@@ -66,9 +68,19 @@ def deepspeed_argv(
     return [*argv, spec.script, *spec.script_args]
 
 
+def check_deepspeed() -> None:
+    """DeepSpeed is importable here (found, not imported: the launcher never imports torch)."""
+    if importlib.util.find_spec(RUNNER_PACKAGE) is None:
+        raise LaunchError(
+            f"this backend runs DeepSpeed's launcher with this Python ({sys.executable}), which has no "
+            f"{RUNNER_PACKAGE} module (pip install 'envpipe[train]', or use the kube backend)"
+        )
+
+
 def check_multi_node(spec: JobSpec) -> None:
-    """Before anything starts: the launcher's tools are installed, and every --env value reaches the
-    other hosts unchanged through DeepSpeed's exports."""
+    """Before anything starts: DeepSpeed and the launcher's tools are installed, and every --env value
+    reaches the other hosts unchanged through DeepSpeed's exports."""
+    check_deepspeed()
     missing = [tool for tool in LAUNCHER_TOOLS[spec.ds_launcher] if shutil.which(tool) is None]
     if missing:
         raise LaunchError(

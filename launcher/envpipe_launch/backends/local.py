@@ -27,6 +27,7 @@ def launch(spec: JobSpec, python: str = sys.executable) -> int:
         raise LaunchError(f"the local backend runs one node; got --nodes {spec.nodes} (use ssh, kube or cml)")
     if spec.gpus_per_node < 1:
         raise LaunchError("the local backend needs --gpus-per-node >= 1 (the number of processes)")
+    deepspeed_cmd.check_deepspeed()
     gpus = count_gpus()
     env = dict(os.environ)
     if gpus == 0:
