@@ -9,9 +9,10 @@ The arguments after ``--`` are examples/train_gpt.py's. The job is built exactly
 model is built through ``--memory-iterations`` iterations in the plan's order (torch.cuda's counters on
 GPUs, torch's CPU allocator through the profiler's memory events on CPU: envpipe.runtime.layer_profile.
 AllocationWindows), per stage the largest over its replicas. Iteration time: then the EnvPipe runtime
-runs the plan (calibration, ``--steps`` steady iterations); per steady iteration the slowest rank,
-median and least. Clocks: the sim clock on CPU; on GPUs the runtime only records clock requests unless
-envpipe-clockd runs (this script never changes clocks or power limits).
+runs the plan (calibration, ``--steps`` steady iterations; its summary: per steady iteration the slowest
+rank, median and least). Clocks: the sim clock on CPU runs the plan with its clocks; on GPUs without
+envpipe-clockd the runtime runs 1F1B at default clocks and reports the plan (``ran``: "baseline"), to be
+compared with the search's 1F1B all-max prediction. This script never changes clocks or power limits.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,20 +33,11 @@ sys.path.insert(0, str(ROOT / "examples"))
 import train_gpt  # noqa: E402  (examples/train_gpt.py: the model, the found configuration)
 
 from envpipe.plan.planfile import Plan  # noqa: E402
+from envpipe.runtime import collective, distributed, replicas  # noqa: E402
 from envpipe.runtime import config as envpipe_config  # noqa: E402
-from envpipe.runtime import distributed, replicas  # noqa: E402
 from envpipe.runtime.clocks import Device, make_clock  # noqa: E402
 from envpipe.runtime.layer_profile import AllocationWindows  # noqa: E402
-from envpipe.runtime.report import slowest_per_iteration  # noqa: E402
-
-
-def steady_times(report_dir: Path) -> list[float]:
-    """Per steady iteration, the slowest rank's time (every rank's iterations.rank<r>.jsonl)."""
-    per_rank = []
-    for path in sorted(report_dir.glob("iterations.rank*.jsonl")):
-        lines = [json.loads(x) for x in path.read_text().splitlines() if x]
-        per_rank.append([x["time_s"] for x in lines if x["phase"] == "steady"])
-    return slowest_per_iteration(per_rank)
+from envpipe.runtime.runner import Runner  # noqa: E402
 
 
 def main() -> None:
@@ -60,57 +50,62 @@ def main() -> None:
         p.error("give examples/train_gpt.py's --config (a found configuration) after --")
     ds_config = train_gpt.apply_found(args, train_gpt.read_config(args.config), args.config)
     ds_config, cfg = envpipe_config.split(ds_config)
-    cfg = dataclasses.replace(cfg, report_dir=args.report_dir)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    stages, _ = replicas.pipeline_shape(world, cfg.pipeline_stages)
+    # the plan alone: no interleaved 1F1B comparison iterations
+    cfg = dataclasses.replace(cfg, report_dir=args.report_dir, compare_iterations=0)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    stages, dp = replicas.pipeline_shape(world, cfg.pipeline_stages)
     train_gpt.check_stage_layers(args, stages)
     on_gpu = train_gpt.uses_gpu()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    clock = make_clock(cfg, Device(on_gpu, local, replica=rank % dp))
     distributed.init_distributed(on_gpu)
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", local) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     assert cfg.plan is not None, "a found configuration carries its plan"
-    with AllocationWindows(device) as probe, probe.window("train"):
-        engine = train_gpt.build_engine(args, ds_config, "envpipe", stages)
-        engine.set_unit_orders(Plan.load(cfg.plan).orders())
-        data = train_gpt.tokens(args, engine.device)
-        for _ in range(bench.memory_iterations):
-            engine.train_batch(data)
-    where = replicas.place(engine)
-    peaks = replicas.gather((where.stage, probe.peak("train")))
-    clock = make_clock(cfg, Device(on_gpu, device.index or 0, engine.grid.get_data_parallel_id()))
     try:
-        summary, _ = train_gpt.run_envpipe(engine, data, cfg, clock, engine.train_batch_size(), args.steps,
-                                           args.calibration_steps)
+        with AllocationWindows(device) as probe, probe.window("train"):
+            engine = train_gpt.build_engine(args, ds_config, "envpipe", stages)
+            engine.set_unit_orders(Plan.load(cfg.plan).orders())
+            data = train_gpt.tokens(args, engine.device)
+            for _ in range(bench.memory_iterations):
+                engine.train_batch(data)
+        peaks = collective.gather((engine.stage_id, probe.peak("train")))
+        summary = Runner(engine, cfg, clock, engine.train_batch_size()).train(data, args.steps,
+                                                                              args.calibration_steps)
     finally:
         if clock is not None:
             clock.close()  # back to default clocks
-    if tdist.get_rank() == 0:
-        assert summary is not None
-        times = steady_times(Path(args.report_dir))
-        found = json.loads(Path(args.config).read_text())["envpipe_search"]
-        result = {
-            "config": args.config,
-            "shape": {"stages": stages, "replicas": world // stages, "micro_batch": args.micro_batch,
-                      "microbatches": args.microbatches, "stage_layers": args.stage_layers},
-            "predicted": found["predicted"],
-            "predicted_label": found["label"],
-            "measured": {
-                "label": f"measured on {torch.cuda.get_device_name(device) if on_gpu else 'cpu'}",
-                "iteration_time_s": statistics.median(times),
-                "iteration_time_least_s": min(times),
-                "iterations": len(times),
-                "peak_memory_bytes_per_stage": [max(b for s, b in peaks if s == stage) for stage in range(stages)],
-                "memory_probe": "torch.cuda allocator peak" if on_gpu else "torch CPU allocator peak (profiler "
-                                "memory events)",
-                "runtime_predicted_iteration_time_s": summary.get("predicted_iteration_time_s"),
-                "calibration": summary.get("calibration"),
-            },
-        }
-        Path(bench.out).write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps({"predicted_s": found["predicted"]["iteration_time_s"], "measured_s": statistics.median(times),
-                          "peaks": result["measured"]["peak_memory_bytes_per_stage"],
-                          "predicted_peaks": found["predicted"]["peak_memory_bytes_per_stage"]}))
+    if summary is None:
+        return
+    found = train_gpt.read_config(args.config)["envpipe_search"]
+    ran = "plan" if summary.plan is not None and summary.plan.deployed else "baseline"
+    result = {
+        "config": args.config,
+        "shape": {"stages": stages, "replicas": dp, "micro_batch": args.micro_batch,
+                  "microbatches": args.microbatches, "stage_layers": args.stage_layers},
+        "predicted": found["predicted"],
+        "predicted_label": found["label"],
+        "measured": {
+            "label": f"measured on {torch.cuda.get_device_name(device) if on_gpu else 'cpu'}, clock "
+                     f"{summary.clock.kind}",
+            "ran": ran,  # the plan (clocks under control), or 1F1B at default clocks (the plan reported only)
+            "iteration_time_s": summary.steady.time_s.median,
+            "iteration_time_least_s": summary.steady.time_s.min,
+            "iterations": summary.steady.time_s.n,
+            "peak_memory_bytes_per_stage": [max(b for s, b in peaks if s == stage) for stage in range(stages)],
+            "memory_probe": "torch.cuda allocator peak" if on_gpu else "torch CPU allocator peak (profiler "
+                            "memory events)",
+            "runtime_predicted_iteration_time_s": summary.predicted_iteration_time_s,
+            "calibration": dataclasses.asdict(summary.calibration) if summary.calibration else None,
+        },
+    }
+    Path(bench.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"ran": ran, "predicted_s": found["predicted"]["iteration_time_s" if ran == "plan" else
+                                                                   "baseline_iteration_time_s"],
+                      "measured_s": summary.steady.time_s.median,
+                      "peaks": result["measured"]["peak_memory_bytes_per_stage"],
+                      "predicted_peaks": found["predicted"]["peak_memory_bytes_per_stage"]}))
 
 
 if __name__ == "__main__":

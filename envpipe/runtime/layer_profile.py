@@ -1,15 +1,15 @@
 """Per-layer profiler: forward/backward time and memory of every pipeline layer, per micro-batch size.
 
 Measures the layers exactly as the training job builds them (the caller hands over the same layer
-builders DeepSpeed's PipelineModule gets) and writes an `envpipe.search.layers.LayerProfile`. It lives
+builders DeepSpeed's PipelineModule gets) and writes an `envpipe.search.layers.LayerProfile`. On CPU the
+device is the runtime's simulated GPU (``UnitTimer``): its unit times are the sim clock's. It lives
 in envpipe.runtime, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
 importable where only the planner is installed.
 
 One layer is built at a time (a model larger than one device can still be profiled); each layer's input
 is the previous layer's real output, so shapes and dtypes are the training job's. Per micro-batch size:
-warm-up units, then ``reps`` timed forward and backward units (the device is synchronized around each;
-on GPUs their median, on CPU their least: other processes share the cores, and the least is the layer's
-cost without them), then one unit under the allocation probe (``AllocationWindows``). Per layer also one
+warm-up units, then ``reps`` timed forward and backward units (their median; the device is synchronized
+around each), then one unit under the allocation probe (``AllocationWindows``). Per layer also one
 optimizer step as DeepSpeed takes it: torch AdamW on the fp32 weights (fp32), or on fp32 master
 copies with the gradient cast and the weights copied back (bf16, DeepSpeed's BF16_Optimizer).
 
@@ -31,6 +31,7 @@ import torch
 
 from envpipe.profile import FrequencyModel
 from envpipe.profile.gpus import GPU_FILTERS
+from envpipe.runtime.config import EnvPipeConfig
 from envpipe.search.layers import Layer, LayerCost, LayerProfile, ModelShape
 
 _WINDOW = "envpipe.window."
@@ -103,14 +104,18 @@ class Target:
 
 def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: torch.device, dtype: str,
                    reps: int = 10, warmup: int = 3, idle_seconds: float = 2.0,
-                   progress: Callable[[str], None] | None = None) -> LayerProfile:
-    """Measure every layer of ``target`` at every micro-batch size (clocks untouched)."""
+                   progress: Callable[[str], None] | None = None,
+                   sim_dilation: float = EnvPipeConfig.sim_dilation) -> LayerProfile:
+    """Measure every layer of ``target`` at every micro-batch size (clocks untouched). On CPU the times are the
+    runtime's simulated GPU's, with the job's ``sim_dilation`` (envpipe.sim_dilation)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if sim_dilation < 1:
+        raise ValueError(f"the sim dilation must be >= 1, got {sim_dilation}")
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1 or reps < 1 or warmup < 0:
         raise ValueError("micro-batch sizes must be positive, reps >= 1 and warm-up >= 0")
-    stat: Callable[[list[float]], float] = statistics.median if device.type == "cuda" else min
+    timer = UnitTimer(device, None if device.type == "cuda" else sim_dilation)
     power = _PowerMeter(device, idle_seconds)
     batches = {b: target.batch(b, device) for b in sizes}
     # floating inputs in the training dtype, as DeepSpeed loads them on the first stage
@@ -121,7 +126,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
         for i, build in enumerate(target.layers):
             module = build().to(device=device, dtype=DTYPES[dtype])
             loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
-            layer, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, stat)
+            layer, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, timer)
             layers.append(layer)
             if progress:
                 progress(f"layer {i + 1}/{len(target.layers)} ({layer.name}) measured")
@@ -130,7 +135,8 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     gpu, measured_mhz, clock_label = _clocks(device)
     return LayerProfile(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        cpu_threads=None if device.type == "cuda" else torch.get_num_threads(), dtype=dtype,
+        cpu_threads=None if device.type == "cuda" else torch.get_num_threads(), sim_dilation=timer.dilation,
+        dtype=dtype,
         date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
         clock_model=FrequencyModel.default().name, clock_label=clock_label, busy_power_w=busy_w,
         idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers))
@@ -138,13 +144,12 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
 
 def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
                    loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device, dtype: str,
-                   reps: int, warmup: int, stat: Callable[[list[float]], float]
-                   ) -> tuple[Layer, dict[int, torch.Tensor]]:
+                   reps: int, warmup: int, timer: UnitTimer) -> tuple[Layer, dict[int, torch.Tensor]]:
     """One layer at every micro-batch size (``inputs``: size -> its input); returns it and its outputs."""
     units = {b: _Unit(module, x, b, loss, device, dtype == "bf16") for b, x in inputs.items()}
-    times = {b: unit.time(reps, warmup, stat) for b, unit in units.items()}
+    times = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
     optimizer = _Optimizer(module, dtype, device)
-    step_s = stat(optimizer.time(reps))
+    step_s = optimizer.time(reps)
     with AllocationWindows(device) as probe:  # one allocation probe per layer: all its windows
         outputs = {b: unit.probe(probe, str(b)) for b, unit in units.items()}
         with probe.window("step"):
@@ -162,12 +167,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(device: torch.device, fn: Callable[[], object]) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
+@dataclass(frozen=True)
+class UnitTimer:
+    """What a unit's time is on the device the job runs on. GPU: its wall time (synchronized). CPU: the
+    runtime's simulated GPU (envpipe.runtime.clocks.SimClock), which takes ``dilation`` times the unit's CPU
+    work (the thread's CPU time, which other processes on the cores do not inflate; the wall time when
+    torch computes with several threads), as the sim clock does in the job."""
+
+    device: torch.device
+    dilation: float | None  # CPU only
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        _sync(self.device)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        fn()
+        _sync(self.device)
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        if self.dilation is None:
+            return wall
+        return self.dilation * (cpu if torch.get_num_threads() == 1 else wall)
+
+
+def _wall(device: torch.device, fn: Callable[[], object]) -> float:
+    return UnitTimer(device, None)(fn)
 
 
 class _Unit:
@@ -201,17 +223,17 @@ class _Unit:
             torch._foreach_add_(self.buffer, grads)
         self.x.grad = None
 
-    def time(self, reps: int, warmup: int, stat: Callable[[list[float]], float]) -> tuple[float, float]:
-        """Forward and backward seconds (``stat`` of ``reps`` units) after ``warmup`` units."""
+    def time(self, reps: int, warmup: int, timer: UnitTimer) -> tuple[float, float]:
+        """Median forward and backward seconds of ``reps`` units after ``warmup`` units."""
         for _ in range(warmup):
             self.backward(self.forward()[1])
         fwd, bwd = [], []
         held: list[torch.Tensor] = []  # the forward's (output, root), for the backward
         for _ in range(reps):
-            fwd.append(_timed(self.device, lambda: held.extend(self.forward())))
-            bwd.append(_timed(self.device, lambda: self.backward(held[-1])))
+            fwd.append(timer(lambda: held.extend(self.forward())))
+            bwd.append(timer(lambda: self.backward(held[-1])))
             held.clear()
-        return stat(fwd), stat(bwd)
+        return statistics.median(fwd), statistics.median(bwd)
 
     def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
         """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""
@@ -250,8 +272,9 @@ class _Optimizer:
                 for m, p in zip(self.master, self.params, strict=True):
                     p.copy_(m)
 
-    def time(self, reps: int) -> list[float]:
-        return [_timed(self.device, self.step) for _ in range(reps)] if self.opt else [0.0]
+    def time(self, reps: int) -> float:
+        """Median wall seconds of a step: not a unit, the simulated GPU does not stretch it either."""
+        return statistics.median(_wall(self.device, self.step) for _ in range(reps)) if self.opt else 0.0
 
     def state_bytes(self) -> int:
         """The optimizer's state (AdamW moments) and, for bf16, the fp32 master weights."""
@@ -306,8 +329,8 @@ def _clocks(device: torch.device) -> tuple[str, int | None, str]:
     """(candidate-clock rule, the clock the times stand for, label)."""
     model = FrequencyModel.default()
     if device.type != "cuda":
-        return ("a100", None, f"CPU: times stand for the simulated GPU's highest clock ({model.max_mhz} MHz); "
-                "other clocks simulated by the frequency model")
+        return ("a100", None, f"CPU: the runtime's simulated GPU (sim_dilation x each unit's CPU work) at its "
+                f"highest clock ({model.max_mhz} MHz); other clocks simulated by the frequency model")
     name = torch.cuda.get_device_name(device).lower()
     gpu = next((key for key in GPU_FILTERS if key in name), "all")
     top = GPU_FILTERS[gpu].max_mhz if gpu in GPU_FILTERS else None

@@ -47,6 +47,8 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
     if layers.dtype == "bf16":
         config["bf16"] = {"enabled": True}
     config["envpipe"] = {"pipeline_stages": shape.stages, "plan": plan_file}
+    if layers.sim_dilation is not None:  # CPU: the simulated GPU the profile measured
+        config["envpipe"]["sim_dilation"] = layers.sim_dilation
     config["envpipe_search"] = {
         "version": FOUND_VERSION,
         "model": {"family": layers.model.family, "layers": layers.model.layers, "hidden": layers.model.hidden,
@@ -66,6 +68,7 @@ def predicted(candidate: Candidate) -> dict[str, Any]:
     """What the search predicts for a configuration (all simulated)."""
     return {
         "iteration_time_s": candidate.iteration_time_s,
+        "baseline_iteration_time_s": candidate.pipeline.baseline_time_s,  # 1F1B, every unit at the top clock
         "throughput_samples_per_s": candidate.throughput(),
         "energy_per_iteration_j": candidate.energy_j,
         "baseline_energy_per_iteration_j": candidate.baseline_energy_j,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .deepspeed_cmd import SSH_CLIENT_OPTS
-from .job import JobSpec
+from .job import DEFAULT_MASTER_PORT, JobSpec
+from .kube_syntax import escape_expansion
 
 LABEL = "envpipe.io/job"
 ROLE = "envpipe.io/role"
@@ -106,7 +107,7 @@ class KubeJob:
             "--master_addr",
             master,
             "--master_port",
-            str(self.spec.master_port),
+            str(self.spec.master_port or DEFAULT_MASTER_PORT),  # a pod's network is its own: free there
             *extra,
             self.spec.script,
             *self.spec.script_args,
@@ -134,7 +135,7 @@ class KubeJob:
         ]
         for pair in self.spec.env:
             key, _, value = pair.partition("=")
-            env.append({"name": key, "value": value})
+            env.append({"name": key, "value": escape_expansion(value)})
         return env
 
     def worker_pod(self, i: int, owner: str | None) -> Obj:
@@ -150,7 +151,7 @@ class KubeJob:
         container: Obj = {
             "name": "worker",
             "image": self.image,
-            "command": ["/bin/sh", "-c", cmd],
+            "command": ["/bin/sh", "-c", escape_expansion(cmd)],  # literal $(VAR) and $$
             "env": self._env(),
             "volumeMounts": mounts,
             "ports": [{"name": "ssh", "containerPort": self.spec.ssh_port}],
@@ -188,7 +189,7 @@ class KubeJob:
                     {
                         "name": "launcher",
                         "image": self.image,
-                        "command": ["/bin/sh", "-c", cmd],
+                        "command": ["/bin/sh", "-c", escape_expansion(cmd)],  # literal $(VAR) and $$
                         "env": [*self._env(), {"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}],
                         "volumeMounts": mounts,
                     }

@@ -161,7 +161,7 @@ def test_throughput_objective_ranks_by_time(everything) -> None:
 
 
 def test_iterations_too_large_for_the_planner_keep_the_baseline(everything) -> None:
-    profile, hw, planned = everything
+    profile, hw, _ = everything
     result = search(profile, hw, 16, Objective("throughput"), top_k=100, max_plan_units=16)
     for c in result.candidates:
         small = 2 * c.shape.stages * c.shape.microbatches <= 16
