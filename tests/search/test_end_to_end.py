@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from envpipe.cli import main
+from envpipe.runtime.summary import RunSummary
 from envpipe.search.cluster import GIB
 from envpipe.search.cut import bottleneck_cut
 from envpipe.search.evaluate import in_flight
@@ -65,12 +66,12 @@ def test_profile_search_train_two_stages(tmp_path: Path) -> None:
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     cut = config["envpipe_search"]["stage_layers"]
     assert f"stage=0 layers={cut[0]} stage=1 layers={cut[1]}" in train.stdout  # DeepSpeed was given the cut
-    summary = json.loads((report / "summary.json").read_text())
-    assert summary["stages"] == 2 and summary["microbatches"] == 2
-    assert summary["plan_file"] == str(out / "found.plan.json")
+    summary = RunSummary.load(report / "summary.json")
+    assert (summary.stages, summary.microbatches, summary.data_parallel) == (2, 2, 1)
     plan = json.loads((out / "found.plan.json").read_text())
-    assert summary["orders"] == [[f"{u['kind']}{u['mb']}" for u in units] for units in plan["stages"]]
-    assert summary["clocks"] == [[u["freq_mhz"] for u in units] for units in plan["stages"]]
+    assert summary.plan is not None and summary.plan.deployed and "found.plan.json" in summary.plan.source
+    assert summary.plan.orders == [[f"{u['kind']}{u['mb']}" for u in units] for units in plan["stages"]]
+    assert summary.plan.clocks == [[u["freq_mhz"] for u in units] for units in plan["stages"]]
 
 
 @pytest.mark.slow
