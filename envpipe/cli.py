@@ -10,6 +10,7 @@ import numpy as np
 from envpipe.cli_optimal import OptimalArgs, optimal_options, run_optimal
 from envpipe.plan.dag import ScheduleError
 from envpipe.plan.gantt import draw_gantt
+from envpipe.plan.memory import StageMemory, describe_peaks, parse_bytes
 from envpipe.plan.planfile import Plan, PlanError, baseline_timeline, evaluate_plan
 from envpipe.plan.planner import make_plan
 from envpipe.plan.policies import POLICIES
@@ -84,6 +85,41 @@ def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> float
     return times[0] if len(times) == 1 else np.array(times)
 
 
+def _byte_amounts(ctx: click.Context, param: click.Parameter, value: str | None) -> int | list[int] | None:
+    """One amount of bytes for every stage (an int), or one per stage (a list)."""
+    if value is None:
+        return None
+    try:
+        amounts = [parse_bytes(v) for v in value.split(",")]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return amounts[0] if len(amounts) == 1 else amounts
+
+
+def _stage_memory(profile: Profile, activation: int | list[int] | None, available: int | list[int] | None
+                  ) -> StageMemory | None:
+    if activation is None and available is None:
+        return None
+    if activation is None or available is None:
+        raise click.UsageError("--activation-bytes and --memory-available go together (bytes per in-flight "
+                               "micro-batch, and bytes a stage has for them)")
+    try:
+        return StageMemory.per_stage(profile.num_stages, activation, available)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+memory_options = [
+    click.option("--activation-bytes", callback=_byte_amounts, default=None,
+                 help="bytes of activations one in-flight micro-batch keeps on a stage until its backward "
+                      "(e.g. 1.5GiB; SI and binary suffixes): one number, or one per stage separated by commas"),
+    click.option("--memory-available", callback=_byte_amounts, default=None,
+                 help="bytes a stage has for in-flight activations: the GPU memory limit minus weights, "
+                      "gradients, optimizer state and workspace; one number or one per stage. Orders that do "
+                      "not fit are not used (EnvPipe's extra warm-up forwards are capped), and the plan "
+                      "reports each stage's peak"),
+]
+
 tail_option = click.option(
     "--tail-time", default="0", show_default=True, callback=_tail_times,
     help="seconds each stage works after its last unit (gradient all-reduce, optimizer step): "
@@ -103,8 +139,8 @@ tail_option = click.option(
               help="candidate-clock filter (EnvPipe's per-GPU rule; 'all' = every clock in the profile)")
 @transfer_option
 @tail_option
-@click.option("--memory-cap", type=click.IntRange(min=0), default=None,
-              help="most extra warm-up micro-batches of activations a stage can hold")
+@memory_options[0]
+@memory_options[1]
 @click.option("--threshold-scale", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
               help="reconfiguration threshold = scale x smallest last-stage recv stall")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the plan JSON here")
@@ -113,7 +149,8 @@ tail_option = click.option(
 @optimal_options
 def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
          idle_power: float | None, gpu: str, transfer_time: float, tail_time: float | np.ndarray,
-         memory_cap: int | None, threshold_scale: float, out: str | None, text: bool, gantt: str | None,
+         activation_bytes: int | list[int] | None, memory_available: int | list[int] | None,
+         threshold_scale: float, out: str | None, text: bool, gantt: str | None,
          max_slowdown: float | None, time_budget: float | None, frontier_csv: str | None,
          frontier_points: int) -> None:
     """Plan clocks for one iteration and show the predicted time and energy."""
@@ -121,16 +158,18 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
     watts = _idle_power(idle_power, gpu)
     if gantt and Path(gantt).suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("must end in .png or .svg", param_hint="--gantt")
+    profile = _load_or_fail(profile_path, stages)
+    memory = _stage_memory(profile, activation_bytes, memory_available)
     if policy == "optimal":
-        run_optimal(_load_or_fail(profile_path, stages), microbatches, schedule, watts, transfer_time, memory_cap,
+        run_optimal(profile, microbatches, schedule, watts, transfer_time, memory,
                     OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail_time)
         return
     if (max_slowdown, time_budget, frontier_csv) != (None, None, None):
         raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
     try:
-        result = make_plan(_load(profile_path, stages), microbatches, schedule=schedule, policy=policy,
+        result = make_plan(profile, microbatches, schedule=schedule, policy=policy,
                            reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,
-                           memory_cap=memory_cap, threshold_scale=threshold_scale, tail_s=tail_time)
+                           memory=memory, threshold_scale=threshold_scale, tail_s=tail_time)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     p = result.plan
@@ -143,6 +182,8 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
                    f"({result.reconfig.stop_reason})")
     if text:
         click.echo(text_trace(result.timeline, result.reconfig.freqs_mhz))
+    if p.peak_memory_bytes is not None:
+        click.echo(describe_peaks(p.peak_memory_bytes))
     click.echo(summary_table(result.timeline, result.baseline, "simulated on the measured profile:"))
     if out:
         p.save(out)

@@ -13,6 +13,7 @@ import numpy as np
 from envpipe.plan.frontier import frontier, write_frontier
 from envpipe.plan.gantt import draw_gantt
 from envpipe.plan.lp import InfeasibleBudget
+from envpipe.plan.memory import StageMemory, describe_peaks
 from envpipe.plan.optimal import OptimalResult, optimal_plan
 from envpipe.plan.planfile import baseline_timeline
 from envpipe.plan.render import summary_table, text_trace
@@ -46,17 +47,17 @@ class OptimalArgs:
 
 
 def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
+                memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
     """``tail_s``: each stage's work after its last unit (one number or one per stage), as in make_plan."""
     if args.frontier_csv is not None:
         if args.max_slowdown is not None or args.time_budget is not None:
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
-        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory_cap, args, tail_s)
+        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory, args, tail_s)
         return
     try:
         result = optimal_plan(profile, microbatches, idle_power_w=watts, schedule=schedule,
                               time_budget_s=args.time_budget, max_slowdown=args.max_slowdown,
-                              transfer_s=transfer_s, memory_cap=memory_cap, tail_s=tail_s)
+                              transfer_s=transfer_s, memory=memory, tail_s=tail_s)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     p = result.plan
@@ -69,6 +70,8 @@ def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float
                                                      " (EnvPipe warm-up counts saved more)"))
     if result.lp_energy is not None:
         click.echo(f"LP lower bound for this order: {result.lp_energy:.1f} J")
+    if p.peak_memory_bytes is not None:
+        click.echo(describe_peaks(p.peak_memory_bytes))
     freqs = _freqs(result)
     if args.text:
         click.echo(text_trace(result.timeline, freqs))
@@ -93,11 +96,11 @@ def _freqs(result: OptimalResult) -> np.ndarray:
 
 
 def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                  memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
+                  memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
     assert args.frontier_csv is not None
     try:
         points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule, points=args.frontier_points,
-                          transfer_s=transfer_s, memory_cap=memory_cap, tail_s=tail_s)
+                          transfer_s=transfer_s, memory=memory, tail_s=tail_s)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     base = baseline_timeline(profile, microbatches, watts, transfer_s, tail_s)

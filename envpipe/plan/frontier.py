@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from envpipe.plan.memory import StageMemory
 from envpipe.plan.optimal import ClockProblem, build_problem, candidate_orders, solve
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
 from envpipe.plan.simulate import Timeline
@@ -38,15 +39,15 @@ class FrontierPoint:
 
 
 def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
-             points: int = 20, transfer_s: float = 0.0, memory_cap: int | None = None,
+             points: int = 20, transfer_s: float = 0.0, memory: StageMemory | None = None,
              tail_s: float | np.ndarray = 0.0) -> list[FrontierPoint]:
     """``points`` plans, fastest first, on the best of the candidate orders at each budget
-    (``tail_s``: per-stage work after the last unit, as in optimal_plan)."""
+    (``tail_s``: per-stage work after the last unit; ``memory``: only orders that fit; as in optimal_plan)."""
     if points < 2:
         raise ValueError("a frontier needs at least 2 points")
     baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
-    problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s))
-                for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap)]
+    problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s, memory))
+                for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory)]
     lo = min(p.fastest_time() for _, p in problems)
     slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
     # past the least-energy plan's time, more time only adds idle energy: end the sweep there
@@ -56,7 +57,8 @@ def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, sc
         best = _best_at(problems, float(budget))
         tl, option, problem, r = best
         point = FrontierPoint(float(budget), tl,
-                              plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline), r)
+                              plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline,
+                                                 problem.peak_memory_bytes), r)
         if result and result[-1].energy_j <= point.energy_j:
             prev = result[-1]
             point = FrontierPoint(float(budget), prev.timeline, prev.plan, prev.reschedule)

@@ -33,6 +33,7 @@ import numpy as np
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.lp import Edges, InfeasibleBudget, dag_edges, solve_relaxation
+from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.menus import UnitMenus, unit_menus
 from envpipe.plan.milp import MilpTimeout, solve_milp
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
@@ -63,12 +64,13 @@ class ClockProblem:
     profile: Profile
     idle_power_w: float
     transfer_s: float
+    peak_memory_bytes: list[int] | None = None  # per stage, when the order was checked against a memory model
 
     @classmethod
     def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
-              tail_s: float | np.ndarray = 0.0) -> ClockProblem:
+              tail_s: float | np.ndarray = 0.0, peak_memory_bytes: list[int] | None = None) -> ClockProblem:
         return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s, tail_s), profile,
-                   idle_power_w, transfer_s)
+                   idle_power_w, transfer_s, peak_memory_bytes)
 
     @property
     def tail(self) -> np.ndarray:
@@ -252,6 +254,7 @@ class OptimalResult:
     baseline: Timeline
     budget_s: float
     reschedule: list[int]  # extra warm-up forwards per stage of the chosen order (all 0: plain 1F1B)
+    peak_memory_bytes: list[int] | None  # per stage, the chosen order's peak activation bytes (memory given)
     tried: list[tuple[list[int], float | None]]  # every order tried: (r_s, energy or None if infeasible)
     lp_energy: float | None  # LP lower bound for the chosen order (None on very large DAGs: coarse hull)
 
@@ -271,34 +274,42 @@ def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slow
 
 
 def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
-                     transfer_s: float = 0.0, memory_cap: int | None = None) -> list[list[int]]:
+                     transfer_s: float = 0.0, memory: StageMemory | None = None) -> list[list[int]]:
     """Warm-up counts to try: EnvPipe's r_s from the valley clocks of its envelope policy and of its uniform
-    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates."""
+    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates.
+    With ``memory``, r_s is capped so that every stage's in-flight activations fit."""
     S, M = profile.num_stages, num_microbatches
     if schedule != "envpipe":
         return [[0] * S]
     freqs = [int(f) for f in profile.freqs]
+    caps = None if memory is None else warmup_caps(memory, S)
     orders: list[list[int]] = []
     for sweep_last_stage in (False, True):
         valley = valley_clocks(profile, freqs, M, idle_power_w, sweep_last_stage, transfer_s)
         fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
-        r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, memory_cap)
+        r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, caps)
         if any(r) and r not in orders:
             orders.append(r)
     return [*orders, [0] * S]
 
 
 def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
-                  idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0) -> ClockProblem:
-    dag = PipelineDag.from_orders(build_schedule(schedule, profile.num_stages, num_microbatches, reschedule),
-                                  num_microbatches)
-    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s)
+                  idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0,
+                  memory: StageMemory | None = None) -> ClockProblem:
+    """The clock problem of one order; with ``memory`` the order must fit (MemoryLimitError otherwise)."""
+    orders = build_schedule(schedule, profile.num_stages, num_microbatches, reschedule)
+    peak = None if memory is None else memory.check(orders, schedule)
+    dag = PipelineDag.from_orders(orders, num_microbatches)
+    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s, peak)
 
 
 def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
                  time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
-                 memory_cap: int | None = None, tail_s: float | np.ndarray = 0.0) -> OptimalResult:
+                 memory: StageMemory | None = None, tail_s: float | np.ndarray = 0.0) -> OptimalResult:
     """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown).
+
+    ``memory``: activation bytes per in-flight micro-batch and bytes available per stage; only orders that
+    fit are tried (MemoryLimitError if none does), and the plan reports its per-stage peak bytes.
 
     ``tail_s``: each stage's work after its last unit (one number or one per stage); the iteration,
     and so the budget, ends when every stage has finished its tail, as in envpipe.plan.simulate.
@@ -314,8 +325,8 @@ def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float
     tried: list[tuple[list[int], float | None]] = []
     best: tuple[Solution, ClockProblem, list[int]] | None = None
     errors = []
-    for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap):
-        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s)
+    for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory):
+        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s, memory)
         try:
             sol = solve(problem, budget)
         except InfeasibleBudget as exc:
@@ -328,5 +339,6 @@ def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float
     if best is None:
         raise InfeasibleBudget(errors[-1])
     sol, problem, r = best
-    plan = plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline)
-    return OptimalResult(plan, sol.timeline, baseline, budget, r, tried, sol.lp_energy)
+    plan = plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline,
+                              problem.peak_memory_bytes)
+    return OptimalResult(plan, sol.timeline, baseline, budget, r, problem.peak_memory_bytes, tried, sol.lp_energy)

@@ -4,6 +4,9 @@
  "stages": [[{"kind": "F", "mb": 0, "freq_mhz": 1410}, ...], ...],
  "predicted": {"iteration_time_s": T, "energy_j": E, "baseline_time_s": T0, "baseline_energy_j": E0},
  "critical_path": [[stage, "F", mb], ...]}
+
+Optional, still version 1: "predicted" may hold "peak_memory_bytes": [per stage] (activation bytes at the
+stage's peak, written when the plan was made with a memory model); readers that do not know it skip it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ PLAN_VERSION = 1
 _TOP_KEYS = {"version", "num_stages", "num_microbatches", "schedule", "policy", "stages", "predicted",
              "critical_path"}
 _PREDICTED_KEYS = ("iteration_time_s", "energy_j", "baseline_time_s", "baseline_energy_j")
+_PEAK_MEMORY = "peak_memory_bytes"  # optional per-stage list inside "predicted"
 
 
 class PlanError(ValueError):
@@ -48,6 +52,7 @@ class Plan:
     stages: list[list[PlannedUnit]]
     predicted: dict[str, float] = field(default_factory=dict)
     critical_path: list[tuple[int, str, int]] = field(default_factory=list)
+    peak_memory_bytes: list[int] | None = None  # per stage, when planned with a memory model
 
     def orders(self) -> list[list[Unit]]:
         return [[(u.kind, u.mb) for u in units] for units in self.stages]
@@ -61,7 +66,8 @@ class Plan:
             "policy": self.policy,
             "stages": [[{"kind": u.kind, "mb": u.mb, "freq_mhz": u.freq_mhz} for u in units]
                        for units in self.stages],
-            "predicted": dict(self.predicted),
+            "predicted": {**self.predicted,
+                          **({} if self.peak_memory_bytes is None else {_PEAK_MEMORY: list(self.peak_memory_bytes)})},
             "critical_path": [[s, k, m] for s, k, m in self.critical_path],
         }
 
@@ -109,6 +115,9 @@ class Plan:
         stages = [[_unit(s, i, u) for i, u in enumerate(units)] if isinstance(units, list)
                   else _fail(f"stage {s} is not a list") for s, units in enumerate(stages_raw)]
         predicted = data.get("predicted", {})
+        peak = _peak_memory(predicted, S)
+        if isinstance(predicted, dict):
+            predicted = {k: v for k, v in predicted.items() if k != _PEAK_MEMORY}
         if not isinstance(predicted, dict) or any(
             not isinstance(v, int | float) or isinstance(v, bool) for v in predicted.values()):
             raise PlanError("'predicted' must map names to numbers")
@@ -121,7 +130,17 @@ class Plan:
             if not isinstance(data.get(key), str):
                 raise PlanError(f"'{key}' must be a string")
         return cls(S, M, data["schedule"], data["policy"], stages, {k: float(v) for k, v in predicted.items()},
-                   [(p[0], p[1], p[2]) for p in path])
+                   [(p[0], p[1], p[2]) for p in path], peak)
+
+
+def _peak_memory(predicted: Any, num_stages: int) -> list[int] | None:
+    if not isinstance(predicted, dict) or _PEAK_MEMORY not in predicted:
+        return None
+    peak = predicted[_PEAK_MEMORY]
+    if not isinstance(peak, list) or len(peak) != num_stages or any(
+            not isinstance(b, int) or isinstance(b, bool) or b < 0 for b in peak):
+        raise PlanError(f"'predicted.{_PEAK_MEMORY}' must be a list of {num_stages} whole numbers >= 0")
+    return list(peak)
 
 
 def _fail(message: str) -> list[PlannedUnit]:
@@ -186,8 +205,9 @@ def baseline_timeline(profile: Profile, num_microbatches: int, idle_power_w: flo
 
 
 def plan_from_timeline(timeline: Timeline, freqs_mhz: np.ndarray, schedule: str, policy: str,
-                       baseline: Timeline) -> Plan:
-    """Freeze a simulated assignment (per-unit clocks in MHz) into a Plan with its predictions."""
+                       baseline: Timeline, peak_memory_bytes: list[int] | None = None) -> Plan:
+    """Freeze a simulated assignment (per-unit clocks in MHz) into a Plan with its predictions (and the
+    per-stage peak activation bytes when a memory model was given)."""
     dag = timeline.dag
     stages = [[PlannedUnit(*dag.unit(i)[1:], int(freqs_mhz[i])) for i in ids] for ids in dag.order]
     predicted = {
@@ -198,4 +218,4 @@ def plan_from_timeline(timeline: Timeline, freqs_mhz: np.ndarray, schedule: str,
     }
     assert set(predicted) == set(_PREDICTED_KEYS)
     return Plan(dag.num_stages, dag.num_microbatches, schedule, policy, stages, predicted,
-                [dag.unit(i) for i in timeline.critical_path()])
+                [dag.unit(i) for i in timeline.critical_path()], peak_memory_bytes)

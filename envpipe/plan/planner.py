@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline, unit_costs
 from envpipe.plan.policies import POLICIES, initial_clocks, valley_clocks
 from envpipe.plan.reconfig import RECONFIGS, ReconfigResult, reconfigure
@@ -37,13 +38,15 @@ def make_plan(
     idle_power_w: float,
     gpu: str = "all",
     transfer_s: float = 0.0,
-    memory_cap: int | None = None,
+    memory: StageMemory | None = None,
     threshold_scale: float = 4.0,
     tail_s: float | np.ndarray | list[float] = 0.0,
 ) -> PlanResult:
     """Plan one iteration of ``profile``'s pipeline with EnvPipe's method.
 
-    ``memory_cap``: the most extra warm-up micro-batches of activations a stage can hold (None: no cap).
+    ``memory``: activation bytes per in-flight micro-batch and bytes available per stage (None: no limit);
+    EnvPipe's extra warm-up forwards are capped by it, an order that does not fit is a MemoryLimitError,
+    and the plan reports each stage's peak activation bytes.
     ``tail_s``: each stage's work after its last unit (gradient all-reduce, optimizer step), one number or
     one per stage; it is part of every simulated iteration (valley sweep, reconfiguration, baseline).
     """
@@ -69,8 +72,10 @@ def make_plan(
     if schedule == "envpipe" and policy != "baseline":
         bwd_max = [profile.bwd_time[s, 0] for s in range(S)]
         fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
-        reschedule = reschedule_counts(bwd_max, fwd_opt, M, memory_cap)
-    dag = PipelineDag.from_orders(build_schedule(schedule, S, M, reschedule), M)
+        reschedule = reschedule_counts(bwd_max, fwd_opt, M, None if memory is None else warmup_caps(memory, S))
+    orders = build_schedule(schedule, S, M, reschedule)
+    peak_bytes = None if memory is None else memory.check(orders, schedule)
+    dag = PipelineDag.from_orders(orders, M)
     clock_index = np.zeros(profile.f_max + 1, int)  # MHz -> column of the profile
     clock_index[profile.freqs] = np.arange(profile.freqs.size)
 
@@ -83,5 +88,5 @@ def make_plan(
     result = reconfigure(dag, start, profile.freqs, simulate_freqs, method, threshold_scale)
     baseline = baseline_timeline(profile, M, idle_power_w, transfer_s, tail)
     name = policy if method == "default" else f"{policy}+{method}"
-    plan = plan_from_timeline(result.timeline, result.freqs_mhz, schedule, name, baseline)
+    plan = plan_from_timeline(result.timeline, result.freqs_mhz, schedule, name, baseline, peak_bytes)
     return PlanResult(plan, result.timeline, baseline, candidates, valley, reschedule, result)
