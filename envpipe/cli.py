@@ -16,7 +16,7 @@ from envpipe.plan.planner import make_plan
 from envpipe.plan.policies import POLICIES
 from envpipe.plan.reconfig import RECONFIGS
 from envpipe.plan.render import summary_table, text_trace
-from envpipe.plan.schedules import SCHEDULES
+from envpipe.plan.schedules import CHUNKED, SCHEDULES
 from envpipe.profile import Profile, ProfileError, load_profile
 from envpipe.profile.gpus import GPU_NAMES, IDLE_POWER_W
 
@@ -31,7 +31,10 @@ def _load_or_fail(profile_path: str, stages: int | None) -> Profile:
 
 
 def _load(profile_path: str, stages: int | None) -> Profile:
-    profile = load_profile(profile_path)
+    return _staged(load_profile(profile_path), stages)
+
+
+def _staged(profile: Profile, stages: int | None) -> Profile:
     if stages is not None and stages != profile.num_stages:
         click.echo(f"note: --stages {stages}: the profile has {profile.num_stages} measured stages; "
                    "stages are cut or repeated cyclically (a what-if, not a measurement)", err=True)
@@ -96,7 +99,7 @@ def _byte_amounts(ctx: click.Context, param: click.Parameter, value: str | None)
     return amounts[0] if len(amounts) == 1 else amounts
 
 
-def _stage_memory(profile: Profile, activation: int | list[int] | None, available: int | list[int] | None
+def _stage_memory(num_stages: int, activation: int | list[int] | None, available: int | list[int] | None
                   ) -> StageMemory | None:
     if activation is None and available is None:
         return None
@@ -104,7 +107,7 @@ def _stage_memory(profile: Profile, activation: int | list[int] | None, availabl
         raise click.UsageError("--activation-bytes and --memory-available go together (bytes per in-flight "
                                "micro-batch, and bytes a stage has for them)")
     try:
-        return StageMemory.per_stage(profile.num_stages, activation, available)
+        return StageMemory.per_stage(num_stages, activation, available)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -130,7 +133,12 @@ tail_option = click.option(
 @profile_option
 @click.option("--microbatches", "-m", type=click.IntRange(min=1), required=True, help="micro-batches per iteration")
 @stages_option
-@click.option("--schedule", type=click.Choice(SCHEDULES), default="envpipe", show_default=True)
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="envpipe", show_default=True,
+              help="unit order; interleaved (Megatron's, --chunks per stage) and dualpipev (DeepSpeed's "
+                   "DualPipeVSchedule, 2 chunks per stage) take --policy baseline or optimal")
+@click.option("--chunks", type=click.IntRange(min=2), default=None,
+              help="model chunks per stage of --schedule interleaved (default 2). A profile with --stages x "
+                   "chunks rows is one row per model chunk; one with a row per stage is split evenly")
 @click.option("--policy", type=click.Choice((*POLICIES, "optimal")), default="envelope", show_default=True,
               help="EnvPipe's policies, or 'optimal' (least energy within a time budget, see docs/optimal-planner.md)")
 @click.option("--reconfig", type=click.Choice(RECONFIGS), default="balanced", show_default=True)
@@ -147,7 +155,8 @@ tail_option = click.option(
 @click.option("--text", is_flag=True, help="print EnvPipe's text trace")
 @click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
 @optimal_options
-def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
+def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, chunks: int | None, policy: str,
+         reconfig: str,
          idle_power: float | None, gpu: str, transfer_time: float, tail_time: float | np.ndarray,
          activation_bytes: int | list[int] | None, memory_available: int | list[int] | None,
          threshold_scale: float, out: str | None, text: bool, gantt: str | None,
@@ -158,18 +167,26 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
     watts = _idle_power(idle_power, gpu)
     if gantt and Path(gantt).suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("must end in .png or .svg", param_hint="--gantt")
-    profile = _load_or_fail(profile_path, stages)
-    memory = _stage_memory(profile, activation_bytes, memory_available)
+    if chunks is not None and schedule != "interleaved":
+        raise click.UsageError("--chunks applies to --schedule interleaved")
+    profile = _load_or_fail(profile_path, None)
+    pipeline = profile.num_stages if stages is None else stages
+    per_chunk = schedule in CHUNKED and profile.num_stages == pipeline * (chunks or CHUNKED[schedule])
+    if not per_chunk:  # one row per pipeline stage: cut or tiled to --stages
+        profile = _staged(profile, stages)
+    memory = _stage_memory(pipeline, activation_bytes, memory_available)
     if policy == "optimal":
         run_optimal(profile, microbatches, schedule, watts, transfer_time, memory,
-                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail_time)
+                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail_time,
+                    chunks=chunks, stages=pipeline)
         return
     if (max_slowdown, time_budget, frontier_csv) != (None, None, None):
         raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
     try:
         result = make_plan(profile, microbatches, schedule=schedule, policy=policy,
                            reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,
-                           memory=memory, threshold_scale=threshold_scale, tail_s=tail_time)
+                           memory=memory, threshold_scale=threshold_scale, tail_s=tail_time, chunks=chunks,
+                           stages=pipeline)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     p = result.plan
@@ -210,10 +227,12 @@ def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: 
     """Recompute iteration time and energy of any plan (also one written by hand)."""
     watts = _idle_power(idle_power, gpu.lower())
     try:
-        profile = _load(profile_path, stages)
         plan_obj = Plan.load(plan_path)
+        profile = load_profile(profile_path)
+        if profile.num_stages != plan_obj.num_stages * plan_obj.chunks:  # else: one row per model chunk
+            profile = _staged(profile, stages)
         tl = evaluate_plan(plan_obj, profile, watts, transfer_time, tail_time)
-        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail_time)
+        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail_time, plan_obj.layout())
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     freqs = _freqs_of(plan_obj, tl.dag.order, tl.dag.num_units)

@@ -15,7 +15,6 @@ from envpipe.plan.gantt import draw_gantt
 from envpipe.plan.lp import InfeasibleBudget
 from envpipe.plan.memory import StageMemory, describe_peaks
 from envpipe.plan.optimal import OptimalResult, optimal_plan
-from envpipe.plan.planfile import baseline_timeline
 from envpipe.plan.render import summary_table, text_trace
 from envpipe.profile import Profile
 
@@ -47,17 +46,19 @@ class OptimalArgs:
 
 
 def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
-    """``tail_s``: each stage's work after its last unit (one number or one per stage), as in make_plan."""
+                memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray, *,
+                chunks: int | None = None, stages: int | None = None) -> None:
+    """``tail_s``: each stage's work after its last unit (one number or one per stage); ``chunks``, ``stages``:
+    the layout of interleaved 1F1B and DualPipeV; as in make_plan."""
     if args.frontier_csv is not None:
         if args.max_slowdown is not None or args.time_budget is not None:
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
-        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory, args, tail_s)
+        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory, args, tail_s, chunks, stages)
         return
     try:
         result = optimal_plan(profile, microbatches, idle_power_w=watts, schedule=schedule,
                               time_budget_s=args.time_budget, max_slowdown=args.max_slowdown,
-                              transfer_s=transfer_s, memory=memory, tail_s=tail_s)
+                              transfer_s=transfer_s, memory=memory, tail_s=tail_s, chunks=chunks, stages=stages)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     p = result.plan
@@ -96,14 +97,15 @@ def _freqs(result: OptimalResult) -> np.ndarray:
 
 
 def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                  memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
+                  memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray, chunks: int | None,
+                  stages: int | None) -> None:
     assert args.frontier_csv is not None
     try:
         points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule, points=args.frontier_points,
-                          transfer_s=transfer_s, memory=memory, tail_s=tail_s)
+                          transfer_s=transfer_s, memory=memory, tail_s=tail_s, chunks=chunks, stages=stages)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    base = baseline_timeline(profile, microbatches, watts, transfer_s, tail_s)
+    base = points[0].baseline
     try:
         plan_dir, png = write_frontier(points, Path(args.frontier_csv), base)
     except OSError as exc:

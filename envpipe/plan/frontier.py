@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from envpipe.plan.memory import StageMemory
-from envpipe.plan.optimal import ClockProblem, build_problem, candidate_orders, solve
-from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
+from envpipe.plan.optimal import ClockProblem, order_problems, solve
+from envpipe.plan.planfile import Plan, plan_from_timeline
 from envpipe.plan.simulate import Timeline
 from envpipe.profile import Profile
 
@@ -28,6 +28,7 @@ class FrontierPoint:
     timeline: Timeline
     plan: Plan
     reschedule: list[int]
+    baseline: Timeline  # what savings are against (1F1B all-max; a chunked schedule's own all-max)
 
     @property
     def time_s(self) -> float:
@@ -40,14 +41,15 @@ class FrontierPoint:
 
 def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
              points: int = 20, transfer_s: float = 0.0, memory: StageMemory | None = None,
-             tail_s: float | np.ndarray = 0.0) -> list[FrontierPoint]:
-    """``points`` plans, fastest first, on the best of the candidate orders at each budget
-    (``tail_s``: per-stage work after the last unit; ``memory``: only orders that fit; as in optimal_plan)."""
+             tail_s: float | np.ndarray = 0.0, chunks: int | None = None, stages: int | None = None
+             ) -> list[FrontierPoint]:
+    """``points`` plans, fastest first, on the best of the candidate orders at each budget (``tail_s``:
+    per-stage work after the last unit; ``memory``: only orders that fit; ``chunks``, ``stages``: the layout
+    of interleaved 1F1B and DualPipeV; as in optimal_plan)."""
     if points < 2:
         raise ValueError("a frontier needs at least 2 points")
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
-    problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s, memory))
-                for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory)]
+    baseline, problems = order_problems(profile, num_microbatches, schedule, idle_power_w, transfer_s, tail_s,
+                                        memory, chunks, stages)
     lo = min(p.fastest_time() for _, p in problems)
     slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
     # past the least-energy plan's time, more time only adds idle energy: end the sweep there
@@ -58,10 +60,10 @@ def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, sc
         tl, option, problem, r = best
         point = FrontierPoint(float(budget), tl,
                               plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline,
-                                                 problem.peak_memory_bytes), r)
+                                                 problem.peak_memory_bytes), r, baseline)
         if result and result[-1].energy_j <= point.energy_j:
             prev = result[-1]
-            point = FrontierPoint(float(budget), prev.timeline, prev.plan, prev.reschedule)
+            point = FrontierPoint(float(budget), prev.timeline, prev.plan, prev.reschedule, baseline)
         result.append(point)
     return result
 
@@ -107,7 +109,7 @@ def _plot(points: list[FrontierPoint], baseline: Timeline, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p.time_s for p in points], [p.energy_j for p in points], "o-", label="optimal (simulated)")
-    ax.plot([baseline.iteration_time], [baseline.energy], "x", color="red", label="1F1B all-max")
+    ax.plot([baseline.iteration_time], [baseline.energy], "x", color="red", label="all-max baseline")
     ax.set_xlabel("iteration time (s)")
     ax.set_ylabel("energy per iteration (J)")
     ax.set_title("time-energy frontier (simulated on the profile)")

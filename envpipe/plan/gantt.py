@@ -40,13 +40,12 @@ def draw_gantt(tl: Timeline, freqs_mhz: np.ndarray, path: str | Path, title: str
         ax.broken_barh([(0, T)], (y - 0.4, 0.8), facecolors="#f3f3f3", hatch="////", edgecolor="#d0d0d0",
                        linewidth=0)
     for i in range(dag.num_units):
-        s, kind, mb = dag.unit(i)
-        y = S - 1 - s
+        y = S - 1 - int(dag.stage[i])
         dur = tl.end[i] - tl.start[i]
         ax.broken_barh([(tl.start[i], dur)], (y - 0.4, 0.8), facecolors=cmap(norm(f[i])),
                        edgecolors="red" if critical[i] else "black", linewidth=2.0 if critical[i] else 0.3)
         if dag.num_units <= 400:
-            ax.text(tl.start[i] + dur / 2, y, f"{kind}{mb}", ha="center", va="center", fontsize=6,
+            ax.text(tl.start[i] + dur / 2, y, dag.label(i), ha="center", va="center", fontsize=6,
                     color="white" if norm(f[i]) < 0.6 else "black")
     ax.set_yticks(range(S))
     ax.set_yticklabels([f"stage {S - 1 - y}" for y in range(S)])

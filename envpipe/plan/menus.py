@@ -70,7 +70,7 @@ class UnitMenus:
     cost: np.ndarray  # (N, K)
     energy: np.ndarray  # (N, K) joules
     size: np.ndarray  # (N,) number of real options
-    group: np.ndarray  # (N,) menu group 2*stage + (0 for F, 1 for B)
+    group: np.ndarray  # (N,) menu group 2*model stage + (0 for F, 1 for B)
     menus: tuple[Menu, ...]  # per group
 
     def pick(self, option: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,8 +84,9 @@ class UnitMenus:
 
 
 def unit_menus(dag: PipelineDag, profile: Profile, idle_power_w: float) -> UnitMenus:
-    if profile.num_stages != dag.num_stages:
-        raise ValueError(f"profile has {profile.num_stages} stages, the schedule {dag.num_stages}")
+    """``profile``: one row per model stage of the DAG (envpipe.plan.layout.model_profile)."""
+    if profile.num_stages != dag.num_stages * dag.num_chunks:
+        raise ValueError(f"profile has {profile.num_stages} stages, the schedule {dag.num_stages * dag.num_chunks}")
     menus = []
     for s in range(profile.num_stages):
         menus.append(pareto_menu(profile.fwd_time[s], profile.fwd_energy[s], idle_power_w))
@@ -96,7 +97,7 @@ def unit_menus(dag: PipelineDag, profile: Profile, idle_power_w: float) -> UnitM
     g_time = np.stack([pad(m.time, np.inf) for m in menus])
     g_cost = np.stack([pad(m.cost, np.inf) for m in menus])
     g_energy = np.stack([pad(m.energy, np.inf) for m in menus])
-    group = 2 * dag.stage + (~dag.is_fwd).astype(int)
+    group = 2 * dag.model_stage + (~dag.is_fwd).astype(int)
     sizes = np.asarray([m.clock.size for m in menus])
     return UnitMenus(g_clock[group], g_time[group], g_cost[group], g_energy[group], sizes[group], group,
                      tuple(menus))

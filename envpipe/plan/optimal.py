@@ -33,13 +33,14 @@ import numpy as np
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.fold import Fold, periodic_fold
+from envpipe.plan.layout import StageLayout, model_profile
 from envpipe.plan.lp import Edges, InfeasibleBudget, dag_edges, solve_relaxation
 from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.menus import UnitMenus, unit_menus
 from envpipe.plan.milp import MilpTimeout, solve_milp
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
 from envpipe.plan.policies import valley_clocks
-from envpipe.plan.schedules import SCHEDULES, build_schedule, reschedule_counts
+from envpipe.plan.schedules import CHUNKED, SCHEDULES, build_schedule, reschedule_counts, schedule_layout
 from envpipe.plan.simulate import Timeline, simulate
 from envpipe.profile import Profile
 
@@ -339,38 +340,60 @@ def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idl
 
 def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
                   idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0,
-                  memory: StageMemory | None = None) -> ClockProblem:
-    """The clock problem of one order; with ``memory`` the order must fit (MemoryLimitError otherwise)."""
-    orders = build_schedule(schedule, profile.num_stages, num_microbatches, reschedule)
-    peak = None if memory is None else memory.check(orders, schedule)
-    dag = PipelineDag.from_orders(orders, num_microbatches)
-    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s, peak, drift=any(reschedule))
+                  memory: StageMemory | None = None, layout: StageLayout | None = None) -> ClockProblem:
+    """The clock problem of one order; with ``memory`` the order must fit (MemoryLimitError otherwise).
+    ``profile``: one row per model stage of ``layout`` (default: one model stage per pipeline stage)."""
+    layout = StageLayout.single(profile.num_stages) if layout is None else layout
+    chunks = layout.chunks if schedule in CHUNKED else None
+    orders = build_schedule(schedule, layout.num_stages, num_microbatches, reschedule, chunks)
+    peak = None if memory is None else memory.check(orders, schedule, layout.chunks)
+    dag = PipelineDag.from_orders(orders, num_microbatches, layout)
+    period = layout.num_stages if schedule == "interleaved" else 1  # its chunks cycle through groups of P
+    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s, peak, period, any(reschedule))
 
 
-def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
-                 time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
-                 memory: StageMemory | None = None, tail_s: float | np.ndarray = 0.0) -> OptimalResult:
-    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown).
-
-    ``memory``: activation bytes per in-flight micro-batch and bytes available per stage; only orders that
-    fit are tried (MemoryLimitError if none does), and the plan reports its per-stage peak bytes.
-
-    ``tail_s``: each stage's work after its last unit (one number or one per stage); the iteration,
-    and so the budget, ends when every stage has finished its tail, as in envpipe.plan.simulate.
-    """
+def order_problems(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
+                   transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0, memory: StageMemory | None = None,
+                   chunks: int | None = None, stages: int | None = None
+                   ) -> tuple[Timeline, list[tuple[list[int], ClockProblem]]]:
+    """The baseline and a clock problem per candidate order of ``schedule`` (for interleaved 1F1B and
+    DualPipeV: ``chunks`` per stage, ``stages`` pipeline stages, default the profile's; the profile has one
+    row per pipeline stage, split evenly over its chunks, or one per model stage; envpipe.plan.layout)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if num_microbatches < 1:
         raise ValueError("the number of micro-batches must be at least 1")
     if idle_power_w < 0:
         raise ValueError("idle power must not be negative")
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
+    layout = schedule_layout(schedule, profile.num_stages if stages is None else stages, chunks)
+    model = model_profile(profile, layout)
+    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s, layout)
+    orders = (candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory)
+              if layout.chunks == 1 else [[0] * layout.num_stages])
+    return baseline, [(r, build_problem(model, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s,
+                                        memory, layout)) for r in orders]
+
+
+def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
+                 time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
+                 memory: StageMemory | None = None, tail_s: float | np.ndarray = 0.0, chunks: int | None = None,
+                 stages: int | None = None) -> OptimalResult:
+    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown; for interleaved
+    1F1B and DualPipeV, that schedule's all-max time).
+
+    ``memory``: activation bytes per in-flight micro-batch and bytes available per stage; only orders that
+    fit are tried (MemoryLimitError if none does), and the plan reports its per-stage peak bytes.
+    ``tail_s``: each stage's work after its last unit (one number or one per stage); the iteration,
+    and so the budget, ends when every stage has finished its tail, as in envpipe.plan.simulate.
+    ``chunks``, ``stages``: the layout of interleaved 1F1B and DualPipeV (order_problems).
+    """
+    baseline, problems = order_problems(profile, num_microbatches, schedule, idle_power_w, transfer_s, tail_s,
+                                        memory, chunks, stages)
     budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
     tried: list[tuple[list[int], float | None]] = []
     best: tuple[Solution, ClockProblem, list[int]] | None = None
     errors = []
-    for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory):
-        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s, memory)
+    for r, problem in problems:
         try:
             sol = solve(problem, budget)
         except InfeasibleBudget as exc:
