@@ -1,22 +1,26 @@
-"""The `envpipe plan --policy optimal` part of the CLI: options, output and the frontier."""
+"""The `envpipe plan --policy optimal` part of the CLI: options, output and the frontier.
+
+The optimal planner needs scipy, which takes longer to import than the rest of the CLI together: it is
+imported when a command runs the planner, not when the CLI starts (benchmarks/bench_planner_scale.py).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
-from envpipe.plan.frontier import frontier, write_frontier
 from envpipe.plan.gantt import draw_gantt
-from envpipe.plan.lp import InfeasibleBudget
 from envpipe.plan.memory import StageMemory, describe_peaks
-from envpipe.plan.optimal import OptimalResult, optimal_plan
 from envpipe.plan.render import summary_table, text_trace
 from envpipe.profile import Profile
+
+if TYPE_CHECKING:
+    from envpipe.plan.optimal import OptimalResult
 
 
 def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,11 +59,13 @@ def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
         _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory, args, tail_s, chunks, stages)
         return
+    from envpipe.plan.optimal import optimal_plan
+
     try:
         result = optimal_plan(profile, microbatches, idle_power_w=watts, schedule=schedule,
                               time_budget_s=args.time_budget, max_slowdown=args.max_slowdown,
                               transfer_s=transfer_s, memory=memory, tail_s=tail_s, chunks=chunks, stages=stages)
-    except (InfeasibleBudget, ValueError) as exc:
+    except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     p = result.plan
     click.echo(f"schedule {schedule}, policy optimal, {p.num_stages} stages x {microbatches} micro-batches, "
@@ -99,11 +105,13 @@ def _freqs(result: OptimalResult) -> np.ndarray:
 def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
                   memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray, chunks: int | None,
                   stages: int | None) -> None:
+    from envpipe.plan.frontier import frontier, write_frontier
+
     assert args.frontier_csv is not None
     try:
         points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule, points=args.frontier_points,
                           transfer_s=transfer_s, memory=memory, tail_s=tail_s, chunks=chunks, stages=stages)
-    except (InfeasibleBudget, ValueError) as exc:
+    except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     base = points[0].baseline
     try:

@@ -72,7 +72,7 @@ def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float
              ) -> tuple[Timeline, np.ndarray, ClockProblem, list[int]]:
     best = None
     for r, problem in problems:
-        if problem.fastest_time() > budget * (1 + 1e-9):
+        if problem.fastest_time() > budget:
             continue
         sol = solve(problem, budget)
         if best is None or sol.timeline.energy < best[0].energy:

@@ -106,7 +106,7 @@ def _solve(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, id
     method = "highs-ds" if R <= _IPM_FROM_UNITS else "highs-ipm"
     res = linprog(objective, A_ub=A, b_ub=ub, bounds=np.c_[lb, hi], method=method)
     if res.status == 2:
-        raise InfeasibleBudget(f"time budget {budget_s!r} s is infeasible: even every unit at its fastest "
+        raise InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible: even every unit at its fastest "
                                "clock takes longer")
     if res.status != 0 or res.x is None:
         raise RuntimeError(f"LP relaxation failed: {res.message}")

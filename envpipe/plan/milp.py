@@ -53,7 +53,7 @@ def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float
                options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
                         **({} if node_limit is None else {"node_limit": node_limit})})
     if res.status == 2:
-        raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible")
+        raise InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible")
     if res.x is None:
         raise MilpTimeout(f"MILP found no solution: {res.message}")
     if res.status != 0 and allowed is None:

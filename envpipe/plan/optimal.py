@@ -44,7 +44,6 @@ from envpipe.plan.schedules import CHUNKED, SCHEDULES, build_schedule, reschedul
 from envpipe.plan.simulate import Timeline, simulate
 from envpipe.profile import Profile
 
-_REL_TOL = 1e-9  # budget slack allowed for floating point (relative)
 _MAX_PASSES = 200
 # micro-batches kept unfolded at each end of the LP: the warm-up (and cool-down) transient of an order lasts
 # about its longest warm-up plus a pipeline's length; measured: the folded LP then matches the full one
@@ -129,15 +128,21 @@ class Solution:
 
 
 def _within(time: float, budget: float) -> bool:
-    return time <= budget * (1 + _REL_TOL)
+    """Exactly: the simulation is deterministic, so the plan file re-simulates to the same number."""
+    return time <= budget
+
+
+def infeasible(budget_s: float, fastest_s: float) -> InfeasibleBudget:
+    """The error for a budget below the all-fastest iteration, with digits enough to see the gap."""
+    return InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible: with every unit at its fastest clock "
+                            f"the iteration takes {fastest_s:.12g} s ({fastest_s - budget_s:.3g} s more)")
 
 
 def solve(problem: ClockProblem, budget_s: float) -> Solution:
     """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
-        raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: with every unit at its fastest clock "
-                               f"the iteration takes {fastest:.6f} s")
+        raise infeasible(budget_s, fastest)
     # very large DAGs: a coarser hull keeps the LP tractable; rounding and improvement use the full menus
     segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
     relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w, segments,
@@ -147,7 +152,8 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
         roundings.append(_nearest(problem, relax.duration))
     best: tuple[np.ndarray, Timeline] | None = None
     for option in roundings:
-        option = _improve(problem, _repair(problem, option, budget_s), budget_s)
+        # improve hands out free float up to a relative 1e-12 (fit's tolerance): the last repair makes sure
+        option = _repair(problem, _improve(problem, _repair(problem, option, budget_s), budget_s), budget_s)
         tl = problem.simulate(option)
         if best is None or tl.energy < best[1].energy:
             best = (option, tl)
@@ -228,7 +234,7 @@ def _repair(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.nd
         path = np.asarray(tl.critical_path())
         path = path[option[path] > 0]
         if path.size == 0:  # pragma: no cover - solve() checked the all-fastest time first
-            raise InfeasibleBudget(f"time budget {budget_s!r} s cannot be met")
+            raise infeasible(budget_s, problem.fastest_time())
         o = option[path]
         dt = problem.menus.time[path, o] - problem.menus.time[path, o - 1]
         dc = problem.menus.cost[path, o - 1] - problem.menus.cost[path, o]
