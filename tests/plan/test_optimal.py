@@ -135,13 +135,13 @@ def test_real_profile_m12_no_slowdown_beats_perseus_and_envpipe():
 @pytest.mark.parametrize("schedule", ["1f1b", "envpipe"])
 def test_budgets_hold_exactly_after_a_plan_file_round_trip(schedule, tmp_path):
     """No tolerance: the saved plan, re-simulated, ends by the budget (the simulation is deterministic)."""
-    prof = cut_down("gpt3-175b+a40_bf16", 6, 14)
+    prof = cut_down("gpt3-175b+a40_bf16", 4, 10)
     path = tmp_path / "plan.json"
-    for slowdown in (0.0, 0.004, 0.02):
-        res = optimal_plan(prof, 12, idle_power_w=70.38, schedule=schedule, max_slowdown=slowdown)
+    for slowdown in (0.0, 0.004):
+        res = optimal_plan(prof, 8, idle_power_w=70.38, schedule=schedule, max_slowdown=slowdown)
         res.plan.save(path)
         assert evaluate_plan(Plan.load(path), prof, 70.38).iteration_time <= res.budget_s
-    for point in frontier(prof, 12, idle_power_w=70.38, schedule=schedule, points=4):
+    for point in frontier(prof, 8, idle_power_w=70.38, schedule=schedule, points=3):
         assert evaluate_plan(point.plan, prof, 70.38).iteration_time <= point.budget_s
 
 
