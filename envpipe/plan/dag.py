@@ -63,11 +63,6 @@ class PipelineDag:
         """stage, is_fwd, pred_same, pred_data as plain lists, for per-unit Python walks."""
         return self.stage.tolist(), self.is_fwd.tolist(), self.pred_same.tolist(), self.pred_data.tolist()
 
-    @cached_property
-    def max_warmup(self) -> int:
-        """The most forwards any stage runs before its first backward, in whole micro-batches of the stage."""
-        return -(-max(int(np.argmin(self.is_fwd[list(ids)])) for ids in self.order) // self.num_chunks)
-
     def unit(self, i: int) -> tuple[int, str, int]:
         return int(self.stage[i]), "F" if self.is_fwd[i] else "B", int(self.mb[i])
 

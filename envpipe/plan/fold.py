@@ -6,8 +6,8 @@ the cool-down, stage s runs the same units of micro-batch m + L as of micro-batc
 through groups of P micro-batches). The LP optimum shares that structure: its durations of the middle
 micro-batches are the same from one period to the next (docs/optimal-planner.md shows a measured case).
 
-A fold keeps ``head`` micro-batches at the start and ``tail`` at the end as they are and lets every middle
-unit share the variables of its representative in the first middle period: the same duration, and a
+A fold keeps the warm-up, the cool-down and a margin after and before them as they are and lets every
+middle unit share the variables of its representative in the first middle period: the same duration, and a
 start time shifted by a whole number of periods ``tau``. For EnvPipe's orders the periods may differ
 between stages (``drift``): a stage that ran extra warm-up forwards is ahead, and the LP optimum spends
 that lead by running it slower than its neighbours over the whole middle (a linear drift), which one
@@ -15,7 +15,7 @@ common period would forbid (measured: up to 2 points of saving lost); for 1F1B o
 full LP's value. The folded LP is a *restriction* of the full one: each of its solutions is a
 schedule of the full DAG (envpipe.plan.lp keeps, of each family of edges that fold together, the two
 extreme rows, which imply the others), so its durations meet the budget, but its value is not a lower
-bound. Its size is that of a pipeline of head + L + tail micro-batches, whatever M is.
+bound. Its size is that of a pipeline with a steady section of one period, whatever M is.
 """
 
 from __future__ import annotations
@@ -54,18 +54,30 @@ def identity_fold(num_units: int) -> Fold:
     return Fold(units, np.zeros(num_units, int), units, np.zeros(num_units, int), 1)
 
 
-def periodic_fold(dag: PipelineDag, period: int, head: int, tail: int, drift: bool) -> Fold:
-    """Fold the micro-batches between ``head`` and M - ``tail`` onto their first period (identity if fewer
-    than two whole periods lie between). ``drift``: one period variable per stage (orders with extra warm-up
-    forwards need it), else one for all, which the LP solves about three times faster."""
+def periodic_fold(dag: PipelineDag, period: int, margin: int, drift: bool) -> Fold:
+    """Fold each (stage, chunk, kind)'s steady micro-batches onto their first period.
+
+    A stage's steady section runs from its first backward to its last forward (after the warm-up, before
+    the cool-down); the micro-batches a class runs there, less ``margin`` at each end for the transient,
+    fold if they span at least two periods. ``drift``: one period variable per stage (orders with extra
+    warm-up forwards need it), else one for all, which the LP solves about three times faster."""
     M = dag.num_microbatches
-    periods = (M - head - tail) // period
-    if periods < 2:
+    lo = np.full(dag.num_units // M, M)  # per class (block of M units numbered by micro-batch)
+    hi = np.full(dag.num_units // M, -1)
+    for ids in dag.order:
+        fwd = dag.is_fwd[list(ids)]
+        first_b, last_f = int(np.argmin(fwd)), len(ids) - 1 - int(np.argmax(fwd[::-1]))
+        steady = np.asarray(ids[first_b:last_f + 1], int)
+        np.minimum.at(lo, steady // M, dag.mb[steady])
+        np.maximum.at(hi, steady // M, dag.mb[steady])
+    head = (lo + margin)[np.arange(dag.num_units) // M]
+    periods = ((hi - lo + 1 - 2 * margin) // period)[np.arange(dag.num_units) // M]
+    offset = dag.mb - head  # position in the class's window
+    middle = (periods >= 2) & (offset >= period) & (offset < periods * period)  # folded onto the first period
+    if not middle.any():
         return identity_fold(dag.num_units)
-    offset = dag.mb - head  # position in the middle (negative: head)
-    middle = (offset >= period) & (offset < periods * period)  # folded onto the first middle period
     shift = np.where(middle, offset // period, 0)
-    # units of one (stage, chunk, kind) are numbered by micro-batch: the representative is `period * shift` before
+    # units of one class are numbered by micro-batch: the representative is `period * shift` before
     target = np.arange(dag.num_units) - period * shift
     kept = ~middle
     folded_index = np.cumsum(kept) - 1

@@ -45,14 +45,14 @@ from envpipe.plan.simulate import Timeline, simulate
 from envpipe.profile import Profile
 
 _MAX_PASSES = 200
-# micro-batches kept unfolded at each end of the LP: the warm-up (and cool-down) transient of an order lasts
-# about its longest warm-up plus a pipeline's length; measured: the folded LP then matches the full one
-_FOLD_EDGE = 2
+# steady micro-batches kept unfolded after the warm-up and before the cool-down, beyond the number of stages:
+# the transient lasts about a pipeline's length; measured: the folded LP then matches the full one
+_FOLD_MARGIN = 2
 # micro-batches per folded period (a multiple of the schedule's own period): one would do for the LP value,
 # but its single representative is fractional in every copy, which rounding then loses; with eight the LP's
 # vertex mixes clocks inside the period instead (measured on the four real profiles at M = 96: at most
 # 0.04 points of saving below the full LP's plan, against up to 0.7 with one)
-_FOLD_PERIOD = 8
+_FOLD_PERIOD = 16
 _FULL_HULL_UNITS = 8192
 _NEAREST_UNITS = 2048  # above, error diffusion alone: it wins there and nearest rounding's repair is slow
 _COARSE_SEGMENTS = 4
@@ -61,7 +61,7 @@ _POLISH_BINARIES = 1024  # ... and only when the neighbourhood has at most this 
 _POLISH_RADIUS = 3  # each unit may move this many menu options either way: reaches past a non-hull option
 _POLISH_NODES = 20  # branch-and-bound nodes per round: deterministic, unlike a time limit
 _POLISH_ROUNDS = 10  # rounds re-centre the neighbourhood on the last improvement
-_POLISH_SECONDS_PER_UNIT = 0.02  # only a safety net on the total polish time (about 5 s at 256 units)
+_POLISH_SECONDS_PER_UNIT = 0.1  # only a safety net: the node limits decide, so results do not depend on load
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,9 @@ class ClockProblem:
               period: int = 1, drift: bool = False) -> ClockProblem:
         """``period``: micro-batches after which the schedule's middle repeats; ``drift``: stages may run at
         different paces through it (orders with extra warm-up forwards); see envpipe.plan.fold."""
-        edge = dag.max_warmup + dag.num_stages + _FOLD_EDGE
-        fold_period = period * -(-_FOLD_PERIOD // period)
+        fold = periodic_fold(dag, period * -(-_FOLD_PERIOD // period), dag.num_stages + _FOLD_MARGIN, drift)
         return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s, tail_s), profile,
-                   idle_power_w, transfer_s, periodic_fold(dag, fold_period, edge, edge, drift), peak_memory_bytes)
+                   idle_power_w, transfer_s, fold, peak_memory_bytes)
 
     @property
     def tail(self) -> np.ndarray:

@@ -17,17 +17,18 @@ from envpipe.plan.simulate import simulate
 from .optimal_cases import REAL, real_profile, spread_clocks
 
 
-def test_fold_maps_middle_micro_batches_onto_one_period():
-    dag = PipelineDag.from_orders(one_f_one_b(2, 12), 12)
-    fold = periodic_fold(dag, period=2, head=3, tail=3, drift=True)
-    # micro-batches 0-2 and 9-11 stay; 3-4 represent 5-8 (shifted by 1 and 2 periods)
-    f0 = dag.index(0, "F", 0)
-    assert fold.unit[:6].tolist() == [f0, f0 + 1, f0 + 2, f0 + 3, f0 + 4, f0 + 9]
-    assert fold.shift[f0:f0 + 12].tolist() == [0, 0, 0, 0, 0, 1, 1, 2, 2, 0, 0, 0]
-    assert fold.rep[f0 + 7] == fold.rep[f0 + 3] and fold.rep[f0 + 8] == fold.rep[f0 + 4]
-    assert fold.weight[fold.rep[f0 + 3]] == 3 and fold.size == 2 * 2 * 8
-    assert fold.num_periods == 2 and periodic_fold(dag, 2, 3, 3, drift=False).num_periods == 1
-    assert periodic_fold(dag, period=4, head=3, tail=3, drift=False).is_identity  # fewer than 2 periods between
+def test_fold_maps_steady_micro_batches_onto_one_period():
+    dag = PipelineDag.from_orders(one_f_one_b(2, 16), 16)
+    fold = periodic_fold(dag, period=2, margin=3, drift=True)
+    # stage 0 runs F0 F1, then pairs B(m) F(m+2): its forwards are steady from micro-batch 2, its backwards
+    # until 13; less the margin, F5..12 and B3..10 fold onto F5, F6 and B3, B4
+    f0, b0 = dag.index(0, "F", 0), dag.index(0, "B", 0)
+    assert fold.shift[f0:f0 + 16].tolist() == [0] * 7 + [1, 1, 2, 2, 3, 3] + [0] * 3
+    assert fold.shift[b0:b0 + 16].tolist() == [0] * 5 + [1, 1, 2, 2, 3, 3] + [0] * 5
+    assert fold.rep[f0 + 11] == fold.rep[f0 + 5] and fold.rep[b0 + 10] == fold.rep[b0 + 4]
+    assert fold.weight[fold.rep[f0 + 5]] == 4
+    assert fold.num_periods == 2 and periodic_fold(dag, 2, 3, drift=False).num_periods == 1
+    assert periodic_fold(dag, period=8, margin=3, drift=False).is_identity  # fewer than 2 periods in a window
     assert identity_fold(5).is_identity
 
 
