@@ -53,11 +53,11 @@ def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, sc
     lo = min(p.fastest_time() for _, p in problems)
     slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
     # past the least-energy plan's time, more time only adds idle energy: end the sweep there
-    hi = _best_at(problems, slowest)[0].iteration_time
+    hi = _best_at(problems, slowest, {})[0].iteration_time
     result: list[FrontierPoint] = []
+    previous: dict[int, np.ndarray] = {}  # per order, the clocks planned for the last budget
     for budget in np.linspace(lo, max(hi, lo), points):
-        best = _best_at(problems, float(budget))
-        tl, option, problem, r = best
+        tl, option, problem, r = _best_at(problems, float(budget), previous)
         point = FrontierPoint(float(budget), tl,
                               plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline,
                                                  problem.peak_memory_bytes), r, baseline)
@@ -68,13 +68,16 @@ def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, sc
     return result
 
 
-def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float
+def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float, previous: dict[int, np.ndarray]
              ) -> tuple[Timeline, np.ndarray, ClockProblem, list[int]]:
+    """The best order's plan at ``budget``; ``previous`` (per order, clocks that meet a shorter budget)
+    warm-starts each order and is updated."""
     best = None
-    for r, problem in problems:
+    for k, (r, problem) in enumerate(problems):
         if problem.fastest_time() > budget:
             continue
-        sol = solve(problem, budget)
+        sol = solve(problem, budget, previous.get(k))
+        previous[k] = sol.option
         if best is None or sol.timeline.energy < best[0].energy:
             best = (sol.timeline, sol.option, problem, r)
     assert best is not None  # the sweep starts at the fastest order's time

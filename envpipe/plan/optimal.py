@@ -137,8 +137,11 @@ def infeasible(budget_s: float, fastest_s: float) -> InfeasibleBudget:
                             f"the iteration takes {fastest_s:.12g} s ({fastest_s - budget_s:.3g} s more)")
 
 
-def solve(problem: ClockProblem, budget_s: float) -> Solution:
-    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
+def solve(problem: ClockProblem, budget_s: float, start: np.ndarray | None = None) -> Solution:
+    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish).
+
+    ``start``: an option known to meet the budget (a frontier's plan for the next shorter budget), improved
+    from instead of the nearest rounding, which needs many repair steps: the warm start of a sweep."""
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
         raise infeasible(budget_s, fastest)
@@ -147,7 +150,9 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
     relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w, segments,
                              problem.fold)
     roundings = [problem.fit(relax.duration + 1e-9), _diffused(problem, relax.duration)]
-    if problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
+    if start is not None:
+        roundings.append(start)
+    elif problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
         roundings.append(_nearest(problem, relax.duration))
     best: tuple[np.ndarray, Timeline] | None = None
     for option in roundings:
