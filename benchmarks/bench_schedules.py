@@ -44,9 +44,12 @@ def table(name: str, watts: float, M: int) -> list[str]:
              "*peak in flight*: the most micro-batches' activations a stage holds (a chunk's count 1/v), the "
              "largest over stages and on stage 0 and P-1. *saving*: the optimal planner's, at no slowdown, against "
              "the row's own all-max plan (1F1B all-max for the one-chunk orders, whose budget it is). "
-             "*vs 1F1B all-max*: the plan's energy against 1F1B all-max (same model, same total work).", "",
+             "*vs 1F1B all-max*: the plan's energy against 1F1B all-max (same model, same total work). "
+             "*at 1F1B's time*: the planner's saving against 1F1B all-max when the row may take as long as 1F1B "
+             "all-max (the faster schedules spend their shorter bubble on lower clocks).", "",
              "| schedule | all-max time (s) | bubble | peak in flight (max; stage 0, P-1) | planned time (s) "
-             "| saving % | vs 1F1B all-max % | plan time (s, measured) |", "|---|---|---|---|---|---|---|---|"]
+             "| saving % | vs 1F1B all-max % | at 1F1B's time % | plan time (s, measured) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     one_f_one_b = make_plan(prof, M, schedule="1f1b", policy="baseline", idle_power_w=watts).timeline
     for label, schedule, chunks in ROWS:
         t0 = time.perf_counter()
@@ -61,10 +64,13 @@ def table(name: str, watts: float, M: int) -> list[str]:
                                chunks=chunks).timeline
         bubble = allmax.idle_time.sum() / (P * allmax.iteration_time)
         peaks = [n / v for n in peak_in_flight(res.plan.chunk_orders() if v > 1 else res.plan.orders())]
+        relaxed = optimal_plan(prof, M, idle_power_w=watts, schedule=schedule, chunks=chunks,
+                               time_budget_s=one_f_one_b.iteration_time).timeline.energy
         lines.append(f"| {label} | {allmax.iteration_time:.3f} | {bubble:.3f} | {max(peaks):g} ({peaks[0]:g}, "
                      f"{peaks[-1]:g}) | {res.timeline.iteration_time:.3f} | "
                      f"{100 * (1 - res.timeline.energy / res.baseline.energy):.2f} | "
-                     f"{100 * (1 - res.timeline.energy / one_f_one_b.energy):.2f} | {seconds:.2f} |")
+                     f"{100 * (1 - res.timeline.energy / one_f_one_b.energy):.2f} | "
+                     f"{100 * (1 - relaxed / one_f_one_b.energy):.2f} | {seconds:.2f} |")
     return [*lines, ""]
 
 

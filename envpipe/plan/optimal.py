@@ -5,11 +5,13 @@ Method (docs/optimal-planner.md has the long form):
 1. Menus (menus.py): with the unit order fixed, energy = sum_u (e_u - P t_u) + S P T, a discrete
    time-cost trade-off on the DAG. Per (stage, kind) only Pareto clocks matter.
 2. LP relaxation (lp.py): convex hull of each menu, precedence edges, makespan <= budget, solved
-   with HiGHS on sparse matrices. Gives a lower bound and fractional durations.
-3. Rounding, two ways, keeping the better result: (a) each unit takes the slowest menu clock not
-   slower than its LP duration (durations only shrink, so the budget holds); (b) each unit takes
-   the clock nearest its LP duration, then *repair* speeds up the critical unit with the least
-   extra cost per second saved until the simulated time meets the budget.
+   with HiGHS on sparse matrices, on a periodic fold of the middle micro-batches when M is large
+   (fold.py). Gives fractional durations, and a lower bound when not folded.
+3. Rounding, three ways, keeping the best result: (a) each unit takes the slowest menu clock not
+   slower than its LP duration (durations only shrink, so the budget holds); (b) error diffusion along
+   each stage; (c) each unit takes the clock nearest its LP duration (small DAGs; in a frontier sweep,
+   the previous budget's clocks instead); then *repair* speeds up the critical units with the least
+   extra cost per second saved until the simulated time meets the budget exactly.
 4. Improve: alternately give each unit its *free float* in the earliest schedule and in the latest
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
@@ -40,7 +42,7 @@ from envpipe.plan.menus import UnitMenus, unit_menus
 from envpipe.plan.milp import MilpTimeout, solve_milp
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
 from envpipe.plan.policies import valley_clocks
-from envpipe.plan.schedules import CHUNKED, SCHEDULES, build_schedule, reschedule_counts, schedule_layout
+from envpipe.plan.schedules import CHUNKED, build_schedule, plan_layout, reschedule_counts
 from envpipe.plan.simulate import Timeline, simulate
 from envpipe.profile import Profile
 
@@ -49,7 +51,7 @@ _MAX_PASSES = 200
 # the transient lasts about a pipeline's length; measured: the folded LP then matches the full one
 _FOLD_MARGIN = 2
 # micro-batches per folded period (a multiple of the schedule's own period): one would do for the LP value,
-# but its single representative is fractional in every copy, which rounding then loses; with eight the LP's
+# but its single representative is fractional in every copy, which rounding then loses; with 16 the LP's
 # vertex mixes clocks inside the period instead (measured on the four real profiles at M = 96: at most
 # 0.04 points of saving below the full LP's plan, against up to 0.7 with one)
 _FOLD_PERIOD = 16
@@ -369,13 +371,8 @@ def order_problems(profile: Profile, num_microbatches: int, schedule: str, idle_
     """The baseline and a clock problem per candidate order of ``schedule`` (for interleaved 1F1B and
     DualPipeV: ``chunks`` per stage, ``stages`` pipeline stages, default the profile's; the profile has one
     row per pipeline stage, split evenly over its chunks, or one per model stage; envpipe.plan.layout)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if num_microbatches < 1:
-        raise ValueError("the number of micro-batches must be at least 1")
-    if idle_power_w < 0:
-        raise ValueError("idle power must not be negative")
-    layout = schedule_layout(schedule, profile.num_stages if stages is None else stages, chunks)
+    layout = plan_layout(schedule, profile.num_stages if stages is None else stages, num_microbatches,
+                         idle_power_w, chunks)
     model = model_profile(profile, layout)
     baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s, layout)
     orders = (candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory)

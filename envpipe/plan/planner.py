@@ -12,7 +12,7 @@ from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline, unit_costs
 from envpipe.plan.policies import POLICIES, initial_clocks, valley_clocks
 from envpipe.plan.reconfig import RECONFIGS, ReconfigResult, reconfigure
-from envpipe.plan.schedules import SCHEDULES, build_schedule, reschedule_counts, schedule_layout
+from envpipe.plan.schedules import build_schedule, plan_layout, reschedule_counts
 from envpipe.plan.simulate import Timeline, simulate, stage_tails
 from envpipe.profile import Profile
 from envpipe.profile.gpus import candidate_clocks
@@ -56,17 +56,12 @@ def make_plan(
     EnvPipe's envelope is defined for one model stage per pipeline stage, so those take only the baseline
     policy (every unit at the highest clock): the simulation of the schedule.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if reconfig not in RECONFIGS:
         raise ValueError(f"unknown reconfiguration {reconfig!r}; choose one of {', '.join(RECONFIGS)}")
-    if num_microbatches < 1:
-        raise ValueError("the number of micro-batches must be at least 1")
-    if idle_power_w < 0:
-        raise ValueError("idle power must not be negative")
-    layout = schedule_layout(schedule, profile.num_stages if stages is None else stages, chunks)
+    layout = plan_layout(schedule, profile.num_stages if stages is None else stages, num_microbatches,
+                         idle_power_w, chunks)
     if layout.chunks > 1 and policy != "baseline":
         raise ValueError(f"EnvPipe's {policy} policy needs one model stage per pipeline stage; plan {schedule} "
                          "with --policy baseline (simulation) or optimal")

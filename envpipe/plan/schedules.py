@@ -131,6 +131,18 @@ def schedule_layout(name: str, num_stages: int, chunks: int | None = None) -> St
     return StageLayout.v_shape(num_stages) if name == "dualpipev" else StageLayout.single(num_stages)
 
 
+def plan_layout(schedule: str, num_stages: int, num_microbatches: int, idle_power_w: float,
+                chunks: int | None = None) -> StageLayout:
+    """The stage layout of a plan, after the argument checks every planner makes (clear ValueErrors)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if num_microbatches < 1:
+        raise ValueError("the number of micro-batches must be at least 1")
+    if idle_power_w < 0:
+        raise ValueError("idle power must not be negative")
+    return schedule_layout(schedule, num_stages, chunks)
+
+
 def reschedule_counts(
     bwd_time_max: Sequence[float],
     fwd_time_opt: Sequence[float],
