@@ -261,7 +261,8 @@ def test_every_option_has_help_and_choices_are_listed():
         for param in command.params:
             assert isinstance(param, click.Option) and param.help, (command.name, param.name)
     text = invoke("plan", "-h").stdout
-    for choices in ("[1f1b|envpipe|gpipe|interleaved|dualpipev]", "[baseline|uniform|envelope|optimal]", "[default|greedy|balanced]"):
+    for choices in ("[1f1b|envpipe|gpipe|interleaved|dualpipev]", "[baseline|uniform|envelope|optimal]",
+                    "[default|greedy|balanced]"):
         assert choices in text
     version = invoke("--version")
     assert version.exit_code == 0 and "version" in version.stdout
