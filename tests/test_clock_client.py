@@ -154,12 +154,13 @@ def test_daemon_killed_and_restarted(tmp_path) -> None:
             lambda: isinstance(client.last_error, ClockRequestError) and client.last_error.status == 404, 5
         )  # the old lease is gone: heartbeats say so
         client.close()
-        with ClockClient(sock, gpu_uuids=[gpu]) as again:
-            assert again.lock_now(gpu, 1100)["applied_mhz"] == 1095
+        again = ClockClient(sock, gpu_uuids=[gpu])
+        assert again.lock_now(gpu, 1100)["applied_mhz"] == 1095
     finally:
-        daemon.send_signal(signal.SIGTERM)
+        daemon.send_signal(signal.SIGTERM)  # with a GPU still locked: the daemon resets it on the way out
         out, _ = daemon.communicate(timeout=10)
-    assert daemon.returncode == 0 and "daemon shutdown" in out and not os.path.exists(sock)
+    assert daemon.returncode == 0 and '"by": "daemon shutdown"' in out and not os.path.exists(sock)
+    again.close()
 
 
 def test_second_daemon_on_a_live_socket_refuses_to_start(tmp_path) -> None:

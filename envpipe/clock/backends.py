@@ -142,8 +142,7 @@ class NvmlBackend:
             return fn(*args)
         except nvml.NVMLError_NoPermission as exc:
             raise NoPermission(
-                f"NVML {fn.__name__}: no permission ({exc}); the daemon needs "
-                "CAP_SYS_ADMIN or root to change clocks"
+                f"NVML {fn.__name__}: no permission ({exc}); the daemon needs CAP_SYS_ADMIN or root to change clocks"
             ) from exc
         except nvml.NVMLError_NotSupported as exc:
             raise NotSupported(f"NVML {fn.__name__}: not supported on this GPU ({exc})") from exc
