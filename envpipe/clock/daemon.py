@@ -97,9 +97,7 @@ def _check_edge(request: web.Request, edge: Edge, conn: Conn, key: str) -> None:
 @web.middleware
 async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     edge = request.app[EDGE]
-    conn = edge.gate.conn(request.transport)
-    if conn is None:  # the client went away before its request was looked at
-        return web.Response(status=499)
+    conn = edge.gate.conn(request.protocol)
     key = conn.peer.rate_key(None)
     try:
         claim = pod_claim(request.headers.get(POD_HEADER))
@@ -123,9 +121,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     except Exception:  # a bug: never let one request take the daemon down; log it for the operator
         log.exception("internal error on %s %s", request.method, request.path)
         return web.json_response({"error": "internal", "message": "internal error (see the daemon log)"}, status=500)
-    edge.refusals.refused(
-        exc.status, exc.code, f"{request.method} {request.path}", conn.peer.describe(), key, exc.message
-    )
+    edge.refusals.refused(exc.status, exc.code, f"{request.method} {request.path}", key, exc.message)
     request.app[SERVICE].metrics.refused.labels(code=exc.code).inc()
     return _error(exc)
 
@@ -192,9 +188,9 @@ async def reset(request: web.Request) -> web.Response:
 @routes.post(API + "/leases")
 async def open_lease(request: web.Request) -> web.Response:
     cmd = OpenLease.parse(await _body(request))
-    conn = request.app[EDGE].gate.conn(request.transport)
-    assert conn is not None  # the middleware answered for connections already gone
-    lease = await request.app[SERVICE].open_lease(conn.peer, cmd.pod, cmd.gpus, cmd.ttl_s)
+    conn = request.app[EDGE].gate.conn(request.protocol)
+    claimed = pod_claim(request.headers.get(POD_HEADER))
+    lease = await request.app[SERVICE].open_lease(conn.peer, cmd.pod, cmd.gpus, cmd.ttl_s, claimed)
     return web.json_response(lease.to_json(time.monotonic()), status=201)
 
 
@@ -222,8 +218,7 @@ async def attach(request: web.Request) -> web.StreamResponse:
     svc = request.app[SERVICE]
     lease_id = request.match_info["lease"]
     svc.leases.get(lease_id)
-    conn = request.app[EDGE].gate.conn(request.transport)
-    assert conn is not None
+    conn = request.app[EDGE].gate.conn(request.protocol)
     unwatch = watch_exit(conn.peer, lambda: svc.end_lease_soon(lease_id, "owner process exited"))
     resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
     try:

@@ -51,13 +51,18 @@ class RateLimiter:
 class Conn:
     peer: Peer
     listener: str  # "unix", "tcp" or "metrics"
-    transport: asyncio.Transport | None = None
+    protocol: asyncio.BaseProtocol
     busy: int = 0  # requests being served (an attach stream is one for its whole life)
     served: int = 0  # requests whose head arrived
     last_active: float = field(default_factory=time.monotonic)
+    connected: bool = False  # handed to aiohttp; until then it has no transport yet
 
-    def evictable(self) -> bool:
-        return self.busy == 0 and self.transport is not None and not self.transport.is_closing()
+    @property
+    def transport(self) -> asyncio.BaseTransport | None:
+        return getattr(self.protocol, "transport", None)  # None before it connects and after it closed
+
+    def open(self) -> bool:
+        return not self.connected or (self.transport is not None and not self.transport.is_closing())
 
 
 def connection_limit(wanted: int) -> int:
@@ -75,29 +80,30 @@ def connection_limit(wanted: int) -> int:
 class ConnectionGate:
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._conns: dict[asyncio.BaseTransport, Conn] = {}
+        self._conns: dict[asyncio.BaseProtocol, Conn] = {}
         self._quiet_until = 0.0  # one "refused/out of descriptors" line a second
 
-    def conn(self, transport: asyncio.BaseTransport | None) -> Conn | None:
-        return None if transport is None else self._conns.get(transport)
+    def conn(self, protocol: asyncio.BaseProtocol) -> Conn:
+        """The connection a request came on (every one was accepted here)."""
+        return self._conns[protocol]
 
     def count(self) -> int:
         self._prune()
         return len(self._conns)
 
     def _prune(self) -> None:
-        for t in [t for t in self._conns if t.is_closing()]:
-            del self._conns[t]
+        for p in [p for p, c in self._conns.items() if not c.open()]:
+            del self._conns[p]
 
     def _make_room(self) -> bool:
         self._prune()
         if len(self._conns) < self.limit:
             return True
-        idle = [c for c in self._conns.values() if c.evictable()]
+        idle = [c for c in self._conns.values() if c.busy == 0 and c.connected]
         if not idle:
             return False
         victim = min(idle, key=lambda c: (c.served > 0, c.last_active))  # never-used first, then oldest
-        assert victim.transport is not None
+        assert victim.transport is not None  # pruned otherwise
         victim.transport.close()
         self._prune()
         return True
@@ -135,14 +141,17 @@ class ConnectionGate:
                 )
                 client.close()
                 continue
-            conn = Conn(peer, listener)
-            try:
-                transport, _ = await loop.connect_accepted_socket(protocol_factory, client)
-            except OSError:
-                client.close()
-                continue
-            conn.transport = transport  # type: ignore[assignment]
-            self._conns[transport] = conn
+            await self._hand_over(client, Conn(peer, listener, protocol_factory()))
+
+    async def _hand_over(self, client: socket.socket, conn: Conn) -> None:
+        self._conns[conn.protocol] = conn  # before its first request can arrive
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: conn.protocol, client)
+        except OSError:
+            del self._conns[conn.protocol]
+            client.close()
+            return
+        conn.connected = True
 
     def begin(self, conn: Conn) -> None:
         conn.busy += 1
@@ -161,7 +170,9 @@ class RefusalLog:
     def __init__(self) -> None:
         self._floods: dict[str, tuple[float, int]] = {}
 
-    def refused(self, status: int, code: str, what: str, who: str, key: str, message: str) -> None:
+    def refused(self, status: int, code: str, what: str, key: str, message: str) -> None:
+        """``key`` (the caller's rate-limit key) names the caller: its proven pod, its pid, the pod it
+        claims when hidden, or its uid."""
         if status == 429:
             now = time.monotonic()
             since, count = self._floods.get(key, (0.0, 0))
@@ -174,4 +185,4 @@ class RefusalLog:
             if count:
                 message += f" ({count} more refused in the second before)"
         level = logging.WARNING if status >= 500 else logging.INFO
-        log.log(level, "refused %d %s %s from %s: %s", status, code, what, who, message)
+        log.log(level, "refused %d %s %s from %s: %s", status, code, what, key, message)

@@ -288,7 +288,11 @@ class ClockService:
         return min(allowed, key=lambda c: (abs(c - mhz), -c))  # ties go to the faster clock
 
     # ---- leases -----------------------------------------------------------------------------
-    async def open_lease(self, peer: Peer, pod: PodRef | None, gpus: list[str], ttl_s: float | None) -> Lease:
+    async def open_lease(
+        self, peer: Peer, pod: PodRef | None, gpus: list[str], ttl_s: float | None, claimed: str | None = None
+    ) -> Lease:
+        """``pod`` is checked by the ownership policy; ``claimed`` (the X-Envpipe-Pod header) only
+        names the caller in the audit log when the body names no pod."""
         for g in gpus:
             self._healthy(g)
         ttl = self.config.default_ttl_s if ttl_s is None else ttl_s
@@ -298,7 +302,7 @@ class ClockService:
         await asyncio.to_thread(self.policy.check, peer, pod, gpus)
         for g in gpus:
             self._healthy(g)  # again: a GPU may have failed during the check
-        owner = peer.describe() + (f" pod={pod}" if pod else "")
+        owner = peer.describe() + (f" pod={pod}" if pod else f" claims pod={claimed}" if claimed else "")
         lease = self.leases.open(gpus, ttl, owner)
         self.metrics.leases.set(len(self.leases))
         event = {"event": "lease_open", "lease": lease.id[:8], "gpus": list(lease.gpus), "ttl_s": ttl}
