@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import stat
+import subprocess
 import sys
+import tempfile
 import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -29,9 +34,7 @@ from tests.ports import free_port
     ],
 )
 def test_bad_flags_fail_with_a_clear_message(args, message, tmp_path) -> None:
-    result = CliRunner().invoke(
-        main, [*args, "--socket", str(tmp_path / "c.sock")] if "--socket" not in args else args
-    )
+    result = CliRunner().invoke(main, [*args, "--socket", str(tmp_path / "c.sock")] if "--socket" not in args else args)
     assert result.exit_code != 0 and message in result.output
     assert not (tmp_path / "c.sock").exists()
 
@@ -50,9 +53,7 @@ def test_nvml_backend_without_a_driver_says_so(tmp_path) -> None:
 @pytest.mark.slow
 def test_tcp_and_metrics_listeners(tmp_path) -> None:
     tcp, metrics = free_port(), free_port()
-    proc = daemon_process(
-        str(tmp_path / "c.sock"), "--tcp", f"127.0.0.1:{tcp}", "--metrics-port", str(metrics)
-    )
+    proc = daemon_process(str(tmp_path / "c.sock"), "--tcp", f"127.0.0.1:{tcp}", "--metrics-port", str(metrics))
     try:
         gpus = json.load(urllib.request.urlopen(f"http://127.0.0.1:{tcp}/v1/gpus", timeout=5))["gpus"]
         assert len(gpus) == 4
@@ -135,3 +136,30 @@ def test_a_corrupt_state_file_resets_every_gpu_and_says_so(tmp_path, nvml, caplo
     with daemon_thread(str(tmp_path / "c.sock"), backend=NvmlBackend(nvml), state=StateFile(str(state))):
         assert nvml.gpus[0].sm_mhz == 1980
     assert any("state" in r.getMessage() and "every GPU" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+    reason="the client runs as another user (needs root) with a Python that user can run",
+)
+def test_socket_group_admits_a_non_root_member_and_nobody_else(tmp_path) -> None:
+    """The chart's contract: socket 0660 root:<socket GID>; a uid-1000 pod with that supplemental group
+    connects, the same uid without it is refused (as the runtime image's user is, without the group)."""
+    home = Path(tempfile.mkdtemp(prefix="envpipe-sock-", dir="/tmp"))  # pytest's tmp_path is 0700 all the way
+    home.chmod(0o755)  # the client user must reach the socket's directory
+    sock = home / "c.sock"
+    proc = daemon_process(str(sock), "--socket-group", "2500", "--socket-mode", "660")
+    try:
+        st = sock.stat()
+        assert (st.st_gid, stat.S_IMODE(st.st_mode)) == (2500, 0o660)
+        connect = "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])"
+        probe = ["/usr/bin/python3", "-c", connect, str(sock)]
+        member = subprocess.run(probe, user=1000, group=1000, extra_groups=[2500], capture_output=True, text=True)
+        stranger = subprocess.run(probe, user=1000, group=1000, extra_groups=[], capture_output=True, text=True)
+        assert member.returncode == 0, member.stderr
+        assert stranger.returncode != 0 and "Permission denied" in stranger.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(home)

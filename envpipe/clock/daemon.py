@@ -57,6 +57,7 @@ class ServeOptions:
     socket_mode: int = 0o660
     max_rps: float = 5000.0
     max_connections: int = 256
+    socket_gid: int | None = None  # the group that may connect (the chart's socket GID); None: the daemon's own
     header_timeout_s: float = 10.0  # to send a request head; also how long an idle connection stays
     body_timeout_s: float = 10.0
 
@@ -257,7 +258,7 @@ def take_listeners(opts: ServeOptions) -> Listeners:
     listeners = Listeners()
     try:
         if opts.socket_path:
-            take_unix(listeners, opts.socket_path, opts.socket_mode)
+            take_unix(listeners, opts.socket_path, opts.socket_mode, opts.socket_gid)
         if opts.tcp:
             take_tcp(listeners, opts.tcp)
         if opts.metrics_port:
@@ -452,6 +453,13 @@ class _OneLineErrors(click.Command):
 )
 @click.option("--socket-mode", default="660", show_default=True, help="Octal permissions of the socket file.")
 @click.option(
+    "--socket-group",
+    "socket_gid",
+    type=click.IntRange(0, 2**31 - 1),
+    default=None,
+    help="Numeric group that owns the socket (the chart's socket GID; worker pods add it as a supplemental group).",
+)
+@click.option(
     "--max-rps",
     type=click.FloatRange(1),
     default=5000.0,
@@ -517,6 +525,7 @@ def main(
     pod_resources_socket: str,
     metrics_port: int,
     socket_mode: str,
+    socket_gid: int | None,
     max_rps: float,
     state_file: str,
     driver_deadline: float,
@@ -572,7 +581,15 @@ def main(
         raise SystemExit(1 if outcome["failed"] else 0)
 
     opts = ServeOptions(
-        socket_path or None, tcp, metrics_port, mode, max_rps, max_connections, header_timeout, body_timeout
+        socket_path or None,
+        tcp,
+        metrics_port,
+        socket_mode=mode,
+        max_rps=max_rps,
+        max_connections=max_connections,
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
+        socket_gid=socket_gid,
     )
     _serve_main(opts, state, lambda: build(state, ownership))
 

@@ -105,7 +105,8 @@ def _clear_stale(path: str) -> None:
     raise SocketInUse(f"--socket {path}: another daemon is already listening on it")
 
 
-def take_unix(listeners: Listeners, path: str, mode: int) -> None:
+def take_unix(listeners: Listeners, path: str, mode: int, gid: int | None = None) -> None:
+    """Bind ``path`` with ``mode``, owned by group ``gid`` (the training pods' group) if given."""
     size = len(os.fsencode(path))
     if size > SUN_PATH_MAX:
         raise StartupError(f"--socket {path}: too long for a Unix socket ({size} bytes; at most {SUN_PATH_MAX})")
@@ -124,7 +125,12 @@ def take_unix(listeners: Listeners, path: str, mode: int) -> None:
         finally:
             os.umask(old)
         listeners.unix, listeners.unix_path = sock, path
-        os.chmod(path, mode)
+        try:
+            if gid is not None:
+                os.chown(path, -1, gid)
+            os.chmod(path, mode)
+        except OSError as exc:
+            raise StartupError(f"--socket {path}: cannot set its group or mode: {exc.strerror}") from None
         sock.listen(1024)
     finally:
         os.close(dir_fd)
