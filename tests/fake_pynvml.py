@@ -113,6 +113,13 @@ class FakeNvml:
             yield
             self._save()
 
+    def update(self, uuid: str, **fields: object) -> None:
+        """Change a GPU behind every daemon's back (an operator's nvidia-smi, or a dead daemon's lock)."""
+        with self._synced():
+            gpu = next(g for g in self.gpus if g.uuid == uuid)
+            for name, value in fields.items():
+                setattr(gpu, name, value)
+
     def refresh(self) -> list[FakeGpu]:
         """The GPUs as the store has them now (tests read what a daemon process did)."""
         with self._synced():

@@ -157,23 +157,13 @@ def recorded(state: str) -> dict:
         return dict(json.load(f)["gpus"])
 
 
-def set_store(store: str, uuid: str, **fields) -> None:
-    """Change a GPU behind every daemon's back (an operator's nvidia-smi, or a dead daemon's lock)."""
-    fake = FakeNvml.from_store(store)
-    with fake._synced():
-        for g in fake.gpus:
-            if g.uuid == uuid:
-                for k, v in fields.items():
-                    setattr(g, k, v)
-
-
 @pytest.mark.slow
 def test_a_restart_after_sigkill_resets_the_leased_gpus_first_and_no_others(tmp_path) -> None:
     store, sock, state = str(tmp_path / "gpus.json"), str(tmp_path / "c.sock"), str(tmp_path / "state.json")
     FakeNvml([FakeGpu(A), FakeGpu(B), FakeGpu(C)], store=store)
     daemon = daemon_process(sock, "--state-file", state, nvml_store=store)
     try:
-        set_store(store, C, sm_mhz=1200)  # an operator's lock: not the daemon's to undo
+        FakeNvml.from_store(store).update(C, sm_mhz=1200)  # an operator's lock: not the daemon's to undo
         client = ClockClient(sock, gpu_uuids=[A], ttl_s=30)
         client.lock_now(A, 1005)
     finally:

@@ -92,6 +92,10 @@ class ClockService:
     def gpu_uuids(self) -> list[str]:
         return list(self._gpus)
 
+    def locked(self) -> dict[str, int]:
+        """The SM clock the daemon locked, per GPU that it locked (what the audit log says it set)."""
+        return {u: g.locked_mhz for u, g in self._gpus.items() if g.locked_mhz is not None}
+
     # ---- health -------------------------------------------------------------------------------
     def faults(self) -> dict[str, str]:
         return {u: g.fault for u, g in self._gpus.items() if g.fault is not None}
