@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_chart_clockd import container, helm, objects, pod_spec, render  # noqa: F401 (helm: fixture)
+import pytest
+
+from tests.test_chart_clockd import HelmNotFound, container, find_helm, objects, pod_spec, render
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        return find_helm()
+    except HelmNotFound as exc:
+        pytest.fail(f"no helm binary: {exc}")
 
 
 def test_the_state_file_lives_on_the_node(helm: Path) -> None:
@@ -23,3 +33,22 @@ def test_the_state_file_stays_out_of_the_socket_directory(helm: Path) -> None:
     result = render(helm, "state.hostDir=/run/envpipe")
     assert result.returncode != 0 and "must not be socket.hostDir" in result.stderr
     assert "/state/hostDir" in render(helm, "state.hostDir=relative").stderr
+
+
+def guard(objs: dict) -> dict:
+    return next(c for c in pod_spec(objs)["containers"] if c["name"] == "reset-guard")
+
+
+def test_the_reset_guard_shares_the_daemons_socket_state_and_privileges(helm: Path) -> None:
+    objs = objects(helm)
+    daemon, watcher = container(objs), guard(objs)
+    assert watcher["image"] == daemon["image"] and watcher["args"][0] == "--guard"
+    shared = ("--backend=", "--socket=", "--state-file=")
+    assert [a for a in watcher["args"] if a.startswith(shared)] == [a for a in daemon["args"] if a.startswith(shared)]
+    assert {m["name"] for m in watcher["volumeMounts"]} == {"socket-dir", "state-dir"}
+    assert watcher["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert watcher["env"] == daemon["env"]  # NVML through the NVIDIA runtime, like the daemon
+    readonly = guard(objects(helm, "backend=readonly"))["securityContext"]["capabilities"]
+    assert readonly == {"drop": ["ALL"]}
+    assert "reset-guard" not in {c["name"] for c in pod_spec(objects(helm, "resetGuard.enabled=false"))["containers"]}
+    assert "/resetGuard/enabled" in render(helm, "resetGuard.enabled=maybe").stderr
