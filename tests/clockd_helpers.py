@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from envpipe.clock.backends import Backend, SimBackend
-from envpipe.clock.daemon import ServeOptions, read_state, serve, take_listeners
+from envpipe.clock.daemon import read_state, serve, take_listeners
+from envpipe.clock.listen import ServeOptions
 from envpipe.clock.ownership import LocalPolicy, OwnershipPolicy
 from envpipe.clock.service import ClockService, ServiceConfig
 from envpipe.clock.state import StateFile

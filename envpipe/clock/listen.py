@@ -1,4 +1,5 @@
-"""Taking the daemon's listening sockets, before any GPU is touched.
+"""The daemon's listeners: what to serve on and with which limits, and taking the sockets before any
+GPU is touched.
 
 Every failure is one StartupError line that names the flag and the path, and leaves nothing behind:
 directories made here are removed again, and an existing socket file is only removed when it is
@@ -17,6 +18,19 @@ import stat
 from dataclasses import dataclass, field
 
 SUN_PATH_MAX = 107  # bytes of a Unix socket path (sun_path is 108 with its NUL)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    socket_path: str | None
+    tcp: str | None  # host:port, loopback only
+    metrics_port: int = 0  # 0: no separate metrics listener
+    socket_mode: int = 0o660
+    max_rps: float = 5000.0
+    max_connections: int = 256
+    socket_gid: int | None = None  # the group that may connect (the chart's socket GID); None: the daemon's own
+    header_timeout_s: float = 10.0  # to send a request head; also how long an idle connection stays
+    body_timeout_s: float = 10.0
 
 
 class StartupError(Exception):
