@@ -138,8 +138,8 @@ def test_probes_and_metrics(helm: Path) -> None:
     objs = objects(helm, "metrics.port=9500")
     c = container(objs)
     assert c["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}
     assert "--metrics-port=9500" in c["args"]
     annotations = objs["DaemonSet"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "9500"

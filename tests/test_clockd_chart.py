@@ -52,3 +52,14 @@ def test_the_reset_guard_shares_the_daemons_socket_state_and_privileges(helm: Pa
     assert readonly == {"drop": ["ALL"]}
     assert "reset-guard" not in {c["name"] for c in pod_spec(objects(helm, "resetGuard.enabled=false"))["containers"]}
     assert "/resetGuard/enabled" in render(helm, "resetGuard.enabled=maybe").stderr
+
+
+def test_probes_tell_a_starting_a_stuck_and_an_unready_daemon_apart(helm: Path) -> None:
+    c = container(objects(helm))
+    startup, liveness, readiness = c["startupProbe"], c["livenessProbe"], c["readinessProbe"]
+    assert startup["httpGet"]["path"] == liveness["httpGet"]["path"] == "/healthz"
+    assert readiness["httpGet"]["path"] == "/readyz"  # 503 while a GPU is unhealthy
+    # a start-up reset may wait one driver deadline (3 s) per GPU; a minute before liveness counts
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] <= 15  # a stuck loop restarts soon
+    assert "/startupProbe/failureThreshold" in render(helm, "startupProbe.failureThreshold=0").stderr
