@@ -32,6 +32,9 @@ CONTAINER = "a" * 64
         f"pod{POD_UID}/{CONTAINER}\n0::/\n",
         # guaranteed QoS (no QoS slice), CRI-O
         f"0::/kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice/crio-{CONTAINER}.scope\n",
+        # systemd driver, Docker (cri-dockerd)
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_UID.replace('-', '_')}.slice/"
+        f"docker-{CONTAINER}.scope\n",
     ],
 )
 def test_pod_uid_and_container_from_cgroup(cgroup) -> None:

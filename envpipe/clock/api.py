@@ -20,6 +20,7 @@ from envpipe.clock.errors import (
     BodyTooLarge,
     ClockError,
     ForeignRequest,
+    NoRoute,
     RequestTimeout,
     TooManyRequests,
     UnsupportedMediaType,
@@ -48,6 +49,7 @@ class Edge:
 
 
 EDGE: web.AppKey[Edge] = web.AppKey("edge", Edge)
+CLAIMED_POD = "claimed_pod"  # the request's X-Envpipe-Pod, parsed once by the middleware
 
 
 def _error(exc: ClockError) -> web.Response:
@@ -75,7 +77,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     conn = edge.gate.conn(request.protocol)
     key = conn.peer.rate_key(None)
     try:
-        claim = pod_claim(request.headers.get(POD_HEADER))
+        request[CLAIMED_POD] = claim = pod_claim(request.headers.get(POD_HEADER))
         key = conn.peer.rate_key(claim)
         _check_edge(request, edge, conn, key)
         edge.gate.begin(conn)
@@ -86,8 +88,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     except web.HTTPRequestEntityTooLarge:
         exc: ClockError = BodyTooLarge(f"request bodies are limited to {MAX_BODY_BYTES} bytes")
     except web.HTTPException as http:  # the router's 404 and 405
-        exc = ClockError(http.reason)
-        exc.status, exc.code = http.status, "http"
+        exc = NoRoute(http.status, http.reason)
     except ClockError as refusal:
         exc = refusal
     except ConnectionError:  # the client went away mid-request: nothing to answer, nothing to report
@@ -164,8 +165,7 @@ async def reset(request: web.Request) -> web.Response:
 async def open_lease(request: web.Request) -> web.Response:
     cmd = OpenLease.parse(await _body(request))
     conn = request.app[EDGE].gate.conn(request.protocol)
-    claimed = pod_claim(request.headers.get(POD_HEADER))
-    lease = await request.app[SERVICE].open_lease(conn.peer, cmd.pod, cmd.gpus, cmd.ttl_s, claimed)
+    lease = await request.app[SERVICE].open_lease(conn.peer, cmd.pod, cmd.gpus, cmd.ttl_s, request[CLAIMED_POD])
     return web.json_response(lease.to_json(time.monotonic()), status=201)
 
 

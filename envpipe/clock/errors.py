@@ -43,6 +43,16 @@ class UnknownLease(ClockError):
     status, code = 404, "unknown_lease"
 
 
+class NoRoute(ClockError):
+    """The router's answer: an unknown path (404) or a wrong method (405)."""
+
+    code = "http"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Held(ClockError):
     status, code = 409, "held_by_other_lease"
 
