@@ -239,3 +239,22 @@ def test_reset_all_and_exit(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"reset": [A, B], "failed": {}}
     assert [g.sm_mhz for g in FakeNvml.from_store(store).gpus] == [MAX, MAX] and not os.path.exists(sock)
+
+
+def test_reset_all_and_exit_leaves_a_daemon_that_holds_the_state_file_alone(tmp_path) -> None:
+    """The guard may run while the daemon stops: the socket is gone already, the state file is not."""
+    from envpipe.clock.state import StateFile
+
+    store, state = str(tmp_path / "gpus.json"), str(tmp_path / "state.json")
+    fake = FakeNvml([FakeGpu(A)], store=store)
+    with daemon_thread(str(tmp_path / "a.sock"), backend=NvmlBackend(fake), state=StateFile(state)):
+        lease = open_lease(str(tmp_path / "a.sock"), A)
+        assert lock(str(tmp_path / "a.sock"), A, lease, 1005)[0] == 200
+        done = subprocess.run(
+            daemon_argv(str(tmp_path / "b.sock"), "--state-file", state, "--reset-all-and-exit", nvml_store=store),
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
+        assert done.returncode == 0 and "live_daemon" in done.stdout, done.stderr
+        assert fake.refresh()[0].sm_mhz == 1005 and not (tmp_path / "b.sock").exists()

@@ -34,7 +34,7 @@ from envpipe.clock.listen import (
 from envpipe.clock.metrics import envpipe_version
 from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, make_policy
 from envpipe.clock.service import ClockService, ServiceConfig
-from envpipe.clock.state import Entry, StateError, StateFile, StateUnreadable
+from envpipe.clock.state import Entry, StateBusy, StateError, StateFile, StateUnreadable
 
 log = logging.getLogger("envpipe.clockd")
 
@@ -98,16 +98,21 @@ def reset_every_gpu(
     state: StateFile | None,
     build: Callable[[StateFile | None], ClockService],
 ) -> dict[str, object]:
-    """Reset every GPU unless a live daemon answers on the socket (it resets its own when it stops)."""
+    """Reset every GPU unless a live daemon answers on the socket or holds the state file (it resets its
+    own GPUs as it stops: resetting behind its back would make its records wrong)."""
     listeners = Listeners()
     try:
         if socket_path:
             take_unix(listeners, socket_path, socket_mode)  # no daemon starts while we reset
-    except SocketInUse:
-        return {"reset": [], "failed": {}, "live_daemon": socket_path}
-    try:
         if state is not None:
             state.open()
+    except (SocketInUse, StateBusy) as exc:
+        listeners.close()
+        return {"reset": [], "failed": {}, "live_daemon": str(exc)}
+    except BaseException:
+        listeners.close(failed_start=True)
+        raise
+    try:
         service = build(state)
         asyncio.run(service.start(None, "reset-all-and-exit"))
         faults = service.faults()

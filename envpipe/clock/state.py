@@ -23,6 +23,10 @@ class StateError(Exception):
     """The state file cannot be used: one line for the operator."""
 
 
+class StateBusy(StateError):
+    """Another live daemon holds the state file."""
+
+
 class StateUnreadable(Exception):
     """The state file exists but says nothing usable (then every GPU must be reset)."""
 
@@ -45,8 +49,8 @@ class StateFile:
     def open(self) -> dict[str, Entry] | None:
         """Take the file for this process; what it records, or None when there is no file yet.
 
-        StateError if the file cannot be used (no such directory, not writable, another daemon holds
-        it); StateUnreadable if its content is not a state file we wrote.
+        StateError if the file cannot be used (no such directory, not writable; StateBusy: another
+        daemon holds it); StateUnreadable if its content is not a state file we wrote.
         """
         where = f"--state-file {self.path}"
         if os.path.isdir(self.path):
@@ -64,7 +68,7 @@ class StateFile:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StateError(f"{where}: another envpipe-clockd holds {lock_path}") from None
+            raise StateBusy(f"{where}: another envpipe-clockd holds {lock_path}") from None
         self._lock_fd = fd
         return self._read()
 
