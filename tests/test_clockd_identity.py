@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from envpipe.clock.client import ClockClient
 from envpipe.clock.identity import Peer, pod_of_cgroup, resolve
 from tests.clockd_helpers import ROOT, call, daemon_process, daemon_thread, wait_for
 
@@ -94,20 +95,25 @@ def daemon_in_pid_namespace(sock: str) -> Iterator[None]:
 @pytest.mark.slow
 def test_in_its_own_pid_namespace_pods_get_their_own_rate_limit_and_audit_lines(tmp_path) -> None:
     sock = str(tmp_path / "c.sock")
-    daemon = daemon_process(sock, "--max-rps", "20", prefix=pid_namespace_prefix())
+    daemon = daemon_process(sock, "--max-rps", "20", "--max-mhz", "1400", prefix=pid_namespace_prefix())
     try:
         flood = {"X-Envpipe-Pod": "team/flooder-0"}
         calm = {"X-Envpipe-Pod": "team/trainer-0"}
         assert 429 in [call(sock, "GET", "/v1/gpus", headers=flood)[0] for _ in range(60)]
         assert [call(sock, "GET", "/v1/gpus", headers=calm)[0] for _ in range(10)] == [200] * 10
-        gpu = call(sock, "GET", "/v1/gpus", headers=calm)[1]["gpus"][0]["uuid"]
-        body = {"gpus": [gpu], "pod": {"namespace": "team", "name": "trainer-0"}}
+        gpus = [g["uuid"] for g in call(sock, "GET", "/v1/gpus", headers=calm)[1]["gpus"]]
+        body = {"gpus": gpus[:1], "pod": {"namespace": "team", "name": "trainer-0"}}
         assert call(sock, "POST", "/v1/leases", body, headers=calm)[0] == 201
+        # the bundled client names its pod on every request: its refusals are counted and logged per pod
+        with ClockClient(sock, gpu_uuids=gpus[1:2], pod={"namespace": "team", "name": "trainer-1"}) as client:
+            client.set(gpus[1], 1410)  # above --max-mhz: 422
+            client.flush()
     finally:
         out = stop_in_namespace(daemon)
     opened = [json.loads(line.split(" INFO ", 1)[1]) for line in out.splitlines() if '"lease_open"' in line]
-    assert len(opened) == 1 and "pod=team/trainer-0" in opened[0]["owner"]
+    assert len(opened) == 2 and "pod=team/trainer-0" in opened[0]["owner"]
     assert "pid=0" not in opened[0]["owner"] and "pid=hidden" in opened[0]["owner"]
+    assert "refused 422 out_of_range POST" in out and "from claimed-pod:team/trainer-1" in out
 
 
 FORKING_CLIENT = """
