@@ -66,7 +66,7 @@ def test_tcp_and_metrics_listeners(tmp_path) -> None:
         assert exc.value.code == 404
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.communicate(timeout=10)
 
 
 A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -161,5 +161,5 @@ def test_socket_group_admits_a_non_root_member_and_nobody_else(tmp_path) -> None
         assert stranger.returncode != 0 and "Permission denied" in stranger.stderr
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.communicate(timeout=10)
         shutil.rmtree(home)

@@ -168,7 +168,7 @@ def test_a_restart_after_sigkill_resets_the_leased_gpus_first_and_no_others(tmp_
         client.lock_now(A, 1005)
     finally:
         daemon.send_signal(signal.SIGKILL)
-        daemon.wait()
+        daemon.communicate()
     gpus = {g.uuid: g for g in FakeNvml.from_store(store).gpus}
     assert gpus[A].sm_mhz == 1005  # a dead daemon leaves the GPU slow
     assert recorded(state).keys() == {A}
@@ -184,7 +184,7 @@ def test_a_restart_after_sigkill_resets_the_leased_gpus_first_and_no_others(tmp_
     finally:
         client.close()
         daemon.terminate()
-        daemon.wait(10)
+        daemon.communicate(timeout=10)
 
 
 @pytest.mark.slow
@@ -226,7 +226,7 @@ def test_the_guard_resets_what_a_dead_daemon_left_and_leaves_a_live_daemon_alone
         client.close()
         for proc in procs:
             proc.kill()
-            proc.wait()
+            proc.communicate()
 
 
 def test_reset_all_and_exit(tmp_path) -> None:

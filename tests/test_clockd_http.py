@@ -120,9 +120,12 @@ def test_the_tcp_listener_refuses_foreign_hosts_and_cross_origin_requests(sock) 
 
         def post(headers: dict[str, str]) -> tuple[int, str]:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("POST", "/v1/leases", body=f'{{"gpus": ["{gpu}"]}}', headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read().decode()
+            try:
+                conn.request("POST", "/v1/leases", body=f'{{"gpus": ["{gpu}"]}}', headers=headers)
+                resp = conn.getresponse()
+                return resp.status, resp.read().decode()
+            finally:
+                conn.close()
 
         json_ct = {"Content-Type": "application/json"}
         # what a browser sends for a cross-site form or fetch after DNS rebinding
@@ -133,7 +136,7 @@ def test_the_tcp_listener_refuses_foreign_hosts_and_cross_origin_requests(sock) 
         assert post({"Host": f"localhost:{port}", **json_ct})[0] == 201
     finally:
         daemon.terminate()
-        daemon.wait(10)
+        daemon.communicate(timeout=10)
 
 
 def test_every_route_is_rate_limited(sock) -> None:

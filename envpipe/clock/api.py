@@ -49,7 +49,7 @@ class Edge:
 
 
 EDGE: web.AppKey[Edge] = web.AppKey("edge", Edge)
-CLAIMED_POD = "claimed_pod"  # the request's X-Envpipe-Pod, parsed once by the middleware
+CLAIMED_POD: web.RequestKey[str | None] = web.RequestKey("claimed_pod", str)  # X-Envpipe-Pod, parsed once
 
 
 def _error(exc: ClockError) -> web.Response:
