@@ -116,9 +116,14 @@ def daemon_argv(sock: str, *args: str, nvml_store: str | None = None) -> list[st
 
 
 def daemon_process(
-    sock: str, *args: str, nvml_store: str | None = None, prefix: tuple[str, ...] = ()
+    sock: str,
+    *args: str,
+    nvml_store: str | None = None,
+    prefix: tuple[str, ...] = (),
+    seen: list[str] | None = None,
 ) -> subprocess.Popen[str]:
-    """A daemon process, returned once it printed its ready line (its output goes on in stdout)."""
+    """A daemon process, returned once it printed its ready line (its output goes on in stdout; the
+    lines before the ready line are appended to ``seen``)."""
     proc = subprocess.Popen(
         [*prefix, *daemon_argv(sock, *args, nvml_store=nvml_store)],
         stdout=subprocess.PIPE,
@@ -128,7 +133,7 @@ def daemon_process(
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
-    seen = []
+    seen = [] if seen is None else seen
     for line in proc.stdout:
         if '"ready"' in line:
             return proc

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +56,15 @@ def take_listeners(opts: ServeOptions) -> Listeners:
     return listeners
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (from /proc: the kernel's count, not Python's)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime_s = float(f.read().split()[0])
+    return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def read_state(state: StateFile | None) -> dict[str, Entry] | None:
     """What a previous daemon left, or None when every GPU must be reset (StateError: unusable file)."""
     if state is None:
@@ -85,6 +96,11 @@ async def serve(
     except (ValueError, ClockError) as exc:
         service.close()
         raise StartupError(str(exc)) from None
+    log.info(
+        "start-up resets done %.0f ms after the process started (%.0f ms of CPU)",
+        process_age_s() * 1000,
+        time.process_time() * 1000,
+    )
     # The HTTP stack (aiohttp: a quarter of a second of imports) loads only now: GPUs a dead daemon
     # left slow are reset first.
     from envpipe.clock.api import serve_http
