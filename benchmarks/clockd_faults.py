@@ -176,11 +176,12 @@ def at_default(fake: FakeNvml, index: int) -> Callable[[], bool]:
 
 
 def expiry_delay(sock: str, fake: FakeNvml, readers: list[socket.socket]) -> float:
-    """A lease on GPU A (TTL 0.5 s) left to expire while a read of GPU B is in flight: seconds from the
+    """A lease on GPU A (TTL 1 s) left to expire while a read of GPU B is in flight: seconds from the
     expiry until A is back at its default clock."""
-    lease = call(sock, "POST", "/v1/leases", {"gpus": [A_UUID], "ttl_s": 0.5})[1]["lease"]
-    expires = time.monotonic() + 0.5
-    assert call(sock, "POST", f"/v1/gpus/{A_UUID}/lock", {"lease": lease, "mhz": 1005})[0] == 200
+    lease = call(sock, "POST", "/v1/leases", {"gpus": [A_UUID], "ttl_s": 1.0})[1]["lease"]
+    expires = time.monotonic() + 1.0
+    status, body = call(sock, "POST", f"/v1/gpus/{A_UUID}/lock", {"lease": lease, "mhz": 1005})
+    assert status == 200, body
     reader = socket.socket(socket.AF_UNIX)  # stuck in the driver where B hangs
     reader.connect(sock)
     reader.sendall(f"GET /v1/gpus/{B_UUID} HTTP/1.1\r\nHost: clockd\r\n\r\n".encode())
@@ -197,7 +198,7 @@ def expiry_next_to_a_hung_gpu(workdir: str) -> list[str]:
         for i, hang in enumerate(({}, {"nvmlDeviceGetClockInfo": 30.0})):
             store, sock = os.path.join(workdir, f"hung{i}.json"), os.path.join(workdir, f"hung{i}.sock")
             fake = FakeNvml([FakeGpu(A_UUID), FakeGpu(B_UUID, hang=hang)], store=store)
-            daemons.append(daemon_process(sock, "--log-level", "warning", "--driver-deadline", "1", nvml_store=store))
+            daemons.append(daemon_process(sock, "--log-level", "warning", nvml_store=store))
             setups.append((sock, fake, []))
         jitter = random.Random(15)
         for _ in range(EXPIRIES):
