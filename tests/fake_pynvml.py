@@ -79,10 +79,14 @@ class FakeNvml:
     def __init__(self, gpus: list[FakeGpu], store: str | None = None) -> None:
         self.gpus = gpus
         self.store = store
-        self.initialized = False
+        self.refs = 0  # NVML counts nvmlInit calls; each nvmlShutdown undoes one
         self.release = threading.Event()
         if store is not None and not os.path.exists(store):
             self._save()
+
+    @property
+    def initialized(self) -> bool:
+        return self.refs > 0
 
     @classmethod
     def from_store(cls, store: str) -> FakeNvml:
@@ -139,11 +143,11 @@ class FakeNvml:
             raise NVMLError_Uninitialized()
 
     def nvmlInit(self) -> None:
-        self.initialized = True
+        self.refs += 1
 
     def nvmlShutdown(self) -> None:
         self._check()
-        self.initialized = False
+        self.refs -= 1
 
     def nvmlDeviceGetCount(self) -> int:
         self._check()
