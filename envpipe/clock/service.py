@@ -228,8 +228,8 @@ class ClockService:
                         }
                     )
                 )
-        now = time.time()
-        self._dirty = {u: Entry("unknown", why, now) for u in todo}
+        unknown = Entry("unknown", why, time.time())  # no state to say who left it
+        self._dirty = {u: previous[u] if previous else unknown for u in todo}
         await self._persist()  # a state file that cannot be written fails here, before any clock changes
         await self._reset_each(todo, why)
         self.started = True
