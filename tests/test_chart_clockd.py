@@ -48,8 +48,8 @@ def pod_spec(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def container(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    (only,) = pod_spec(objs)["containers"]
-    return only
+    """The daemon's container (the reset guard runs beside it)."""
+    return next(c for c in pod_spec(objs)["containers"] if c["name"] == "clockd")
 
 
 def test_helm_lint(helm: Path) -> None:
@@ -138,8 +138,8 @@ def test_probes_and_metrics(helm: Path) -> None:
     objs = objects(helm, "metrics.port=9500")
     c = container(objs)
     assert c["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}
     assert "--metrics-port=9500" in c["args"]
     annotations = objs["DaemonSet"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "9500"

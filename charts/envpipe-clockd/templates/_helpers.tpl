@@ -49,3 +49,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail (printf "leaseTTLSeconds (%v) must lie in 0.5-300" .Values.leaseTTLSeconds) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The state file stays out of the socket directory, which training pods mount. */}}
+{{- define "envpipe-clockd.validateState" -}}
+{{- if eq (clean .Values.state.hostDir) (clean .Values.socket.hostDir) -}}
+{{- fail (printf "state.hostDir (%s) must not be socket.hostDir: training pods mount the socket directory" .Values.state.hostDir) -}}
+{{- end -}}
+{{- end -}}
