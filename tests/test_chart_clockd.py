@@ -131,7 +131,8 @@ def test_sockets_on_host_paths(helm: Path) -> None:
 
 def test_socket_group_and_mode_follow_values(helm: Path) -> None:
     c = container(objects(helm, "socket.gid=3100", "socket.mode=0660"))
-    assert c["securityContext"]["runAsGroup"] == 3100 and "--socket-mode=0660" in c["args"]
+    assert c["securityContext"]["runAsGroup"] == 3100
+    assert {"--socket-mode=0660", "--socket-group=3100"} <= set(c["args"])
 
 
 def test_metrics_only_from_allowed_peers(helm: Path) -> None:
