@@ -44,7 +44,7 @@ from envpipe.energy.meter import METER_PERIOD_S  # noqa: E402
 from envpipe.plan.schedules import one_f_one_b  # noqa: E402
 from envpipe.runtime import config as envpipe_config  # noqa: E402
 from envpipe.runtime import distributed, replicas  # noqa: E402
-from envpipe.runtime.clocks import NvmlEnergyClock, SimClock  # noqa: E402
+from envpipe.runtime.clocks import Device, NvmlEnergyClock, SimClock, make_clock  # noqa: E402
 from envpipe.runtime.runner import Runner  # noqa: E402
 from envpipe.runtime.timing import StageTiming, predicted_timeline  # noqa: E402
 
@@ -88,7 +88,13 @@ def runtime_run(
     cfg = envpipe_config.parse(
         {"type": "baseline", "scheduling": scheduling, "report_dir": str(report_dir)}, environ={}
     )
-    return train_gpt.run_envpipe(engine, data, cfg, engine.train_batch_size(), steps, calibration_steps)
+    device = Device(engine.device.type == "cuda", engine.device.index or 0, engine.grid.get_data_parallel_id())
+    clock = make_clock(cfg, device)
+    try:
+        return train_gpt.run_envpipe(engine, data, cfg, clock, engine.train_batch_size(), steps, calibration_steps)
+    finally:
+        if clock is not None:
+            clock.close()
 
 
 def stage_ends(runner: Runner, orders: list) -> dict[str, list[float]] | None:

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import deepspeed
 import torch
@@ -29,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from envpipe.runtime import config as envpipe_config
 from envpipe.runtime import distributed, replicas
+from envpipe.runtime.clocks import Clock, ClockUnavailable, Device, make_clock
 from envpipe.runtime.engine import initialize
 from envpipe.runtime.jobreport import RankRecord, job_summary
 from envpipe.runtime.report import StageReport, summarize
-from envpipe.runtime.runner import Runner, make_clock
+from envpipe.runtime.runner import Runner
 from envpipe.runtime.textreport import render
 
 
@@ -189,8 +191,13 @@ def run_stock(engine, data: Iterator, args: argparse.Namespace, samples: int) ->
     return summary
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)
@@ -236,20 +243,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    ds_config = json.loads(Path(args.config).read_text()) if args.config else {}
-    ds_config, cfg = envpipe_config.split(ds_config)
-    overrides = {k: v for k, v in (("plan", args.plan), ("clock", args.clock)) if v}
-    overrides["report_dir"] = args.report_dir
-    cfg = envpipe_config.parse({**_block(cfg), **overrides})
-    # the launcher's WORLD_SIZE: a bad shape stops the job before any process group starts
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    stages, _ = replicas.pipeline_shape(world, args.pipeline_stages or cfg.pipeline_stages)
-    on_gpu = uses_gpu()
-    distributed.init_distributed(on_gpu)
-    train(args, ds_config, cfg, stages)
+    try:
+        ds_config, cfg = envpipe_config.split(read_config(args.config) if args.config else {})
+        overrides = {k: v for k, v in (("plan", args.plan), ("clock", args.clock)) if v}
+        overrides["report_dir"] = args.report_dir
+        cfg = envpipe_config.parse({**_block(cfg), **overrides})
+        # the launcher's WORLD_SIZE: a bad shape stops the job before any process group starts
+        world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        stages, dp = replicas.pipeline_shape(world, args.pipeline_stages or cfg.pipeline_stages)
+        on_gpu = uses_gpu()
+        # the clock is decided before the model is built: a job that cannot have the clocks it asked for
+        # stops now, with one line (DeepSpeed's grid is pipe-major: a rank's replica is rank % replicas)
+        device = Device(on_gpu, int(os.environ.get("LOCAL_RANK", "0")), replica=rank % dp)
+        clock = make_clock(cfg, device, replicas.sim_slowdown(device.replica)) if args.engine == "envpipe" else None
+    except (OSError, ValueError, ClockUnavailable) as exc:  # before any process group: a plain exit is safe
+        print(f"train_gpt.py: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        distributed.init_distributed(on_gpu)
+        train(args, ds_config, cfg, stages, clock)
+    finally:
+        if clock is not None:
+            clock.close()  # back to default clocks
 
 
-def train(args: argparse.Namespace, ds_config: dict, cfg: envpipe_config.EnvPipeConfig, stages: int) -> None:
+def train(
+    args: argparse.Namespace, ds_config: dict, cfg: envpipe_config.EnvPipeConfig, stages: int, clock: Clock | None
+) -> None:
     """Build the engine and train: stock DeepSpeed, or the EnvPipe runtime (rank 0 prints the report)."""
     engine = build_engine(args, ds_config, args.engine, stages)
     data = tokens(args, engine.device)
@@ -263,6 +283,7 @@ def train(args: argparse.Namespace, ds_config: dict, cfg: envpipe_config.EnvPipe
         engine,
         data,
         cfg,
+        clock,
         samples,
         args.steps,
         args.calibration_steps,
@@ -279,24 +300,32 @@ def run_envpipe(
     engine,
     data: Iterator,
     cfg: envpipe_config.EnvPipeConfig,
+    clock: Clock | None,
     samples: int,
     steps: int,
     calibration_steps: int,
     **runner_options: int,
 ) -> tuple[dict | None, Runner]:
-    """The EnvPipe runtime: calibration, then ``steps`` steady iterations; clocks back to default after.
+    """The EnvPipe runtime: calibration, then ``steps`` steady iterations.
 
     ``runner_options``: Runner's profile_points / reconfigure_rounds (default: Runner's). Returns the
-    summary (rank 0; None elsewhere) and the runner.
+    summary (rank 0; None elsewhere) and the runner. The caller closes ``clock`` (default clocks back).
     """
-    clock = make_clock(cfg, engine)
+    runner = Runner(engine, cfg, clock, samples, **runner_options)
+    return runner.train(data, steps, calibration_steps), runner
+
+
+def read_config(path: str) -> dict:
+    """The DeepSpeed JSON config, or a ValueError that names the file and the reason."""
     try:
-        runner = Runner(engine, cfg, clock, samples, **runner_options)
-        summary = runner.train(data, steps, calibration_steps)
-    finally:
-        if clock is not None:
-            clock.close()  # back to default clocks
-    return summary, runner
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"--config {path}: cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config {path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: a DeepSpeed config is a JSON object")
+    return data
 
 
 def uses_gpu() -> bool:

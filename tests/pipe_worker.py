@@ -25,8 +25,10 @@ from deepspeed.pipe import PipelineModule
 
 from envpipe.runtime import config as envpipe_config
 from envpipe.runtime import distributed
+from envpipe.runtime.clocks import Device, make_clock
 from envpipe.runtime.engine import initialize
-from envpipe.runtime.runner import Runner, make_clock
+from envpipe.runtime.replicas import sim_slowdown
+from envpipe.runtime.runner import Runner
 
 HIDDEN, MICRO = 8, 2
 
@@ -73,8 +75,13 @@ def train(engine, run: dict, out: Path) -> list[float]:
     engine.train_batch = lambda data_iter: losses.append(float(train_batch(data_iter))) or losses[-1]
     cfg = envpipe_config.parse({**run["envpipe"], "report_dir": str(out / run["name"])})
     calibration = run.get("calibration", 1)
-    clock = make_clock(cfg, engine)
-    Runner(engine, cfg, clock, engine.train_batch_size()).train(it, run["steps"], calibration)
+    replica = engine.grid.get_data_parallel_id()
+    clock = make_clock(cfg, Device(False, int(os.environ.get("LOCAL_RANK", "0")), replica), sim_slowdown(replica))
+    try:
+        Runner(engine, cfg, clock, engine.train_batch_size()).train(it, run["steps"], calibration)
+    finally:
+        if clock is not None:
+            clock.close()
     return losses
 
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
 import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -63,3 +69,28 @@ def test_tcp_and_metrics_listeners(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="the client runs as another user (needs root) with a Python that user can run")
+def test_socket_group_admits_a_non_root_member_and_nobody_else(tmp_path) -> None:
+    """The chart's contract: socket 0660 root:<socket GID>; a uid-1000 pod with that supplemental group
+    connects, the same uid without it is refused (as the runtime image's user is, without the group)."""
+    home = Path(tempfile.mkdtemp(prefix="envpipe-sock-", dir="/tmp"))  # pytest's tmp_path is 0700 all the way
+    home.chmod(0o755)  # the client user must reach the socket's directory
+    sock = home / "c.sock"
+    proc = daemon_process(str(sock), "--socket-group", "2500", "--socket-mode", "660")
+    try:
+        st = sock.stat()
+        assert (st.st_gid, stat.S_IMODE(st.st_mode)) == (2500, 0o660)
+        connect = "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])"
+        probe = ["/usr/bin/python3", "-c", connect, str(sock)]
+        member = subprocess.run(probe, user=1000, group=1000, extra_groups=[2500], capture_output=True, text=True)
+        stranger = subprocess.run(probe, user=1000, group=1000, extra_groups=[], capture_output=True, text=True)
+        assert member.returncode == 0, member.stderr
+        assert stranger.returncode != 0 and "Permission denied" in stranger.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(home)

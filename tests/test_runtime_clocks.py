@@ -1,15 +1,20 @@
-"""Clock setters: the simulated clock's time stretch and energy, the daemon adapter's thread."""
+"""Clock setters: the simulated clock's time stretch and energy; the daemon clock against a real envpipe-clockd;
+which clock a rank gets (decided before the model is built)."""
 
 from __future__ import annotations
 
-import threading
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from envpipe.clock.service import ServiceConfig
 from envpipe.profile import FrequencyModel
 from envpipe.runtime import clocks
-from envpipe.runtime.clocks import DaemonClock, SimClock
+from envpipe.runtime.clocks import ClockUnavailable, DaemonClock, Device, NvmlEnergyClock, SimClock, make_clock
+from envpipe.runtime.config import parse
+from tests.clockd_helpers import daemon_thread
 
 
 def test_sim_clock_stretches_units_by_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,7 +26,7 @@ def test_sim_clock_stretches_units_by_the_model(monkeypatch: pytest.MonkeyPatch)
     clock.set(low)
     sleeps: list[float] = []
     monkeypatch.setattr(clocks.time, "sleep", sleeps.append)  # what it sleeps, exactly, not how long it took
-    clock.after_unit(0.05)  # a unit that took 50 ms at the top clock
+    clock.after_unit(0.05, 0.05)  # a unit that took 50 ms (wall and CPU) at the top clock
     assert sleeps == [pytest.approx(0.05 * (scale - 1))]
     assert clock.requested == [low]
     busy = 0.05 * scale * model.busy_power(low)
@@ -38,76 +43,106 @@ def test_sim_clock_energy_counts_idle_time_at_idle_power() -> None:
     e = clock.energy_j()
     t2 = time.perf_counter()
     assert 0.05 * idle <= e <= (t2 - t0) * idle  # bounds from the times around, however busy the machine
-    clock.after_unit(0.01)  # top clock: no stretch; the unit's 10 ms count busy, not idle
+    clock.after_unit(0.01, 0.01)  # top clock: no stretch; the unit's 10 ms count busy, not idle
     e2 = clock.energy_j()
     t3 = time.perf_counter()
     assert 0.01 * (busy - idle) <= e2 - e <= 0.01 * busy + (t3 - t1 - 0.01) * idle
 
 
-class SlowClient:
-    """Stands in for envpipe.clock.client.ClockClient at its module API (set/energy_mj/close)."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-        self.release = threading.Event()
-        self.closed = False
+def test_sim_clock_stretches_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit slowed by other load (wall 80 ms, CPU 50 ms) gets the simulated GPU time of its 50 ms of work."""
+    model = FrequencyModel.default()
+    low = model.clocks_mhz[len(model.clocks_mhz) // 2]
+    scale = model.time_scale(low)
+    clock = SimClock(model)
+    clock.set(low)
+    sleeps: list[float] = []
+    monkeypatch.setattr(clocks.time, "sleep", sleeps.append)
+    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
+    clock.after_unit(0.08, 0.05)
+    assert sleeps == [pytest.approx(max(0.0, 0.05 * scale - 0.08))] or (0.05 * scale <= 0.08 and sleeps == [])
+    assert clock._busy_s == pytest.approx(0.05 * scale)  # busy energy follows the work, not the load
+    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 4)  # intra-op threads: wall time stands in
+    clock.after_unit(0.08, 0.05)
+    assert clock._busy_s == pytest.approx(0.05 * scale + 0.08 * scale)
 
-    def set(self, uuid: str, mhz: int) -> None:
-        self.release.wait(5)
-        self.calls.append((uuid, mhz))
 
-    def energy_mj(self, uuid: str) -> int:
-        return 123456
-
-    def close(self) -> None:
-        self.closed = True
+CPU = Device(on_gpu=False, local_rank=0)
+GPU = Device(on_gpu=True, local_rank=0)
 
 
-def test_daemon_clock_never_blocks_the_training_thread() -> None:
-    client = SlowClient()
-    clock = DaemonClock(client, "GPU-1", [1410, 1005])
-    t0 = time.perf_counter()
-    for mhz in (1400, 1200, 1000):
-        clock.set(mhz)
-    assert time.perf_counter() - t0 < 2.0  # the client is stuck for 5 s, the caller is not
-    client.release.set()
-    deadline = time.monotonic() + 5
-    while (not client.calls or client.calls[-1] != ("GPU-1", 1000)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert client.calls[-1] == ("GPU-1", 1000)  # the latest request wins; stale ones may be skipped
-    assert clock.energy_j() == pytest.approx(123.456)
+def test_clock_choice_without_a_daemon(tmp_path: Path) -> None:
+    env = {"ENVPIPE_CLOCKD_SOCKET": str(tmp_path / "none.sock")}
+    assert isinstance(make_clock(parse({}, {}), CPU, environ=env), SimClock)
+    assert make_clock(parse({"clock": "none"}, {}), CPU, environ=env) is None
+    with pytest.raises(ClockUnavailable, match=r"asked for .*'daemon'.* no envpipe-clockd socket at .*none\.sock"):
+        make_clock(parse({"clock": "daemon"}, {}), CPU, environ=env)
+    with pytest.raises(ClockUnavailable, match="'sim' emulates clocks on CPU only"):
+        make_clock(parse({"clock": "sim"}, {}), GPU, environ=env)
+
+
+def test_environment_chooses_the_clock() -> None:
+    assert parse({}, {"ENVPIPE_CLOCK": "daemon"}).clock == "daemon"
+    assert parse({"clock": "sim"}, {"ENVPIPE_CLOCK": "none"}).clock == "none"
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch):
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    gpus = [FakeGpu(uuid="GPU-aaaa")]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus))  # what `import pynvml` in the runtime gets
+    return gpus
+
+
+def test_gpu_without_the_daemon_runs_at_default_clocks_with_a_note(
+    tmp_path: Path, fake_nvml: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {"ENVPIPE_CLOCKD_SOCKET": str(tmp_path / "absent.sock")}
+    clock = make_clock(parse({}, {}), GPU, environ=env)
+    assert isinstance(clock, NvmlEnergyClock) and not clock.controls_clocks
+    assert clock.note is not None and "clocks cannot be changed here" in clock.note
+    assert clock.energy_label == "measured" and clock.supported_mhz[0] == 1980
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [f"envpipe: {clock.note}"]
     clock.close()
-    assert client.closed
+    with pytest.raises(ClockUnavailable, match="asked for"):
+        make_clock(parse({"clock": "daemon"}, {}), GPU, environ=env)
 
 
-def test_daemon_clock_survives_a_failing_request() -> None:
-    class Failing(SlowClient):
-        def set(self, uuid: str, mhz: int) -> None:
-            raise OSError("socket gone")
+def test_daemon_clock_on_cpu_locks_through_clockd_and_reports_refusals(tmp_path: Path) -> None:
+    """A real envpipe-clockd (sim backend, allow-list up to 1200 MHz): locks arrive; a refusal reaches the clock."""
+    sock = str(tmp_path / "clockd.sock")
+    with daemon_thread(sock, config=ServiceConfig(max_mhz=1200)) as service:
+        env = {"ENVPIPE_CLOCKD_SOCKET": sock}
+        clock = make_clock(parse({"clock": "daemon"}, {}), Device(False, local_rank=1), environ=env)
+        assert isinstance(clock, DaemonClock) and clock.emulated is not None
+        second = list(service._static)[1]
+        assert clock.gpu_uuid == second  # the daemon's GPU number LOCAL_RANK
+        assert clock.energy_label == "simulated" and clock.needs_unit_times
+        t0 = time.perf_counter()
+        clock.set(1005)
+        assert time.perf_counter() - t0 < 0.5  # queued on the client's loop thread, never awaited here
+        clock._client.flush()
+        assert service._locked[second] == 1005
+        clock.set(1410)  # above the allow-list: refused with 422
+        clock._client.flush()
+        refused = clock.refusals()
+        assert [(r.mhz, r.status) for r in refused] == [(1410, 422)] and "1410" in refused[0].message
+        clock.close()
+        assert second not in service._locked  # the lease ended: the daemon reset the GPU
 
-    client = Failing()
-    clock = DaemonClock(client, "GPU-2", [1410])
-    clock.set(900)
-    time.sleep(0.05)
-    clock.set(800)
-    clock.close()
-    assert clock.requested == [900, 800]
 
-
-def test_clock_backend_choice() -> None:
-    from types import SimpleNamespace
-
-    import torch
-
-    from envpipe.runtime.config import parse
-    from envpipe.runtime.runner import make_clock
-
-    grid = SimpleNamespace(get_data_parallel_id=lambda: 0)  # replica 0
-    cpu = SimpleNamespace(device=torch.device("cpu"), grid=grid)
-    gpu = SimpleNamespace(device=torch.device("cuda", 0), grid=grid)
-    assert isinstance(make_clock(parse({}, {}), cpu), SimClock)
-    assert make_clock(parse({"clock": "none"}, {}), cpu) is None
-    with pytest.raises(ValueError, match="'daemon' needs a GPU"):
-        make_clock(parse({"clock": "daemon"}, {}), cpu)
-    with pytest.raises(ValueError, match="'sim' emulates clocks on CPU only"):
-        make_clock(parse({"clock": "sim"}, {}), gpu)
+def test_daemon_clock_by_uuid_and_an_unknown_uuid(tmp_path: Path) -> None:
+    sock = str(tmp_path / "clockd.sock")
+    with daemon_thread(sock) as service:
+        first = next(iter(service._static))
+        env = {"ENVPIPE_CLOCKD_SOCKET": sock, "ENVPIPE_GPU_UUID": first}
+        clock = make_clock(parse({"clock": "daemon"}, {}), Device(False, local_rank=3), environ=env)
+        assert isinstance(clock, DaemonClock) and clock.gpu_uuid == first
+        clock.close()
+        env["ENVPIPE_GPU_UUID"] = "GPU-nope"
+        with pytest.raises(ClockUnavailable, match="no GPU GPU-nope"):
+            make_clock(parse({"clock": "daemon"}, {}), CPU, environ=env)
+        with pytest.raises(ClockUnavailable, match="none for local rank 9"):
+            make_clock(parse({"clock": "daemon"}, {}), Device(False, 9), environ={"ENVPIPE_CLOCKD_SOCKET": sock})

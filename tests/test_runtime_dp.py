@@ -314,20 +314,26 @@ def test_gpu_script_parses_and_its_table_reads_reports(tmp_path: Path) -> None:
     assert lines[5].startswith("| stock_dp2_zero1 | skipped: needs 4 GPUs, 2 visible |")
 
 
-def test_example_refuses_stages_that_do_not_divide_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_refuses_stages_that_do_not_divide_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     example = Path(__file__).resolve().parents[1] / "examples"
     monkeypatch.syspath_prepend(str(example))
     import train_gpt
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(replicas.ReplicaError, match="3 pipeline stages do not divide the 4 processes"):
-        train_gpt.main(["--tiny", "--pipeline-stages", "3"])
+
+    def refused(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exc:
+            train_gpt.main(argv)
+        assert exc.value.code == 2
+        return capsys.readouterr().err
+
+    assert "3 pipeline stages do not divide the 4 processes" in refused(["--tiny", "--pipeline-stages", "3"])
     (tmp_path / "ds.json").write_text(json.dumps({"envpipe": {"pipeline_stages": 8}}))
-    with pytest.raises(replicas.ReplicaError, match="8 pipeline stages do not divide the 4 processes"):
-        train_gpt.main(["--tiny", "--config", "ds.json"])
-    with pytest.raises(SystemExit):
-        train_gpt.main(["--tiny", "--pipeline-stages", "0"])
+    assert "8 pipeline stages do not divide the 4 processes" in refused(["--tiny", "--config", "ds.json"])
+    assert "--pipeline-stages must be >= 1" in refused(["--tiny", "--pipeline-stages", "0"])
     assert list(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
 
 

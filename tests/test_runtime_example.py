@@ -12,7 +12,6 @@ from types import ModuleType
 import pytest
 
 from envpipe.plan.schedules import envpipe_schedule
-from envpipe.runtime.config import EnvPipeConfigError
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,21 +102,36 @@ def test_example_runs_a_plan_with_simulated_clocks(model: str, tmp_path: Path) -
     assert (tmp_path / "rep" / "gantt.png").stat().st_size > 1000
 
 
-def test_example_refuses_bad_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_refuses_bad_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """One line on stderr and exit 2, before any process group or model exists; nothing left behind."""
     train_gpt = _import_example()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ENVPIPE_SCHEDULING", "gpipe")
-    with pytest.raises(
-        EnvPipeConfigError, match="ENVPIPE_SCHEDULING is 'gpipe'; choose one of 1f1b, envpipe"
-    ):
-        train_gpt.main(["--tiny"])
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+    def refused(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exc:
+            train_gpt.main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and len(err.splitlines()) == 1
+        return err
+
+    assert "ENVPIPE_SCHEDULING is 'gpipe'; choose one of 1f1b, envpipe" in refused(["--tiny"])
     monkeypatch.delenv("ENVPIPE_SCHEDULING")
     (tmp_path / "ds.json").write_text(json.dumps({"envpipe": {"type": "fastest"}}))
-    with pytest.raises(EnvPipeConfigError, match=r"'envpipe\.type' is 'fastest'"):
-        train_gpt.main(["--tiny", "--config", "ds.json"])
-    with pytest.raises(SystemExit):
-        train_gpt.main(["--tiny", "--steps", "0"])
-    assert list(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
+    assert "'envpipe.type' is 'fastest'" in refused(["--tiny", "--config", "ds.json"])
+    missing = refused(["--tiny", "--config", "missing.json"])
+    assert "--config missing.json: cannot read: No such file or directory" in missing
+    (tmp_path / "bad.json").write_text("{")
+    assert "--config bad.json: not JSON" in refused(["--tiny", "--config", "bad.json"])
+    (tmp_path / "bad.json").unlink()
+    monkeypatch.setenv("ENVPIPE_CLOCKD_SOCKET", str(tmp_path / "absent.sock"))
+    assert "clock control was asked for" in refused(["--tiny", "--clock", "daemon"])
+    assert "--steps must be >= 1" in refused(["--tiny", "--steps", "0"])
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
 
 
 @pytest.mark.slow

@@ -33,6 +33,34 @@ class ClockRequestError(RuntimeError):
         self.status, self.body = status, body
 
 
+def _unreachable(path: str, exc: BaseException) -> ClockDaemonUnavailable:
+    """One line: the socket and the OS's reason (aiohttp's own text names TLS settings that do not apply)."""
+    why = getattr(exc, "os_error", None) or exc
+    reason = getattr(why, "strerror", None) or str(why) or type(why).__name__
+    return ClockDaemonUnavailable(f"envpipe-clockd does not answer on {path}: {reason}")
+
+
+def list_gpus(socket_path: str | None = None, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """The daemon's GPUs (``GET /v1/gpus``) without opening a lease."""
+    path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+    if not os.path.exists(path):
+        raise ClockDaemonUnavailable(f"no envpipe-clockd socket at {path} (set {SOCKET_ENV})")
+
+    async def get() -> list[dict[str, Any]]:
+        try:
+            async with aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=path), timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as session, session.get("http://clockd/v1/gpus") as resp:
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise _unreachable(path, exc) from exc
+        if resp.status >= 400:
+            raise ClockRequestError(resp.status, body if isinstance(body, dict) else {"message": str(body)})
+        return list(body["gpus"])
+
+    return asyncio.run(get())
+
+
 class ClockClient:
     def __init__(
         self,
@@ -45,7 +73,8 @@ class ClockClient:
     ) -> None:
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.ttl_s = ttl_s
-        self.last_error: Exception | None = None  # the latest failed set(), for the runtime to report
+        self.last_error: Exception | None = None  # the latest failed set() or heartbeat
+        self.refused: list[tuple[int, ClockRequestError]] = []  # every refused set(): (MHz, the daemon's answer)
         self.applied: dict[str, int] = {}  # gpu uuid -> clock the daemon applied last
         self._pending: dict[str, int] = {}
         self._busy = False  # a lock request is in flight
@@ -70,9 +99,7 @@ class ClockClient:
             async with self._session.request(method, "http://clockd" + path, json=json) as resp:
                 body = await resp.json(content_type=None)
         except aiohttp.ClientConnectionError as exc:
-            raise ClockDaemonUnavailable(
-                f"envpipe-clockd does not answer on {self.socket_path}: {exc}"
-            ) from exc
+            raise _unreachable(self.socket_path, exc) from exc
         if resp.status >= 400:
             raise ClockRequestError(resp.status, body if isinstance(body, dict) else {"message": str(body)})
         return body
@@ -80,8 +107,7 @@ class ClockClient:
     async def _open(self, gpus: list[str], pod: dict[str, str] | None) -> str:
         if not os.path.exists(self.socket_path):
             raise ClockDaemonUnavailable(
-                f"no envpipe-clockd socket at {self.socket_path} "
-                f"(set {SOCKET_ENV}); running at default clocks"
+                f"no envpipe-clockd socket at {self.socket_path} (set {SOCKET_ENV})"
             )
         self._session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=self.socket_path), timeout=aiohttp.ClientTimeout(total=10)
@@ -131,7 +157,11 @@ class ClockClient:
                 try:
                     reply = await self._request("POST", f"/v1/gpus/{uuid}/lock", {"lease": lease, "mhz": mhz})
                     self.applied[uuid] = reply["applied_mhz"]
-                except (ClockDaemonUnavailable, ClockRequestError) as exc:
+                except ClockRequestError as exc:
+                    self.last_error = exc
+                    self.refused.append((mhz, exc))
+                    log.warning("clock set %s -> %d MHz refused: %s", uuid, mhz, exc)
+                except ClockDaemonUnavailable as exc:
                     self.last_error = exc
                     log.warning("clock set %s -> %d MHz failed: %s", uuid, mhz, exc)
             self._busy = False

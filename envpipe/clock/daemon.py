@@ -198,6 +198,7 @@ class ServeOptions:
     metrics_port: int  # 0: no separate metrics listener
     socket_mode: int = 0o660
     max_rps: float = 5000.0
+    socket_gid: int | None = None  # the group that may connect (the chart's socket GID); None: the daemon's own
 
 
 def _prepare_socket_path(path: str) -> None:
@@ -244,6 +245,8 @@ async def serve(
             await sites[-1].start()
         finally:
             os.umask(old)
+        if opts.socket_gid is not None:
+            os.chown(opts.socket_path, -1, opts.socket_gid)
         os.chmod(opts.socket_path, opts.socket_mode)
     if opts.tcp:
         host, port = parse_tcp(opts.tcp)
@@ -336,6 +339,13 @@ async def serve(
 )
 @click.option("--socket-mode", default="660", show_default=True, help="Octal permissions of the socket file.")
 @click.option(
+    "--socket-group",
+    "socket_gid",
+    type=click.IntRange(0, 2**31 - 1),
+    default=None,
+    help="Numeric group that owns the socket (the chart's socket GID; worker pods add it as a supplemental group).",
+)
+@click.option(
     "--max-rps",
     type=click.FloatRange(1),
     default=5000.0,
@@ -357,6 +367,7 @@ def main(
     pod_resources_socket: str,
     metrics_port: int,
     socket_mode: str,
+    socket_gid: int | None,
     max_rps: float,
     log_level: str,
 ) -> None:
@@ -378,7 +389,7 @@ def main(
         )
     except ClockError as exc:
         raise click.ClickException(f"cannot start with backend {backend!r}: {exc.message}") from None
-    opts = ServeOptions(socket_path or None, tcp, metrics_port, mode, max_rps)
+    opts = ServeOptions(socket_path or None, tcp, metrics_port, mode, max_rps, socket_gid)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -58,6 +58,17 @@ class PipelineDag:
     def unit(self, i: int) -> tuple[int, str, int]:
         return int(self.stage[i]), "F" if self.is_fwd[i] else "B", int(self.mb[i])
 
+    def scatter(self, per_stage: Sequence[Sequence[float]], dtype: type = np.int64) -> np.ndarray:
+        """Per-stage values in execution order (e.g. a plan's clocks) -> one value per DAG unit."""
+        out: np.ndarray = np.zeros(self.num_units, dtype)
+        for ids, values in zip(self.order, per_stage, strict=True):
+            out[list(ids)] = values
+        return out
+
+    def per_stage(self, values: np.ndarray) -> list[list[int]]:
+        """One integer per DAG unit (e.g. clocks) -> per-stage lists in execution order."""
+        return [[int(values[i]) for i in ids] for ids in self.order]
+
     @classmethod
     def from_orders(cls, orders: Sequence[Sequence[Unit]], num_microbatches: int) -> PipelineDag:
         S, M = len(orders), num_microbatches
@@ -141,3 +152,25 @@ def _topological(
                 blocked.append(f"stage {s} at {kind}{(first - s * 2 * M) % M}")
         raise DeadlockError("schedule deadlocks: every stage waits on another (" + "; ".join(blocked) + ")")
     return np.asarray(topo), depth
+
+
+def engine_order_dag(orders: Sequence[Sequence[Unit]], num_microbatches: int) -> PipelineDag:
+    """The DAG of orders that DeepSpeed's pipeline engine can run; ScheduleError (one line) otherwise.
+
+    Beyond a valid, deadlock-free order (`PipelineDag.from_orders`), the engine needs forwards and
+    backwards each in micro-batch order (its p2p receives match in order) and, on the last stage,
+    B(m) right after F(m) (its backward uses the latest loss).
+    """
+    dag = PipelineDag.from_orders(orders, num_microbatches)
+    last = len(orders) - 1
+    for s, order in enumerate(orders):
+        for kind in ("F", "B"):
+            if [m for k, m in order if k == kind] != list(range(num_microbatches)):
+                raise ScheduleError(
+                    f"stage {s}: the engine runs {kind} units in micro-batch order 0..{num_microbatches - 1}"
+                )
+        if s == last and any(k == "B" and order[i - 1] != ("F", m) for i, (k, m) in enumerate(order)):
+            raise ScheduleError(
+                "last stage: each B(m) must directly follow F(m) (DeepSpeed's backward uses the latest loss)"
+            )
+    return dag

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,16 @@ class Plan:
 
     def orders(self) -> list[list[Unit]]:
         return [[(u.kind, u.mb) for u in units] for units in self.stages]
+
+    def clocks(self) -> list[list[int]]:
+        """Per stage, the planned SM clock (MHz) of each unit in execution order."""
+        return [[u.freq_mhz for u in units] for units in self.stages]
+
+    def with_clocks(self, clocks: list[list[int]], predicted: dict[str, float] | None = None) -> Plan:
+        """The same order with other clocks (and, if given, other predictions)."""
+        stages = [[PlannedUnit(u.kind, u.mb, f) for u, f in zip(units, cs, strict=True)]
+                  for units, cs in zip(self.stages, clocks, strict=True)]
+        return replace(self, stages=stages, predicted=dict(self.predicted if predicted is None else predicted))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,39 +1,67 @@
 """Clock setters the runtime calls before a unit whose planned clock differs from the current one.
 
-`SimClock` (CPU, tests, demos): records the clock, stretches each unit's wall time by the frequency
-model's slowdown (it sleeps the extra time after the unit) and accrues *simulated* energy.
-`DaemonClock`: forwards requests to the envpipe-clockd sidecar through `envpipe.clock.client`
-(non-blocking) and reads the GPU's real energy counter.
+`SimClock` (CPU, tests, demos): records the clock, stretches each unit as the frequency model says
+and accrues *simulated* energy. `DaemonClock`: asks the envpipe-clockd sidecar for clocks through
+`envpipe.clock.client` (non-blocking; the client's one loop thread does the I/O) and keeps every
+refusal for the report. `NvmlEnergyClock`: no clock control (no daemon), the GPU's real energy counter.
+
+`make_clock` decides which one a rank gets *before* the model is built, so a job that asked for clock
+control and cannot have it stops at once with one line, and a GPU job without the daemon says in one
+line why it runs at default clocks.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+import torch
 
 from envpipe.energy.meter import CounterTrace, nvml_reader
 from envpipe.profile import FrequencyModel
+from envpipe.runtime.config import EnvPipeConfig
 
 log = logging.getLogger(__name__)
+GPU_UUID_ENV = "ENVPIPE_GPU_UUID"  # the clockd GPU a CPU rank leases (default: the daemon's GPU number LOCAL_RANK)
+
+
+class ClockUnavailable(RuntimeError):
+    """Clock control was asked for and cannot be had here (one line, said before the model is built)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A clock request the daemon refused (HTTP status and its message), for the report."""
+
+    mhz: int
+    status: int
+    message: str
 
 
 class Clock(Protocol):
+    kind: str  # "sim", "daemon" or "nvml" (energy only)
     energy_label: str  # "simulated" or "measured"
-    controls_clocks: bool  # False: requests are only recorded (no daemon): clocks stay as they are
+    controls_clocks: bool  # False: requests are only recorded: clocks stay as they are
     needs_unit_times: bool  # True: `after_unit` must see every unit (the engine always times units)
     supported_mhz: list[int]  # SM clocks this GPU accepts, descending
     requested: list[int]  # every clock requested so far, in order
+    note: str | None  # why clocks are not controlled, when they are not
 
     def set(self, mhz: int) -> None:
         """Request an SM clock; must return without waiting for it to apply."""
 
-    def after_unit(self, seconds: float) -> None:
-        """Called on the training thread right after a forward/backward unit that took `seconds`."""
+    def after_unit(self, wall_s: float, cpu_s: float) -> None:
+        """Called on the training thread right after a forward/backward unit (its wall and CPU time)."""
 
     def energy_j(self) -> float | None:
         """Cumulative energy of this GPU, or None when unknown."""
+
+    def refusals(self) -> list[Refusal]:
+        """Requests the clock owner refused so far."""
 
     def close(self) -> None:
         """Release the clock (reset to default where that applies)."""
@@ -42,12 +70,20 @@ class Clock(Protocol):
 class SimClock:
     """Emulates a GPU clock on CPU with a frequency model; energy is simulated.
 
-    ``slowdown`` > 1 stretches every unit further, as a slower GPU would (a straggling replica in tests).
+    A unit's simulated GPU time is its CPU time scaled by the model's slowdown at the current clock;
+    the clock sleeps until that much wall time has passed. CPU time, not wall time: other load on a
+    shared machine lengthens a unit's wall time but not the work it did, so it must not leak into the
+    simulated GPU (two runs on a busy machine then agree). With several intra-op threads the training
+    thread's CPU time misses their work, so there the unit's wall time stands in for it.
+    ``slowdown`` > 1 makes every unit that many times longer, as a slower GPU would (a straggling replica in
+    tests): its wall time too, so that the straggler stands out on a loaded machine.
     """
 
+    kind = "sim"
     energy_label = "simulated"
     controls_clocks = True
     needs_unit_times = True  # it stretches every unit
+    note: str | None = None
 
     def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0) -> None:
         if not slowdown >= 1.0:
@@ -67,14 +103,17 @@ class SimClock:
         self.mhz = self.model.nearest_clock(mhz)
         self.requested.append(mhz)
 
-    def after_unit(self, seconds: float) -> None:
-        start = time.perf_counter() - seconds
+    def after_unit(self, wall_s: float, cpu_s: float) -> None:
+        start = time.perf_counter() - wall_s
         at_start = self._energy_at(start)
-        stretched = seconds * self.model.time_scale(self.mhz) * self.slowdown
-        if stretched > seconds:
-            time.sleep(stretched - seconds)
-        self._busy_s += stretched
-        self._busy_j += stretched * self.model.busy_power(self.mhz)
+        work = cpu_s if torch.get_num_threads() == 1 else wall_s
+        gpu_s = work * self.model.time_scale(self.mhz) * self.slowdown
+        # a straggler takes `slowdown` times as long as the unit otherwise would, however loaded the machine
+        until = max(wall_s * self.slowdown, gpu_s)
+        if until > wall_s:
+            time.sleep(until - wall_s)
+        self._busy_s += gpu_s
+        self._busy_j += gpu_s * self.model.busy_power(self.mhz)
         if start >= (self.trace.last_time or start):
             self.trace.add(start, at_start)
         now = time.perf_counter()
@@ -86,87 +125,85 @@ class SimClock:
     def energy_j(self) -> float:
         return self._energy_at(time.perf_counter())
 
+    def refusals(self) -> list[Refusal]:
+        return []
+
     def close(self) -> None:
         self.mhz = self.model.max_mhz
 
 
 class DaemonClock:
-    """Asks envpipe-clockd for clocks of one GPU (by UUID) from a background thread.
+    """Clocks of one GPU (by UUID) from envpipe-clockd.
 
-    The client call may touch a socket, so the training thread only stores the latest request and
-    wakes the worker: a later request supersedes one not yet sent.
+    `set` only queues the request on the client's loop thread (latest wins), so the training thread
+    never waits on the socket. On a GPU the energy is the GPU's own counter (read by the runtime's
+    meter); on CPU (a clockd with the sim backend, the containers end-to-end test) ``emulated`` also
+    stretches units and accrues simulated energy, so the job runs exactly as with the sim clock while
+    every lock goes through the daemon.
     """
 
-    energy_label = "measured"
+    kind = "daemon"
     controls_clocks = True
-    needs_unit_times = False
+    note: str | None = None
 
-    def __init__(self, client: object, gpu_uuid: str, supported_mhz: list[int]) -> None:
+    def __init__(self, client: Any, gpu_uuid: str, supported_mhz: list[int], emulated: SimClock | None = None) -> None:
         self._client = client
-        self._uuid = gpu_uuid
+        self.gpu_uuid = gpu_uuid
         self.supported_mhz = supported_mhz
+        self.emulated = emulated
+        self.energy_label = "simulated" if emulated is not None else "measured"
+        self.needs_unit_times = emulated is not None
         self.requested: list[int] = []
-        self._pending: int | None = None
-        self._cv = threading.Condition()
-        self._closed = False
-        self._worker = threading.Thread(target=self._run, name="envpipe-clock", daemon=True)
-        self._worker.start()
 
     def set(self, mhz: int) -> None:
         self.requested.append(mhz)
-        with self._cv:
-            self._pending = mhz
-            self._cv.notify()
+        self._client.set(self.gpu_uuid, mhz)
+        if self.emulated is not None:
+            self.emulated.set(mhz)
 
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while self._pending is None and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    return
-                mhz, self._pending = self._pending, None
-            try:
-                self._client.set(self._uuid, mhz)  # type: ignore[attr-defined]
-            except Exception as exc:  # a failed request must not stop training
-                log.warning("clock request %d MHz for %s failed: %s", mhz, self._uuid, exc)
-
-    def after_unit(self, seconds: float) -> None:
-        return None
+    def after_unit(self, wall_s: float, cpu_s: float) -> None:
+        if self.emulated is not None:
+            self.emulated.after_unit(wall_s, cpu_s)
 
     def energy_j(self) -> float | None:
-        return float(self._client.energy_mj(self._uuid)) / 1000.0  # type: ignore[attr-defined]
+        if self.emulated is not None:
+            return self.emulated.energy_j()
+        return float(self._client.energy_mj(self.gpu_uuid)) / 1000.0
+
+    def refusals(self) -> list[Refusal]:
+        return [Refusal(mhz, err.status, str(err.body.get("message", err))) for mhz, err in self._client.refused]
 
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._worker.join(timeout=5)
-        self._client.close()  # type: ignore[attr-defined]
+        self._client.close()  # ends the lease: the daemon resets the GPU
 
 
 class NvmlEnergyClock:
     """No clock changes (default clocks); real energy from the NVML counter. Used when no daemon runs."""
 
+    kind = "nvml"
     energy_label = "measured"
     controls_clocks = False
     needs_unit_times = False
 
-    def __init__(self, device_index: int) -> None:
+    def __init__(self, device_index: int, note: str | None = None) -> None:
         import pynvml  # lazily: CPU machines have no NVML
 
         self._read_j, self._shutdown = nvml_reader(device_index, pynvml)  # the energy meter's NVML reader
         self.supported_mhz = supported_clocks(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index))
         self.requested: list[int] = []
+        self.note = note
 
     def set(self, mhz: int) -> None:
         self.requested.append(mhz)
 
-    def after_unit(self, seconds: float) -> None:
+    def after_unit(self, wall_s: float, cpu_s: float) -> None:
         return None
 
     def energy_j(self) -> float:
         return self._read_j()
+
+    def refusals(self) -> list[Refusal]:
+        return []
 
     def close(self) -> None:
         self._shutdown()
@@ -178,23 +215,80 @@ def supported_clocks(nvml: Any, handle: Any) -> list[int]:
     return sorted({int(f) for f in nvml.nvmlDeviceGetSupportedGraphicsClocks(handle, mem)}, reverse=True)
 
 
-def gpu_clock(device_index: int, socket_path: str | None = None) -> Clock:
-    """The clock for a real GPU: the daemon when it answers, else default clocks with NVML energy."""
+@dataclass(frozen=True)
+class Device:
+    """Where a rank trains: a GPU (its CUDA index) or the CPU, and its data-parallel replica."""
+
+    on_gpu: bool
+    local_rank: int  # the CUDA device index on a GPU node
+    replica: int = 0
+
+
+def make_clock(
+    cfg: EnvPipeConfig, device: Device, slowdown: float = 1.0, environ: Mapping[str, str] | None = None
+) -> Clock | None:
+    """This rank's clock for ``cfg.clock`` (auto: the daemon on GPUs when it answers, sim on CPU).
+
+    Raises ClockUnavailable (one line) when clock control was asked for explicitly and cannot be had.
+    ``slowdown``: the sim clock's extra stretch (an emulated straggler, CPU tests).
+    """
+    environ = os.environ if environ is None else environ
+    kind = cfg.clock
+    if kind == "none":
+        return None
+    if kind == "sim":
+        if device.on_gpu:  # the sim clock stretches wall time between units, which GPU timing does not see
+            raise ClockUnavailable("envpipe clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs")
+        return SimClock(slowdown=slowdown)
+    if kind == "auto" and not device.on_gpu:
+        return SimClock(slowdown=slowdown)
+    from envpipe.clock.client import SOCKET_ENV, ClockClient, ClockDaemonUnavailable
+
+    socket_path = environ.get(SOCKET_ENV) or None
+    try:
+        if device.on_gpu:
+            uuid, supported = _gpu_identity(device.local_rank)
+            return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported)
+        return _emulated_daemon_clock(socket_path, device, slowdown, environ)
+    except ClockDaemonUnavailable as exc:
+        if kind == "daemon":
+            raise ClockUnavailable(f"clock control was asked for (envpipe clock 'daemon') but {exc}") from None
+        note = (f"clocks cannot be changed here ({exc}); running at default clocks: every number is measured, "
+                "and the plan's saving is predicted (simulated)")
+        log.warning("envpipe: %s", note)
+        return NvmlEnergyClock(device.local_rank, note)
+
+
+def _gpu_identity(index: int) -> tuple[str, list[int]]:
+    """(UUID, supported SM clocks) of CUDA device ``index`` from NVML (read-only queries)."""
     import pynvml
 
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-    uuid = pynvml.nvmlDeviceGetUUID(handle)
-    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-    supported = supported_clocks(pynvml, handle)
-    pynvml.nvmlShutdown()
     try:
-        from envpipe.clock.client import ClockClient, ClockDaemonUnavailable
-    except ImportError:
-        log.warning("envpipe.clock is not installed: running at default clocks (no clock changes)")
-        return NvmlEnergyClock(device_index)
-    try:
-        return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported)
-    except ClockDaemonUnavailable as exc:
-        log.warning("envpipe-clockd unavailable (%s): running at default clocks (no clock changes)", exc)
-        return NvmlEnergyClock(device_index)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        return (uuid.decode() if isinstance(uuid, bytes) else uuid), supported_clocks(pynvml, handle)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _emulated_daemon_clock(
+    socket_path: str | None, device: Device, slowdown: float, environ: Mapping[str, str]
+) -> DaemonClock:
+    """A CPU rank's lease on a clockd GPU (``ENVPIPE_GPU_UUID``, else the daemon's GPU number LOCAL_RANK)."""
+    from envpipe.clock.client import ClockClient, ClockDaemonUnavailable, list_gpus
+
+    uuid = environ.get(GPU_UUID_ENV)
+    gpus = list_gpus(socket_path)
+    by_uuid = {g["uuid"]: g for g in gpus}
+    if uuid is None:
+        if device.local_rank >= len(gpus):
+            raise ClockDaemonUnavailable(
+                f"envpipe-clockd lists {len(gpus)} GPU(s), none for local rank {device.local_rank} "
+                f"(set {GPU_UUID_ENV})")
+        uuid = gpus[device.local_rank]["uuid"]
+    elif uuid not in by_uuid:
+        raise ClockDaemonUnavailable(f"envpipe-clockd has no GPU {uuid} ({GPU_UUID_ENV})")
+    supported = sorted((int(f) for f in by_uuid[uuid]["supported_mhz"]), reverse=True)
+    client = ClockClient(socket_path, gpu_uuids=[uuid])
+    return DaemonClock(client, uuid, supported, emulated=SimClock(slowdown=slowdown))

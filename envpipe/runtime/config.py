@@ -4,7 +4,8 @@
                 "clock": "auto", "plan": "plan.json", "report_dir": "envpipe-report",
                 "pipeline_stages": 2, "straggler": "report", "straggler_threshold": 0.05}
 
-ENVPIPE_TYPE, ENVPIPE_SCHEDULING and ENVPIPE_RECONFIGURE override the block, as in EnvPipe.
+ENVPIPE_TYPE, ENVPIPE_SCHEDULING and ENVPIPE_RECONFIGURE override the block, as in EnvPipe;
+ENVPIPE_CLOCK overrides `clock` (the launcher's worker pods set it to `daemon` where clockd runs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ SCHEDULINGS = ("1f1b", "envpipe")
 RECONFIGS = ("default", "greedy", "balanced")
 CLOCKS = ("auto", "sim", "daemon", "none")
 STRAGGLERS = ("report", "frontier")
-_ENV = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reconfig": "ENVPIPE_RECONFIGURE"}
+_ENV = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reconfig": "ENVPIPE_RECONFIGURE",
+        "clock": "ENVPIPE_CLOCK"}
 _CHOICES = {"type": TYPES, "scheduling": SCHEDULINGS, "reconfig": RECONFIGS, "clock": CLOCKS, "straggler": STRAGGLERS}
 _STRINGS = ("gpu", "plan", "profile", "report_dir")
 _POSITIVE_INTS = ("pipeline_stages",)

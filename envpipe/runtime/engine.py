@@ -252,6 +252,7 @@ class EnvPipeEngine(PipelineEngine):
         if self._on_gpu:  # CUDA events: no synchronisation per unit
             self._unit_event = self._event()
         self._unit_t = time.perf_counter()
+        self._unit_cpu = time.thread_time()
 
     def _exec_unit_end(self, kind: str, mb: int) -> None:
         if self._on_gpu:
@@ -259,7 +260,7 @@ class EnvPipeEngine(PipelineEngine):
             return
         end = time.perf_counter()
         if self.clock is not None:
-            self.clock.after_unit(end - self._unit_t)
+            self.clock.after_unit(end - self._unit_t, time.thread_time() - self._unit_cpu)
             end = time.perf_counter()
         self.units.append(UnitRecord(kind, mb, self._unit_t - self._t0, end - self._t0, self._current_mhz))
 

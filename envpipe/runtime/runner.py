@@ -25,7 +25,7 @@ from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_reader
 from envpipe.plan.schedules import Unit, one_f_one_b
 from envpipe.profile import Profile, load_profile
 from envpipe.runtime import replicas
-from envpipe.runtime.clocks import Clock, NvmlEnergyClock, SimClock, gpu_clock
+from envpipe.runtime.clocks import Clock, NvmlEnergyClock, SimClock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.engine import EnvPipeEngine
 from envpipe.runtime.jobreport import RankRecord, job_summary
@@ -43,26 +43,11 @@ STEADY_ACCOUNTED = 50  # unit energy in the summary: over the last (up to) this 
 STEADY_TIMED_EVERY = 10
 
 
-def make_clock(cfg: EnvPipeConfig, engine: EnvPipeEngine) -> Clock | None:
-    on_gpu = engine.device.type == "cuda"
-    kind = ("daemon" if on_gpu else "sim") if cfg.clock == "auto" else cfg.clock
-    if kind == "sim":
-        if on_gpu:  # the sim clock stretches wall time between units, which GPU timing does not see
-            raise ValueError(
-                "envpipe.clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs"
-            )
-        return SimClock(slowdown=replicas.sim_slowdown(engine.grid.get_data_parallel_id()))
-    if kind == "daemon":
-        if not on_gpu:
-            raise ValueError("envpipe.clock 'daemon' needs a GPU; use 'sim' or 'auto' on CPU")
-        return gpu_clock(engine.device.index or 0)
-    return None
-
-
 def make_meter(clock: Clock | None, engine: EnvPipeEngine) -> EnergyMeter | None:
     """The simulated GPU's exact counter, or this GPU's NVML counter polled in the background."""
-    if isinstance(clock, SimClock):
-        return SimMeter(clock.trace, clock.energy_j)
+    sim = clock if isinstance(clock, SimClock) else getattr(clock, "emulated", None)
+    if sim is not None:
+        return SimMeter(sim.trace, sim.energy_j)
     if clock is None or engine.device.type != "cuda":
         return None
     if isinstance(clock, NvmlEnergyClock):  # polls the clock's own NVML counter: no second NVML session
@@ -161,8 +146,9 @@ class Runner:
 
     # --- phases -----------------------------------------------------------------------------------
     def _idle_power(self) -> float:
-        if isinstance(self.clock, SimClock):
-            return self.clock.model.idle_power_w
+        sim = self.clock if isinstance(self.clock, SimClock) else getattr(self.clock, "emulated", None)
+        if sim is not None:
+            return sim.model.idle_power_w
         if self.meter is None:
             raise ValueError("idle power needs an energy meter")
         t0 = time.perf_counter()
