@@ -123,6 +123,8 @@ def test_images_install_their_extra_from_this_repo(name: str, extra: str) -> Non
     text = DOCKERFILES[name].read_text()
     assert f"pip install {extra}" in text
     assert "COPY pyproject.toml" in text and "COPY envpipe" in text
+    # the launcher's hostfile templates are a symlink into hostfiles/: the target must be in the context
+    assert "COPY hostfiles ./hostfiles" in text
 
 
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
