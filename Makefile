@@ -1,4 +1,5 @@
 # EnvPipe toolkit. `make demo` and `make test` set themselves up on a fresh machine.
+SHELL   := /bin/bash
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -19,17 +20,22 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The main job on the embedded default: no GPU, no cluster. Two CPU processes (gloo) train a small
-# GPT-2 on DeepSpeed's pipeline engine with simulated clocks: calibrate, profile, plan, reconfigure
-# from measured waits, steady state; then the report is printed.
+# GPT-2 on DeepSpeed's pipeline engine with simulated clocks and the runtime's default policy (optimal):
+# calibrate, profile, plan, reconfigure from measured iterations, steady state (the plan interleaved
+# with 1F1B all-max iterations); one progress line per iteration, then the report.
 DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 2048 --micro-batch 4 --microbatches 8 \
-	--steps 3 --calibration-steps 2 --reconfigure-rounds 10
+	--steps 12 --calibration-steps 2
 demo: $(STAMP)
-	mkdir -p $(OUTDIR)
-	DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 ENVPIPE_TYPE=envelope ENVPIPE_SCHEDULING=envpipe ENVPIPE_RECONFIGURE=balanced \
-	  $(PY) -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_gpt.py $(DEMO_ARGS) \
-	  --report-dir $(OUTDIR)/runtime > $(OUTDIR)/demo.log 2>&1 || { tail -40 $(OUTDIR)/demo.log; exit 1; }
+	@mkdir -p $(OUTDIR)
+	@echo "make demo: GPT-2 split into 2 pipeline stages on 2 CPU processes, simulated GPU clocks (about 2 minutes)"
+	@echo "           rank 0's progress below; every rank's output in $(OUTDIR)/demo.log"
+	@set -o pipefail; DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone \
+	  --nproc-per-node 2 examples/train_gpt.py $(DEMO_ARGS) --report-dir $(OUTDIR)/runtime 2>&1 \
+	  | tee $(OUTDIR)/demo.log | grep --line-buffered -E '^\[envpipe\]|^envpipe: ' \
+	  || { echo "make demo failed:" >&2; grep -hE 'train_gpt.py: error:' $(OUTDIR)/demo.log | sort -u >&2 \
+	       || tail -5 $(OUTDIR)/demo.log >&2; echo "(full log: $(OUTDIR)/demo.log)" >&2; exit 1; }
+	@echo
 	@cat $(OUTDIR)/runtime/report.txt
-	@echo "(full log: $(OUTDIR)/demo.log)"
 
 # The planner alone on a real measured profile (8-stage GPT-3 on A100s): plan, text trace, Gantt, re-simulation.
 demo-plan: $(STAMP)

@@ -10,10 +10,13 @@ that failed (OUT_DIR/RUN.failed) gets a row that says so.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from envpipe.runtime.summary import RunSummary
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -24,21 +27,20 @@ def _fmt(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
-def row(name: str, s: dict[str, Any], stock: dict[str, Any] | None) -> str:
-    job = s.get("job", {})
-    dp = job.get("data_parallel", 1)
-    shape = f"DP{dp}×PP{job.get('gpus', dp) // dp}"
-    ratio = s["throughput_samples_per_s"] / stock["throughput_samples_per_s"] if stock else None
-    nodes = [n["energy_per_iteration_j"] for n in job.get("energy_per_node_j", [])]
+def row(name: str, s: RunSummary, stock: RunSummary | None) -> str:
+    job = s.job
+    shape = f"DP{job.data_parallel}×PP{s.stages}"
+    thr = s.steady.throughput_samples_per_s
+    ratio = thr / stock.steady.throughput_samples_per_s if stock else None
+    energy = s.steady.energy_j.median if s.steady.energy_j is not None else None
     reduce = "; ".join(
-        f"s{a['stage']}: all-reduce {_fmt(a['measured_allreduce_s'], 2)}, tail {_fmt(a['measured_tail_s'], 2)} "
-        f"(simulated tail {_fmt(a['simulated_tail_s'], 2)})"
-        for a in job.get("allreduce", [])
-        if any(v is not None for v in a["measured_allreduce_s"])
+        f"s{t.stage}: all-reduce {_fmt(t.measured_allreduce_s, 2)}, tail {_fmt(t.measured_tail_s, 2)} "
+        f"(simulated tail {_fmt(t.simulated_tail_s, 2)})"
+        for t in job.tails
+        if any(v is not None for v in t.measured_allreduce_s)
     )
-    cells = [name, shape, _fmt(s["iteration_time_s"]), _fmt(s["throughput_samples_per_s"]), _fmt(ratio, 3),
-             f"{_fmt(s.get('energy_per_iteration_j'))} ({s.get('energy')})", _fmt(nodes),
-             _fmt(s.get("predicted_iteration_time_s")), reduce or "—"]
+    cells = [name, shape, _fmt(s.steady.time_s.median), _fmt(thr), _fmt(ratio, 3), f"{_fmt(energy)} ({s.clock.energy})",
+             _fmt([n.energy_per_iteration_j for n in job.nodes]), _fmt(s.predicted_iteration_time_s), reduce or "—"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -59,8 +61,7 @@ def main(argv: list[str]) -> int:
     print("| run | shape | iteration (s, measured) | samples/s | vs stock | energy / iteration, all GPUs (J) "
           "| per node (J) | predicted (s, simulated) | per stage, per replica (s, measured) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    summaries = {n: json.loads((out / n / "summary.json").read_text()) for n in argv[1:]
-                 if (out / n / "summary.json").exists()}
+    summaries = {n: RunSummary.load(out / n / "summary.json") for n in argv[1:] if (out / n / "summary.json").exists()}
     for name in argv[1:]:
         if name not in summaries:
             print(f"| {name} | {_missing(out, name)} | | | | | | | |")

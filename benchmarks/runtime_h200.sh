@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Stock DeepSpeed 1F1B vs the EnvPipe runtime (1F1B and EnvPipe order) on the same GPT-2 model, clocks
-# left as found: without envpipe-clockd the runtime only records clock requests and reads the NVML
-# energy counter. Never changes clocks or power limits. Writes $OUT/machine.txt, $OUT/pp<P>/bench.json
-# (benchmarks/runtime_bench.py, one run per stage count) and $OUT/runtime_h200.md (the results file).
+# Stock DeepSpeed 1F1B vs the EnvPipe runtime on GPT-2 and Llama configurations, 2 pipeline stages, clocks left
+# as found: without envpipe-clockd the runtime's 'auto' clock runs at default clocks and reads the NVML energy
+# counter. Never changes clocks or power limits. Writes $OUT/machine.txt, $OUT/<model>/bench.json
+# (benchmarks/runtime_bench.py) and $OUT/runtime_h200.md (benchmarks/runtime_results.py).
 #
-#   OUT=/tmp/rt bash benchmarks/runtime_h200.sh                 # 2 stages (M=8), then 4 stages (M=4,8,16)
-#   STAGES="4" MS_4=8 ROUNDS=5 bash benchmarks/runtime_h200.sh  # one configuration, more rounds
-#   CPU=1 OUT=/tmp/rt bash benchmarks/runtime_h200.sh           # tiny model on CPU: checks the script's logic
+#   OUT=/tmp/rt bash benchmarks/runtime_h200.sh                   # GPT-2 M=8,16 and Llama M=8 on 2 GPUs
+#   MODELS=gpt2 MS_gpt2=8 ROUNDS=6 bash benchmarks/runtime_h200.sh  # one configuration, more rounds
+#   CPU=1 OUT=/tmp/rt bash benchmarks/runtime_h200.sh             # tiny model on CPU: checks the script's logic
 #
 # DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked onto PYTHONPATH first
 # (benchmarks/deepspeed_whl.sh).
@@ -14,15 +14,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runtime-bench}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-"2 4"}
-MS_2=${MS_2:-8}
-MS_4=${MS_4:-4,8,16}
-ROUNDS=${ROUNDS:-6}
-STEPS=${STEPS:-10}
+STAGES=${STAGES:-2}
+MODELS=${MODELS:-"gpt2 llama"}
+MS_gpt2=${MS_gpt2:-8,16}
+MS_llama=${MS_llama:-8}
+ROUNDS=${ROUNDS:-4}
+STEPS=${STEPS:-15}
+ARGS_gpt2=()  # runtime_bench.py's default: GPT-2, 16 layers, hidden 2048, seq 1024, micro-batch 4
+ARGS_llama=(--model llama --seq 2048 --micro-batch 2)
 EXTRA=()
 if [ "${CPU:-0}" = 1 ]; then
   export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
   EXTRA=(--cpu)
+  ARGS_llama=(--model llama)
 fi
 mkdir -p "$OUT"
 source benchmarks/deepspeed_whl.sh
@@ -32,15 +36,16 @@ source benchmarks/deepspeed_whl.sh
   fi
   $PY -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__)'
 } > "$OUT/machine.txt" 2>&1
-for P in $STAGES; do
-  ms_var="MS_$P"
-  MS=${!ms_var:-8}
-  echo "$(date -u +%T) $P stages, M=$MS"
-  $PY -m torch.distributed.run --standalone --nproc-per-node "$P" benchmarks/runtime_bench.py \
-    --out "$OUT/pp$P" --microbatches "$MS" --rounds "$ROUNDS" --steps "$STEPS" --calibration-steps 3 \
-    "${EXTRA[@]}" "$@" > "$OUT/pp$P.log" 2>&1 || { echo "$P stages failed"; tail -40 "$OUT/pp$P.log"; }
-  grep -h "done in" "$OUT/pp$P.log" || true
+FAILED=0
+for MODEL in $MODELS; do
+  ms_var="MS_$MODEL" args_var="ARGS_$MODEL[@]"
+  echo "$(date -u +%T) $MODEL, $STAGES stages, M=${!ms_var}"
+  $PY -m torch.distributed.run --standalone --nproc-per-node "$STAGES" benchmarks/runtime_bench.py \
+    --out "$OUT/$MODEL" --microbatches "${!ms_var}" --rounds "$ROUNDS" --steps "$STEPS" "${EXTRA[@]}" \
+    "${!args_var}" > "$OUT/$MODEL.log" 2>&1 || { echo "$MODEL failed"; tail -40 "$OUT/$MODEL.log"; FAILED=1; }
+  grep -h "done in" "$OUT/$MODEL.log" || true
 done
-$PY benchmarks/runtime_results.py "$OUT" --command "STAGES=\"$STAGES\" MS_2=$MS_2 MS_4=$MS_4 ROUNDS=$ROUNDS STEPS=$STEPS bash benchmarks/runtime_h200.sh" \
+$PY benchmarks/runtime_results.py "$OUT" --command "MODELS=\"$MODELS\" MS_gpt2=$MS_gpt2 MS_llama=$MS_llama ROUNDS=$ROUNDS STEPS=$STEPS bash benchmarks/runtime_h200.sh" \
   > "$OUT/runtime_h200.md"
 echo "$(date -u +%T) results: $OUT/runtime_h200.md"
+exit $FAILED

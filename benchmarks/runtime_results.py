@@ -1,9 +1,10 @@
 """Render the runtime benchmark's output directory (benchmarks/runtime_h200.sh) as Markdown tables.
 
-    python benchmarks/runtime_results.py OUT [--command "..."] > benchmarks/results/runtime_h200.md
+    python benchmarks/runtime_results.py OUT [--command "..."] > benchmarks/results/runtime_h200_<date>.md
 
-OUT holds machine.txt and one folder per stage count with bench.json (benchmarks/runtime_bench.py).
-Every number is labelled: measured (wall clock, NVML counter) or simulated (planner, frequency model).
+OUT holds machine.txt and one folder per configuration with bench.json (benchmarks/runtime_bench.py), whose
+runs are the runtime's own summaries (read as envpipe.runtime.summary.RunSummary). Every number is
+labelled: measured (wall clock, NVML counter) or simulated (the planner, the frequency model).
 """
 
 from __future__ import annotations
@@ -11,20 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-def _f(x: Any, digits: int = 4) -> str:
+from envpipe.runtime.summary import RunSummary
+
+
+def _f(x: float | None, digits: int = 4) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
-def _gib(xs: list[int | None] | None) -> str:
-    return " / ".join(_f((x or 0) / 2**30, 1) for x in xs) if xs else "—"
-
-
-def _per_gpu(xs: list[float] | None) -> str:
-    return " / ".join(_f(x, 1) for x in xs) if xs else "—"
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:+.1f}%"
 
 
 def _row(*cells: Any) -> str:
@@ -35,153 +37,113 @@ def _table(*header: str) -> list[str]:
     return [_row(*header), _row(*["---"] * len(header))]
 
 
-def _median(runs: list[dict], key: str) -> float | None:
-    xs = [r[key] for r in runs if r and r.get(key) is not None]
-    return statistics.median(xs) if xs else None
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
 
 
-def comparison(bench: dict) -> list[str]:
-    rows = _table(
-        "stages", "M", "stock iteration (s)", "runtime 1F1B iteration (s)",
-        "throughput ratio runtime/stock: median (min–max; per round)",
-        "engine alone/stock: median (min–max)", "energy / iteration stock → runtime (J)",
-        "per GPU stock (J)", "per GPU runtime (J)", "peak memory stock (GiB)", "peak memory runtime (GiB)",
-    )  # fmt: skip
+def _energy(s: RunSummary) -> float | None:
+    return s.steady.energy_j.median if s.steady.energy_j is not None else None
+
+
+def throughput(name: str, bench: dict[str, Any]) -> list[str]:
+    rows = []
     for run in bench["runs"]:
-        stock = [r["stock"] for r in run["rounds"]]
-        rt = [r["runtime_1f1b"] for r in run["rounds"]]
+        stock = [RunSummary.from_json(r["stock"]) for r in run["rounds"]]
+        rt = [RunSummary.from_json(r["runtime_1f1b"]) for r in run["rounds"]]
         ratio = run["throughput_ratio"]
         per_round = ", ".join(_f(x, 3) for x in ratio["per_round"])
-        energy = f"{_f(_median(stock, 'energy_per_iteration_j'), 1)} → {_f(_median(rt, 'energy_per_iteration_j'), 1)}"
-        eng = run.get("engine_ratio")
-        bare = f"{_f(eng['median'], 3)} ({_f(eng['min'], 3)}–{_f(eng['max'], 3)})" if eng else "—"
+        peak = [max((g.peak_memory_bytes or 0) for g in s.gpus) / 2**30 for s in (stock[-1], rt[-1])]
         rows.append(_row(
-            bench["stages"], run["M"], _f(_median(stock, "iteration_time_s")), _f(_median(rt, "iteration_time_s")),
-            f"**{_f(ratio['median'], 3)}** ({_f(ratio['min'], 3)}–{_f(ratio['max'], 3)}; {per_round})", bare, energy,
-            _per_gpu(stock[-1].get("energy_per_gpu_j")), _per_gpu(rt[-1].get("energy_per_gpu_j")),
-            _gib(stock[-1].get("peak_memory_bytes_per_stage")), _gib(rt[-1].get("peak_memory_bytes_per_stage")),
-        ))  # fmt: skip
+            name, bench["stages"], run["M"], _f(_median([s.steady.time_s.median for s in stock])),
+            _f(_median([s.steady.time_s.median for s in rt])),
+            f"**{_f(ratio['median'], 3)}** ({_f(ratio['min'], 3)}–{_f(ratio['max'], 3)}; {per_round})",
+            f"{_f(_median([_energy(s) for s in stock]), 1)} → {_f(_median([_energy(s) for s in rt]), 1)}",
+            f"{_f(peak[0], 1)} / {_f(peak[1], 1)}"))
     return rows
 
 
-def prediction(bench: dict) -> list[str]:
-    rows = _table(
-        "stages", "M", "order", "measured iteration (s)", "predicted (s)", "measured vs predicted",
-        "transfer (ms)", "tail per stage (ms)", "energy / iteration (J)", "peak memory (GiB)",
-    )  # fmt: skip
+def predictions(name: str, bench: dict[str, Any]) -> list[str]:
+    rows = []
     for run in bench["runs"]:
-        for name, s in [("1F1B", run["rounds"][-1]["runtime_1f1b"]), ("EnvPipe", run.get("runtime_envpipe"))]:
-            if not s:
-                continue
-            cal = s["calibration"]
-            err = s.get("predicted_error")
-            rows.append(_row(
-                bench["stages"], run["M"], name, _f(s["iteration_time_s"]), _f(s.get("predicted_iteration_time_s")),
-                "—" if err is None else f"{100 * err:+.1f}%", _f(1e3 * cal["transfer_s"], 2),
-                " / ".join(_f(1e3 * t, 1) for t in cal["tail_s"]), _f(s.get("energy_per_iteration_j"), 1),
-                _gib(s.get("peak_memory_bytes_per_stage")),
-            ))  # fmt: skip
+        rt = [RunSummary.from_json(r["runtime_1f1b"]) for r in run["rounds"]]
+        cases = [("1F1B, every clock at max (median over rounds)", rt)]
+        for key, what in (("runtime_envpipe", "EnvPipe's order, every clock at max"),
+                          ("runtime_optimal", "policy optimal (what ran in the steady phase)")):
+            if run.get(key):
+                cases.append((what, [RunSummary.from_json(run[key])]))
+        for what, runs in cases:
+            rows.append(_row(name, run["M"], what, _f(_median([s.predicted_iteration_time_s for s in runs])),
+                             _f(_median([s.steady.time_s.median for s in runs])),
+                             f"**{_pct(_median([s.prediction_error for s in runs]))}**"))
     return rows
 
 
-def units(bench: dict) -> list[str]:
-    rows = _table(
-        "stages", "M", "stage", "F (ms)", "B (ms)", "overhead before a unit (ms)",
-        "F / B energy (J, counter at unit boundaries)", "last unit ends: measured (ms)", "predicted (ms)",
-    )  # fmt: skip
+def plans(name: str, bench: dict[str, Any]) -> list[str]:
+    lines = []
     for run in bench["runs"]:
-        s = run["rounds"][-1]["runtime_1f1b"]
-        cal, energy, ends = s["calibration"], s.get("unit_energy_per_stage") or [], run.get("stage_ends") or {}
-        for st in range(bench["stages"]):
-            e = energy[st] if st < len(energy) and energy[st] else {}
-            measured = _f(1e3 * ends["measured_s"][st], 1) if ends else "—"
-            predicted = _f(1e3 * ends["predicted_s"][st], 1) if ends else "—"
-            rows.append(_row(
-                bench["stages"], run["M"], st, _f(1e3 * cal["fwd_s"][st], 2), _f(1e3 * cal["bwd_s"][st], 2),
-                _f(1e3 * cal["gap_s"][st], 2), f"{_f(e.get('F_j'), 2)} / {_f(e.get('B_j'), 2)}", measured, predicted,
-            ))  # fmt: skip
-    return rows
-
-
-def plans(bench: dict) -> list[str]:
-    out = []
-    for run in bench["runs"]:
-        p = run.get("deployable_plan")
-        if not p:
+        if not run.get("runtime_optimal"):
             continue
-        idle = "simulated" if bench["device"] == "cpu" else "measured on the idle GPU before the runs"
-        out += [
-            f"**{bench['stages']} stages, M = {run['M']}** ({p['label']}; idle power {p['idle_power_w']:.0f} W, "
-            f"{idle}): r_s = {p['reschedule']}, valley clocks {p['valley_mhz']} MHz; predicted "
-            f"{_f(p['predicted_time_s'])} s and {_f(p['predicted_energy_j'], 1)} J vs baseline "
-            f"{_f(p['baseline_time_s'])} s and {_f(p['baseline_energy_j'], 1)} J: saving {100 * p['saving']:.1f}%, "
-            f"slowdown {100 * p['slowdown']:+.1f}% (simulated).",
-            "",
-            "```",
-            p["trace"],
-            "```",
-            "",
-        ]
-    return out
+        s = RunSummary.from_json(run["runtime_optimal"])
+        plan, p, cal = s.plan, s.predicted, s.calibration
+        assert plan is not None
+        lines += [f"### {name}, {s.stages} stages, M = {run['M']}", "",
+                  f"- policy {plan.policy}, order {plan.order}; {'deployed' if plan.deployed else 'not deployed'}"
+                  f" ({s.clock.note or s.clock.kind}); from {plan.source}; budget {_f(plan.budget_s)} s (simulated)"]
+        if p is not None:
+            lines.append(f"- the planner's prediction, **simulated** against its own 1F1B all-max baseline "
+                         f"({p.profile}): energy saving **{100 * p.energy_saving:.1f}%**, slowdown "
+                         f"{_pct(p.slowdown)}; {p.energy_j:.1f} J vs {p.baseline_energy_j:.1f} J per iteration")
+        if s.measured is not None and s.measured.energy_saving is not None:
+            lines.append(f"- measured against this run's interleaved 1F1B all-max iterations: energy saving "
+                         f"{_pct(s.measured.energy_saving.median)}, slowdown {_pct(s.measured.slowdown.median)}")
+        if cal is not None:
+            eff = ", ".join("—" if c is None else f"{c:.0f}" for c in cal.effective_clock_mhz)
+            lines.append(f"- measured in calibration: SM clock under load per stage {eff} MHz (NVML); blocking "
+                         f"power {_f(cal.idle_power_w, 1)} W (idle GPU, NVML counter over 0.5 s)")
+        for st, cs in enumerate(plan.clocks or []):
+            lines.append(f"- stage {st} clocks (MHz, execution order): {' '.join(str(c) for c in cs)}")
+        lines.append("")
+    return lines
 
 
-def render(out_dir: Path, command: str | None) -> str:
-    benches = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*/bench.json"))]
-    if not benches:
-        raise SystemExit(f"{out_dir}: no */bench.json (run benchmarks/runtime_h200.sh first)")
-    machine = (
-        (out_dir / "machine.txt").read_text().strip() if (out_dir / "machine.txt").exists() else "(no machine.txt)"
-    )
-    b0 = benches[0]
-    lines = [
-        "# Runtime on H200: stock DeepSpeed 1F1B vs the EnvPipe runtime (measured)",
-        "",
-        f"Run started {b0['started_utc']} UTC on {b0['device']}; model arguments `{' '.join(b0['model_args'])}`; "
-        f"{b0['steps']} measured iterations per run, stock and runtime interleaved {b0['rounds']} times per M "
-        "(in reverse order every other round). "
-        "Clocks were never changed (the runtime records clock requests only); energy is the NVML cumulative "
-        "energy counter (measured), per unit interpolated at unit boundaries from a "
-        f"{b0['meter_period_s'] * 1e3:.0f} ms poll.",
-        "",
-        f"Command: `{command or 'OUT=... bash benchmarks/runtime_h200.sh'}`",
-        "",
-        "Machine:",
-        "```",
-        machine,
-        "```",
-        "",
-        "## Throughput, energy and memory: stock vs runtime (1F1B order), measured",
-        "",
-    ]
-    for b in benches:
-        lines += comparison(b)
-    lines += ["", "## Predicted vs measured iteration time (runtime, calibrated transfer and tail), measured", ""]
-    for b in benches:
-        lines += prediction(b)
-    lines += ["", "## Unit times per stage (default clock), measured, and the simulator's stage ends", ""]
-    for b in benches:
-        lines += units(b)
-    lines += ["", "## The plan the planner would deploy (issue 8; simulated below the default clock)", ""]
-    for b in benches:
-        lines += plans(b)
-    counter = [r["rounds"][-1]["runtime_1f1b"].get("energy_counter_update_s") for b in benches for r in b["runs"]]
-    counter = [c for c in counter if c]
-    if counter:
-        lines += [
-            "NVML energy counter update period seen by the meter (median, measured): "
-            f"{1e3 * statistics.median(counter):.1f} ms.",
-            "",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", type=Path)
-    p.add_argument("--command", help="the command that produced OUT (recorded in the file)")
+    p.add_argument("out")
+    p.add_argument("--command", default="bash benchmarks/runtime_h200.sh")
     args = p.parse_args(argv)
-    print(render(args.out, args.command), end="")
+    out = Path(args.out)
+    benches = {d.name: json.loads((d / "bench.json").read_text()) for d in sorted(out.glob("*/"))
+               if (d / "bench.json").is_file()}
+    if not benches:
+        print(f"{out}: no */bench.json (run benchmarks/runtime_h200.sh first)", file=sys.stderr)
+        return 2
+    first = next(iter(benches.values()))
+    machine = (out / "machine.txt").read_text().strip() if (out / "machine.txt").is_file() else "?"
+    lines = [f"# EnvPipe runtime vs stock DeepSpeed ({first['device']}, {first['started_utc']} UTC)", "",
+             f"Command: `{args.command}`. Clocks never changed (no clock daemon: the runtime ran at default "
+             "clocks and read the NVML energy counter). Every number is measured unless it says simulated.", "",
+             "```", machine, "```", "", "## Throughput: the runtime in 1F1B order, every clock at max, vs stock", "",
+             f"Interleaved rounds, stock first in even rounds and last in odd ones; {first['steps']} steady iterations "
+             "per run; ratio = stock median iteration / runtime median iteration, per round.", "",
+             *_table("model", "stages", "M", "stock iteration (s)", "runtime iteration (s)",
+                     "throughput ratio runtime/stock: median (min–max; per round)",
+                     "energy / iteration, all GPUs, stock → runtime (J, measured)",
+                     "peak memory stock / runtime (GiB)")]
+    for name, bench in benches.items():
+        lines += throughput(name, bench)
+    lines += ["", "## Predicted vs measured iteration time", "",
+              "Predicted: the runtime's simulator with the calibrated unit, transfer and tail times (simulated); "
+              "measured: the median steady iteration.", "",
+              *_table("model", "M", "what ran", "predicted (s)", "measured (s)", "error")]
+    for name, bench in benches.items():
+        lines += predictions(name, bench)
+    lines += ["", "## The plan of the runtime's default policy (optimal)", ""]
+    for name, bench in benches.items():
+        lines += plans(name, bench)
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import replace
 
 import click
 import numpy as np
 
+from envpipe.cli_common import Finite, OneLineErrors, output_option, show, write_outputs
 from envpipe.cli_optimal import OptimalArgs, optimal_options, run_optimal
+from envpipe.limits import (
+    MAX_MICROBATCHES,
+    MAX_POWER_W,
+    MAX_SECONDS,
+    MAX_STAGES,
+    MAX_THRESHOLD_SCALE,
+    quote,
+    range_error,
+    units_error,
+)
 from envpipe.plan.dag import ScheduleError
-from envpipe.plan.gantt import draw_gantt
-from envpipe.plan.planfile import Plan, PlanError, baseline_timeline, evaluate_plan
+from envpipe.plan.planfile import Plan, PlanError, baseline_timeline, evaluate_plan, unit_clocks
 from envpipe.plan.planner import make_plan
 from envpipe.plan.policies import POLICIES
 from envpipe.plan.reconfig import RECONFIGS
-from envpipe.plan.render import summary_table, text_trace
 from envpipe.plan.schedules import SCHEDULES
 from envpipe.profile import Profile, ProfileError, load_profile
 from envpipe.profile.gpus import GPU_NAMES, IDLE_POWER_W
@@ -22,26 +31,30 @@ from envpipe.profile.gpus import GPU_NAMES, IDLE_POWER_W
 _USER_ERRORS = (ProfileError, PlanError, ScheduleError, ValueError, KeyError)
 
 
-def _load_or_fail(profile_path: str, stages: int | None) -> Profile:
+def _load(profile_path: str, stages: int | None, microbatches: int,
+          tail_time: float | np.ndarray) -> tuple[Profile, str | None]:
+    """The profile, cut or tiled to ``stages``, and the note that says so (shown once planning worked);
+    the pipeline's size and the number of tail times checked against it."""
     try:
-        return _load(profile_path, stages)
-    except _USER_ERRORS as exc:
+        profile = load_profile(profile_path)
+    except ProfileError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def _load(profile_path: str, stages: int | None) -> Profile:
-    profile = load_profile(profile_path)
+    note = None
     if stages is not None and stages != profile.num_stages:
-        click.echo(f"note: --stages {stages}: the profile has {profile.num_stages} measured stages; "
-                   "stages are cut or repeated cyclically (a what-if, not a measurement)", err=True)
+        note = (f"note: --stages {stages}: the profile has {profile.num_stages} measured stages; "
+                "stages are cut or repeated cyclically (a what-if, not a measurement)")
         profile = profile.with_stages(stages)
-    return profile
+    too_big = units_error(profile.num_stages, microbatches)
+    if too_big:
+        raise click.ClickException(too_big)
+    if isinstance(tail_time, np.ndarray) and tail_time.size != profile.num_stages:
+        raise click.BadParameter(f"{tail_time.size} tail times given for {profile.num_stages} stages "
+                                 "(give one, or one per stage)", param_hint="--tail-time")
+    return profile, note
 
 
 def _idle_power(idle_power: float | None, gpu: str) -> float:
     if idle_power is not None:
-        if idle_power < 0:
-            raise click.BadParameter("must not be negative", param_hint="--idle-power")
         return idle_power
     if gpu in IDLE_POWER_W:
         return IDLE_POWER_W[gpu]
@@ -49,38 +62,40 @@ def _idle_power(idle_power: float | None, gpu: str) -> float:
                            f"known: {', '.join(f'{k} {v} W' for k, v in IDLE_POWER_W.items())})")
 
 
-def _freqs_of(plan: Plan, tl_dag_order: tuple[tuple[int, ...], ...], n: int) -> np.ndarray:
-    freqs = np.empty(n, int)
-    for ids, units in zip(tl_dag_order, plan.stages, strict=True):
-        for i, u in zip(ids, units, strict=True):
-            freqs[i] = u.freq_mhz
-    return freqs
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="envpipe")
 def main() -> None:
-    """EnvPipe: plan and simulate energy-saving clocks for pipeline-parallel training."""
+    """EnvPipe: plan and simulate energy-saving clocks for pipeline-parallel training.
+
+    All numbers are simulated from the profile; limits on every input are in docs/planner.md.
+    """
 
 
 profile_option = click.option("--profile", "profile_path", required=True, type=click.Path(dir_okay=False),
                               help="stage profile CSV (stage,instruction,frequency,time,energy)")
-stages_option = click.option("--stages", type=click.IntRange(min=1), default=None,
-                             help="pipeline stages (default: the profile's)")
-idle_option = click.option("--idle-power", type=float, default=None,
-                           help="blocking (idle) power per GPU in W (default: measured value for --gpu)")
-transfer_option = click.option("--transfer-time", type=click.FloatRange(min=0), default=0.0, show_default=True,
+stages_option = click.option("--stages", type=click.IntRange(1, MAX_STAGES), default=None,
+                             help="pipeline stages (default: the profile's; others cut or repeat its stages)")
+idle_option = click.option("--idle-power", type=Finite(0, MAX_POWER_W), default=None,
+                           help="blocking (idle) power per GPU in W (default: the measured value for --gpu)")
+transfer_option = click.option("--transfer-time", type=Finite(0, MAX_SECONDS), default=0.0, show_default=True,
                                help="seconds to send one activation or gradient between stages")
+text_option = click.option("--text", is_flag=True, help="print EnvPipe's text trace (clock and wait of every unit)")
+gantt_option = output_option("--gantt", suffixes=(".png", ".svg"),
+                             help="write a Gantt picture here (.png or .svg; missing directories are created)")
 
 
 def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> float | np.ndarray:
     """One tail time for every stage (a float), or one per stage (an array)."""
+    parts = value.split(",")
+    if len(parts) > MAX_STAGES:
+        raise click.BadParameter(f"{len(parts)} tail times; at most one per stage ({MAX_STAGES})")
     try:
-        times = [float(v) for v in value.split(",")]
+        times = [float(v) for v in parts]
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected seconds, e.g. 0.02 or 0.02,0.03") from None
-    if any(not np.isfinite(t) or t < 0 for t in times):
-        raise click.BadParameter(f"{value!r}: tail times must be finite and not negative")
+        raise click.BadParameter(f"{quote(value)}: expected seconds, e.g. 0.02 or 0.02,0.03") from None
+    reasons = [r for r in (range_error(t, 0, MAX_SECONDS) for t in times) if r]
+    if reasons:
+        raise click.BadParameter(f"tail times {reasons[0]}")
     return times[0] if len(times) == 1 else np.array(times)
 
 
@@ -92,24 +107,27 @@ tail_option = click.option(
 
 @main.command()
 @profile_option
-@click.option("--microbatches", "-m", type=click.IntRange(min=1), required=True, help="micro-batches per iteration")
+@click.option("--microbatches", "-m", type=click.IntRange(1, MAX_MICROBATCHES), required=True,
+              help="micro-batches per iteration")
 @stages_option
-@click.option("--schedule", type=click.Choice(SCHEDULES), default="envpipe", show_default=True)
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="envpipe", show_default=True,
+              help="unit order: DeepSpeed's 1F1B, EnvPipe's (extra warm-up forwards), or GPipe")
 @click.option("--policy", type=click.Choice((*POLICIES, "optimal")), default="envelope", show_default=True,
               help="EnvPipe's policies, or 'optimal' (least energy within a time budget, see docs/optimal-planner.md)")
-@click.option("--reconfig", type=click.Choice(RECONFIGS), default="balanced", show_default=True)
+@click.option("--reconfig", type=click.Choice(RECONFIGS), default="balanced", show_default=True,
+              help="EnvPipe's reconfiguration of critical-path clocks (not used by --policy optimal)")
 @idle_option
 @click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
               help="candidate-clock filter (EnvPipe's per-GPU rule; 'all' = every clock in the profile)")
 @transfer_option
 @tail_option
-@click.option("--memory-cap", type=click.IntRange(min=0), default=None,
-              help="most extra warm-up micro-batches of activations a stage can hold")
-@click.option("--threshold-scale", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
-              help="reconfiguration threshold = scale x smallest last-stage recv stall")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the plan JSON here")
-@click.option("--text", is_flag=True, help="print EnvPipe's text trace")
-@click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
+@click.option("--memory-cap", type=click.IntRange(0, MAX_MICROBATCHES), default=None,
+              help="most extra warm-up micro-batches of activations a stage can hold (default: no cap)")
+@click.option("--threshold-scale", type=Finite(0, MAX_THRESHOLD_SCALE, low_open=True), default=4.0,
+              show_default=True, help="reconfiguration threshold = scale x smallest last-stage recv stall")
+@output_option("--out", help="write the plan JSON here (missing directories are created)")
+@text_option
+@gantt_option
 @optimal_options
 def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
          idle_power: float | None, gpu: str, transfer_time: float, tail_time: float | np.ndarray,
@@ -119,21 +137,23 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
     """Plan clocks for one iteration and show the predicted time and energy."""
     gpu = gpu.lower()
     watts = _idle_power(idle_power, gpu)
-    if gantt and Path(gantt).suffix.lower() not in (".png", ".svg"):
-        raise click.BadParameter("must end in .png or .svg", param_hint="--gantt")
-    if policy == "optimal":
-        run_optimal(_load_or_fail(profile_path, stages), microbatches, schedule, watts, transfer_time, memory_cap,
-                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail_time)
-        return
-    if (max_slowdown, time_budget, frontier_csv) != (None, None, None):
+    if policy != "optimal" and (max_slowdown, time_budget, frontier_csv) != (None, None, None):
         raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
+    profile, note = _load(profile_path, stages, microbatches, tail_time)
+    if policy == "optimal":
+        run_optimal(profile, microbatches, schedule, watts, transfer_time, memory_cap,
+                    OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail_time,
+                    note)
+        return
     try:
-        result = make_plan(_load(profile_path, stages), microbatches, schedule=schedule, policy=policy,
+        result = make_plan(profile, microbatches, schedule=schedule, policy=policy,
                            reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,
                            memory_cap=memory_cap, threshold_scale=threshold_scale, tail_s=tail_time)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
-    p = result.plan
+    if note:
+        click.echo(note, err=True)
+    p = replace(result.plan, profile_digest=profile.digest)
     click.echo(f"schedule {schedule}, policy {p.policy}, {p.num_stages} stages x {microbatches} micro-batches, "
                f"idle power {watts} W")
     click.echo(f"candidate clocks: {result.candidates[0]}..{result.candidates[-1]} MHz ({len(result.candidates)}); "
@@ -141,47 +161,43 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
     if result.reconfig.rounds:
         click.echo(f"reconfiguration: {result.reconfig.raises} raises in {result.reconfig.rounds} rounds "
                    f"({result.reconfig.stop_reason})")
-    if text:
-        click.echo(text_trace(result.timeline, result.reconfig.freqs_mhz))
-    click.echo(summary_table(result.timeline, result.baseline, "simulated on the measured profile:"))
-    if out:
-        p.save(out)
-        click.echo(f"plan written to {out}")
-    if gantt:
-        draw_gantt(result.timeline, result.reconfig.freqs_mhz, gantt,
-                   f"{schedule} / {p.policy}: {p.num_stages} stages x {microbatches} micro-batches (simulated)")
-        click.echo(f"Gantt picture written to {gantt}")
+    show(result.timeline, result.baseline, result.reconfig.freqs_mhz, "simulated on the measured profile:", text)
+    write_outputs(p, out, result.timeline, result.reconfig.freqs_mhz, gantt,
+                  f"{schedule} / {p.policy}: {p.num_stages} stages x {microbatches} micro-batches (simulated)")
 
 
 @main.command()
 @profile_option
-@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan JSON")
+@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
+              help="plan JSON (from `envpipe plan --out`, or written by hand)")
 @stages_option
 @idle_option
 @click.option("--gpu", type=click.Choice(GPU_NAMES, case_sensitive=False), default="all", show_default=True,
               help="only used to pick a default --idle-power")
 @transfer_option
 @tail_option
-@click.option("--text", is_flag=True, help="print EnvPipe's text trace")
-@click.option("--gantt", type=click.Path(dir_okay=False), default=None, help="write a Gantt picture (.png/.svg)")
+@text_option
+@gantt_option
 def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: float | None, gpu: str,
              transfer_time: float, tail_time: float | np.ndarray, text: bool, gantt: str | None) -> None:
     """Recompute iteration time and energy of any plan (also one written by hand)."""
     watts = _idle_power(idle_power, gpu.lower())
     try:
-        profile = _load(profile_path, stages)
         plan_obj = Plan.load(plan_path)
+    except PlanError as exc:
+        raise click.ClickException(str(exc)) from None
+    profile, note = _load(profile_path, stages, plan_obj.num_microbatches, tail_time)
+    try:
+        plan_obj.check_profile(profile)
         tl = evaluate_plan(plan_obj, profile, watts, transfer_time, tail_time)
         base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail_time)
     except _USER_ERRORS as exc:
-        raise click.ClickException(str(exc)) from None
-    freqs = _freqs_of(plan_obj, tl.dag.order, tl.dag.num_units)
-    if text:
-        click.echo(text_trace(tl, freqs))
-    click.echo(summary_table(tl, base, f"{plan_path} simulated on {profile_path}:"))
+        raise click.ClickException(f"{plan_path}: {exc}") from None
+    if note:
+        click.echo(note, err=True)
+    clocks = unit_clocks(plan_obj, tl.dag)
+    show(tl, base, clocks, f"{plan_path} simulated on {profile_path}:", text)
     claimed = plan_obj.predicted.get("iteration_time_s")
     if claimed is not None and abs(claimed - tl.iteration_time) > 1e-9 * max(1.0, claimed):
         click.echo(f"note: the plan claims {claimed:.4f} s; the simulation gives {tl.iteration_time:.4f} s", err=True)
-    if gantt:
-        draw_gantt(tl, freqs, gantt, f"{plan_path} (simulated)")
-        click.echo(f"Gantt picture written to {gantt}")
+    write_outputs(None, None, tl, clocks, gantt, f"{plan_path} (simulated)")

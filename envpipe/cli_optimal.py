@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
-from envpipe.plan.frontier import frontier, write_frontier
-from envpipe.plan.gantt import draw_gantt
+from envpipe.cli_common import Finite, output_option, show, write_outputs
+from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS, MAX_SLOWDOWN
+from envpipe.plan.frontier import FrontierPoint, frontier, write_frontier
 from envpipe.plan.lp import InfeasibleBudget
-from envpipe.plan.optimal import OptimalResult, optimal_plan
-from envpipe.plan.planfile import baseline_timeline
-from envpipe.plan.render import summary_table, text_trace
+from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.planfile import baseline_timeline, unit_clocks
+from envpipe.plan.simulate import Timeline
 from envpipe.profile import Profile
 
 
 def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
-        click.option("--max-slowdown", type=click.FloatRange(min=0), default=None,
+        click.option("--max-slowdown", type=Finite(0, MAX_SLOWDOWN), default=None,
                      help="optimal: allowed slowdown over the 1F1B all-max time, e.g. 0.01 for 1%"),
-        click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--time-budget", type=Finite(0, MAX_BUDGET_S, low_open=True), default=None,
                      help="optimal: iteration-time budget in seconds"),
-        click.option("--frontier", "frontier_csv", type=click.Path(dir_okay=False), default=None,
-                     help="optimal: write the time-energy frontier CSV here (plans and a .png plot next to it)"),
-        click.option("--frontier-points", type=click.IntRange(min=2), default=20, show_default=True,
+        output_option("--frontier", "frontier_csv", suffixes=(".csv",),
+                      help="optimal: write the time-energy frontier CSV here (plans and a .png plot next to it)"),
+        click.option("--frontier-points", type=click.IntRange(2, MAX_FRONTIER_POINTS), default=20, show_default=True,
                      help="optimal: number of budgets on the frontier"),
     ]):
         func = option(func)
@@ -46,12 +48,13 @@ class OptimalArgs:
 
 
 def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
-    """``tail_s``: each stage's work after its last unit (one number or one per stage), as in make_plan."""
+                memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None) -> None:
+    """``tail_s``: each stage's work after its last unit (one number or one per stage), as in make_plan;
+    ``note``: what the user should know about the profile, shown once planning worked."""
     if args.frontier_csv is not None:
         if args.max_slowdown is not None or args.time_budget is not None:
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
-        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory_cap, args, tail_s)
+        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory_cap, args, tail_s, note)
         return
     try:
         result = optimal_plan(profile, microbatches, idle_power_w=watts, schedule=schedule,
@@ -59,7 +62,9 @@ def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float
                               transfer_s=transfer_s, memory_cap=memory_cap, tail_s=tail_s)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    p = result.plan
+    if note:
+        click.echo(note, err=True)
+    p = replace(result.plan, profile_digest=profile.digest)
     click.echo(f"schedule {schedule}, policy optimal, {p.num_stages} stages x {microbatches} micro-batches, "
                f"idle power {watts} W, time budget {result.budget_s:.4f} s")
     for r, energy in result.tried:
@@ -69,37 +74,28 @@ def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float
                                                      " (EnvPipe warm-up counts saved more)"))
     if result.lp_energy is not None:
         click.echo(f"LP lower bound for this order: {result.lp_energy:.1f} J")
-    freqs = _freqs(result)
-    if args.text:
-        click.echo(text_trace(result.timeline, freqs))
-    click.echo(summary_table(result.timeline, result.baseline, "simulated on the measured profile:"))
-    if args.out:
-        p.save(args.out)
-        click.echo(f"plan written to {args.out}")
-    if args.gantt:
-        draw_gantt(result.timeline, freqs, args.gantt,
-                   f"{schedule} / optimal: {p.num_stages} stages x {microbatches} micro-batches (simulated)")
-        click.echo(f"Gantt picture written to {args.gantt}")
-
-
-def _freqs(result: OptimalResult) -> np.ndarray:
-    """Per-unit clocks (MHz) in the DAG's unit numbering, for the trace and the Gantt picture."""
-    dag = result.timeline.dag
-    freqs = np.empty(dag.num_units, int)
-    for ids, units in zip(dag.order, result.plan.stages, strict=True):
-        for i, u in zip(ids, units, strict=True):
-            freqs[i] = u.freq_mhz
-    return freqs
+    clocks = unit_clocks(p, result.timeline.dag)
+    show(result.timeline, result.baseline, clocks, "simulated on the measured profile:", args.text)
+    write_outputs(p, args.out, result.timeline, clocks, args.gantt,
+                  f"{schedule} / optimal: {p.num_stages} stages x {microbatches} micro-batches (simulated)")
 
 
 def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                  memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray) -> None:
+                  memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None) -> None:
     assert args.frontier_csv is not None
+    from tqdm import tqdm
+
     try:
-        points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule, points=args.frontier_points,
-                          transfer_s=transfer_s, memory_cap=memory_cap, tail_s=tail_s)
+        # on a terminal only (disable=None): a log or a pipe gets no carriage-return noise
+        with tqdm(total=args.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar:
+            points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule,
+                              points=args.frontier_points, transfer_s=transfer_s, memory_cap=memory_cap,
+                              tail_s=tail_s, on_point=bar.update)
     except (InfeasibleBudget, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    if note:
+        click.echo(note, err=True)
+    points = [replace(pt, plan=replace(pt.plan, profile_digest=profile.digest)) for pt in points]
     base = baseline_timeline(profile, microbatches, watts, transfer_s, tail_s)
     try:
         plan_dir, png = write_frontier(points, Path(args.frontier_csv), base)
@@ -107,6 +103,19 @@ def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: flo
         raise click.ClickException(f"cannot write the frontier to {args.frontier_csv}: {exc}") from None
     click.echo(f"frontier ({len(points)} points, simulated on the measured profile; baseline 1F1B all-max "
                f"{base.iteration_time:.4f} s, {base.energy:.1f} J):")
-    for p in points:
-        click.echo(f"  {p.time_s:9.4f} s  {p.energy_j:10.1f} J  {100 * (1 - p.energy_j / base.energy):6.2f} %")
+    click.echo("\n".join(frontier_rows(points, base)))
     click.echo(f"CSV written to {args.frontier_csv}, plans under {plan_dir}, plot {png}")
+
+
+def frontier_rows(points: list[FrontierPoint], base: Timeline) -> list[str]:
+    """A table with the budget of each point, time and energy with enough digits to tell neighbours apart,
+    and a mark where a longer budget kept the previous plan (more time would only add idle energy)."""
+    step = (points[-1].budget_s - points[0].budget_s) / max(len(points) - 1, 1)
+    digits = max(4, 1 - math.floor(math.log10(step))) if step > 0 else 4
+    w = max(10, digits + 5)
+    rows = [f"  {'budget (s)':>{w}}  {'time (s)':>{w}}  {'energy (J)':>12}  {'saving (%)':>10}"]
+    for i, p in enumerate(points):
+        same = i > 0 and (p.time_s, p.energy_j) == (points[i - 1].time_s, points[i - 1].energy_j)
+        rows.append(f"  {p.budget_s:{w}.{digits}f}  {p.time_s:{w}.{digits}f}  {p.energy_j:12.2f}  "
+                    f"{100 * (1 - p.energy_j / base.energy):10.3f}" + ("  same plan as above" if same else ""))
+    return rows

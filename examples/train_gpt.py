@@ -5,8 +5,11 @@ into DeepSpeed pipeline layers, on synthetic tokens, with the EnvPipe runtime or
     DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 examples/train_gpt.py --tiny --steps 3   # CPU, gloo
     torchrun --nproc-per-node 4 examples/train_gpt.py --pipeline-stages 2 --zero-stage 1    # DP2 x PP2, ZeRO-1
 
-The `envpipe` block of --config (and ENVPIPE_TYPE / ENVPIPE_SCHEDULING / ENVPIPE_RECONFIGURE) chooses
-the schedule; --plan runs a plan file. --engine stock runs DeepSpeed's own PipelineEngine for comparison.
+The runtime's policy is `optimal` by default: least energy within the iteration-time budget (no slowdown
+against this run's own 1F1B all-max iterations unless --max-slowdown or --time-budget), the unit order
+chosen within memory. The `envpipe` block of --config sets the same options (envpipe/runtime/config.py);
+the flags below override it, and ENVPIPE_TYPE / ENVPIPE_SCHEDULING / ENVPIPE_RECONFIGURE / ENVPIPE_CLOCK
+override both. --plan runs a plan file. --engine stock runs DeepSpeed's own PipelineEngine for comparison.
 Nothing is downloaded: only configurations are built.
 """
 
@@ -17,6 +20,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -28,13 +32,15 @@ from deepspeed.pipe import LayerSpec, PipelineModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from envpipe.runtime import collective, distributed, replicas
 from envpipe.runtime import config as envpipe_config
-from envpipe.runtime import distributed, replicas
-from envpipe.runtime.clocks import Clock, ClockUnavailable, Device, make_clock
+from envpipe.runtime.clocks import Clock, ClockUnavailable, Device, NvmlEnergyClock, make_clock
+from envpipe.runtime.collect import RankRecord, assemble
 from envpipe.runtime.engine import initialize
-from envpipe.runtime.jobreport import RankRecord, job_summary
-from envpipe.runtime.report import StageReport, summarize
+from envpipe.runtime.iterations import BASELINE
+from envpipe.runtime.report import write_report
 from envpipe.runtime.runner import Runner
+from envpipe.runtime.summary import RunSummary
 from envpipe.runtime.textreport import render
 
 
@@ -141,54 +147,45 @@ def tokens(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[tor
         yield ids[:, :-1].to(device), ids[:, 1:].to(device)
 
 
-def run_stock(engine, data: Iterator, args: argparse.Namespace, samples: int) -> dict | None:
-    """DeepSpeed's own PipelineEngine (1F1B), timed and metered like the runtime's steady phase."""
+def run_stock(engine, data: Iterator, args: argparse.Namespace, cfg: envpipe_config.EnvPipeConfig,
+              samples: int) -> RunSummary | None:
+    """DeepSpeed's own PipelineEngine (1F1B), timed and metered like the runtime's steady phase; the same
+    summary type (engine "stock-deepspeed-1f1b"), written to the report directory."""
     on_gpu = engine.device.type == "cuda"
-    energy = None
-    if on_gpu:
-        from envpipe.runtime.clocks import NvmlEnergyClock
-
-        energy = NvmlEnergyClock(engine.device.index or 0)
+    energy = NvmlEnergyClock(engine.device.index or 0) if on_gpu else None
     for _ in range(args.calibration_steps):
         engine.train_batch(data)
     if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times, joules = [], []
+    steady = []
     for _ in range(args.steps):
         e0, t0 = energy.energy_j() if energy else None, time.perf_counter()
         engine.train_batch(data)
         if on_gpu:
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        if energy:
-            joules.append(energy.energy_j() - e0)
-    peak = torch.cuda.max_memory_allocated() if on_gpu else 0
-    report = StageReport(engine.stage_id, times, list(joules) if energy else [None] * len(times), peak)
-    where = replicas.place(engine)
-    everyone = replicas.gather(RankRecord(where, report, "stock"))
+        t1 = time.perf_counter()
+        steady.append((BASELINE, t1 - t0, energy.energy_j() - e0 if energy else None))  # stock: 1F1B, default clocks
+    peak = torch.cuda.max_memory_allocated() if on_gpu else None
+    record = RankRecord(collective.place(engine), steady, peak, None, [], "stock", [], [], [])
+    everyone = collective.gather(record)
+    if energy is not None:
+        energy.close()
     if tdist.get_rank() != 0:
         return None
-    ranks = sorted(everyone, key=lambda r: (r.place.replica, r.place.stage))  # every GPU of every replica
-    label = "measured" if energy else "none"
-    common = summarize([r.report for r in ranks], samples, label, None, None)
-    keys = (
-        "iterations",
-        "iteration_time_s",
-        "throughput_samples_per_s",
-        "energy",
-        "energy_per_gpu_j",
-        "energy_per_iteration_j",
-    )
-    summary = {
-        "engine": "stock-deepspeed-1f1b",
-        **{k: common[k] for k in keys},
-        "peak_memory_bytes_per_stage": [r.report.peak_memory_bytes or None for r in ranks],
-        "job": job_summary(ranks, label, [], replicas.STRAGGLER_THRESHOLD),
-    }
-    Path(args.report_dir).mkdir(parents=True, exist_ok=True)
-    (Path(args.report_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = assemble(everyone, cfg, energy, None, None, None, None, samples, engine.micro_batches, None,
+                       engine="stock-deepspeed-1f1b")
+    write_report(args.report_dir, summary)
     return summary
+
+
+ENVIRONMENT = """environment:
+  ENVPIPE_TYPE          the policy (optimal, baseline, uniform, envelope); overrides --policy and the config
+  ENVPIPE_SCHEDULING    1f1b, or envpipe (the planner may choose EnvPipe's extra warm-up forwards)
+  ENVPIPE_RECONFIGURE   default (none), greedy, balanced (EnvPipe's), replan (the optimal policy's default)
+  ENVPIPE_CLOCK         auto, sim (CPU), daemon (envpipe-clockd, or stop with one line), none
+  ENVPIPE_CLOCKD_SOCKET the clock daemon's socket (default /run/envpipe/clockd.sock)
+  DS_ACCELERATOR=cpu    train on CPU processes over gloo (clocks simulated)"""
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -197,7 +194,8 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _OneLineParser(description=__doc__.split("\n\n")[0])
+    p = _OneLineParser(description=__doc__.split("\n\n")[0], epilog=ENVIRONMENT,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)
@@ -208,8 +206,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches per iteration (M)")
     p.add_argument("--steps", type=int, default=10, help="measured (steady) iterations")
     p.add_argument("--calibration-steps", type=int, default=2)
-    p.add_argument("--profile-points", type=int, default=4, help="clocks profiled online")
-    p.add_argument("--reconfigure-rounds", type=int, default=20, help="most reconfiguration rounds")
+    p.add_argument("--policy", choices=envpipe_config.TYPES, help="the runtime policy (envpipe.type; default optimal)")
+    p.add_argument("--max-slowdown", type=float, help="budget: this run's 1F1B all-max iteration x (1 + this)")
+    p.add_argument("--time-budget", type=float, help="budget: an iteration time in seconds")
+    p.add_argument("--memory-limit-gib", type=float,
+                   help="memory per GPU for in-flight activations' order choice (default: the GPU's; CPU: none)")
+    p.add_argument("--profile-points", type=int, help="clocks profiled online (default 4)")
+    p.add_argument("--reconfigure-rounds", type=int, help="most reconfiguration rounds (default 5)")
+    p.add_argument("--compare-iterations", type=int,
+                   help="steady 1F1B all-max iterations interleaved with the plan's, for the measured saving (10)")
     p.add_argument("--tiny", action="store_true", help="a tiny model for CPU smoke runs")
     p.add_argument(
         "--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU"
@@ -233,7 +238,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tiny:
         args.layers, args.hidden, args.heads, args.seq, args.vocab, args.micro_batch = 4, 32, 2, 16, 128, 2
     names = ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "microbatches", "steps")
-    for name in (*names, "profile_points", "reconfigure_rounds"):
+    for name in names:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.pipeline_stages is not None and args.pipeline_stages < 1:
@@ -245,7 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         ds_config, cfg = envpipe_config.split(read_config(args.config) if args.config else {})
-        overrides = {k: v for k, v in (("plan", args.plan), ("clock", args.clock)) if v}
+        limit = None if args.memory_limit_gib is None else int(args.memory_limit_gib * 2**30)
+        flags = {"plan": args.plan, "clock": args.clock, "type": args.policy, "max_slowdown": args.max_slowdown,
+                 "time_budget_s": args.time_budget, "memory_limit_bytes": limit, "profile_points": args.profile_points,
+                 "reconfigure_rounds": args.reconfigure_rounds, "compare_iterations": args.compare_iterations}
+        overrides = {k: v for k, v in flags.items() if v is not None}
         overrides["report_dir"] = args.report_dir
         cfg = envpipe_config.parse({**_block(cfg), **overrides})
         # the launcher's WORLD_SIZE: a bad shape stops the job before any process group starts
@@ -262,9 +271,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         distributed.init_distributed(on_gpu)
         train(args, ds_config, cfg, stages, clock)
-    finally:
+    except Exception as exc:  # the traceback for the log, then the one line a user reads first
+        traceback.print_exc()
+        print(f"train_gpt.py: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if clock is not None:
-            clock.close()  # back to default clocks
+            clock.close()
+        distributed.exit_process(1)
+    if clock is not None:
+        clock.close()  # back to default clocks
 
 
 def train(
@@ -275,44 +289,11 @@ def train(
     data = tokens(args, engine.device)
     samples = engine.train_batch_size()
     if args.engine == "stock":
-        summary = run_stock(engine, data, args, samples)
-        if summary is not None:
-            print(json.dumps(summary, indent=1))
-        return
-    summary, _ = run_envpipe(
-        engine,
-        data,
-        cfg,
-        clock,
-        samples,
-        args.steps,
-        args.calibration_steps,
-        profile_points=args.profile_points,
-        reconfigure_rounds=args.reconfigure_rounds,
-    )
+        summary = run_stock(engine, data, args, cfg, samples)
+    else:
+        summary = Runner(engine, cfg, clock, samples).train(data, args.steps, args.calibration_steps)
     if summary is not None:
-        text = render(summary, args.report_dir)
-        (Path(args.report_dir) / "report.txt").write_text(text + "\n")
-        print(text)
-
-
-def run_envpipe(
-    engine,
-    data: Iterator,
-    cfg: envpipe_config.EnvPipeConfig,
-    clock: Clock | None,
-    samples: int,
-    steps: int,
-    calibration_steps: int,
-    **runner_options: int,
-) -> tuple[dict | None, Runner]:
-    """The EnvPipe runtime: calibration, then ``steps`` steady iterations.
-
-    ``runner_options``: Runner's profile_points / reconfigure_rounds (default: Runner's). Returns the
-    summary (rank 0; None elsewhere) and the runner. The caller closes ``clock`` (default clocks back).
-    """
-    runner = Runner(engine, cfg, clock, samples, **runner_options)
-    return runner.train(data, steps, calibration_steps), runner
+        print(render(summary, args.report_dir))
 
 
 def read_config(path: str) -> dict:

@@ -50,18 +50,22 @@ class FakeNvml:
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
-        self.initialized = False
+        self.refs = 0  # NVML counts nvmlInit calls; each nvmlShutdown undoes one
+
+    @property
+    def initialized(self) -> bool:
+        return self.refs > 0
 
     def _check(self) -> None:
         if not self.initialized:
             raise NVMLError_Uninitialized()
 
     def nvmlInit(self) -> None:
-        self.initialized = True
+        self.refs += 1
 
     def nvmlShutdown(self) -> None:
         self._check()
-        self.initialized = False
+        self.refs -= 1
 
     def nvmlDeviceGetCount(self) -> int:
         self._check()

@@ -2,8 +2,11 @@
 
 Usage: python pipe_worker.py SPEC OUT_DIR  (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; DeepSpeed's
 launcher may add --local_rank=N, which is ignored). SPEC is JSON, or @FILE holding it:
-{"stages": P, "runs": [{"name": str, "engine": "stock"|"envpipe"|"runtime", "M": int, "steps": int,
+{"stages": P, "runs": [{"name": str, "engine": "stock"|"envpipe"|"runtime", "M": int,
+  "steps": int | "as:NAME" (as many iterations as run NAME trained: a runtime run's count varies),
   "orders": [[["F",0],...],...] | null, "zero": 0|1, "bf16": bool (optional),
+  "device": "fake-gpu" (runtime only: the clock is chosen as on a GPU node; with tests/fakes/nvml_module first
+  on PYTHONPATH, NVML is the fake's),
   "envpipe": {envpipe block}, "calibration": int (runtime only: envpipe.runtime.runner.Runner, where
   "steps" counts the steady iterations after calibration and profiling)}]}.
 Each data-parallel replica draws its own batches. Writes OUT_DIR/rank<r>.json with losses and parameters;
@@ -69,14 +72,15 @@ def train(engine, run: dict, out: Path) -> list[float]:
     """Every iteration's loss (DeepSpeed broadcasts it to every stage)."""
     it = batches(7 + engine.grid.get_data_parallel_id(), torch.bfloat16 if run.get("bf16") else torch.float32)
     if run["engine"] != "runtime":
-        return [float(engine.train_batch(it)) for _ in range(run["steps"])]
+        return [float(engine.train_batch(it)) for _ in range(run["steps"])]  # "as:NAME" is resolved by main
     losses: list[float] = []
     train_batch = engine.train_batch
     engine.train_batch = lambda data_iter: losses.append(float(train_batch(data_iter))) or losses[-1]
     cfg = envpipe_config.parse({**run["envpipe"], "report_dir": str(out / run["name"])})
     calibration = run.get("calibration", 1)
     replica = engine.grid.get_data_parallel_id()
-    clock = make_clock(cfg, Device(False, int(os.environ.get("LOCAL_RANK", "0")), replica), sim_slowdown(replica))
+    device = Device(run.get("device") == "fake-gpu", int(os.environ.get("LOCAL_RANK", "0")), replica)
+    clock = make_clock(cfg, device, sim_slowdown(replica))
     try:
         Runner(engine, cfg, clock, engine.train_batch_size()).train(it, run["steps"], calibration)
     finally:
@@ -92,6 +96,8 @@ def main() -> None:
     distributed.init_distributed(on_gpu=False)
     results = {}
     for run in spec["runs"]:
+        if isinstance(run["steps"], str):
+            run = {**run, "steps": len(results[run["steps"].removeprefix("as:")]["losses"])}
         engine = make_engine(run["engine"], spec["stages"], run["M"], run.get("zero", 0), run.get("bf16", False))
         if run.get("orders") is not None:
             engine.set_unit_orders([[tuple(u) for u in o] for o in run["orders"]])

@@ -113,7 +113,7 @@ def test_sim_meter_gives_exact_unit_energy() -> None:
     start = time.perf_counter()
     time.sleep(0.02)  # the unit's "compute"
     seconds = time.perf_counter() - start
-    clock.after_unit(seconds)
+    clock.after_unit("F", seconds, seconds)  # CPU time = wall time here: the stretch is exact
     end = time.perf_counter()
     time.sleep(0.01)  # idle
     meter = SimMeter(clock.trace, clock.energy_j)

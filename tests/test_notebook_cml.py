@@ -20,6 +20,7 @@ import nbformat
 import pytest
 
 from tests import netns_hosts
+from tests.runtime_summary import read_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "envpipe_cml.ipynb"
@@ -124,17 +125,19 @@ def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> No
     log = _stream(nb, "subprocess.Popen(")
     assert f"{hosts.ips[0]}: " in log and f"{hosts.ips[1]}: " in log, log[-3000:]
 
-    summary = json.loads((report / "summary.json").read_text())
-    assert summary["stages"] == 2 and summary["energy"] == "simulated" and summary["iterations"] == 2
-    assert summary["energy_per_iteration_j"] > 0 and summary["baseline"]["energy_j"] > 0
+    summary = read_summary(report)
+    assert summary.stages == 2 and summary.clock.energy == "simulated (sim clock)"
+    assert summary.measured is not None and summary.measured.pairs == 1  # 2 steady: the plan, then 1F1B all-max
+    assert summary.plan is not None and summary.plan.policy == "optimal"  # the runtime's default
+    assert summary.steady.energy_j is not None and summary.predicted is not None
     html = "".join(o["data"]["text/html"] for o in _outputs(nb, "summary_path =") if "data" in o)
-    assert "energy per iteration (simulated)" in html
-    assert f"{summary['throughput_samples_per_s']:.2f} samples/s" in html
-    assert f"{summary['energy_saving_vs_baseline']:.1%}" in html
+    assert "energy per iteration (simulated (sim clock))" in html
+    assert f"{summary.steady.throughput_samples_per_s:.2f} samples/s" in html
+    assert "energy saving, the planner's prediction (simulated against simulated)" in html
     (image,) = [o for o in _outputs(nb, "gantt.png") if "data" in o]
     assert base64.b64decode(image["data"]["image/png"]) == (report / "gantt.png").read_bytes()
-    stages = "".join(o["data"]["text/html"] for o in _outputs(nb, "per_gpu =") if "data" in o)
-    assert stages.count("<tr><td>") == 2 and "(simulated)" in stages
+    stages = "".join(o["data"]["text/html"] for o in _outputs(nb, "summary.gpus") if "data" in o)
+    assert stages.count("<tr><td>") == 2 and "(simulated (sim clock))" in stages
 
 
 @needs_netns

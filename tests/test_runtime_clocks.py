@@ -26,7 +26,7 @@ def test_sim_clock_stretches_units_by_the_model(monkeypatch: pytest.MonkeyPatch)
     clock.set(low)
     sleeps: list[float] = []
     monkeypatch.setattr(clocks.time, "sleep", sleeps.append)  # what it sleeps, exactly, not how long it took
-    clock.after_unit(0.05, 0.05)  # a unit that took 50 ms (wall and CPU) at the top clock
+    clock.after_unit("F", 0.05, 0.05)  # a unit that took 50 ms (wall and CPU) at the top clock
     assert sleeps == [pytest.approx(0.05 * (scale - 1))]
     assert clock.requested == [low]
     busy = 0.05 * scale * model.busy_power(low)
@@ -43,7 +43,7 @@ def test_sim_clock_energy_counts_idle_time_at_idle_power() -> None:
     e = clock.energy_j()
     t2 = time.perf_counter()
     assert 0.05 * idle <= e <= (t2 - t0) * idle  # bounds from the times around, however busy the machine
-    clock.after_unit(0.01, 0.01)  # top clock: no stretch; the unit's 10 ms count busy, not idle
+    clock.after_unit("F", 0.01, 0.01)  # top clock: no stretch; the unit's 10 ms count busy, not idle
     e2 = clock.energy_j()
     t3 = time.perf_counter()
     assert 0.01 * (busy - idle) <= e2 - e <= 0.01 * busy + (t3 - t1 - 0.01) * idle
@@ -60,11 +60,11 @@ def test_sim_clock_stretches_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPa
     sleeps: list[float] = []
     monkeypatch.setattr(clocks.time, "sleep", sleeps.append)
     monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
-    clock.after_unit(0.08, 0.05)
+    clock.after_unit("F", 0.08, 0.05)
     assert sleeps == [pytest.approx(max(0.0, 0.05 * scale - 0.08))] or (0.05 * scale <= 0.08 and sleeps == [])
     assert clock._busy_s == pytest.approx(0.05 * scale)  # busy energy follows the work, not the load
     monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 4)  # intra-op threads: wall time stands in
-    clock.after_unit(0.08, 0.05)
+    clock.after_unit("F", 0.08, 0.05)
     assert clock._busy_s == pytest.approx(0.05 * scale + 0.08 * scale)
 
 
@@ -75,7 +75,7 @@ GPU = Device(on_gpu=True, local_rank=0)
 def test_clock_choice_without_a_daemon(tmp_path: Path) -> None:
     env = {"ENVPIPE_CLOCKD_SOCKET": str(tmp_path / "none.sock")}
     assert isinstance(make_clock(parse({}, {}), CPU, environ=env), SimClock)
-    assert make_clock(parse({"clock": "none"}, {}), CPU, environ=env) is None
+    assert make_clock(parse({"clock": "none", "type": "baseline"}, {}), CPU, environ=env) is None
     with pytest.raises(ClockUnavailable, match=r"asked for .*'daemon'.* no envpipe-clockd socket at .*none\.sock"):
         make_clock(parse({"clock": "daemon"}, {}), CPU, environ=env)
     with pytest.raises(ClockUnavailable, match="'sim' emulates clocks on CPU only"):
@@ -84,7 +84,7 @@ def test_clock_choice_without_a_daemon(tmp_path: Path) -> None:
 
 def test_environment_chooses_the_clock() -> None:
     assert parse({}, {"ENVPIPE_CLOCK": "daemon"}).clock == "daemon"
-    assert parse({"clock": "sim"}, {"ENVPIPE_CLOCK": "none"}).clock == "none"
+    assert parse({"clock": "sim", "type": "baseline"}, {"ENVPIPE_CLOCK": "none"}).clock == "none"
 
 
 @pytest.fixture
@@ -146,3 +146,23 @@ def test_daemon_clock_by_uuid_and_an_unknown_uuid(tmp_path: Path) -> None:
             make_clock(parse({"clock": "daemon"}, {}), CPU, environ=env)
         with pytest.raises(ClockUnavailable, match="none for local rank 9"):
             make_clock(parse({"clock": "daemon"}, {}), Device(False, 9), environ={"ENVPIPE_CLOCKD_SOCKET": sock})
+
+
+def test_sim_clock_fixes_unit_costs_after_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `fix_unit_costs` a unit's simulated time is the calibration's median work per kind, whatever the
+    unit's own CPU time (a neighbour's load) says; before it, the unit's own work counts."""
+    model = FrequencyModel.default()
+    low = model.clocks_mhz[-1]
+    clock = SimClock(model, dilation=4.0)
+    monkeypatch.setattr(clocks.time, "sleep", lambda s: None)
+    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
+    for cpu in (0.010, 0.012, 0.011):
+        clock.after_unit("F", 0.001, cpu)
+    clock.after_unit("B", 0.001, 0.030)
+    assert clock._busy_s == pytest.approx(4.0 * (0.010 + 0.012 + 0.011 + 0.030))
+    clock.fix_unit_costs()
+    assert clock.unit_work_s == {"F": pytest.approx(0.011), "B": pytest.approx(0.030)}
+    clock.set(low)
+    before = clock._busy_s
+    clock.after_unit("F", 0.001, 0.500)  # a unit slowed by load: its CPU time no longer matters
+    assert clock._busy_s - before == pytest.approx(4.0 * 0.011 * model.time_scale(low))

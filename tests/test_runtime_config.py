@@ -9,6 +9,9 @@ from envpipe.runtime.config import EnvPipeConfig, EnvPipeConfigError, parse, spl
 
 def test_defaults_and_block() -> None:
     assert parse(None, {}) == EnvPipeConfig()
+    default = EnvPipeConfig()
+    assert (default.type, default.scheduling, default.reconfig_method) == ("optimal", "envpipe", "replan")
+    assert parse({"type": "envelope"}, {}).reconfig_method == "default"  # EnvPipe's own default: none
     cfg = parse({"type": "uniform", "scheduling": "1f1b", "reconfig": "greedy", "gpu": "h200"}, {})
     assert (cfg.type, cfg.scheduling, cfg.reconfig, cfg.gpu) == ("uniform", "1f1b", "greedy", "h200")
 
@@ -28,7 +31,7 @@ def test_split_leaves_input_alone() -> None:
 @pytest.mark.parametrize(
     ("block", "env", "message"),
     [
-        ({"type": "fast"}, {}, r"'envpipe.type' is 'fast'; choose one of baseline, uniform, envelope"),
+        ({"type": "fast"}, {}, r"'envpipe.type' is 'fast'; choose one of optimal, baseline, uniform, envelope"),
         ({}, {"ENVPIPE_SCHEDULING": "gpipe"}, r"ENVPIPE_SCHEDULING is 'gpipe'; choose one of 1f1b, envpipe"),
         ({}, {"ENVPIPE_RECONFIGURE": "fast"}, r"ENVPIPE_RECONFIGURE is 'fast'"),
         ({"clock": "nvml"}, {}, r"'envpipe.clock' is 'nvml'"),
@@ -36,6 +39,15 @@ def test_split_leaves_input_alone() -> None:
         ({"gpu": 3}, {}, r"'envpipe.gpu' must be a non-empty string"),
         ({"plan": "a.json", "profile": "b.csv"}, {}, r"either 'plan'"),
         ([1], {}, r"must be an object, got list"),
+        ({"max_slowdown": 0.1, "time_budget_s": 2.0}, {}, r"either 'max_slowdown' or 'time_budget_s'"),
+        ({"max_slowdown": 1.5}, {}, r"'envpipe.max_slowdown' must be in \[0, 1\)"),
+        ({"max_slowdown": float("nan")}, {}, r"must be a finite number"),
+        ({"time_budget_s": 0}, {}, r"'envpipe.time_budget_s' must be positive"),
+        ({"memory_headroom": -0.1}, {}, r"must be in \[0, 1\)"),
+        ({"memory_limit_bytes": 1.5}, {}, r"must be an integer >= 1"),
+        ({"compare_iterations": -1}, {}, r"must be an integer >= 0"),
+        ({"sim_dilation": 0.5}, {}, r"'envpipe.sim_dilation' must be >= 1"),
+        ({"type": "envelope", "reconfig": "replan"}, {}, r"reconfig 'replan' re-plans with the optimal planner"),
     ],
 )
 def test_invalid_values_are_explained(block, env, message) -> None:

@@ -12,10 +12,13 @@ import pytest
 
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime import replicas
+from envpipe.runtime import summary as S
+from envpipe.runtime.collect import RankRecord, job_summary
+from envpipe.runtime.collective import Place, portable
 from envpipe.runtime.config import EnvPipeConfigError, parse
-from envpipe.runtime.jobreport import RankRecord, job_summary
-from envpipe.runtime.report import StageReport
+from envpipe.runtime.iterations import BASELINE, PLAN
 from tests import netns_hosts
+from tests.runtime_summary import iterations, read_summary, sample_summary
 from tests.test_launch_ssh import _launch as launch_ssh
 from tests.test_runtime_pipeline import WORKER, _orders, run_pipeline
 
@@ -30,24 +33,21 @@ def assert_same_math(results: list[dict], name: str, reference: str) -> None:
             assert rank[name]["params"][pname] == pytest.approx(values, rel=1e-5, abs=1e-6), (name, pname)
 
 
-def iterations(report_dir: Path, rank: int) -> list[dict]:
-    return [json.loads(x) for x in (report_dir / f"iterations.rank{rank}.jsonl").read_text().splitlines()]
-
-
-def check_dp_report(report_dir: Path, world: int, nodes: int) -> dict:
+def check_dp_report(report_dir: Path, world: int, nodes: int) -> S.RunSummary:
     """The job-wide parts every DP2 x PP2 runtime report must have; returns the summary."""
-    summary = json.loads((report_dir / "summary.json").read_text())
-    job = summary["job"]
-    assert (job["data_parallel"], job["gpus"], job["nodes"]) == (2, world, nodes)
-    assert len(summary["energy_per_gpu_j"]) == world  # every GPU of every replica
-    assert summary["energy_per_iteration_j"] == pytest.approx(sum(summary["energy_per_gpu_j"]))
-    per_node = [n["energy_per_iteration_j"] for n in job["energy_per_node_j"]]
-    assert sum(per_node) == pytest.approx(summary["energy_per_iteration_j"])
-    assert sorted(r for n in job["energy_per_node_j"] for r in n["ranks"]) == list(range(world))
-    for stage in job["allreduce"]:  # measured in every rank's iteration, simulated in the prediction
-        assert all(t > 0 for t in stage["measured_allreduce_s"]) and stage["simulated_tail_s"] > 0
-    assert summary["predicted_iteration_time_s"] > max(s["simulated_tail_s"] for s in job["allreduce"])
-    assert [r["replica"] for r in job["replicas"]] == [0, 1]
+    summary = read_summary(report_dir)
+    job = summary.job
+    assert (job.data_parallel, job.gpus, len(job.nodes)) == (2, world, nodes)
+    per_gpu = [g.energy_per_iteration_j for g in summary.gpus]  # every GPU of every replica
+    assert len(per_gpu) == world and all(e is not None and e > 0 for e in per_gpu)
+    assert sum(n.energy_per_iteration_j or 0 for n in job.nodes) == pytest.approx(sum(e or 0 for e in per_gpu))
+    assert sorted(r for n in job.nodes for r in n.ranks) == list(range(world))
+    for stage in job.tails:  # measured in every rank's iteration, simulated in the prediction
+        assert all(t is not None and t > 0 for t in stage.measured_allreduce_s)
+        assert stage.simulated_tail_s is not None and stage.simulated_tail_s > 0
+    assert summary.predicted_iteration_time_s is not None
+    assert summary.predicted_iteration_time_s > max(s.simulated_tail_s or 0 for s in job.tails)
+    assert [r.replica for r in job.replicas] == [0, 1]
     return summary
 
 
@@ -89,8 +89,9 @@ def test_dp2_pp2_same_math_as_stock_with_and_without_zero1_fp32_and_bf16(dp_runs
     assert_same_math(results, "stock_zero1", "stock")  # ZeRO-1 itself changes nothing but memory
     assert_same_math(results, "envpipe_bf16_zero1", "stock_bf16_zero1")  # DeepSpeed's bf16 ZeRO-1 path
     summary = check_dp_report(out / "runtime", world=4, nodes=1)
-    assert summary["job"]["plans_identical_across_replicas"] and summary["job"]["straggler_replica"] is None
-    assert summary["orders"][1] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]  # the last stage's
+    assert summary.job.plans_identical_across_replicas and summary.job.straggler_replica is None
+    assert summary.plan is not None
+    assert summary.plan.orders[1] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]  # the last stage's
     for rank in range(4):
         steady = [x for x in iterations(out / "runtime", rank) if x["phase"] == "steady"]
         assert len(steady) == STEPS - 1
@@ -107,21 +108,18 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
     runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1, "envpipe": block}]
     run_pipeline(2, runs, tmp_path, world=4)
     summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
-    job = summary["job"]
-    assert job["straggler_replica"] == 1
-    assert [r["straggler"] for r in job["replicas"]] == [False, True]
-    rule = job["straggler_rule"]
-    assert rule["applied"] and rule["straggler_replica"] == 1 and rule["numbers"] == "simulated"
-    assert rule["predicted_time_s"] <= rule["straggler_predicted_time_s"]
-    # least energy among the points that fit: never above the frontier's fastest point. Equal happens: with the
-    # calibrated tails in the frontier, the slack before a long tail is free, so on tiny CPU units the fastest
-    # point can already be the cheapest (replica 0 still runs below the top clock, checked below)
-    assert rule["predicted_energy_per_replica_j"] <= rule["fastest_frontier_energy_per_replica_j"]
-    assert not job["plans_identical_across_replicas"]  # replica 0 runs the straggler rule's plan
+    job = summary.job
+    assert job.straggler_replica == 1
+    assert [r.straggler for r in job.replicas] == [False, True]
+    rule = job.straggler_rule
+    assert rule is not None and rule.applied and rule.replica == 1
+    assert rule.predicted_time_s is not None and rule.straggler_predicted_time_s is not None
+    assert rule.predicted_time_s <= rule.straggler_predicted_time_s  # simulated, both
+    assert not job.plans_identical_across_replicas  # replica 0 runs the straggler rule's plan
     # replica 0 (ranks 0, 2) runs its own plan, below the highest clock somewhere; the straggler
     # (ranks 1, 3) runs the agreed one
-    digests = job["plan_digest_per_rank"]
-    assert digests["0"] != digests["1"] or digests["2"] != digests["3"]
+    digests = job.plan_digest_per_rank
+    assert digests[0] != digests[1] or digests[2] != digests[3]
     fast = [c for r in (0, 2) for x in iterations(tmp_path / "runtime", r) if x["phase"] == "steady"
             for c in x["clocks_requested_mhz"]]
     assert fast and min(fast) < 1410
@@ -130,17 +128,17 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
     text = render(summary, tmp_path / "runtime")  # what the example prints
     assert "job: DP2 x PP2, 4 GPUs on 1 node(s)" in text and "straggler: replica 1" in text
     assert "straggler rule: the other replicas run a frontier plan" in text
-    assert "replica 1 stage 1 unit energy (simulated" in text and "stage 1 per replica (measured): all-reduce" in text
+    assert "stage 1 per replica (measured): all-reduce" in text
 
 
 @pytest.mark.slow
 def test_plan_broadcast_gives_every_replica_the_same_clocks(dp_runs: tuple[list[dict], Path]) -> None:
     report = dp_runs[1] / "runtime_envelope"  # an envelope plan, run in the shared launch
     summary = check_dp_report(report, world=4, nodes=1)
-    assert summary["job"]["plans_identical_across_replicas"]
-    digests = summary["job"]["plan_digest_per_rank"]
+    assert summary.job.plans_identical_across_replicas
+    digests = summary.job.plan_digest_per_rank
     for a, b in ((0, 1), (2, 3)):  # replicas 0 and 1 of stage 0, then of stage 1 (DeepSpeed's grid)
-        assert digests[str(a)] == digests[str(b)]
+        assert digests[a] == digests[b]
         ca = [x["clocks_requested_mhz"] for x in iterations(report, a) if x["phase"] == "steady"]
         cb = [x["clocks_requested_mhz"] for x in iterations(report, b) if x["phase"] == "steady"]
         assert ca == cb and ca[0]
@@ -164,11 +162,11 @@ def test_shapes() -> None:
 
 @pytest.mark.parametrize(
     ("block", "message"),
-    [({"pipeline_stages": 0}, "'envpipe.pipeline_stages' must be a positive integer"),
-     ({"pipeline_stages": "2"}, "positive integer"),
+    [({"pipeline_stages": 0}, "'envpipe.pipeline_stages' must be an integer >= 1"),
+     ({"pipeline_stages": "2"}, "integer >= 1"),
      ({"straggler": "wait"}, "choose one of report, frontier"),
-     ({"straggler_threshold": -1}, "positive number"),
-     ({"straggler_threshold": True}, "positive number")],
+     ({"straggler_threshold": -1}, "must be positive"),
+     ({"straggler_threshold": True}, "finite number")],
 )
 def test_bad_dp_settings(block: dict, message: str) -> None:
     with pytest.raises(EnvPipeConfigError, match=message):
@@ -184,8 +182,8 @@ def test_slow_replica_setting() -> None:
             replicas.sim_slowdown(0, {replicas.SLOW_REPLICA_ENV: bad})
 
 
-def _place(rank: int, stage: int, replica: int, node: int = 0) -> replicas.Place:
-    return replicas.Place(rank, stage, replica, "host", node)
+def _place(rank: int, stage: int, replica: int, node: int = 0) -> Place:
+    return Place(rank, stage, replica, "host", node)
 
 
 def test_slowest_replica_per_stage_and_shortest_tail() -> None:
@@ -212,25 +210,25 @@ def test_slowest_replica_per_stage_and_shortest_tail() -> None:
 
 def test_job_summary_sums_every_gpu_of_every_node() -> None:
     def record(rank: int, stage: int, replica: int, node: int, joules: float, end: float) -> RankRecord:
-        report = StageReport(stage, [1.0, 1.2], [joules, joules])
-        return RankRecord(_place(rank, stage, replica, node), report, f"d{stage}", [end, end], [0.1, 0.1],
-                          [0.2, 0.2])
+        steady = [(PLAN, end, joules), (BASELINE, end, 2 * joules), (PLAN, end, joules)]  # baselines do not count
+        return RankRecord(_place(rank, stage, replica, node), steady, None, None, [], f"d{stage}", [0.1, 0.1],
+                          [0.2, 0.2], [])
 
     records = [record(0, 0, 0, 0, 10.0, 0.8), record(1, 0, 1, 0, 11.0, 0.8),
                record(2, 1, 0, 2, 12.0, 0.8), record(3, 1, 1, 2, 13.0, 1.0)]
-    job = job_summary(records, "measured", [0.15, 0.25], 0.05)
-    assert [n["energy_per_iteration_j"] for n in job["energy_per_node_j"]] == [21.0, 25.0]
-    assert [n["ranks"] for n in job["energy_per_node_j"]] == [[0, 1], [2, 3]]
-    assert [r["energy_per_iteration_j"] for r in job["replicas"]] == [22.0, 24.0]
-    assert job["straggler_replica"] == 1 and job["plans_identical_across_replicas"]
-    assert job["straggler_seen_in"] == "steady iterations"
+    job = job_summary(records, [0.15, 0.25], 0.05, None, None)
+    assert [n.energy_per_iteration_j for n in job.nodes] == [21.0, 25.0]
+    assert [n.ranks for n in job.nodes] == [[0, 1], [2, 3]]
+    assert [r.energy_per_iteration_j for r in job.replicas] == [22.0, 24.0]
+    assert job.straggler_replica == 1 and job.plans_identical_across_replicas
+    assert job.straggler_seen_in == "steady iterations"
     calm = [record(0, 0, 0, 0, 10.0, 0.8), record(1, 0, 1, 0, 11.0, 0.8)]
-    assert job_summary(calm, "measured", [0.1], 0.05)["straggler_replica"] is None
-    kept = job_summary(calm, "measured", [0.1], 0.05, detected_straggler=1)  # others slowed down to match it
-    assert kept["straggler_replica"] == 1 and kept["straggler_seen_in"] == "calibration/profiling"
-    assert [r["straggler"] for r in kept["replicas"]] == [False, True]
-    assert job["allreduce"][1] == {"stage": 1, "measured_allreduce_s": [0.1, 0.1], "measured_tail_s": [0.2, 0.2],
-                                   "simulated_tail_s": 0.25}
+    assert job_summary(calm, [0.1], 0.05, None, None).straggler_replica is None
+    kept = job_summary(calm, [0.1], 0.05, 1, None)  # the others slowed down to match it
+    assert kept.straggler_replica == 1 and kept.straggler_seen_in == "calibration/profiling"
+    assert [r.straggler for r in kept.replicas] == [False, True]
+    assert job.tails[1] == S.StageTail(1, [0.1, 0.1], [0.2, 0.2], 0.25)
+    assert job.plan_digest_per_rank == ["d0", "d0", "d1", "d1"]
 
 
 SSH_REASON = netns_hosts.netns_unavailable()
@@ -266,17 +264,18 @@ def test_dp2_pp2_across_two_ssh_hosts(tmp_path: Path) -> None:
     assert_same_math(results, "envpipe", "stock")
     assert_same_math(results, "runtime", "stock")
     summary = check_dp_report(out / "runtime", world=4, nodes=2)
-    per_node = summary["job"]["energy_per_node_j"]
-    assert [n["ranks"] for n in per_node] == [[0, 1], [2, 3]] and all(n["energy_per_iteration_j"] > 0 for n in per_node)
+    per_node = summary.job.nodes
+    assert [n.ranks for n in per_node] == [[0, 1], [2, 3]]
+    assert all(n.energy_per_iteration_j is not None and n.energy_per_iteration_j > 0 for n in per_node)
 
 
 def test_errors_broadcast_from_rank_0_survive_pickling() -> None:
+    from envpipe.plan.planfile import PlanError
     from envpipe.profile.csv_profile import ProfileError
-    from envpipe.runtime.plans import PlanFileError
 
-    plain = PlanFileError("plan.json: not JSON")
-    assert replicas.portable(plain) is plain
-    custom = replicas.portable(ProfileError("p.csv", 3, "bad row"))  # its __init__ does not unpickle
+    plain = PlanError("plan.json: not JSON")
+    assert portable(plain) is plain
+    custom = portable(ProfileError("p.csv", 3, "bad row"))  # its __init__ does not unpickle
     assert isinstance(custom, ValueError) and "p.csv:3: bad row" in str(custom)
 
 
@@ -295,20 +294,15 @@ def test_gpu_script_parses_and_its_table_reads_reports(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parents[1]
     assert subprocess.run(["bash", "-n", str(root / "benchmarks" / "dp_h200.sh")]).returncode == 0
-    job = {"data_parallel": 2, "gpus": 4, "energy_per_node_j": [{"energy_per_iteration_j": 50.0}],
-           "allreduce": [{"stage": 0, "measured_allreduce_s": [0.01, 0.02], "measured_tail_s": [0.03, 0.04],
-                          "simulated_tail_s": 0.03}]}
     for name, t in (("stock_dp2", 0.2), ("envpipe_dp2", 0.25)):
         (tmp_path / name).mkdir()
-        summary = {"iteration_time_s": t, "throughput_samples_per_s": 32 / t, "energy_per_iteration_j": 50.0,
-                   "energy": "measured", "predicted_iteration_time_s": 0.24, "job": job}
-        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        sample_summary(t, 50.0, 0.24).save(tmp_path / name / "summary.json")
     (tmp_path / "stock_dp2_zero1.skipped").write_text("skipped: needs 4 GPUs, 2 visible\n")  # as the script writes
     table = subprocess.run([sys.executable, str(root / "benchmarks" / "dp_table.py"), str(tmp_path), "stock_dp2",
                             "envpipe_dp2", "envpipe_dp2_zero1", "stock_dp2_zero1"],
                            capture_output=True, text=True, check=True).stdout
     lines = table.splitlines()
-    assert "| envpipe_dp2 | DP2×PP2 | 0.25 | 128 | 0.8 | 50 (measured) | 50 | 0.24 |" in lines[3]
+    assert "| envpipe_dp2 | DP2×PP2 | 0.25 | 128 | 0.8 | 50 (measured (NVML counter)) | 50 | 0.24 |" in lines[3]
     assert "all-reduce 0.01 / 0.02, tail 0.03 / 0.04 (simulated tail 0.03)" in lines[3]
     assert lines[4].startswith("| envpipe_dp2_zero1 | not run or failed")
     assert lines[5].startswith("| stock_dp2_zero1 | skipped: needs 4 GPUs, 2 visible |")

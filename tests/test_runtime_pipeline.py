@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 150
 
 
-def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | None = None) -> list[dict]:
+def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | None = None,
+                 env_extra: dict[str, str] | None = None) -> list[dict]:
     """Start one process per rank (default: one per stage); kill them all if the watchdog expires."""
     world = world or stages
     env = {
@@ -31,6 +32,7 @@ def run_pipeline(stages: int, runs: list[dict], tmp_path: Path, world: int | Non
         "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
         "OMP_NUM_THREADS": "1",
         "PYTHONFAULTHANDLER": "1",  # a rank killed by a signal prints its Python stack to its log
+        **(env_extra or {}),
     }
     spec = json.dumps({"stages": stages, "runs": runs})
     # output to files, not pipes: a rank blocked writing to a full pipe nobody reads (the test waits on

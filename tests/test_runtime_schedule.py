@@ -1,21 +1,16 @@
-"""Unit orders, their validation, and the DeepSpeed instructions they become."""
+"""Unit orders, their validation (one validator: envpipe.plan.dag.engine_order_dag), and the DeepSpeed
+instructions they become."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from deepspeed.runtime.pipe import schedule as ds
 
+from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime.schedule import (
-    ISendActivation,
-    ISendGrad,
-    ScheduleError,
-    SetClock,
-    UnitOrderSchedule,
-    max_in_flight,
-    simulate_orders,
-    validate_orders,
-)
+from envpipe.plan.simulate import simulate
+from envpipe.runtime.schedule import ISendActivation, ISendGrad, SetClock, UnitOrderSchedule, max_in_flight
 
 
 def test_one_f_one_b_is_deepspeeds_order() -> None:
@@ -36,26 +31,26 @@ def test_envpipe_schedule_warmup_counts() -> None:
     warmups = [next(i for i, (k, _) in enumerate(o) if k == "B") for o in orders]
     assert warmups == [6, 4, 2, 1]  # min(M, P - s + r_s); the last stage stays 1F1B
     assert envpipe_schedule(2, 4, [9, 0])[0] == [("F", m) for m in range(4)] + [("B", m) for m in range(4)]
-    validate_orders(orders, 8)
+    engine_order_dag(orders, 8)
 
 
 @pytest.mark.parametrize("P", [2, 3, 4, 6])
 @pytest.mark.parametrize("M", [1, 4, 8, 16])
 def test_all_envpipe_schedules_validate(P: int, M: int) -> None:
     for r in range(M + 1):
-        validate_orders(envpipe_schedule(P, M, [r] * P), M)
+        engine_order_dag(envpipe_schedule(P, M, [r] * P), M)
 
 
 def test_bad_orders_are_refused() -> None:
     good = one_f_one_b(2, 2)
-    with pytest.raises(ScheduleError, match="in order"):
-        validate_orders([[("F", 1), ("F", 0), ("B", 0), ("B", 1)], good[1]], 2)
-    with pytest.raises(ScheduleError, match="B0 comes before F0"):
-        validate_orders([[("B", 0), ("F", 0), ("F", 1), ("B", 1)], good[1]], 2)
+    with pytest.raises(ScheduleError, match="F units in micro-batch order"):
+        engine_order_dag([[("F", 1), ("F", 0), ("B", 0), ("B", 1)], good[1]], 2)
+    with pytest.raises(ScheduleError, match="deadlocks"):  # B0 before F0: it waits on itself
+        engine_order_dag([[("B", 0), ("F", 0), ("F", 1), ("B", 1)], good[1]], 2)
     with pytest.raises(ScheduleError, match="directly follow"):
-        validate_orders([good[0], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]], 2)
-    with pytest.raises(ScheduleError, match="'F' or 'B'"):
-        validate_orders([[("X", 0), *good[0][1:]], good[1]], 2)
+        engine_order_dag([good[0], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]], 2)
+    with pytest.raises(ScheduleError, match="unit X0 is not a unit"):
+        engine_order_dag([[("X", 0), *good[0][1:]], good[1]], 2)
     with pytest.raises(ValueError, match="reschedule"):
         envpipe_schedule(2, 4, [1])
 
@@ -63,8 +58,8 @@ def test_bad_orders_are_refused() -> None:
 def test_deadlocking_orders_are_refused() -> None:
     # stage 2 wants F4 before its first backward, but stage 1 only sends F4 after B0 comes back.
     orders = envpipe_schedule(4, 8, [2, 1, 3, 0])
-    with pytest.raises(ScheduleError, match=r"deadlock; stages wait at .*2: \('F', 4\)"):
-        validate_orders(orders, 8)
+    with pytest.raises(ScheduleError, match=r"deadlocks.*stage 2 at F4"):
+        engine_order_dag(orders, 8)
 
 
 def test_buffers_cover_in_flight_forwards() -> None:
@@ -94,5 +89,7 @@ def test_instructions_and_clock_changes() -> None:
 def test_simulated_1f1b_iteration_time() -> None:
     # P stages, F=1, B=2: 1F1B takes (M + P - 1) * (F + B)
     for P, M in [(2, 4), (4, 8)]:
-        times = simulate_orders(one_f_one_b(P, M), lambda s, k: 1.0 if k == "F" else 2.0)
-        assert max(end for st in times for _, end in st) == pytest.approx((M + P - 1) * 3.0)
+        dag = engine_order_dag(one_f_one_b(P, M), M)
+        dur = [1.0 if f else 2.0 for f in dag.is_fwd]
+        tl = simulate(dag, np.asarray(dur), np.zeros(dag.num_units), 0.0)
+        assert tl.iteration_time == pytest.approx((M + P - 1) * 3.0)

@@ -12,7 +12,8 @@ import pytest
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.plan.simulate import simulate
-from envpipe.runtime.reconfigure import reconfigure_online
+from envpipe.runtime.decide import all_max
+from envpipe.runtime.reconfigure import raise_clocks
 from envpipe.runtime.timing import StageTiming, calibrate, measured_timeline, predict_time
 
 GAP, TRANSFER, HEAD = 0.002, 0.005, 0.003
@@ -81,22 +82,24 @@ def test_online_reconfiguration_raises_slow_critical_units_until_the_envelope() 
     slow = 855
     clocks = [[1410 if (k, m) in (("F", 0), ("B", M - 1)) else slow for k, m in orders[0]], [1410] * 8]
     runs: list[list[list[int]]] = []
+    plan = all_max(orders, 1410, "envpipe", "envelope").with_clocks(clocks)
 
-    def run_iteration(now: list[list[int]]):
+    def run_iteration(now_plan, rnd: int):
+        now = now_plan.clocks()
         runs.append(now)
         base = [0.02, 0.02]  # at max clock stage 0's warm-up forwards fit before B0 arrives, at 855 not
         scale = {(s, i): 1410 / now[s][i] for s in range(P) for i in range(2 * M)}
         it = measure_with_clocks(orders, base, scale)
         return measured_timeline(orders, it, calibrate(orders, [it]))
 
-    done = reconfigure_online("balanced", orders, clocks, supported, run_iteration, max_rounds=30)
-    assert done.result.raises >= 1 and len(done.rounds) == len(runs) == done.result.raises + 1
-    assert done.result.stop_reason == "critical path is the envelope"
-    assert min(done.clocks[0]) > slow  # raised from measured waits
-    assert max(done.clocks[0]) <= 1410 and done.clocks[1] == [1410] * 8
-    assert [r.round for r in done.rounds] == list(range(len(runs)))
+    raised, done = raise_clocks(plan, supported, "balanced", 30, run_iteration)
+    assert done.raises is not None and done.raises >= 1 and len(done.rounds) == len(runs) == done.raises + 1
+    assert done.stop_reason == "critical path is the envelope"
+    assert min(raised.clocks()[0]) > slow  # raised from measured waits
+    assert max(raised.clocks()[0]) <= 1410 and raised.clocks()[1] == [1410] * 8
+    assert [r.round for r in done.rounds] == list(range(len(runs))) and raised.orders() == orders
     with pytest.raises(ValueError, match="at least 1"):
-        reconfigure_online("greedy", orders, clocks, supported, run_iteration, max_rounds=0)
+        raise_clocks(plan, supported, "greedy", 0, run_iteration)
 
 
 def measure_with_clocks(orders, base, scale) -> list[StageTiming]:

@@ -83,6 +83,7 @@ class EnergyMeter(Protocol):
 # NVML's counter moves about every 100 ms on H200 (measured); 5 ms stamps its updates well enough
 # while taking little GIL time from the training thread
 METER_PERIOD_S = 0.005
+CLOCK_EVERY = 1  # the SM clock is read every this many polls, and only while the runtime asks (calibration)
 
 
 class PolledMeter:
@@ -91,11 +92,18 @@ class PolledMeter:
     label = "measured"
 
     def __init__(
-        self, read_j: Callable[[], float], period_s: float = METER_PERIOD_S, on_close: Callable[[], None] | None = None
+        self,
+        read_j: Callable[[], float],
+        period_s: float = METER_PERIOD_S,
+        on_close: Callable[[], None] | None = None,
+        read_clock_mhz: Callable[[], float] | None = None,
     ) -> None:
         if period_s <= 0:
             raise ValueError("the polling period must be positive")
         self._read, self.period_s, self._on_close = read_j, period_s, on_close
+        self._read_clock = read_clock_mhz
+        self.clock_samples: list[tuple[float, float]] = []  # (host time, SM clock MHz) while sampling is on
+        self.sample_clocks = False  # the runtime turns it on around calibration (power-capped clocks)
         self.trace = CounterTrace()
         self._last: float | None = None
         self._stop = threading.Event()
@@ -115,9 +123,13 @@ class PolledMeter:
                 self._new.notify_all()
 
     def _run(self) -> None:
+        polls = 0
         while not self._stop.wait(self.period_s):
+            polls += 1
             try:
                 self._sample()
+                if self.sample_clocks and self._read_clock is not None and polls % CLOCK_EVERY == 0:
+                    self.clock_samples.append((time.perf_counter(), float(self._read_clock())))
             except Exception as exc:  # a failing counter ends metering, never training
                 self.error = exc
                 with self._new:
@@ -169,3 +181,30 @@ def nvml_reader(device_index: int, nvml: Any = None) -> tuple[Callable[[], float
     nvml.nvmlInit()
     handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
     return (lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0), nvml.nvmlShutdown
+
+
+def nvml_sm_clock(device_index: int, nvml: Any = None) -> tuple[Callable[[], float], Callable[[], None]]:
+    """(read the current SM clock in MHz, shutdown) for one GPU (read-only; ``nvml`` defaults to pynvml)."""
+    if nvml is None:
+        import pynvml
+
+        nvml = pynvml
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+    return (lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))), nvml.nvmlShutdown
+
+
+def clock_under_load(samples: list[tuple[float, float]], busy: list[tuple[float, float]]) -> float | None:
+    """Median SM clock over the samples taken inside the busy intervals (host times); None without any.
+
+    Give the units' intervals; where none holds a sample (units shorter than the polling period), the
+    iterations' intervals: a pipeline stage is busy for most of its iteration."""
+    if not samples or not busy:
+        return None
+    t = np.asarray([x for x, _ in samples])
+    mhz = np.asarray([y for _, y in samples])
+    spans = np.asarray(busy, float)
+    spans = spans[np.argsort(spans[:, 0])]
+    i = np.searchsorted(spans[:, 0], t, side="right") - 1
+    inside = (i >= 0) & (t <= spans[np.clip(i, 0, None), 1])
+    return float(np.median(mhz[inside])) if inside.any() else None

@@ -10,6 +10,7 @@ point's: the frontier is monotone (more time never costs more energy) by constru
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +40,10 @@ class FrontierPoint:
 
 def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
              points: int = 20, transfer_s: float = 0.0, memory_cap: int | None = None,
-             tail_s: float | np.ndarray = 0.0) -> list[FrontierPoint]:
+             tail_s: float | np.ndarray = 0.0, on_point: Callable[[], None] | None = None) -> list[FrontierPoint]:
     """``points`` plans, fastest first, on the best of the candidate orders at each budget
-    (``tail_s``: per-stage work after the last unit, as in optimal_plan)."""
+    (``tail_s``: per-stage work after the last unit, as in optimal_plan; ``on_point``: called after each
+    point, for progress)."""
     if points < 2:
         raise ValueError("a frontier needs at least 2 points")
     baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
@@ -61,6 +63,8 @@ def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, sc
             prev = result[-1]
             point = FrontierPoint(float(budget), prev.timeline, prev.plan, prev.reschedule)
         result.append(point)
+        if on_point:
+            on_point()
     return result
 
 

@@ -1,65 +1,140 @@
-"""Gantt picture of a simulated (or measured) iteration: one row per stage, units coloured by clock.
+"""Gantt picture of one iteration: one row per stage, units coloured by clock with a clock colour bar.
 
-Bubbles are the light hatched gaps; critical-path units get a thick red outline. PNG or SVG by the
-file's extension.
+Planned (simulated) and measured iterations are drawn by the same function, ``draw_bars``: the planner
+passes a simulated timeline (``timeline_bars``), the runtime its measured units. Backward units are
+drawn taller than forward ones, so the two stay apart when no label fits; a unit gets its label
+(``F12``) only where the label fits inside it. Idle time is hatched and the critical path outlined in red.
+PNG or SVG by the file's extension; the file is written atomically.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from envpipe.atomicfile import atomic_write
 from envpipe.plan.simulate import Timeline
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
 FORMATS = (".png", ".svg")
+_DPI = 130
+_FONT_PT = 6
+_HEIGHT = {"F": 0.5, "B": 0.8}  # fraction of a stage row
+_UNKNOWN_CLOCK = "#b0b0b0"
+_MAX_LABELS = 4000  # beyond this many, text costs more time than it helps
+
+
+@dataclass(frozen=True)
+class GanttBar:
+    """One unit on the picture: its stage, kind ("F"/"B"), micro-batch, when it ran and at which clock."""
+
+    stage: int
+    kind: str
+    mb: int
+    start_s: float
+    end_s: float
+    clock_mhz: int | None = None  # None: not known (drawn grey)
+    critical: bool = False
+
+
+def timeline_bars(tl: Timeline, freqs_mhz: np.ndarray) -> list[GanttBar]:
+    """The units of a simulated timeline, ``freqs_mhz`` indexed like the timeline's DAG."""
+    critical = np.zeros(tl.dag.num_units, bool)
+    critical[tl.critical_path()] = True
+    return [GanttBar(*tl.dag.unit(i), float(tl.start[i]), float(tl.end[i]), int(freqs_mhz[i]), bool(critical[i]))
+            for i in range(tl.dag.num_units)]
 
 
 def draw_gantt(tl: Timeline, freqs_mhz: np.ndarray, path: str | Path, title: str = "") -> Path:
+    """The planner's picture of a simulated iteration."""
+    return draw_bars(timeline_bars(tl, freqs_mhz), path, title or "simulated iteration", span_s=tl.iteration_time)
+
+
+def draw_bars(bars: Sequence[GanttBar], path: str | Path, title: str, *, span_s: float | None = None,
+              xlabel: str = "time (s)") -> Path:
+    """Draw ``bars`` (stages 0..S-1, S from the bars) over ``[0, span_s]`` (default: the last end)."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise ValueError(f"Gantt picture must be .png or .svg, got {path.name!r}")
+    if not bars:
+        raise ValueError("no units to draw")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.colors import Normalize
+    from matplotlib.colors import Normalize, to_rgba
     from matplotlib.patches import Patch
 
-    dag = tl.dag
-    S = dag.num_stages
-    critical = np.zeros(dag.num_units, bool)
-    critical[tl.critical_path()] = True
-    f = np.asarray(freqs_mhz, float)
-    norm = Normalize(vmin=f.min() - 1e-9 if f.min() == f.max() else f.min(), vmax=f.max())
+    S = max(b.stage for b in bars) + 1
+    span = span_s if span_s is not None else max(b.end_s for b in bars)
+    clocks = [b.clock_mhz for b in bars if b.clock_mhz is not None]
+    lo, hi = (min(clocks), max(clocks)) if clocks else (0, 1)
+    norm = Normalize(vmin=lo - 1 if lo == hi else lo, vmax=hi)
     cmap = plt.get_cmap("viridis")
-    fig, ax = plt.subplots(figsize=(min(24, 6 + 0.06 * dag.num_units / max(S, 1)), 1.2 + 0.55 * S))
-    T = tl.iteration_time
+    per_stage = len(bars) / S
+    fig, ax = plt.subplots(figsize=(min(24.0, 6 + 0.06 * per_stage), min(30.0, 1.6 + 0.55 * S)), layout="constrained")
+
+    def row(stage: int) -> int:
+        return S - 1 - stage
+
     for s in range(S):
-        y = S - 1 - s
-        ax.broken_barh([(0, T)], (y - 0.4, 0.8), facecolors="#f3f3f3", hatch="////", edgecolor="#d0d0d0",
+        ax.broken_barh([(0, span)], (row(s) - 0.4, 0.8), facecolors="#f3f3f3", hatch="////", edgecolor="#d0d0d0",
                        linewidth=0)
-    for i in range(dag.num_units):
-        s, kind, mb = dag.unit(i)
-        y = S - 1 - s
-        dur = tl.end[i] - tl.start[i]
-        ax.broken_barh([(tl.start[i], dur)], (y - 0.4, 0.8), facecolors=cmap(norm(f[i])),
-                       edgecolors="red" if critical[i] else "black", linewidth=2.0 if critical[i] else 0.3)
-        if dag.num_units <= 400:
-            ax.text(tl.start[i] + dur / 2, y, f"{kind}{mb}", ha="center", va="center", fontsize=6,
-                    color="white" if norm(f[i]) < 0.6 else "black")
-    ax.set_yticks(range(S))
-    ax.set_yticklabels([f"stage {S - 1 - y}" for y in range(S)])
-    ax.set_xlim(0, T * 1.01)
-    ax.set_xlabel("time (s)")
-    ax.set_title(title or "simulated iteration")
-    sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
-    fig.colorbar(sm, ax=ax, label="SM clock (MHz)", pad=0.01)
-    ax.legend(handles=[Patch(facecolor="white", edgecolor="red", linewidth=2, label="critical path"),
-                       Patch(facecolor="#f3f3f3", hatch="////", edgecolor="#d0d0d0", label="idle (bubble)")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, fontsize=7, frameon=False)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    colours = [cmap(norm(b.clock_mhz)) if b.clock_mhz is not None else to_rgba(_UNKNOWN_CLOCK) for b in bars]
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i, b in enumerate(bars):
+        groups.setdefault((b.stage, b.kind), []).append(i)
+    for (s, kind), ids in groups.items():  # one collection per stage and kind: fast also at 100k units
+        height = _HEIGHT[kind]
+        ax.broken_barh([(bars[i].start_s, bars[i].end_s - bars[i].start_s) for i in ids],
+                       (row(s) - height / 2, height), facecolors=[colours[i] for i in ids],
+                       edgecolors=["red" if bars[i].critical else "black" for i in ids],
+                       linewidths=[1.6 if bars[i].critical else 0.3 for i in ids])
+    if S <= 64:
+        ax.set_yticks(range(S))
+        ax.set_yticklabels([f"stage {row(y)}" for y in range(S)])
+    ax.set_ylim(-0.6, S - 0.4)
+    ax.set_xlim(0, span * 1.01)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    if clocks:
+        fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="SM clock (MHz)", pad=0.01)
+    fig.legend(handles=[Patch(facecolor="white", edgecolor="black", linewidth=0.3,
+                              label="forward (short), backward (tall)"),
+                        Patch(facecolor="white", edgecolor="red", linewidth=1.6, label="critical path"),
+                        Patch(facecolor="#f3f3f3", hatch="////", edgecolor="#d0d0d0", label="idle (bubble)")],
+               loc="outside lower center", ncol=3, fontsize=7, frameon=False)
+    fig.draw_without_rendering()  # settles the layout, so that label widths can be measured in pixels
+    _label_where_fits(ax, bars, colours, S)
+    with atomic_write(path, "wb") as fh:
+        fig.savefig(fh, format=path.suffix.lower()[1:], dpi=_DPI)
     plt.close(fig)
     return path
+
+
+def labels_that_fit(bars: Sequence[GanttBar], px_per_s: float, px_per_row: float) -> list[int]:
+    """Indices of the bars whose label (``F12``) fits inside them at this scale (pixels per second and per row)."""
+    char_px, text_px = 0.62 * _FONT_PT * _DPI / 72, 1.3 * _FONT_PT * _DPI / 72
+    return [i for i, b in enumerate(bars)
+            if (b.end_s - b.start_s) * px_per_s >= (len(f"{b.kind}{b.mb}") + 1) * char_px
+            and _HEIGHT[b.kind] * px_per_row >= text_px]
+
+
+def _label_where_fits(ax: Axes, bars: Sequence[GanttBar], colours: Sequence[tuple[float, float, float, float]],
+                      S: int) -> None:
+    """Label the units whose label fits, measured in pixels once the layout is settled."""
+    (x0, y0), (x1, y1) = ax.transData.transform([(0, 0), (1, 1)])
+    fits = labels_that_fit(bars, abs(x1 - x0), abs(y1 - y0))
+    if len(fits) > _MAX_LABELS:
+        return
+    for i in fits:
+        b = bars[i]
+        dark = sum(colours[i][:3]) < 1.5
+        ax.text((b.start_s + b.end_s) / 2, S - 1 - b.stage, f"{b.kind}{b.mb}", ha="center", va="center",
+                fontsize=_FONT_PT, color="white" if dark else "black")

@@ -1,22 +1,35 @@
-"""The plan JSON (DESIGN.md, version 1) and evaluating any plan against a profile.
+"""The plan JSON (DESIGN.md, version 1): reading with every check, atomic writing, and evaluating any
+plan against a profile.
 
 {"version": 1, "num_stages": S, "num_microbatches": M, "schedule": "...", "policy": "...",
  "stages": [[{"kind": "F", "mb": 0, "freq_mhz": 1410}, ...], ...],
  "predicted": {"iteration_time_s": T, "energy_j": E, "baseline_time_s": T0, "baseline_energy_j": E0},
- "critical_path": [[stage, "F", mb], ...]}
+ "critical_path": [[stage, "F", mb], ...],
+ "profile_digest": "sha256:..."}   (optional: the Profile.digest the plan was made from)
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeGuard
 
 import numpy as np
 
+from envpipe.atomicfile import atomic_write
+from envpipe.limits import (
+    MAX_CLOCK_MHZ,
+    MAX_JSON_DEPTH,
+    MAX_MICROBATCHES,
+    MAX_PLAN_BYTES,
+    MAX_STAGES,
+    quote,
+    read_text,
+    units_error,
+)
 from envpipe.plan.dag import PipelineDag, ScheduleError
 from envpipe.plan.schedules import Unit, one_f_one_b
 from envpipe.plan.simulate import Timeline, simulate
@@ -24,8 +37,9 @@ from envpipe.profile import Profile
 
 PLAN_VERSION = 1
 _TOP_KEYS = {"version", "num_stages", "num_microbatches", "schedule", "policy", "stages", "predicted",
-             "critical_path"}
+             "critical_path", "profile_digest"}
 _PREDICTED_KEYS = ("iteration_time_s", "energy_j", "baseline_time_s", "baseline_energy_j")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class PlanError(ValueError):
@@ -48,6 +62,7 @@ class Plan:
     stages: list[list[PlannedUnit]]
     predicted: dict[str, float] = field(default_factory=dict)
     critical_path: list[tuple[int, str, int]] = field(default_factory=list)
+    profile_digest: str | None = None  # Profile.digest of the profile it was planned on; None when unknown
 
     def orders(self) -> list[list[Unit]]:
         return [[(u.kind, u.mb) for u in units] for units in self.stages]
@@ -63,7 +78,7 @@ class Plan:
         return replace(self, stages=stages, predicted=dict(self.predicted if predicted is None else predicted))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "version": PLAN_VERSION,
             "num_stages": self.num_stages,
             "num_microbatches": self.num_microbatches,
@@ -74,87 +89,142 @@ class Plan:
             "predicted": dict(self.predicted),
             "critical_path": [[s, k, m] for s, k, m in self.critical_path],
         }
+        if self.profile_digest is not None:
+            data["profile_digest"] = self.profile_digest
+        return data
 
     def save(self, path: str | Path) -> None:
-        """Write atomically, so an interrupted write never leaves a corrupt plan behind."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.to_json(), fh, indent=1)
-                fh.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        """Write atomically (an interrupted write never leaves a corrupt plan), creating missing directories."""
+        with atomic_write(path) as fh:
+            json.dump(self.to_json(), fh, indent=1, allow_nan=False)
+            fh.write("\n")
+
+    def check_profile(self, profile: Profile) -> None:
+        """Refuse a profile other than the one this plan was made from (plans without a digest pass)."""
+        if self.profile_digest is not None and self.profile_digest != profile.digest:
+            raise PlanError(f"made from another profile than {profile.source} ({self.profile_digest[:19]}..., "
+                            f"this profile is {profile.digest[:19]}...); plan again on it, or delete the "
+                            "plan's profile_digest to simulate it anyway")
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         try:
-            text = Path(path).read_text()
+            return cls.from_json(parse_json(read_text(path, MAX_PLAN_BYTES, "plan")))
         except OSError as exc:
-            raise PlanError(f"{path}: cannot read: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{path}: not JSON: {exc}") from None
-        try:
-            return cls.from_json(data)
-        except PlanError as exc:
+            raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except ValueError as exc:  # PlanError included
             raise PlanError(f"{path}: {exc}") from None
 
     @classmethod
     def from_json(cls, data: Any) -> Plan:
         if not isinstance(data, dict):
             raise PlanError("a plan is a JSON object")
+        if _depth(data) > MAX_JSON_DEPTH:
+            raise PlanError(f"nested deeper than {MAX_JSON_DEPTH} levels")
         unknown = set(data) - _TOP_KEYS
         if unknown:
-            raise PlanError(f"unknown key(s): {', '.join(sorted(unknown))}")
-        if data.get("version") != PLAN_VERSION:
-            raise PlanError(f"unsupported plan version {data.get('version')!r} (this tool reads {PLAN_VERSION})")
-        S, M = _positive_int(data, "num_stages"), _positive_int(data, "num_microbatches")
+            raise PlanError(f"unknown key(s): {', '.join(quote(k) for k in sorted(unknown)[:5])}")
+        version = data.get("version")
+        if not _is_int(version) or version != PLAN_VERSION:
+            raise PlanError(f"unsupported plan version {quote(version)} (this tool reads {PLAN_VERSION})")
+        S = _int_in(data, "num_stages", 1, MAX_STAGES)
+        M = _int_in(data, "num_microbatches", 1, MAX_MICROBATCHES)
+        too_big = units_error(S, M)
+        if too_big:
+            raise PlanError(too_big)
         stages_raw = data.get("stages")
         if not isinstance(stages_raw, list) or len(stages_raw) != S:
             raise PlanError(f"'stages' must be a list of {S} stage lists")
-        stages = [[_unit(s, i, u) for i, u in enumerate(units)] if isinstance(units, list)
+        stages = [[_unit(s, i, u, M) for i, u in enumerate(units)] if isinstance(units, list)
                   else _fail(f"stage {s} is not a list") for s, units in enumerate(stages_raw)]
         predicted = data.get("predicted", {})
-        if not isinstance(predicted, dict) or any(
-            not isinstance(v, int | float) or isinstance(v, bool) for v in predicted.values()):
+        if not isinstance(predicted, dict) or not all(_is_number(v) for v in predicted.values()):
             raise PlanError("'predicted' must map names to numbers")
         path = data.get("critical_path", [])
-        if not isinstance(path, list) or any(
-            not (isinstance(p, list) and len(p) == 3 and isinstance(p[0], int) and p[1] in ("F", "B")
-                 and isinstance(p[2], int)) for p in path):
-            raise PlanError("'critical_path' must be a list of [stage, 'F'|'B', mb]")
+        if not isinstance(path, list) or len(path) > 2 * S * M or not all(_is_path_unit(p, S, M) for p in path):
+            raise PlanError(f"'critical_path' must be a list of [stage < {S}, 'F'|'B', mb < {M}]")
         for key in ("schedule", "policy"):
             if not isinstance(data.get(key), str):
                 raise PlanError(f"'{key}' must be a string")
+        digest = data.get("profile_digest")
+        if digest is not None and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+            raise PlanError(f"'profile_digest' must be 'sha256:' and 64 hex digits, got {quote(digest)}")
         return cls(S, M, data["schedule"], data["policy"], stages, {k: float(v) for k, v in predicted.items()},
-                   [(p[0], p[1], p[2]) for p in path])
+                   [(p[0], p[1], p[2]) for p in path], digest)
+
+
+def parse_json(text: str) -> Any:
+    """JSON as plans allow it: finite numbers only, integers of at most 18 digits, nesting within reason."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_short_int)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"not JSON: {exc}") from None
+    except RecursionError:  # the C scanner stops cleanly at the interpreter's recursion limit
+        raise PlanError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise PlanError(f"{name} is not a number a plan may hold")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise PlanError(f"number out of range: {quote(text)}")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text.lstrip("-")) > 18:
+        raise PlanError(f"integer out of range: {quote(text)}")
+    return int(text)
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest (an object holding a list of numbers is 2)."""
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        level = [child for v in level for child in (v.values() if isinstance(v, dict) else v)
+                 if isinstance(child, list | dict)]
+    return depth
 
 
 def _fail(message: str) -> list[PlannedUnit]:
     raise PlanError(message)
 
 
-def _positive_int(data: dict[str, Any], key: str) -> int:
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _int_in(data: dict[str, Any], key: str, low: int, high: int) -> int:
     value = data.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PlanError(f"'{key}' must be a positive integer, got {value!r}")
+    if not _is_int(value) or not low <= value <= high:
+        raise PlanError(f"'{key}' must be an integer in [{low}, {high}], got {quote(value)}")
     return value
 
 
-def _unit(stage: int, pos: int, raw: Any) -> PlannedUnit:
+def _is_path_unit(p: Any, S: int, M: int) -> bool:
+    return (isinstance(p, list) and len(p) == 3 and _is_int(p[0]) and 0 <= p[0] < S and p[1] in ("F", "B")
+            and _is_int(p[2]) and 0 <= p[2] < M)
+
+
+def _unit(stage: int, pos: int, raw: Any, M: int) -> PlannedUnit:
     where = f"stage {stage} unit {pos}"
     if not isinstance(raw, dict) or set(raw) != {"kind", "mb", "freq_mhz"}:
-        raise PlanError(f"{where}: must be {{'kind', 'mb', 'freq_mhz'}}, got {raw!r}")
+        raise PlanError(f"{where}: must be {{'kind', 'mb', 'freq_mhz'}}, got {quote(raw)}")
     kind, mb, freq = raw["kind"], raw["mb"], raw["freq_mhz"]
     if kind not in ("F", "B"):
-        raise PlanError(f"{where}: kind must be 'F' or 'B', got {kind!r}")
-    for name, value in (("mb", mb), ("freq_mhz", freq)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise PlanError(f"{where}: {name} must be a non-negative integer, got {value!r}")
+        raise PlanError(f"{where}: kind must be 'F' or 'B', got {quote(kind)}")
+    if not _is_int(mb) or not 0 <= mb < M:
+        raise PlanError(f"{where}: mb must be an integer in [0, {M - 1}], got {quote(mb)}")
+    if not _is_int(freq) or not 1 <= freq <= MAX_CLOCK_MHZ:
+        raise PlanError(f"{where}: freq_mhz must be an integer in [1, {MAX_CLOCK_MHZ}], got {quote(freq)}")
     return PlannedUnit(kind, mb, freq)
 
 
@@ -164,6 +234,15 @@ def unit_costs(dag: PipelineDag, profile: Profile, freq_idx: np.ndarray) -> tupl
     dur = np.where(dag.is_fwd, profile.fwd_time[s, freq_idx], profile.bwd_time[s, freq_idx])
     en = np.where(dag.is_fwd, profile.fwd_energy[s, freq_idx], profile.bwd_energy[s, freq_idx])
     return dur, en
+
+
+def unit_clocks(plan: Plan, dag: PipelineDag) -> np.ndarray:
+    """The plan's clock (MHz) of every unit, indexed like ``dag``'s units."""
+    clocks = np.empty(dag.num_units, int)
+    for s, units in enumerate(plan.stages):
+        for u in units:
+            clocks[dag.index(s, u.kind, u.mb)] = u.freq_mhz
+    return clocks
 
 
 def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
@@ -176,13 +255,12 @@ def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s:
     except ScheduleError as exc:
         raise PlanError(f"inconsistent plan: {exc}") from None
     clock_index = {int(f): k for k, f in enumerate(profile.freqs)}
-    freq_idx = np.empty(dag.num_units, int)
     for s, units in enumerate(plan.stages):
         for u in units:
             if u.freq_mhz not in clock_index:
                 raise PlanError(f"stage {s} {u.kind}{u.mb}: {u.freq_mhz} MHz is not a clock of the profile "
                                 f"({profile.freqs[-1]}..{profile.freqs[0]} MHz)")
-            freq_idx[dag.index(s, u.kind, u.mb)] = clock_index[u.freq_mhz]
+    freq_idx = np.array([clock_index[f] for f in unit_clocks(plan, dag).tolist()], int)
     dur, en = unit_costs(dag, profile, freq_idx)
     return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
 

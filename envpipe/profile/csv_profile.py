@@ -8,13 +8,28 @@ Every stage must have both instructions at every clock of one shared clock set.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
-from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from envpipe.atomicfile import atomic_write
+from envpipe.limits import (
+    MAX_CLOCK_MHZ,
+    MAX_CLOCKS,
+    MAX_PROFILE_BYTES,
+    MAX_PROFILE_ROWS,
+    MAX_STAGES,
+    MAX_UNIT_ENERGY_J,
+    MAX_UNIT_TIME_S,
+    quote,
+    range_error,
+    read_text,
+)
 
 REQUIRED_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 INSTRUCTIONS = ("forward", "backward")
@@ -96,8 +111,17 @@ class Profile:
             self.source,
         )
 
+    @property
+    def digest(self) -> str:
+        """A fingerprint of the numbers (not the file): plans record it to refuse being simulated on another profile."""
+        h = hashlib.sha256(f"{self.num_stages},{self.freqs.size};".encode())
+        h.update(np.ascontiguousarray(self.freqs, "<i8").tobytes())
+        for table in (self.fwd_time, self.bwd_time, self.fwd_energy, self.bwd_energy):
+            h.update(np.ascontiguousarray(table, "<f8").tobytes())
+        return f"sha256:{h.hexdigest()}"
+
     def to_csv(self, path: str | Path) -> None:
-        with open(path, "w", newline="") as fh:
+        with atomic_write(path, newline="") as fh:
             w = csv.writer(fh)
             w.writerow(REQUIRED_COLUMNS)
             for s in range(self.num_stages):
@@ -117,75 +141,99 @@ def embedded_profile_path(name: str = "gpt3-175b+a100_sxm_bf16") -> Path:
     return path
 
 
-def _number(path: Path, line: int, column: str, text: str, kind: Callable[[str], float]) -> float:
-    try:
-        value = kind(text)
-    except (TypeError, ValueError):
-        raise ProfileError(path, line, f"column {column!r} is not a number: {text!r}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ProfileError(path, line, f"column {column!r} is not finite: {text!r}")
-    return value
-
-
 def load_profile(path: str | Path) -> Profile:
-    """Read and validate a profile CSV; raise ProfileError on the first problem found."""
+    """Read and validate a profile CSV (a UTF-8 BOM is fine); raise ProfileError on the first problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ProfileError(path, None, f"cannot open: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ProfileError(path, None, "not a text (UTF-8) CSV file") from None
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    header = reader.fieldnames or []
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
-    if missing:
-        raise ProfileError(path, 1, f"missing column(s): {', '.join(missing)}")
+    text = _read_text(path)
+    if not text.strip():
+        raise ProfileError(path, None, "empty file")
+    reader = csv.reader(io.StringIO(text, newline=""))
     rows: dict[tuple[int, str, int], tuple[float, float]] = {}
-    for row in reader:
-        line = reader.line_num
-        stage = int(_number(path, line, "stage", row["stage"], _int))
-        if stage < 0:
-            raise ProfileError(path, line, f"stage must be >= 0, got {stage}")
-        instr = (row["instruction"] or "").strip()
-        if instr not in INSTRUCTIONS:
-            raise ProfileError(path, line, f"instruction must be forward or backward, got {instr!r}")
-        freq = int(_number(path, line, "frequency", row["frequency"], _int))
-        if freq <= 0:
-            raise ProfileError(path, line, f"frequency must be positive, got {freq}")
-        time = float(_number(path, line, "time", row["time"], float))
-        if time <= 0:
-            raise ProfileError(path, line, f"time must be positive, got {time}")
-        energy = float(_number(path, line, "energy", row["energy"], float))
-        if energy < 0:
-            raise ProfileError(path, line, f"energy must not be negative, got {energy}")
-        key = (stage, instr, freq)
-        if key in rows:
-            raise ProfileError(path, line, f"duplicate row for stage {stage} {instr} at {freq} MHz")
-        rows[key] = (time, energy)
+    clocks: set[int] = set()
+    try:
+        columns = _columns(path, next(reader, []))
+        for fields in reader:
+            line = reader.line_num
+            if not any(f.strip() for f in fields):
+                continue
+            if len(fields) != columns["fields"]:
+                raise ProfileError(path, line, f"{len(fields)} fields, the header has {columns['fields']}")
+            if len(rows) == MAX_PROFILE_ROWS:
+                raise ProfileError(path, line, f"more than {MAX_PROFILE_ROWS:,} rows (the limit of a profile)")
+            stage, instr, freq, time, energy = _row(path, line, fields, columns)
+            key = (stage, instr, freq)
+            if key in rows:
+                raise ProfileError(path, line, f"duplicate row for stage {stage} {instr} at {freq} MHz")
+            clocks.add(freq)
+            if len(clocks) > MAX_CLOCKS:
+                raise ProfileError(path, line, f"more than {MAX_CLOCKS} distinct clocks (the limit of a profile)")
+            rows[key] = (time, energy)
+    except csv.Error as exc:
+        raise ProfileError(path, reader.line_num, f"malformed CSV: {exc}") from None
     if not rows:
         raise ProfileError(path, None, "no data rows")
     return _to_profile(path, rows)
 
 
-def _int(text: str) -> int:
-    value = float(text)
-    if not value.is_integer():
-        raise ValueError(text)
-    return int(value)
+def _read_text(path: Path) -> str:
+    try:
+        text = read_text(path, MAX_PROFILE_BYTES, "profile")
+    except OSError as exc:
+        raise ProfileError(path, None, f"cannot open: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ProfileError(path, None, str(exc)) from None
+    if "\0" in text:
+        raise ProfileError(path, None, "not a text CSV file (it contains NUL bytes)")
+    return text
+
+
+def _columns(path: Path, header: list[str]) -> dict[str, int]:
+    """Position of each required column, and the header's field count under "fields"."""
+    names = [h.strip() for h in header]
+    repeated = sorted(name for name, n in Counter(names).items() if n > 1 and name)
+    if repeated:
+        raise ProfileError(path, 1, f"duplicate column(s): {', '.join(quote(n) for n in repeated[:5])}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    if missing:
+        raise ProfileError(path, 1, f"missing column(s): {', '.join(missing)}")
+    return {**{c: names.index(c) for c in REQUIRED_COLUMNS}, "fields": len(names)}
+
+
+def _row(path: Path, line: int, fields: list[str], columns: dict[str, int]) -> tuple[int, str, int, float, float]:
+    def number(column: str, low: float, high: float, integer: bool = False) -> float:
+        text = fields[columns[column]].strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise ProfileError(path, line, f"column {column!r} is not a number: {quote(text)}") from None
+        if integer and math.isfinite(value) and not value.is_integer():
+            raise ProfileError(path, line, f"column {column!r} is not an integer: {quote(text)}")
+        reason = range_error(value, low, high, low_open=not integer)
+        if reason:
+            raise ProfileError(path, line, f"{column} {reason}")
+        return value
+
+    stage = int(number("stage", 0, MAX_STAGES - 1, integer=True))
+    instr = fields[columns["instruction"]].strip()
+    if instr not in INSTRUCTIONS:
+        raise ProfileError(path, line, f"instruction must be forward or backward, got {quote(instr)}")
+    freq = int(number("frequency", 1, MAX_CLOCK_MHZ, integer=True))
+    return stage, instr, freq, number("time", 0, MAX_UNIT_TIME_S), number("energy", 0, MAX_UNIT_ENERGY_J)
 
 
 def _to_profile(path: Path, rows: dict[tuple[int, str, int], tuple[float, float]]) -> Profile:
     stages = sorted({k[0] for k in rows})
     if stages != list(range(len(stages))):
         gaps = sorted(set(range(stages[-1] + 1)) - set(stages))
-        raise ProfileError(path, None, f"stages must be numbered 0..{stages[-1]}; missing stage(s) {gaps}")
-    clock_sets = {s: {k[2] for k in rows if k[0] == s} for s in stages}
+        raise ProfileError(path, None, f"stages must be numbered 0..{stages[-1]}; missing stage(s) {gaps[:5]}")
+    clock_sets: dict[int, set[int]] = {s: set() for s in stages}
+    for s, _, f in rows:
+        clock_sets[s].add(f)
     freqs = sorted(clock_sets[0], reverse=True)
     for s in stages:
-        if clock_sets[s] != set(freqs):
-            diff = sorted(clock_sets[s] ^ set(freqs))
-            raise ProfileError(path, None, f"stage {s} does not share stage 0's clock set (differs at {diff} MHz)")
+        if clock_sets[s] != clock_sets[0]:
+            diff = sorted(clock_sets[s] ^ clock_sets[0])
+            raise ProfileError(path, None, f"stage {s} does not share stage 0's clock set (differs at {diff[:5]} MHz)")
         for instr in INSTRUCTIONS:
             lacking = [f for f in freqs if (s, instr, f) not in rows]
             if lacking:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,8 +55,11 @@ class Clock(Protocol):
     def set(self, mhz: int) -> None:
         """Request an SM clock; must return without waiting for it to apply."""
 
-    def after_unit(self, wall_s: float, cpu_s: float) -> None:
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
         """Called on the training thread right after a forward/backward unit (its wall and CPU time)."""
+
+    def fix_unit_costs(self) -> None:
+        """Calibration is over: a simulated GPU fixes its unit costs (nothing to do on a real one)."""
 
     def energy_j(self) -> float | None:
         """Cumulative energy of this GPU, or None when unknown."""
@@ -70,13 +74,17 @@ class Clock(Protocol):
 class SimClock:
     """Emulates a GPU clock on CPU with a frequency model; energy is simulated.
 
-    A unit's simulated GPU time is its CPU time scaled by the model's slowdown at the current clock;
-    the clock sleeps until that much wall time has passed. CPU time, not wall time: other load on a
-    shared machine lengthens a unit's wall time but not the work it did, so it must not leak into the
-    simulated GPU (two runs on a busy machine then agree). With several intra-op threads the training
-    thread's CPU time misses their work, so there the unit's wall time stands in for it.
-    ``slowdown`` > 1 makes every unit that many times longer, as a slower GPU would (a straggling replica in
-    tests): its wall time too, so that the straggler stands out on a loaded machine.
+    The simulated GPU runs a unit in ``dilation`` times the unit's CPU work, scaled by the model's
+    slowdown at the current clock; the clock sleeps until that much wall time has passed. Until
+    `fix_unit_costs` (the end of calibration) the work is each unit's own CPU time; from then on it is
+    fixed per kind (forward, backward) at the median the calibration saw, as a GPU's kernels are. Why:
+    on a loaded machine a unit's wall time, and even its CPU time (caches), swing with the neighbours'
+    load; a simulated GPU that follows them makes the plan and its baseline differ by noise. The
+    dilation makes the simulated GPU slower than the CPU's own work, so the sleeps, not the load, set
+    the units' times. With several intra-op threads the training thread's CPU time misses their work,
+    so there the wall time stands in for it.
+    ``slowdown`` > 1 makes every unit that many times longer, as a slower GPU would (a straggling replica
+    in tests): its wall time too, so that the straggler stands out on a loaded machine.
     """
 
     kind = "sim"
@@ -85,14 +93,18 @@ class SimClock:
     needs_unit_times = True  # it stretches every unit
     note: str | None = None
 
-    def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0) -> None:
+    def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0, dilation: float = 1.0) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"a sim clock slowdown must be >= 1, got {slowdown}")
-        self.slowdown = slowdown
+        if not dilation >= 1.0:
+            raise ValueError(f"a sim clock dilation must be >= 1, got {dilation}")
+        self.slowdown, self.dilation = slowdown, dilation
         self.model = model or FrequencyModel.default()
         self.supported_mhz = list(self.model.clocks_mhz)
         self.mhz = self.model.max_mhz
         self.requested: list[int] = []
+        self._work: dict[str, list[float]] = {"F": [], "B": []}  # CPU work per unit, until the costs are fixed
+        self.unit_work_s: dict[str, float] | None = None
         self._busy_j = 0.0
         self._busy_s = 0.0
         self._t0 = time.perf_counter()
@@ -103,11 +115,15 @@ class SimClock:
         self.mhz = self.model.nearest_clock(mhz)
         self.requested.append(mhz)
 
-    def after_unit(self, wall_s: float, cpu_s: float) -> None:
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
         start = time.perf_counter() - wall_s
         at_start = self._energy_at(start)
-        work = cpu_s if torch.get_num_threads() == 1 else wall_s
-        gpu_s = work * self.model.time_scale(self.mhz) * self.slowdown
+        if self.unit_work_s is not None:
+            work = self.unit_work_s[kind]
+        else:
+            work = cpu_s if torch.get_num_threads() == 1 else wall_s
+            self._work[kind].append(work)
+        gpu_s = work * self.dilation * self.model.time_scale(self.mhz) * self.slowdown
         # a straggler takes `slowdown` times as long as the unit otherwise would, however loaded the machine
         until = max(wall_s * self.slowdown, gpu_s)
         if until > wall_s:
@@ -118,6 +134,11 @@ class SimClock:
             self.trace.add(start, at_start)
         now = time.perf_counter()
         self.trace.add(now, self._energy_at(now))
+
+    def fix_unit_costs(self) -> None:
+        """From now on every unit of a kind costs the median CPU work seen so far (calibration)."""
+        if self.unit_work_s is None and all(self._work.values()):
+            self.unit_work_s = {k: statistics.median(v) for k, v in self._work.items()}
 
     def _energy_at(self, t: float) -> float:
         return self._busy_j + max(0.0, t - self._t0 - self._busy_s) * self.model.idle_power_w
@@ -146,8 +167,10 @@ class DaemonClock:
     controls_clocks = True
     note: str | None = None
 
-    def __init__(self, client: Any, gpu_uuid: str, supported_mhz: list[int], emulated: SimClock | None = None) -> None:
+    def __init__(self, client: Any, gpu_uuid: str, supported_mhz: list[int], emulated: SimClock | None = None,
+                 device_index: int = 0) -> None:
         self._client = client
+        self.device_index = device_index  # the CUDA device whose NVML counter the runtime's meter reads
         self.gpu_uuid = gpu_uuid
         self.supported_mhz = supported_mhz
         self.emulated = emulated
@@ -161,9 +184,13 @@ class DaemonClock:
         if self.emulated is not None:
             self.emulated.set(mhz)
 
-    def after_unit(self, wall_s: float, cpu_s: float) -> None:
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
         if self.emulated is not None:
-            self.emulated.after_unit(wall_s, cpu_s)
+            self.emulated.after_unit(kind, wall_s, cpu_s)
+
+    def fix_unit_costs(self) -> None:
+        if self.emulated is not None:
+            self.emulated.fix_unit_costs()
 
     def energy_j(self) -> float | None:
         if self.emulated is not None:
@@ -188,6 +215,7 @@ class NvmlEnergyClock:
     def __init__(self, device_index: int, note: str | None = None) -> None:
         import pynvml  # lazily: CPU machines have no NVML
 
+        self.device_index = device_index
         self._read_j, self._shutdown = nvml_reader(device_index, pynvml)  # the energy meter's NVML reader
         self.supported_mhz = supported_clocks(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index))
         self.requested: list[int] = []
@@ -196,7 +224,10 @@ class NvmlEnergyClock:
     def set(self, mhz: int) -> None:
         self.requested.append(mhz)
 
-    def after_unit(self, wall_s: float, cpu_s: float) -> None:
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
+        return None
+
+    def fix_unit_costs(self) -> None:
         return None
 
     def energy_j(self) -> float:
@@ -207,6 +238,18 @@ class NvmlEnergyClock:
 
     def close(self) -> None:
         self._shutdown()
+
+
+def simulated_gpu(clock: Clock | None) -> SimClock | None:
+    """The clock's simulated GPU (the sim clock, or the daemon clock's emulation on CPU), if any."""
+    return clock if isinstance(clock, SimClock) else getattr(clock, "emulated", None)
+
+
+def energy_label(clock: Clock | None) -> str:
+    """What a rank's energy numbers are: the sim clock's model, the NVML counter, or nothing."""
+    if clock is None:
+        return "none"
+    return "simulated (sim clock)" if simulated_gpu(clock) is not None else "measured (NVML counter)"
 
 
 def supported_clocks(nvml: Any, handle: Any) -> list[int]:
@@ -239,17 +282,19 @@ def make_clock(
     if kind == "sim":
         if device.on_gpu:  # the sim clock stretches wall time between units, which GPU timing does not see
             raise ClockUnavailable("envpipe clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs")
-        return SimClock(slowdown=slowdown)
+        return SimClock(slowdown=slowdown, dilation=cfg.sim_dilation)
     if kind == "auto" and not device.on_gpu:
-        return SimClock(slowdown=slowdown)
+        return SimClock(slowdown=slowdown, dilation=cfg.sim_dilation)
     from envpipe.clock.client import SOCKET_ENV, ClockClient, ClockDaemonUnavailable
 
     socket_path = environ.get(SOCKET_ENV) or None
     try:
         if device.on_gpu:
             uuid, supported = _gpu_identity(device.local_rank)
-            return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported)
-        return _emulated_daemon_clock(socket_path, device, slowdown, environ)
+            return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported,
+                               device_index=device.local_rank)
+        return _emulated_daemon_clock(socket_path, device, SimClock(slowdown=slowdown, dilation=cfg.sim_dilation),
+                                      environ)
     except ClockDaemonUnavailable as exc:
         if kind == "daemon":
             raise ClockUnavailable(f"clock control was asked for (envpipe clock 'daemon') but {exc}") from None
@@ -273,7 +318,7 @@ def _gpu_identity(index: int) -> tuple[str, list[int]]:
 
 
 def _emulated_daemon_clock(
-    socket_path: str | None, device: Device, slowdown: float, environ: Mapping[str, str]
+    socket_path: str | None, device: Device, emulated: SimClock, environ: Mapping[str, str]
 ) -> DaemonClock:
     """A CPU rank's lease on a clockd GPU (``ENVPIPE_GPU_UUID``, else the daemon's GPU number LOCAL_RANK)."""
     from envpipe.clock.client import ClockClient, ClockDaemonUnavailable, list_gpus
@@ -291,4 +336,4 @@ def _emulated_daemon_clock(
         raise ClockDaemonUnavailable(f"envpipe-clockd has no GPU {uuid} ({GPU_UUID_ENV})")
     supported = sorted((int(f) for f in by_uuid[uuid]["supported_mhz"]), reverse=True)
     client = ClockClient(socket_path, gpu_uuids=[uuid])
-    return DaemonClock(client, uuid, supported, emulated=SimClock(slowdown=slowdown))
+    return DaemonClock(client, uuid, supported, emulated=emulated)

@@ -22,8 +22,10 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock
+from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.schedule import (
     ISendActivation,
     ISendGrad,
@@ -33,7 +35,6 @@ from envpipe.runtime.schedule import (
     UnitEnd,
     UnitOrderSchedule,
     UnitStart,
-    validate_orders,
 )
 
 
@@ -69,6 +70,8 @@ class EnvPipeEngine(PipelineEngine):
         self.allreduce_s: float | None = None  # last timed iteration: ReduceTiedGrads + ReduceGrads (seconds)
         self._current_mhz: int | None = None
         self._timing = False
+        self._valid_orders: set[tuple[tuple[Unit, ...], ...]] = set()  # checked once, run many times
+        self.saved_meter: SavedTensorMeter | None = None  # set for one iteration: activation bytes per forward
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
 
     def _direction_groups(self) -> tuple[Any, Any]:
@@ -101,7 +104,10 @@ class EnvPipeEngine(PipelineEngine):
         """Use these per-stage orders (all stages, same on every rank) for the following iterations."""
         if len(orders) != self.num_stages:
             raise ValueError(f"the plan has {len(orders)} stages, the pipeline {self.num_stages}")
-        validate_orders(orders, self.micro_batches)
+        key = tuple(tuple(o) for o in orders)
+        if key not in self._valid_orders:
+            engine_order_dag(orders, self.micro_batches)  # ScheduleError (one line) for an order it cannot run
+            self._valid_orders.add(key)
         self.unit_orders = [list(o) for o in orders]
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
         self.clock = clock
@@ -248,19 +254,23 @@ class EnvPipeEngine(PipelineEngine):
         if self.clock is not None:
             self.clock.set(mhz)
 
-    def _exec_unit_start(self, kind: str, mb: int) -> None:
+    def _exec_unit_start(self, kind: str, mb: int, buffer_id: int) -> None:
         if self._on_gpu:  # CUDA events: no synchronisation per unit
             self._unit_event = self._event()
+        if kind == "F" and self.saved_meter is not None:
+            self.saved_meter.start()
         self._unit_t = time.perf_counter()
         self._unit_cpu = time.thread_time()
 
-    def _exec_unit_end(self, kind: str, mb: int) -> None:
+    def _exec_unit_end(self, kind: str, mb: int, buffer_id: int) -> None:
+        if kind == "F" and self.saved_meter is not None:
+            self.saved_meter.stop(self.pipe_buffers["outputs"][buffer_id])
         if self._on_gpu:
             self._gpu_units.append((kind, mb, self._unit_event, self._event(), self._current_mhz))
             return
         end = time.perf_counter()
         if self.clock is not None:
-            self.clock.after_unit(end - self._unit_t, time.thread_time() - self._unit_cpu)
+            self.clock.after_unit(kind, end - self._unit_t, time.thread_time() - self._unit_cpu)
             end = time.perf_counter()
         self.units.append(UnitRecord(kind, mb, self._unit_t - self._t0, end - self._t0, self._current_mhz))
 

@@ -21,16 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import socket
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as tdist
-
 from envpipe.plan.schedules import Unit
+from envpipe.runtime.collective import Place
 from envpipe.runtime.timing import Calibration, StageTiming, calibrate
 
 STRAGGLER_THRESHOLD = 0.05  # default: a replica this much slower than the others' median is a straggler
@@ -56,48 +52,6 @@ def pipeline_shape(world_size: int, stages: int | None) -> tuple[int, int]:
 
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a rank sits: its stage, its replica (DeepSpeed's data-parallel id) and its node."""
-
-    rank: int
-    stage: int
-    replica: int
-    host: str
-    node_first_rank: int  # the lowest global rank on the node: tells nodes apart that share a hostname
-
-
-def place(engine: Any) -> Place:
-    rank = tdist.get_rank()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    return Place(rank, engine.stage_id, engine.grid.get_data_parallel_id(), socket.gethostname(), rank - local)
-
-
-def gather(obj: Any) -> list[Any]:
-    """Every rank's `obj`, in rank order (a collective call)."""
-    everyone: list[Any] = [None] * tdist.get_world_size()
-    tdist.all_gather_object(everyone, obj)
-    return everyone
-
-
-def agree(obj: Any) -> Any:
-    """Rank 0's `obj` on every rank (a collective call). An exception from rank 0 is raised everywhere."""
-    box = [obj if tdist.get_rank() == 0 else None]
-    tdist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
-
-
-def portable(exc: BaseException) -> BaseException:
-    """`exc` if it survives pickling (to be broadcast with `agree`), else a ValueError with its message."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return ValueError(f"{type(exc).__name__}: {exc}")
-    return exc
 
 
 Entry = tuple[Place, Mapping[str, float]]

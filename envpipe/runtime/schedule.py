@@ -8,15 +8,12 @@ extra warm-up forwards never wait for a neighbour that is not receiving yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from deepspeed.runtime.pipe import schedule as ds
 
+from envpipe.plan.dag import ScheduleError
 from envpipe.plan.schedules import Unit
-
-
-class ScheduleError(ValueError):
-    """A unit order that the engine cannot run (wrong units, wrong order, or a deadlock)."""
 
 
 class ISendActivation(ds.BufferOpInstruction):
@@ -52,71 +49,6 @@ def max_in_flight(order: Sequence[Unit]) -> int:
     return peak
 
 
-def validate_orders(orders: Sequence[Sequence[Unit]], num_microbatches: int) -> None:
-    """Raise ScheduleError unless every stage's order is runnable and the whole pipeline cannot deadlock.
-
-    Engine constraints: forwards and backwards each in micro-batch order (p2p matches in order),
-    B(m) after F(m), and on the last stage B(m) right after F(m) (its backward uses the latest loss).
-    Deadlock freedom with non-blocking sends and in-order blocking receives is checked by running the
-    orders: F(s,m) needs F(s-1,m) sent, B(s,m) needs B(s+1,m) sent.
-    """
-    P, M = len(orders), num_microbatches
-    if P < 1 or M < 1:
-        raise ScheduleError(f"need at least one stage and one micro-batch, got {P} and {M}")
-    for s, order in enumerate(orders):
-        fwd = [m for k, m in order if k == "F"]
-        bwd = [m for k, m in order if k == "B"]
-        if any(k not in ("F", "B") for k, _ in order):
-            raise ScheduleError(f"stage {s}: unit kinds must be 'F' or 'B'")
-        if fwd != list(range(M)) or bwd != list(range(M)):
-            raise ScheduleError(
-                f"stage {s}: forwards and backwards must each cover micro-batches 0..{M - 1} in order"
-            )
-        seen: set[int] = set()
-        for i, (k, m) in enumerate(order):
-            if k == "F":
-                seen.add(m)
-            elif m not in seen:
-                raise ScheduleError(f"stage {s}: B{m} comes before F{m}")
-            if s == P - 1 and k == "B" and order[i - 1] != ("F", m):
-                raise ScheduleError(
-                    f"last stage: B{m} must directly follow F{m} (DeepSpeed's backward uses the latest loss)"
-                )
-    simulate_orders(orders, lambda s, kind: 1.0)
-
-
-def simulate_orders(
-    orders: Sequence[Sequence[Unit]], duration: Callable[[int, str], float]
-) -> list[list[tuple[float, float]]]:
-    """(start, end) of every unit when each runs as soon as its stage and its input are free.
-
-    F(s,m) needs F(s-1,m) done, B(s,m) needs B(s+1,m); sends never block. `duration(stage, kind)`
-    gives unit times (p2p time is not modelled). Raises ScheduleError if the orders deadlock.
-    """
-    P = len(orders)
-    pos = [{u: i for i, u in enumerate(o)} for o in orders]
-    times: list[list[tuple[float, float]]] = [[] for _ in range(P)]
-    progress = True
-    while progress:
-        progress = False
-        for s in range(P):
-            while len(times[s]) < len(orders[s]):
-                kind, m = orders[s][len(times[s])]
-                dep = s - 1 if kind == "F" else s + 1
-                ready = times[s][-1][1] if times[s] else 0.0
-                if 0 <= dep < P:
-                    j = pos[dep][(kind, m)]
-                    if j >= len(times[dep]):
-                        break
-                    ready = max(ready, times[dep][j][1])
-                times[s].append((ready, ready + duration(s, kind)))
-                progress = True
-    if any(len(times[s]) < len(orders[s]) for s in range(P)):
-        stuck = {s: orders[s][len(times[s])] for s in range(P) if len(times[s]) < len(orders[s])}
-        raise ScheduleError(f"the orders deadlock; stages wait at {stuck}")
-    return times
-
-
 class UnitOrderSchedule(ds.PipeSchedule):
     """DeepSpeed PipeSchedule for one stage's unit order (and planned clocks, MHz per unit)."""
 
@@ -131,7 +63,7 @@ class UnitOrderSchedule(ds.PipeSchedule):
     ) -> None:
         super().__init__(micro_batches=micro_batches, stages=stages, stage_id=stage_id)
         if clocks is not None and len(clocks) != len(order):
-            raise ScheduleError(f"stage {stage_id}: {len(clocks)} clocks for {len(order)} units")
+            raise ScheduleError(f"stage {stage_id}: {len(clocks)} clocks for {len(order)} units")  # a bug, not input
         self.order = list(order)
         self.clocks = list(clocks) if clocks is not None else None
         self.timed = timed
@@ -145,20 +77,20 @@ class UnitOrderSchedule(ds.PipeSchedule):
             cmds: list[ds.PipeInstruction] = [] if self.is_first_stage else [ds.RecvActivation(buf)]
             if self.is_first_stage or self.is_last_stage:
                 cmds.append(ds.LoadMicroBatch(buf))
-            cmds += self._timed(kind, mb, ds.ForwardPass(buf))
+            cmds += self._timed(kind, mb, buf, ds.ForwardPass(buf))
             if not self.is_last_stage:
                 cmds.append(ISendActivation(buf))
             return cmds
         cmds = [] if self.is_last_stage else [ds.RecvGrad(buf)]
-        cmds += self._timed(kind, mb, ds.BackwardPass(buf))
+        cmds += self._timed(kind, mb, buf, ds.BackwardPass(buf))
         if not self.is_first_stage:
             cmds.append(ISendGrad(buf))
         return cmds
 
-    def _timed(self, kind: str, mb: int, cmd: ds.PipeInstruction) -> list[ds.PipeInstruction]:
+    def _timed(self, kind: str, mb: int, buf: int, cmd: ds.PipeInstruction) -> list[ds.PipeInstruction]:
         if not self.timed:
             return [cmd]
-        return [UnitStart(kind=kind, mb=mb), cmd, UnitEnd(kind=kind, mb=mb)]
+        return [UnitStart(kind=kind, mb=mb, buffer_id=buf), cmd, UnitEnd(kind=kind, mb=mb, buffer_id=buf)]
 
     def steps(self) -> Iterator[list[ds.PipeInstruction]]:
         current: int | None = None

@@ -1,100 +1,142 @@
-"""The run's summary as a few lines of text (what `make demo` prints); every number says its source."""
+"""The run's summary as a few lines of text (what `make demo` prints); every number says its kind."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from envpipe.runtime.summary import Iterations, RunSummary, Spread
 
 
 def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{1e3 * x:.1f} ms"
 
 
-def render(summary: dict[str, Any], report_dir: str | Path) -> str:
-    energy = summary.get("energy", "none")
+def _pct(x: float, sign: bool = True) -> str:
+    return f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%"
+
+
+def _spread_pct(s: Spread) -> str:
+    return f"{_pct(s.median)} (IQR {_pct(s.q1)} to {_pct(s.q3)}, {s.n} pairs)"
+
+
+def _iterations(name: str, it: Iterations, energy: str) -> str:
+    t = it.time_s
+    line = f"    {name}: iteration {_ms(t.median)} (median of {t.n}, IQR {_ms(t.q1)} to {_ms(t.q3)})"
+    if it.energy_j is not None:
+        line += f", energy {it.energy_j.median:.2f} J per iteration ({energy})"
+    return line
+
+
+def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
+    """The run's headline numbers as (label, value) rows, each label saying measured or simulated (the
+    CML notebook's table)."""
+    plan, t = s.plan, s.steady.time_s
+    rows = [("pipeline", f"{s.stages} stages x {s.microbatches} micro-batches, {s.data_parallel} replica(s)")]
+    if plan is not None:
+        rows += [("policy / order", f"{plan.policy} / {plan.order}"), ("plan from", plan.source),
+                 ("plan deployed", "yes" if plan.deployed else "no: clocks cannot be changed here")]
+    rows += [("steady iterations (measured)", str(t.n)),
+             ("iteration time (measured, median)", f"{t.median:.3f} s"),
+             ("throughput (measured)", f"{s.steady.throughput_samples_per_s:.2f} samples/s")]
+    if s.steady.energy_j is not None:
+        rows.append((f"energy per iteration ({s.clock.energy})", f"{s.steady.energy_j.median:.1f} J"))
+    if s.measured is not None:
+        if s.measured.energy_saving is not None:
+            rows.append(("energy saving vs this run's 1F1B all-max (measured against measured)",
+                         _pct(s.measured.energy_saving.median, sign=False)))
+        rows.append(("slowdown vs this run's 1F1B all-max (measured against measured)",
+                     _pct(s.measured.slowdown.median)))
+    if s.predicted is not None:
+        rows += [("energy saving, the planner's prediction (simulated against simulated)",
+                  _pct(s.predicted.energy_saving, sign=False)),
+                 ("slowdown, the planner's prediction (simulated)", _pct(s.predicted.slowdown))]
+    if s.predicted_iteration_time_s is not None:
+        rows.append(("iteration time predicted (calibrated simulator)", f"{s.predicted_iteration_time_s:.3f} s"))
+    if s.prediction_error is not None:
+        rows.append(("measured vs predicted iteration time", _pct(s.prediction_error)))
+    return rows
+
+
+def render(s: RunSummary, report_dir: str | Path) -> str:
     out = Path(report_dir)
-    lines = [
-        f"EnvPipe runtime: {summary.get('stages')} stages x {summary.get('microbatches')} micro-batches, "
-        f"type {summary.get('type')}, scheduling {summary.get('scheduling')}, reconfig {summary.get('reconfig')}",
-        f"  iteration time (measured, median of {summary['iterations']}): {_ms(summary['iteration_time_s'])}; "
-        f"throughput {summary['throughput_samples_per_s']:.2f} samples/s",
-        f"  predicted iteration time (simulator, calibrated transfer/tail): "
-        f"{_ms(summary.get('predicted_iteration_time_s'))}"
-        + (f" (measured {100 * err:+.1f}%)" if (err := summary.get("predicted_error")) is not None else ""),
-    ]
-    if summary.get("energy_per_iteration_j") is not None:
-        per_gpu = " / ".join(f"{e:.1f}" for e in summary["energy_per_gpu_j"])
-        total = summary["energy_per_iteration_j"]
-        lines.append(f"  energy per iteration ({energy}): {total:.1f} J (per GPU {per_gpu})")
-    for i, u in enumerate(summary.get("unit_energy_per_stage") or []):
-        if u and u.get("F_j") is not None:
-            lines.append(
-                f"  {_where(i, summary)} unit energy ({u['energy']}, counter at unit boundaries): "
-                f"F {u['F_j']:.2f} J, B {u['B_j']:.2f} J, idle {u['idle_w'] or 0:.0f} W"
-            )
-    if "energy_saving_vs_baseline" in summary:
-        lines.append(
-            f"  this run vs the 1F1B all-max baseline ({summary.get('baseline_source')}): energy saving "
-            f"{100 * summary['energy_saving_vs_baseline']:.1f}%, slowdown {100 * summary['slowdown_vs_baseline']:+.1f}%"
-        )
-    if summary.get("predicted_saving_vs_baseline") is not None:
-        base_t = summary["baseline"]["time_s"]
-        lines.append(
-            f"  the planner's prediction for this plan (simulated): energy saving "
-            f"{100 * summary['predicted_saving_vs_baseline']:.1f}%, "
-            f"slowdown {100 * (summary['predicted_iteration_time_s'] / base_t - 1):+.1f}%"
-        )
-    rec = summary.get("reconfiguration")
-    if rec:
-        times = ", ".join(_ms(t) for t in rec["measured_time_s_per_round"])
-        lines.append(
-            f"  reconfiguration ({rec['method']}, measured waits): {rec['rounds']} rounds, {rec['raises']} raises, "
-            f"stopped: {rec['stop_reason']}; iteration per round {times}"
-        )
-    lines += _job_lines(summary.get("job"), energy)
-    clocks = summary.get("clocks")
-    if clocks:
-        for s, cs in enumerate(clocks):
-            lines.append(f"  stage {s} clocks (MHz, execution order): {' '.join(str(c) for c in cs)}")
-    peak = summary.get("peak_memory_bytes_per_stage") or []
-    per = "stage" if (summary.get("job") or {}).get("data_parallel", 1) < 2 else "GPU (replica-major)"
-    lines.append(f"  peak memory per {per}: " + " / ".join(f"{(p or 0) / 2**20:.0f} MiB" for p in peak))
-    lines.append(f"  report: {out / 'summary.json'}, per-iteration lines {out}/iterations.rank*.jsonl, "
-                 f"Gantt of measured units {out / 'gantt.png'}")
+    plan = s.plan
+    lines = [f"EnvPipe run: {s.stages} stages x {s.microbatches} micro-batches"
+             + (f", {s.data_parallel} data-parallel replicas" if s.data_parallel > 1 else "") + f" ({s.engine})"]
+    if plan is not None:
+        lines.append(f"  plan: policy {plan.policy}, order {plan.order}; from {plan.source}; digest {plan.digest}"
+                     + ("" if plan.deployed else " (reported, not deployed: clocks cannot be changed here)"))
+    lines.append(f"  clocks: {s.clock.kind}, energy {s.clock.energy}" + (f"; {s.clock.note}" if s.clock.note else ""))
+    if s.calibration is not None:
+        c = s.calibration.time_s
+        lines.append(f"  calibration (measured, 1F1B, every clock at max): iteration {_ms(c.median)} "
+                     f"(median of {c.n})")
+    lines.append(f"  throughput (measured): {s.steady.throughput_samples_per_s:.2f} samples/s")
+    m = s.measured
+    if m is not None:
+        lines.append(f"  measured, this run's plan vs its interleaved 1F1B all-max iterations ({m.energy}):")
+        if m.energy_saving is not None:
+            lines.append(f"    energy saving {_spread_pct(m.energy_saving)}")
+        lines.append(f"    slowdown {_spread_pct(m.slowdown)}")
+    lines.append(_iterations("plan" if plan is not None and plan.deployed else "steady", s.steady, s.clock.energy))
+    if s.baseline is not None:
+        lines.append(_iterations("1F1B all-max", s.baseline, s.clock.energy))
+    p = s.predicted
+    if p is not None:
+        lines.append(f"  simulated, the planner's prediction vs its own 1F1B all-max baseline ({p.profile}): "
+                     f"energy saving {_pct(p.energy_saving, sign=False)}, slowdown {_pct(p.slowdown)}")
+    if s.predicted_iteration_time_s is not None:
+        err = "" if s.prediction_error is None else \
+            f"; measured {_ms(s.steady.time_s.median)} ({_pct(s.prediction_error)})"
+        lines.append(f"  predicted iteration (calibrated simulator): {_ms(s.predicted_iteration_time_s)}{err}")
+    r = s.reconfiguration
+    if r is not None:
+        times = ", ".join(_ms(x.measured_time_s) for x in r.rounds)
+        lines.append(f"  reconfiguration ({r.method}, measured): {len(r.rounds)} round(s), iteration {times}; "
+                     f"{r.stop_reason}")
+    if plan is not None and plan.memory is not None:
+        for st, mem in enumerate(plan.memory):
+            fits = "no limit" if mem.max_in_flight is None else f"{mem.max_in_flight} fit"
+            lines.append(f"  stage {st} memory (measured): {mem.activation_bytes_per_microbatch / 2**20:.2f} MiB of "
+                         f"activations per micro-batch in flight, {fits}; the order keeps {mem.planned_in_flight}")
+    for why in plan.refused_orders if plan is not None else []:
+        lines.append(f"  order not taken: {why}")
+    if s.clock.refusals:
+        first = s.clock.refusals[0]
+        lines.append(f"  clock requests refused by the daemon: {len(s.clock.refusals)} "
+                     f"(first: rank {first.rank}, {first.mhz} MHz, {first.status} {first.message})")
+    if plan is not None and plan.clocks is not None:
+        for st, cs in enumerate(plan.clocks):
+            lines.append(f"  stage {st} clocks (MHz, execution order): {' '.join(str(c) for c in cs)}")
+    lines += _job_lines(s)
+    peak = [g.peak_memory_bytes for g in s.gpus]
+    if any(p is not None for p in peak):
+        lines.append("  peak memory per GPU (measured): " + " / ".join(f"{(x or 0) / 2**20:.0f} MiB" for x in peak))
+    lines.append(f"  files: {out / 'summary.json'}, {out / 'report.txt'}, per-iteration lines "
+                 f"{out}/iterations.rank*.jsonl, Gantt of measured units {out / 'gantt.png'}")
     return "\n".join(lines)
 
 
-def _where(i: int, summary: dict[str, Any]) -> str:
-    """The i-th per-GPU entry: "stage s", or with data-parallel replicas (replica-major) "replica d stage s"."""
-    dp, stages = (summary.get("job") or {}).get("data_parallel", 1), summary.get("stages") or 1
-    return f"stage {i}" if dp < 2 else f"replica {i // stages} stage {i % stages}"
-
-
-def _job_lines(job: dict[str, Any] | None, energy: str) -> list[str]:
+def _job_lines(s: RunSummary) -> list[str]:
     """Data-parallel replicas: per-node energy, replica times, straggler, all-reduce vs simulated tail."""
-    if not job or job.get("data_parallel", 1) < 2:
+    job = s.job
+    if job.data_parallel < 2:
         return []
-    nodes = " / ".join("n/a" if n["energy_per_iteration_j"] is None else f"{n['energy_per_iteration_j']:.1f}"
-                       for n in job["energy_per_node_j"])
-    times = " / ".join(_ms(r["pipeline_time_s"]) for r in job["replicas"])
-    straggler = job.get("straggler_replica")
-    seen = "none" if straggler is None else f"replica {straggler} (seen in {job.get('straggler_seen_in')})"
-    lines = [
-        f"  job: DP{job['data_parallel']} x PP{job['gpus'] // job['data_parallel']}, {job['gpus']} GPUs on "
-        f"{job['nodes']} node(s); energy per node ({energy}): {nodes} J; plans identical across replicas: "
-        f"{job['plans_identical_across_replicas']}",
-        f"  replicas' units end (measured, median): {times}; straggler: {seen}",
-    ]
-    rule = job.get("straggler_rule")
-    if rule:
-        lines.append(
-            "  straggler rule: " + (f"the other replicas run a frontier plan of {_ms(rule['predicted_time_s'])} "
-                                    f"(simulated) within the straggler's {_ms(rule['straggler_predicted_time_s'])}"
-                                    if rule.get("applied") else f"not applied ({rule.get('reason')})")
-        )
-    for a in job.get("allreduce", []):
-        reduce = " / ".join(_ms(x) for x in a["measured_allreduce_s"])
-        tail = " / ".join(_ms(x) for x in a["measured_tail_s"])
-        lines.append(f"  stage {a['stage']} per replica (measured): all-reduce {reduce}, tail {tail}; "
-                     f"simulated tail {_ms(a['simulated_tail_s'])}")
+    nodes = " / ".join("n/a" if n.energy_per_iteration_j is None else f"{n.energy_per_iteration_j:.1f}"
+                       for n in job.nodes)
+    times = " / ".join(_ms(r.pipeline_time_s) for r in job.replicas)
+    seen = "none" if job.straggler_replica is None else \
+        f"replica {job.straggler_replica} (seen in {job.straggler_seen_in})"
+    lines = [f"  job: DP{job.data_parallel} x PP{s.stages}, {job.gpus} GPUs on {len(job.nodes)} node(s); energy per "
+             f"node ({s.clock.energy}): {nodes} J; plans identical across replicas: "
+             f"{job.plans_identical_across_replicas}",
+             f"  replicas' units end (measured, median): {times}; straggler: {seen}"]
+    rule = job.straggler_rule
+    if rule is not None:
+        lines.append("  straggler rule: " + (
+            f"the other replicas run a frontier plan of {_ms(rule.predicted_time_s)} (simulated) within the "
+            f"straggler's {_ms(rule.straggler_predicted_time_s)}" if rule.applied else f"not applied ({rule.reason})"))
+    for t in job.tails:
+        lines.append(f"  stage {t.stage} per replica (measured): all-reduce "
+                     f"{' / '.join(_ms(x) for x in t.measured_allreduce_s)}, tail "
+                     f"{' / '.join(_ms(x) for x in t.measured_tail_s)}; simulated tail {_ms(t.simulated_tail_s)}")
     return lines

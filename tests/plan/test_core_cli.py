@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import re
+from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
+from envpipe.atomicfile import new_file_mode
 from envpipe.cli import main
-from envpipe.profile import embedded_profile_path
+from envpipe.plan.planfile import Plan
+from envpipe.profile import embedded_profile_path, load_profile
 from tests.conftest import IDLE_W
 
 
@@ -53,10 +59,10 @@ def test_text_trace_format_and_svg(tmp_path):
         (["-m", "4", "--idle-power", "80"], "Missing option '--profile'"),
         (["--profile", "{p}", "-m", "0", "--idle-power", "80"], "0 is not in the range"),
         (["--profile", "{p}", "-m", "4"], "give --idle-power"),
-        (["--profile", "{p}", "-m", "4", "--idle-power", "-3"], "must not be negative"),
+        (["--profile", "{p}", "-m", "4", "--idle-power", "-3"], "must be in [0, 10000], got -3"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--policy", "turbo"], "Invalid value for '--policy'"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--gantt", "g.pdf"], "must end in .png or .svg"),
-        (["--profile", "{bad}", "-m", "4", "--idle-power", "80"], "bad.csv:2: time must be positive"),
+        (["--profile", "{bad}", "-m", "4", "--idle-power", "80"], "bad.csv:2: time must be in (0, 3600], got 0"),
     ],
 )
 def test_bad_input_is_refused_and_writes_nothing(tmp_path, args, message):
@@ -109,7 +115,8 @@ def test_simulate_with_tail_times(tmp_path):
     assert res.exit_code == 0 and f"{claimed:.4f} s" in res.output
 
 
-@pytest.mark.parametrize(("value", "message"), [("x", "expected seconds"), ("-1", "not negative"),
+@pytest.mark.parametrize(("value", "message"), [("x", "expected seconds"),
+                                                ("-1", "tail times must be in [0, 3600], got -1"),
                                                 ("0.1,0.2", "2 tail times given for 8 stages")])
 def test_simulate_refuses_bad_tail_times(tmp_path, value, message):
     res = baseline_plan_and_simulate(tmp_path)[1]("--tail-time", value)
@@ -144,3 +151,151 @@ def test_optimal_plan_with_tail_time(tmp_path):
     assert per_stage.exit_code == 0, per_stage.output
     res = CliRunner().invoke(main, [*base, "--tail-time", "0.1,0.2"])
     assert res.exit_code != 0 and "2 tail times given for 8 stages" in res.output
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_line_error(res) -> str:
+    """The contract for bad input: status != 0, one line on stderr, no traceback."""
+    assert res.exit_code not in (0, None) and isinstance(res.exception, SystemExit | None), res.exception
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    return lines[0]
+
+
+GPT3 = str(embedded_profile_path())
+GPT3_TEXT = embedded_profile_path().read_bytes().decode()  # CRLF, as shipped
+PLAN_ARGS = ("plan", "--profile", GPT3, "-m", "4", "--gpu", "a100")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--idle-power", "nan"], "Invalid value for '--idle-power': must be a finite number, got nan"),
+        (["--idle-power", "inf"], "Invalid value for '--idle-power': must be a finite number, got inf"),
+        (["--transfer-time", "1e308"], "Invalid value for '--transfer-time': must be in [0, 3600], got 1e+308"),
+        (["--tail-time", "nan"], "tail times must be a finite number, got nan"),
+        (["--threshold-scale", "inf"], "must be a finite number, got inf"),
+        (["--policy", "optimal", "--time-budget", "1e308"], "'--time-budget': must be in (0, 1e+09]"),
+        (["--policy", "optimal", "--max-slowdown", "nan"], "'--max-slowdown': must be a finite number"),
+        (["-m", "200000"], "200000 is not in the range 1<=x<=65536"),  # 90 s and 1.3 GB before
+        (["--stages", "1025"], "1025 is not in the range 1<=x<=1024"),
+        (["--stages", "1000", "-m", "1000"], "1000 stages x 1000 micro-batches is 2,000,000 units; the planner "
+                                             "takes at most 131,072"),
+        (["--schedule", "zigzag"], "'zigzag' is not one of '1f1b', 'envpipe', 'gpipe'. (see 'main plan -h')"),
+    ],
+)
+def test_options_out_of_range_are_one_line_errors(tmp_path, args, message):
+    """`--idle-power nan` and `--transfer-time 1e308` printed nan/inf results; usage errors were 4 lines."""
+    res = invoke(*PLAN_ARGS, *args, "--out", tmp_path / "p.json")
+    assert message in one_line_error(res)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_profiles_are_one_line_errors(tmp_path):
+    zero = tmp_path / "zero.csv"  # one stage with zero energy: ZeroDivisionError before
+    zero.write_text("stage,instruction,frequency,time,energy\n0,forward,1410,0.1,0\n0,backward,1410,0.2,0\n")
+    assert "zero.csv:2: energy must be in (0, 1e+07], got 0" in one_line_error(
+        invoke("plan", "--profile", zero, "-m", "4", "--idle-power", "0"))
+    if Path("/dev/zero").exists():  # read whole before: memory until killed
+        assert "/dev/zero: larger than 16 MiB" in one_line_error(
+            invoke("plan", "--profile", "/dev/zero", "-m", "4", "--idle-power", "80"))
+    dup = tmp_path / "dup.csv"  # a duplicated column was read silently
+    header, *rows = GPT3_TEXT.splitlines()
+    dup.write_text("\n".join([f"{header},time", *(f"{r},0.1" for r in rows)]) + "\n")
+    assert "dup.csv:1: duplicate column(s): 'time'" in one_line_error(
+        invoke("plan", "--profile", dup, "-m", "4", "--idle-power", "80"))
+
+
+
+
+def test_bom_profile_plans_like_the_plain_one(tmp_path):
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + GPT3_TEXT.encode())
+    plain, with_bom = invoke(*PLAN_ARGS), invoke("plan", "--profile", bom, "-m", "4", "--gpu", "a100")
+    assert plain.exit_code == 0 and with_bom.exit_code == 0, with_bom.output
+    assert plain.stdout == with_bom.stdout
+
+
+def test_out_into_a_missing_directory_is_created_and_readable(tmp_path):
+    """`--out` into a missing directory was a traceback after planning; plan files were mode 0600."""
+    out = tmp_path / "new" / "deeper" / "plan.json"
+    res = invoke(*PLAN_ARGS, "--out", out)
+    assert res.exit_code == 0, res.output
+    assert out.stat().st_mode & 0o777 == new_file_mode()  # 0644 under umask 022
+    assert sorted(p.name for p in out.parent.iterdir()) == ["plan.json"]
+
+
+@pytest.mark.parametrize(("where", "message"), [("{file}/plan.json", "is not a directory"),
+                                                ("{dir}", "is a directory")])
+def test_unwritable_out_is_refused_before_planning(tmp_path, where, message):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = invoke(*PLAN_ARGS, "--policy", "optimal", "--out", where.format(file=blocker, dir=tmp_path))
+    assert message in one_line_error(res) and "Invalid value for '--out'" in res.stderr
+    assert res.stdout == ""  # refused before planning: nothing planned, nothing printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_simulate_refuses_a_plan_made_from_another_profile(tmp_path):
+    """Plans record the digest of their profile; simulating one on another profile was silent."""
+    out = tmp_path / "plan.json"
+    assert invoke(*PLAN_ARGS, "--out", out).exit_code == 0
+    assert json.loads(out.read_text())["profile_digest"].startswith("sha256:")
+    lf = tmp_path / "same_numbers.csv"  # another file of the same numbers is the same profile
+    lf.write_text(GPT3_TEXT.replace("\r\n", "\n"))
+    assert invoke("simulate", "--profile", lf, "--plan", out, "--gpu", "a100").exit_code == 0
+    other = tmp_path / "other.csv"
+    other.write_text(GPT3_TEXT.replace("23.80547200000007", "23.9", 1))
+    line = one_line_error(invoke("simulate", "--profile", other, "--plan", out, "--gpu", "a100"))
+    assert f"{out}: made from another profile than {other}" in line
+
+
+def test_every_option_has_help_and_choices_are_listed():
+    from envpipe.cli import plan, simulate
+
+    for command in (plan, simulate):
+        for param in command.params:
+            assert isinstance(param, click.Option) and param.help, (command.name, param.name)
+    text = invoke("plan", "-h").stdout
+    for choices in ("[1f1b|envpipe|gpipe]", "[baseline|uniform|envelope|optimal]", "[default|greedy|balanced]"):
+        assert choices in text
+    version = invoke("--version")
+    assert version.exit_code == 0 and "version" in version.stdout
+
+
+@pytest.mark.parametrize("policy", ["baseline", "optimal"])
+def test_stages_note_comes_only_with_a_result(tmp_path, policy):
+    """The what-if note on stderr must not precede an error (an error is the only stderr line)."""
+    ok = invoke(*PLAN_ARGS, "--policy", policy, "--stages", "3")
+    assert ok.exit_code == 0 and ok.stderr.startswith("note: --stages 3")
+    bad = invoke(*PLAN_ARGS, "--policy", policy, "--stages", "3", "--tail-time", "0.1,0.2")
+    assert "3 stages" in one_line_error(bad)
+
+
+def test_frontier_rows_tell_points_apart_and_progress_is_counted(tmp_path):
+    """The last frontier rows printed identical numbers (the same plan kept for a longer budget)."""
+    pytest.importorskip("scipy")
+    from envpipe.plan.frontier import frontier
+
+    calls = []
+    profile = load_profile(embedded_profile_path()).with_stages(3)
+    frontier(profile, 4, idle_power_w=83.64, points=3, on_point=lambda: calls.append(1))
+    assert len(calls) == 3  # what drives the progress bar
+    front = tmp_path / "f" / "front.csv"
+    res = invoke("plan", "--profile", GPT3, "--stages", "3", "-m", "4", "--gpu", "a100", "--policy", "optimal",
+                 "--frontier", front, "--frontier-points", "6")
+    assert res.exit_code == 0, res.output
+    rows = [ln for ln in res.stdout.splitlines() if re.match(r"\s+\d", ln)]
+    points = list(csv.DictReader(front.open()))
+    assert len(rows) == 6 and len(set(rows)) == 6
+    for row, point in zip(rows, points, strict=True):
+        budget, time_s, energy = (float(x) for x in row.split()[:3])
+        assert (budget, time_s) == pytest.approx((float(point["budget_s"]), float(point["time_s"])), abs=1e-4)
+        assert energy == pytest.approx(float(point["energy_j"]), abs=0.01)
+    for i in range(1, 6):
+        same = all(points[i][k] == points[i - 1][k] for k in ("time_s", "energy_j"))
+        assert rows[i].endswith("same plan as above") == same
+        assert Plan.load(points[i]["plan"]).profile_digest == profile.digest

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from envpipe.atomicfile import new_file_mode
 from envpipe.plan.planfile import Plan, PlanError, PlannedUnit, evaluate_plan
 from envpipe.plan.planner import make_plan
 
@@ -104,3 +106,92 @@ def test_save_is_atomic_and_leaves_nothing_behind_on_failure(small, tmp_path, mo
     with pytest.raises(TypeError):
         plan.save(path)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{{"version": true, {rest}', "unsupported plan version True"),  # JSON true == 1 in Python
+        ('{{"version": 1.0, {rest}', "unsupported plan version 1.0"),
+        ('{{"version": 1, "num_microbatches": 1000000000, {rest}',
+         "'num_microbatches' must be an integer in [1, 65536]"),  # 119 GiB before
+        ('{{"version": 1, "num_stages": 1025, {rest}', "'num_stages' must be an integer in [1, 1024]"),
+        ('{{"version": 1, "extra": ' + deep(100_000) + ", {rest}", "nested deeper than 8 levels"),  # RecursionError
+        ('{{"version": 1, "extra": ' + deep(50) + ", {rest}", "nested deeper than 8 levels"),
+        ('{{"version": 1, "predicted": {{"energy_j": NaN}}, {rest}', "NaN is not a number a plan may hold"),
+        ('{{"version": 1, "predicted": {{"energy_j": -Infinity}}, {rest}', "-Infinity is not a number"),
+        ('{{"version": 1, "predicted": {{"energy_j": 1e999}}, {rest}', "number out of range: '1e999'"),
+        ('{{"version": 1, "predicted": {{"energy_j": 1' + "0" * 5000 + "}}, {rest}", "integer out of range"),
+        ('\ufeff{{"version": 2, {rest}', "unsupported plan version 2"),  # a BOM is fine, the version is not
+    ],
+)
+def test_plan_files_with_bad_numbers_sizes_and_nesting_are_refused(small, tmp_path, text, message):
+    data = small[1].plan.to_json()
+    rest = json.dumps({k: v for k, v in data.items() if k not in ("version", "num_microbatches", "num_stages",
+                                                                  "predicted")} | {"num_stages": 3,
+                                                                                   "num_microbatches": 6})[1:]
+    for key in ("num_stages", "num_microbatches"):  # a key given twice keeps the last: drop the default
+        if f'"{key}"' in text:
+            rest = rest.replace(f'"{key}": {data[key]}, ', "").replace(f', "{key}": {data[key]}', "")
+    path = tmp_path / "plan.json"
+    path.write_text(text.format(rest=rest), encoding="utf-8")
+    with pytest.raises(PlanError) as err:
+        Plan.load(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+    assert len(str(err.value)) < 300 + len(str(path))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["stages"][0][0].update(mb=10**30), "mb must be an integer in [0, 5]"),  # OverflowError before
+        (lambda d: d["stages"][0][0].update(mb=6), "mb must be an integer in [0, 5]"),
+        (lambda d: d["stages"][0][0].update(mb=True), "mb must be an integer"),
+        (lambda d: d["stages"][0][0].update(freq_mhz=10**30), "freq_mhz must be an integer in [1, 10000]"),
+        (lambda d: d.update(critical_path=[[0, "F", 10**30]]), "'critical_path' must be a list of [stage < 3"),
+        (lambda d: d.update(critical_path=[[True, "F", 0]]), "critical_path"),
+        (lambda d: d["stages"][0].__setitem__(0, {"kind": "F", "mb": 0, "freq_mhz": 1410, "x": "y" * 10**6}),
+         "stage 0 unit 0: must be {'kind', 'mb', 'freq_mhz'}, got {'freq_mhz': 1410, 'kind': 'F', 'mb': 0, "
+         "'x': 'yyyyyyyyyyyyyyyyy...yyyyyyyyyyyyyyyyyy'}"),  # a 1 MB value, quoted in 40 characters
+        (lambda d: d.update(profile_digest="md5:0"), "'profile_digest' must be 'sha256:' and 64 hex digits"),
+        (lambda d: d.update(num_stages=1024, num_microbatches=65536), "131,072"),
+    ],
+)
+def test_out_of_range_plan_fields_are_refused_in_short_messages(small, mutate, message):
+    data = small[1].plan.to_json()
+    mutate(data)
+    with pytest.raises(PlanError) as err:
+        Plan.from_json(data)
+    assert message in str(err.value) and len(str(err.value)) < 300
+
+
+def test_plans_record_their_profile_and_refuse_another(small, gpt3, tmp_path):
+    profile, result = small
+    plan = replace(result.plan, profile_digest=profile.digest)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = Plan.load(path)
+    assert again.profile_digest == profile.digest and again.to_json() == plan.to_json()
+    again.check_profile(profile)
+    other = gpt3.with_stages(3).restricted(gpt3.freqs[:-1])
+    with pytest.raises(PlanError, match="made from another profile"):
+        again.check_profile(other)
+    result.plan.check_profile(other)  # a plan without a digest (a hand-written one) is not checked
+
+
+def test_save_creates_directories_and_files_others_can_read(small, tmp_path):
+    path = tmp_path / "a" / "b" / "plan.json"
+    small[1].plan.save(path)
+    assert path.stat().st_mode & 0o777 == new_file_mode()  # mkstemp alone gave 0600
+    assert Plan.load(path).to_json() == small[1].plan.to_json()
+    with pytest.raises(OSError):
+        small[1].plan.save(path / "under_a_file.json")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["plan.json"]
+    nan_plan = replace(small[1].plan, predicted={"energy_j": float("nan")})
+    with pytest.raises(ValueError):
+        nan_plan.save(path)
+    assert Plan.load(path).to_json() == small[1].plan.to_json()

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from envpipe.atomicfile import new_file_mode
 from envpipe.profile import ProfileError, embedded_profile_path, load_profile
 
 HEADER = "stage,instruction,frequency,time,energy\n"
@@ -48,12 +49,12 @@ def test_small_valid_profile_round_trips(tmp_path):
     [
         ("0,forward,1410,0.1,1\n", "stage,instruction,frequency,time\n", 1, "missing column(s): energy"),
         ("0,forward,1410,abc,1\n", HEADER, 2, "column 'time' is not a number"),
-        ("0,forward,1410,0,1\n", HEADER, 2, "time must be positive"),
-        ("0,forward,1410,-0.5,1\n", HEADER, 2, "time must be positive"),
-        ("0,forward,1410,0.1,-1\n", HEADER, 2, "energy must not be negative"),
+        ("0,forward,1410,0,1\n", HEADER, 2, "time must be in (0, 3600], got 0"),
+        ("0,forward,1410,-0.5,1\n", HEADER, 2, "time must be in (0, 3600], got -0.5"),
+        ("0,forward,1410,0.1,-1\n", HEADER, 2, "energy must be in (0, 1e+07], got -1"),
         ("0,sideways,1410,0.1,1\n", HEADER, 2, "instruction must be forward or backward"),
-        ("0,forward,1410.5,0.1,1\n", HEADER, 2, "column 'frequency' is not a number"),
-        ("0,forward,1410,nan,1\n", HEADER, 2, "not finite"),
+        ("0,forward,1410.5,0.1,1\n", HEADER, 2, "column 'frequency' is not an integer: '1410.5'"),
+        ("0,forward,1410,nan,1\n", HEADER, 2, "time must be a finite number, got nan"),
         ("0,forward,1410,0.1,1\n0,forward,1410,0.2,1\n", HEADER, 3, "duplicate row for stage 0 forward at 1410 MHz"),
     ],
 )
@@ -91,7 +92,7 @@ def test_empty_missing_and_binary_files(tmp_path):
         load_profile(tmp_path / "nope.csv")
     binary = tmp_path / "b.csv"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(ProfileError, match="not a text"):
+    with pytest.raises(ProfileError, match="not a UTF-8 profile file"):
         load_profile(binary)
 
 
@@ -105,3 +106,81 @@ def test_restrict_and_tile(gpt3):
         gpt3.freq_index(1234)
     with pytest.raises(FileNotFoundError, match="shipped"):
         embedded_profile_path("nope")
+
+
+def real_rows() -> tuple[str, str]:
+    """The header and the body of the shipped GPT-3 profile (CRLF as shipped)."""
+    text = embedded_profile_path().read_text()
+    header, body = text.split("\n", 1)
+    return header + "\n", body
+
+
+def test_utf8_bom_is_accepted_and_digest_ignores_the_file_form(tmp_path):
+    """A BOM (spreadsheet exports) was refused as "missing column(s): stage"; the digest is of the numbers."""
+    header, body = real_rows()
+    plain = load_profile(embedded_profile_path())
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + (header + body).encode())
+    lf = tmp_path / "lf.csv"
+    lf.write_text((header + "".join(reversed(body.splitlines(keepends=True)))).replace("\r\n", "\n"))
+    for other in (load_profile(bom), load_profile(lf)):
+        assert np.array_equal(other.fwd_energy, plain.fwd_energy) and other.digest == plain.digest
+    assert plain.digest.startswith("sha256:") and len(plain.digest) == 7 + 64
+    changed = write(tmp_path, good_rows())
+    assert load_profile(changed).digest != plain.digest
+
+
+def test_duplicated_column_is_refused(tmp_path):
+    """A duplicated `time` column was read silently (a baseline of 8,830.6 J where 2,863.0 J is right)."""
+    header, body = real_rows()
+    rows = [f"{r},{3 * float(r.split(',')[3])}" for r in body.replace("\r", "").splitlines()]
+    path = write(tmp_path, "\n".join(rows) + "\n", header.strip() + ",time\n")
+    with pytest.raises(ProfileError, match=r"p.csv:1: duplicate column\(s\): 'time'"):
+        load_profile(path)
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ("0,forward,1410,0.1,0", "energy must be in (0, 1e+07], got 0"),  # one stage, zero energy: 0/0 before
+        ("0,forward,1410,0.1,1e307", "energy must be in (0, 1e+07], got 1e+307"),  # inf/nan energies before
+        ("0,forward,1410,1e308,1", "time must be in (0, 3600], got 1e+308"),
+        ("1000000000,forward,1410,0.1,1", "stage must be in [0, 1023], got 1e+09"),  # 24 GB before
+        ("0,forward,1000000000000000,0.1,1", "frequency must be in [1, 10000], got 1e+15"),
+        ("0,forward,inf,0.1,1", "frequency must be a finite number, got inf"),
+        ("0,forward,1410,0.1,1,extra", "6 fields, the header has 5"),
+        ("0,forward", "2 fields, the header has 5"),
+    ],
+)
+def test_numbers_and_sizes_out_of_range_are_refused(tmp_path, row, reason):
+    with pytest.raises(ProfileError) as err:
+        load_profile(write(tmp_path, row + "\n"))
+    assert err.value.line == 2 and err.value.reason == reason
+
+
+def test_huge_inputs_are_refused_with_short_messages(tmp_path):
+    if Path("/dev/zero").exists():
+        with pytest.raises(ProfileError, match="larger than 16 MiB"):
+            load_profile("/dev/zero")
+    nul = tmp_path / "nul.csv"
+    nul.write_bytes(HEADER.encode() + b"0,forward,1410,0.1,\x001\n")
+    with pytest.raises(ProfileError, match="NUL bytes"):
+        load_profile(nul)
+    with pytest.raises(ProfileError) as err:  # one 100 kB cell: the message quotes 40 characters of it
+        load_profile(write(tmp_path, "0,forward,1410," + "7" * 100 + "x" * 100_000 + ",1\n"))
+    assert len(str(err.value)) < 200 and "not a number" in str(err.value)
+    with pytest.raises(ProfileError, match="malformed CSV"):  # a field beyond the csv module's limit
+        load_profile(write(tmp_path, '0,forward,1410,"' + "7" * 200_000 + '",1\n'))
+    clocks = "".join(f"0,forward,{f},0.1,1\n0,backward,{f},0.1,1\n" for f in range(1, 1026))
+    with pytest.raises(ProfileError, match="more than 1024 distinct clocks"):
+        load_profile(write(tmp_path, clocks))
+    with pytest.raises(ProfileError, match="empty file"):
+        load_profile(write(tmp_path, "", header=""))
+
+
+def test_to_csv_is_atomic_and_readable_by_others(tmp_path):
+    p = load_profile(write(tmp_path, good_rows()))
+    out = tmp_path / "new" / "again.csv"
+    p.to_csv(out)
+    assert out.stat().st_mode & 0o777 == new_file_mode()  # 0644 under umask 022
+    assert [f.name for f in out.parent.iterdir()] == ["again.csv"]

@@ -1,0 +1,71 @@
+"""The planner's documented input limits (docs/planner.md, "Limits") and the checks that enforce them.
+
+Every number a user gives the planner (profile CSV, plan JSON, `envpipe` options) is finite and inside
+these bounds, so no input can make it allocate gigabytes, overflow to inf or divide by zero. The bounds
+are far outside real pipelines: a real unit takes milliseconds to seconds and tens of joules.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+from pathlib import Path
+
+MAX_STAGES = 1024
+MAX_MICROBATCHES = 65_536
+MAX_UNITS = 131_072  # 2 x stages x micro-batches (64 stages x 1,024 micro-batches); bounds memory
+MAX_CLOCKS = 1024  # distinct clocks in one profile
+MAX_CLOCK_MHZ = 10_000
+MAX_UNIT_TIME_S = 3600.0
+MAX_UNIT_ENERGY_J = 1e7
+MAX_POWER_W = 10_000.0  # idle power
+MAX_SECONDS = 3600.0  # transfer and tail times
+MAX_BUDGET_S = 1e9  # time budgets
+MAX_SLOWDOWN = 10.0  # +1,000 %
+MAX_FRONTIER_POINTS = 1000
+MAX_THRESHOLD_SCALE = 1e6
+MAX_PROFILE_ROWS = 262_144  # 2 x stages x clocks, e.g. 128 stages x 1,024 clocks
+MAX_PROFILE_BYTES = 16 * 2**20
+MAX_PLAN_BYTES = 16 * 2**20  # the largest plan (131,072 units) takes about 8 MiB
+MAX_JSON_DEPTH = 8
+
+_quote = reprlib.Repr()
+_quote.maxstring = _quote.maxother = 40
+_quote.maxlist = _quote.maxtuple = _quote.maxdict = 4
+_quote.maxlevel = 2
+
+
+def quote(value: object) -> str:
+    """A short repr of a user's value for an error message (a 1 MB field must not become a 1 MB line)."""
+    return _quote.repr(value)
+
+
+def read_text(path: str | Path, max_bytes: int, what: str) -> str:
+    """A UTF-8 file (a BOM is fine) of at most ``max_bytes``, read without ever holding more: /dev/zero or a
+    huge file must not fill memory. OSError if it cannot be read; ValueError (the reason) if it is refused."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes // 2**20} MiB (the limit of a {what})")
+    try:
+        return data.decode("utf-8-sig")  # spreadsheet programs start UTF-8 files with a BOM
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not a UTF-8 {what} file (bad byte at offset {exc.start})") from None
+
+
+def range_error(value: float, low: float, high: float, low_open: bool = False) -> str | None:
+    """Why ``value`` is not a finite number in [low, high] (``(low, high]`` when ``low_open``), or None."""
+    if not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if value < low or (low_open and value == low) or value > high:
+        return f"must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value:g}"
+    return None
+
+
+def units_error(num_stages: int, num_microbatches: int) -> str | None:
+    """Why a pipeline of this size is refused, or None."""
+    units = 2 * num_stages * num_microbatches
+    if units > MAX_UNITS:
+        return (f"{num_stages} stages x {num_microbatches} micro-batches is {units:,} units; "
+                f"the planner takes at most {MAX_UNITS:,} (2 x stages x micro-batches)")
+    return None

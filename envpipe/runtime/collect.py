@@ -1,0 +1,144 @@
+"""Rank 0 puts every rank's record together into the run's `RunSummary` (no collectives here).
+
+The job's iteration is its slowest rank's; its energy is the sum over every GPU of every replica.
+Measured comparisons pair each plan iteration with the 1F1B all-max iteration next to it (the steady
+phase interleaves them ABBA); the planner's prediction is compared only with its own baseline.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from envpipe.plan.schedules import one_f_one_b
+from envpipe.runtime import summary as S
+from envpipe.runtime.clocks import Clock, energy_label
+from envpipe.runtime.collective import Place
+from envpipe.runtime.config import EnvPipeConfig
+from envpipe.runtime.decide import Decision
+from envpipe.runtime.iterations import BASELINE, PLAN, job_iterations, paired
+from envpipe.runtime.replicas import find_straggler
+from envpipe.runtime.timing import Calibration, predict_time
+
+
+@dataclass
+class RankRecord:
+    """What one rank sends rank 0 at the end."""
+
+    place: Place
+    steady: list[tuple[str, float, float | None]]  # per steady iteration: what ran, time, this GPU's energy
+    peak_memory_bytes: int | None
+    unit_energy: S.UnitEnergy | None
+    units: list[S.MeasuredUnit]  # the last timed iteration
+    plan_digest: str
+    allreduce_s: list[float]  # steady timed plan iterations: ReduceTiedGrads + ReduceGrads (engine marks)
+    tail_s: list[float]  # step end - last unit end, as calibration measures it
+    refusals: list[S.Refusal]
+
+    def energy(self, runs: str) -> float | None:
+        """This GPU's median energy over the steady iterations that ran ``runs``; None if any lacks it."""
+        es = [e for r, _, e in self.steady if r == runs]
+        return None if not es or None in es else statistics.median(e for e in es if e is not None)
+
+    def times(self, runs: str) -> list[float]:
+        return [t for r, t, _ in self.steady if r == runs]
+
+
+def iterations(job: Sequence[tuple[str, float, float | None]], runs: str, samples: int) -> S.Iterations | None:
+    mine = [(t, e) for r, t, e in job if r == runs]
+    if not mine:
+        return None
+    time_s = S.Spread.of([t for t, _ in mine])
+    assert time_s is not None
+    energies = [e for _, e in mine]
+    energy = None if None in energies else S.Spread.of([e for e in energies if e is not None])
+    return S.Iterations(time_s, energy, samples / time_s.median)
+
+
+def measured_comparison(job: Sequence[tuple[str, float, float | None]], energy: str) -> S.MeasuredComparison | None:
+    pairs = paired(job)
+    if not pairs:
+        return None
+    slowdown = S.Spread.of([p[0] / b[0] - 1.0 for p, b in pairs])
+    assert slowdown is not None
+    with_energy = [(p[1], b[1]) for p, b in pairs if p[1] is not None and b[1] is not None]
+    saving = S.Spread.of([1.0 - ep / eb for ep, eb in with_energy]) if len(with_energy) == len(pairs) else None
+    return S.MeasuredComparison(len(pairs), saving, slowdown, energy)
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _total(xs: Sequence[float | None]) -> float | None:
+    return None if None in xs else sum(x for x in xs if x is not None)
+
+
+def job_summary(records: Sequence[RankRecord], sim_tails: Sequence[float], threshold: float,
+                detected: int | None, rule: S.StragglerRule | None, runs: str = PLAN) -> S.JobSummary:
+    """Per node, per replica, per stage tails, the straggler flag, and whether the replicas' plans agree,
+    over the steady iterations that ran ``runs`` (the plan, or where none was deployed the baseline).
+
+    ``detected``: the replica found straggling before planning. It stays flagged when steady times no longer
+    show it, which is what happens when the other replicas take the straggler rule's slower, cheaper plan.
+    """
+    hosts = sorted({(r.place.node_first_rank, r.place.host) for r in records})
+    nodes = [S.NodeSummary(i, host, sorted(r.place.rank for r in records if (r.place.node_first_rank, r.place.host)
+                                           == (first, host)),
+                           _total([r.energy(runs) for r in records if (r.place.node_first_rank, r.place.host) ==
+                                   (first, host)]))
+             for i, (first, host) in enumerate(hosts)]
+    replicas = []
+    for d in sorted({r.place.replica for r in records}):
+        mine = [r for r in records if r.place.replica == d]
+        times = [max(xs) for xs in zip(*(r.times(runs) for r in mine), strict=True)]
+        replicas.append((d, _median(times), _total([r.energy(runs) for r in mine])))
+    seen = find_straggler({d: t for d, t, _ in replicas if t is not None}, threshold)
+    straggler = seen if seen is not None else detected
+    where = "steady iterations" if seen is not None else "calibration/profiling" if straggler is not None else None
+    tails = []
+    for s in sorted({r.place.stage for r in records}):
+        mine = [r for r in records if r.place.stage == s]
+        tails.append(S.StageTail(s, [_median(r.allreduce_s) for r in mine], [_median(r.tail_s) for r in mine],
+                                 sim_tails[s] if s < len(sim_tails) else None))
+    digests = {s: {r.plan_digest for r in records if r.place.stage == s} for s in {r.place.stage for r in records}}
+    return S.JobSummary(
+        len(replicas), len(records), nodes,
+        [S.ReplicaSummary(d, _median([t for r in records if r.place.replica == d for t in r.times(runs)]), t, e,
+                          d == straggler) for d, t, e in replicas],
+        straggler, where, threshold, rule, tails, all(len(x) == 1 for x in digests.values()),
+        [r.plan_digest for r in sorted(records, key=lambda r: r.place.rank)])
+
+
+def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | None, chosen: Decision | None,
+             measured_cal: S.Calibration | None, reconfiguration: S.Reconfiguration | None,
+             cal: Calibration | None, samples: int, microbatches: int, straggler: int | None,
+             engine: str = "envpipe") -> S.RunSummary:
+    """The summary of a run; for stock DeepSpeed (``engine``) there is no decision and no calibration."""
+    records = sorted(records, key=lambda r: (r.place.replica, r.place.stage))
+    stages = len({r.place.stage for r in records})
+    label = energy_label(clock)
+    job = job_iterations([r.steady for r in records])
+    deployed = chosen is not None and chosen.info.deployed and clock is not None and clock.controls_clocks
+    runs = PLAN if deployed else BASELINE  # what the steady phase ran: the plan, or 1F1B at default clocks
+    steady = iterations(job, runs, samples)
+    assert steady is not None
+    predicted_s = None
+    if chosen is not None and cal is not None:
+        predicted_s = chosen.predicted_time_s if deployed else predict_time(one_f_one_b(stages, microbatches), cal)
+    info = None if chosen is None else replace(chosen.info, deployed=deployed)
+    clock_info = S.ClockInfo(
+        "none" if clock is None else clock.kind, bool(clock is not None and clock.controls_clocks), label,
+        None if clock is None else clock.note, [x for r in records for x in r.refusals])
+    sim_tails = [max(0.0, t - cal.head_s) for t in cal.tail_s] if cal is not None else []
+    rule = chosen.straggler_rule if chosen is not None else None
+    return S.RunSummary(
+        S.SCHEMA_VERSION, engine, stages, microbatches, len({r.place.replica for r in records}), samples, clock_info,
+        info, steady, iterations(job, BASELINE, samples) if deployed else None, measured_comparison(job, label),
+        chosen.predicted if chosen is not None else None, predicted_s,
+        steady.time_s.median / predicted_s - 1.0 if predicted_s else None, measured_cal, reconfiguration,
+        [S.GpuSummary(r.place.rank, r.place.replica, r.place.stage, r.place.host, r.energy(runs),
+                      r.peak_memory_bytes, r.unit_energy) for r in records],
+        job_summary(records, sim_tails, cfg.straggler_threshold, straggler, rule, runs),
+        [r.units for r in records if r.place.replica == 0])

@@ -1,0 +1,232 @@
+"""Rank 0's choice of what the job runs, and why: a typed `Decision` (no collectives here).
+
+Where the plan comes from, in order: a plan file (`envpipe.plan`); EnvPipe's own rule for its
+`baseline` policy (1F1B, or its order from measured unit times, every clock at max); otherwise the
+planner on a profile (online, a profile file, or measured default-clock units with the frequency model
+where clocks cannot be changed): the optimal planner (least energy within the budget, the unit order
+chosen within memory) or EnvPipe's policies. With `straggler: frontier`, the replicas that wait for a
+straggler get the least-energy frontier plan that fits its time (`envpipe.runtime.straggler`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from envpipe.plan.dag import ScheduleError, engine_order_dag
+from envpipe.plan.planfile import Plan, PlanError, PlannedUnit, baseline_timeline, evaluate_plan
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
+from envpipe.plan.simulate import Timeline
+from envpipe.profile import Profile
+from envpipe.runtime import summary as S
+from envpipe.runtime.config import EnvPipeConfig
+from envpipe.runtime.timing import Calibration, predict_time
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every replica runs, where it came from, and the planner's prediction (simulated)."""
+
+    plans: dict[int, Plan]  # per data-parallel replica
+    info: S.PlanInfo  # replica 0's plan, as the report names it
+    predicted: S.PredictedComparison | None
+    predicted_time_s: float | None  # the job's iteration under the plans (calibrated simulator)
+    profile: Profile | None  # what the planner planned on (rank 0 re-plans from it)
+    straggler_rule: S.StragglerRule | None
+
+    def plan_for(self, replica: int) -> Plan:
+        return self.plans[replica]
+
+
+def plan_digest(plan: Plan) -> str:
+    """sha256 of every stage's order and clocks (16 hex digits): equal digests, identical plans."""
+    text = json.dumps([[[u.kind, u.mb, u.freq_mhz] for u in units] for units in plan.stages])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def all_max(orders: Sequence[Sequence[tuple[str, int]]], f_max: int, schedule: str, policy: str) -> Plan:
+    """A plan of ``orders`` with every unit at ``f_max`` (the baseline's clocks)."""
+    stages = [[PlannedUnit(k, m, f_max) for k, m in order] for order in orders]
+    return Plan(len(orders), len(orders[0]) // 2, schedule, policy, stages)
+
+
+def max_in_flight(memory: Sequence[S.StageMemory] | None) -> list[int | None] | None:
+    return None if memory is None else [m.max_in_flight for m in memory]
+
+
+def warmup_caps(memory: Sequence[S.StageMemory] | None, num_microbatches: int) -> list[int] | None:
+    """Per stage, the extra warm-up forwards (beyond 1F1B's) whose activations fit; None: no limit known."""
+    if memory is None or all(m.max_in_flight is None for m in memory):
+        return None
+    P = len(memory)
+    caps = []
+    for s, m in enumerate(memory):
+        base = min(P - s, num_microbatches)  # 1F1B's in-flight micro-batches on stage s
+        caps.append(num_microbatches if m.max_in_flight is None else max(0, m.max_in_flight - base))
+    return caps
+
+
+def memory_refusals(uncapped: Sequence[int], capped: Sequence[int], memory: Sequence[S.StageMemory] | None,
+                    num_microbatches: int) -> list[str]:
+    """Why the memory limit cut EnvPipe's extra warm-up forwards (one line per stage it cut)."""
+    if memory is None:
+        return []
+    P = len(memory)
+    out = []
+    for s, (want, got) in enumerate(zip(uncapped, capped, strict=True)):
+        m = memory[s]
+        need = min(num_microbatches, P - s + want)  # envpipe_schedule: stage s warms up min(M, P - s + r_s)
+        if got < want and m.max_in_flight is not None and need > m.max_in_flight:  # memory cut it, not the rule
+            out.append(f"envpipe order with {want} extra warm-up forward(s) on stage {s}: {need} micro-batches "
+                       f"in flight x {m.activation_bytes_per_microbatch / 2**20:.1f} MiB exceed the "
+                       f"{m.max_in_flight} that fit "
+                       f"({(m.limit_bytes or 0) / 2**20:.0f} MiB limit less headroom and "
+                       f"{m.static_bytes / 2**20:.0f} MiB static); capped at {got}")
+    return out
+
+
+def over_memory(memory: Sequence[S.StageMemory] | None, num_microbatches: int) -> list[str]:
+    """Stages where even 1F1B keeps more micro-batches in flight than the memory model fits (it runs anyway:
+    calibration ran it)."""
+    P = len(memory or [])
+    return [f"stage {s}: even 1F1B keeps {min(P - s, num_microbatches)} micro-batches in flight, above the "
+            f"{m.max_in_flight} that fit under the memory limit; the order stays 1F1B there"
+            for s, m in enumerate(memory or []) if m.max_in_flight is not None
+            and min(P - s, num_microbatches) > m.max_in_flight]
+
+
+def order_name(reschedule: Sequence[int]) -> str:
+    return "1f1b" if not any(reschedule) else f"envpipe (extra warm-up forwards per stage: {list(reschedule)})"
+
+
+def _predicted(plan_tl: Timeline, base_tl: Timeline, replicas: int, profile: str) -> S.PredictedComparison:
+    energy, base_e = plan_tl.energy * replicas, base_tl.energy * replicas
+    return S.PredictedComparison(plan_tl.iteration_time, energy, base_tl.iteration_time, base_e,
+                                 1.0 - energy / base_e, plan_tl.iteration_time / base_tl.iteration_time - 1.0, profile)
+
+
+def from_plan_file(path: str, num_stages: int, num_microbatches: int, cal: Calibration, replicas: int) -> Decision:
+    """A plan file for this pipeline's shape and the engine's order rules; ValueError (one line) otherwise."""
+    plan = Plan.load(path)
+    if (plan.num_stages, plan.num_microbatches) != (num_stages, num_microbatches):
+        raise PlanError(f"{path}: plan is for {plan.num_stages} stages x {plan.num_microbatches} micro-batches, "
+                        f"this run has {num_stages} x {num_microbatches}")
+    try:
+        engine_order_dag(plan.orders(), num_microbatches)
+    except ScheduleError as exc:
+        raise PlanError(f"{path}: {exc}") from None
+    file_digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    p = plan.predicted
+    predicted = None
+    if {"iteration_time_s", "energy_j", "baseline_time_s", "baseline_energy_j"} <= set(p):
+        predicted = S.PredictedComparison(
+            p["iteration_time_s"], p["energy_j"] * replicas, p["baseline_time_s"], p["baseline_energy_j"] * replicas,
+            1.0 - p["energy_j"] / p["baseline_energy_j"], p["iteration_time_s"] / p["baseline_time_s"] - 1.0,
+            f"the plan file's own prediction (simulated, {path})")
+    info = S.PlanInfo(plan.policy, plan.schedule, f"plan file {path} (sha256 {file_digest})", plan_digest(plan), None,
+                      _unit_names(plan), plan.clocks(), None, [], True)
+    own = p.get("iteration_time_s")  # the plan file's prediction knows its clocks; the calibrated one assumes max
+    return Decision({d: plan for d in range(replicas)}, info, predicted,
+                    own if own is not None else predict_time(plan.orders(), cal), None, None)
+
+
+def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal: Calibration, f_max: int,
+                 replicas: int, memory: Sequence[S.StageMemory] | None) -> Decision:
+    """EnvPipe's `baseline` policy: its order from measured unit times (or 1F1B), every clock at max."""
+    P, M = num_stages, num_microbatches
+    refused: list[str] = []
+    if cfg.scheduling == "1f1b":
+        orders, r = one_f_one_b(P, M), [0] * P
+    else:
+        caps = warmup_caps(memory, M)
+        uncapped = reschedule_counts(cal.bwd_s, cal.fwd_s, M)
+        r = reschedule_counts(cal.bwd_s, cal.fwd_s, M, caps)
+        refused = memory_refusals(uncapped, r, memory, M) + over_memory(memory, M)
+        orders = envpipe_schedule(P, M, r)
+    plan = all_max(orders, f_max, cfg.scheduling, "baseline")
+    info = S.PlanInfo("baseline", order_name(r), "EnvPipe's rule on the calibration's measured unit times",
+                      plan_digest(plan), None, _unit_names(plan), plan.clocks(), list(memory or []) or None, refused,
+                      True)
+    return Decision({d: plan for d in range(replicas)}, info, None, predict_time(orders, cal), None, None)
+
+
+def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, cal: Calibration, idle_power_w: float,
+                 replicas: int, memory: Sequence[S.StageMemory] | None, deployed: bool,
+                 online_reconfig: bool) -> Decision:
+    """The optimal planner (default) or one of EnvPipe's policies on ``profile``, with calibrated transfer/tails."""
+    M = num_microbatches
+    tail = np.asarray(cal.tail_s)
+    caps = warmup_caps(memory, M)
+    if cfg.type == "optimal":
+        from envpipe.plan.optimal import candidate_orders, optimal_plan
+
+        result = optimal_plan(profile, M, idle_power_w=idle_power_w, schedule=cfg.scheduling,
+                              time_budget_s=cfg.time_budget_s, max_slowdown=cfg.max_slowdown,
+                              transfer_s=cal.transfer_s, memory_cap=caps, tail_s=tail)  # type: ignore[arg-type]
+        plan, timeline, base_tl, r = result.plan, result.timeline, result.baseline, result.reschedule
+        budget: float | None = result.budget_s
+        refused = [f"{order_name(t)}: no plan within the budget" for t, e in result.tried if e is None]
+        if caps is not None:
+            wanted = candidate_orders(profile, M, cfg.scheduling, idle_power_w, cal.transfer_s, None)
+            allowed = candidate_orders(profile, M, cfg.scheduling, idle_power_w, cal.transfer_s, caps)  # type: ignore[arg-type]
+            refused += [f"{order_name(w)}: more in-flight activations than fit in memory"
+                        for w in wanted if w not in allowed] + over_memory(memory, M)
+    else:
+        from envpipe.plan.planner import make_plan
+
+        made = make_plan(profile, M, schedule=cfg.scheduling, policy=cfg.type,
+                         reconfig="default" if online_reconfig else cfg.reconfig_method, idle_power_w=idle_power_w,
+                         gpu=cfg.gpu or "all", transfer_s=cal.transfer_s, memory_cap=caps,  # type: ignore[arg-type]
+                         tail_s=tail)
+        plan, timeline, base_tl, r, budget = made.plan, made.timeline, made.baseline, made.reschedule, None
+        refused = []
+        if caps is not None and cfg.scheduling == "envpipe":
+            uncapped = make_plan(profile, M, schedule="envpipe", policy=cfg.type, reconfig="default",
+                                 idle_power_w=idle_power_w, gpu=cfg.gpu or "all", transfer_s=cal.transfer_s,
+                                 tail_s=tail).reschedule
+            refused = memory_refusals(uncapped, r, memory, M) + over_memory(memory, M)
+    predicted = _predicted(timeline, base_tl, replicas, profile.source)
+    info = S.PlanInfo(plan.policy, order_name(r), f"planner ({cfg.type}) on the {profile.source} profile",
+                      plan_digest(plan), budget, _unit_names(plan), plan.clocks(), list(memory or []) or None,
+                      refused, deployed)
+    return Decision({d: plan for d in range(replicas)}, info, predicted, timeline.iteration_time, profile, None)
+
+
+def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: int, cal: Calibration,
+                        idle_power_w: float, schedule: str) -> Decision:
+    """The other replicas take the least-energy frontier plan that fits the straggler's predicted time."""
+    from envpipe.runtime.straggler import relaxed_plan
+
+    assert decision.predicted_time_s is not None
+    found = relaxed_plan(fast_profile, decision.plans[0].num_microbatches, schedule, idle_power_w, cal.tail_s,
+                         decision.predicted_time_s, cal.transfer_s)
+    if found is None:
+        rule = S.StragglerRule(straggler, False, "no frontier plan of the other replicas fits the straggler's time",
+                               decision.predicted_time_s, None, None)
+        return Decision(decision.plans, decision.info, decision.predicted, decision.predicted_time_s,
+                        decision.profile, rule)
+    plans = {d: (p if d == straggler else found.plan) for d, p in decision.plans.items()}  # simulated, both
+    rule = S.StragglerRule(straggler, True, None, decision.predicted_time_s, found.timeline.iteration_time,
+                           found.timeline.energy)
+    return Decision(plans, decision.info, decision.predicted, decision.predicted_time_s, decision.profile, rule)
+
+
+def replanned(decision: Decision, plan: Plan, order: str, profile: Profile, cal: Calibration, idle_power_w: float,
+              replicas: int, budget_s: float | None) -> Decision:
+    """The decision with a re-planned (or raised) plan for every replica, re-predicted on ``profile``."""
+    tl = evaluate_plan(plan, profile, idle_power_w, cal.transfer_s, np.asarray(cal.tail_s))
+    base = baseline_timeline(profile, plan.num_microbatches, idle_power_w, cal.transfer_s, np.asarray(cal.tail_s))
+    info = S.PlanInfo(decision.info.policy, order, decision.info.source, plan_digest(plan), budget_s,
+                      _unit_names(plan), plan.clocks(), decision.info.memory, decision.info.refused_orders,
+                      decision.info.deployed)
+    return Decision({d: plan for d in decision.plans}, info, _predicted(tl, base, replicas, profile.source),
+                    tl.iteration_time, profile, decision.straggler_rule)
+
+
+def _unit_names(plan: Plan) -> list[list[str]]:
+    return [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages]

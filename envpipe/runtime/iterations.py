@@ -1,0 +1,118 @@
+"""Every iteration of a rank: its JSON line, its energy from the meter, and the job's view of them.
+
+A rank's iteration energy is read from its meter's counter trace at the iteration's start and end (host
+times), once the trace covers the end. The training thread never waits for that: a line is written as
+soon as its energy is known (usually one iteration later), and the rest when the log closes.
+
+`iterations.rank<r>.jsonl`, one line per iteration: phase (calibrate, profile@MHz, reconfigure, steady),
+what ran (`plan`, or `baseline`: 1F1B with every clock at max), time, this GPU's energy and its label,
+clocks requested, loss, whether units were timed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envpipe.energy.meter import EnergyMeter
+
+PLAN, BASELINE = "plan", "baseline"
+
+
+@dataclass
+class Iteration:
+    index: int
+    phase: str
+    runs: str  # PLAN or BASELINE
+    start: float  # host time (time.perf_counter)
+    end: float
+    clocks_requested: list[int]
+    loss: float | None
+    units_timed: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+    energy_j: float | None = None
+
+    @property
+    def time_s(self) -> float:
+        return self.end - self.start
+
+
+class IterationLog:
+    """This rank's iterations, written as JSON lines once their energy is known."""
+
+    def __init__(self, out_dir: str | Path, rank: int, stage: int, meter: EnergyMeter | None, energy: str) -> None:
+        path = Path(out_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        self.stage, self.meter, self.energy = stage, meter, energy
+        self.done: list[Iteration] = []
+        self._waiting: list[Iteration] = []
+        self._file = (path / f"iterations.rank{rank}.jsonl").open("w")
+
+    def add(self, it: Iteration) -> None:
+        self._waiting.append(it)
+        self._write_known(wait=False)
+
+    def _write_known(self, wait: bool) -> None:
+        while self._waiting:
+            it = self._waiting[0]
+            if self.meter is not None:
+                covered = self.meter.wait_until(it.end) if wait else (self.meter.trace.last_time or 0.0) >= it.end
+                if not covered:
+                    return
+                it.energy_j = float(self.meter.trace.between(it.start, it.end))
+            self._waiting.pop(0)
+            self.done.append(it)
+            line = {"iteration": it.index, "phase": it.phase, "runs": it.runs, "stage": self.stage,
+                    "time_s": it.time_s, "energy_j": it.energy_j, "energy": self.energy,
+                    "clocks_requested_mhz": it.clocks_requested, "loss": it.loss, "units_timed": it.units_timed,
+                    **it.extra}
+            self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+
+    def oldest_unwritten_start(self) -> float | None:
+        """The meter's trace must be kept from here on (trimming before it would lose an energy)."""
+        return self._waiting[0].start if self._waiting else None
+
+    def close(self) -> None:
+        self._write_known(wait=True)
+        self._file.close()
+
+    def steady(self) -> list[tuple[str, float, float | None]]:
+        """(what ran, time, energy) of every steady iteration, in order."""
+        return [(it.runs, it.time_s, it.energy_j) for it in self.done if it.phase == "steady"]
+
+
+def job_iterations(
+    per_rank: Sequence[Sequence[tuple[str, float, float | None]]],
+) -> list[tuple[str, float, float | None]]:
+    """The job's steady iterations: what ran, the slowest rank's time, the sum of every GPU's energy."""
+    job = []
+    for ranks in zip(*per_rank, strict=True):
+        energies = [e for _, _, e in ranks]
+        job.append((ranks[0][0], max(t for _, t, _ in ranks), None if None in energies else sum(energies)))
+    return job
+
+
+def comparison_pattern(steps: int, pairs: int) -> list[str]:
+    """What each steady iteration runs: the first ``pairs`` pairs interleave the plan with the baseline in
+    ABBA order (drift within a pair favours neither side), the rest run the plan."""
+    pattern = []
+    for k in range(min(pairs, steps // 2)):
+        pattern += [PLAN, BASELINE] if k % 2 == 0 else [BASELINE, PLAN]
+    return pattern + [PLAN] * (steps - len(pattern))
+
+
+Measure = tuple[float, float | None]  # (time, energy) of one iteration
+
+
+def paired(job: Sequence[tuple[str, float, float | None]]) -> list[tuple[Measure, Measure]]:
+    """((plan time, energy), (baseline time, energy)) for each interleaved pair, in order."""
+    pairs: list[tuple[Measure, Measure]] = []
+    for a, b in zip(job[0::2], job[1::2], strict=False):
+        if {a[0], b[0]} == {PLAN, BASELINE}:
+            plan, base = (a, b) if a[0] == PLAN else (b, a)
+            pairs.append(((plan[1], plan[2]), (base[1], base[2])))
+    return pairs

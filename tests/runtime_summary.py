@@ -1,0 +1,41 @@
+"""Read a run's summary.json the way every reader must: validated against the JSON Schema in the repo,
+then as the typed `RunSummary`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+
+from envpipe.runtime import summary as S
+from envpipe.runtime.summary import SCHEMA_PATH, RunSummary
+
+
+def read_summary(report_dir: Path) -> RunSummary:
+    data = json.loads((Path(report_dir) / "summary.json").read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    return RunSummary.from_json(data)
+
+
+def iterations(report_dir: Path, rank: int) -> list[dict]:
+    """A rank's per-iteration JSON lines."""
+    return [json.loads(x) for x in (Path(report_dir) / f"iterations.rank{rank}.jsonl").read_text().splitlines()]
+
+
+def sample_summary(time_s: float = 0.2, energy_j: float | None = 50.0, predicted_s: float | None = 0.24,
+                   engine: str = "envpipe", data_parallel: int = 2, stages: int = 2) -> S.RunSummary:
+    """A small, valid summary for readers' tests (one steady iteration; numbers as given)."""
+    spread = S.Spread.of([time_s])
+    assert spread is not None
+    gpus = data_parallel * stages
+    tails = [S.StageTail(s, [0.01, 0.02], [0.03, 0.04], 0.03) for s in range(stages)]
+    job = S.JobSummary(data_parallel, gpus, [S.NodeSummary(0, "host", list(range(gpus)), energy_j)],
+                       [S.ReplicaSummary(d, time_s, time_s, None, False) for d in range(data_parallel)],
+                       None, None, 0.05, None, tails, True, ["d"] * gpus)
+    return S.RunSummary(
+        S.SCHEMA_VERSION, engine, stages, 8, data_parallel, 32, S.ClockInfo("nvml", False, "measured (NVML counter)",
+                                                                          None, []),
+        None, S.Iterations(spread, S.Spread.of([energy_j]) if energy_j is not None else None, 32 / time_s), None,
+        None, None, predicted_s, None if predicted_s is None else time_s / predicted_s - 1, None, None,
+        [S.GpuSummary(r, r % data_parallel, r // data_parallel, "host", None, None, None) for r in range(gpus)], job)
