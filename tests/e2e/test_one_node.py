@@ -29,6 +29,7 @@ from envpipe_launch.backends.kube import _ssh_keypair, pod_settings
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import KubeJob
 
+from envpipe.runtime.summary import RunSummary
 from tests.clockd_helpers import call
 from tests.e2e import images as image_build
 from tests.e2e.node import Node
@@ -197,10 +198,13 @@ def test_two_node_training_with_the_daemon_clock(one_node: OneNode, stopwatch: S
     for i, gpu in enumerate(one_node.gpus):  # each worker leased its own GPU, as uid 1000 of its pod
         owners = [e["owner"] for e in opened if e["gpus"] == [gpu]]
         assert owners and all("uid=1000" in o and f"pod=team/j-worker-{i}" in o for o in owners), opened
-    summary = json.loads(podman.run("exec", one_node.job.worker(0), "cat", f"{REPORT_DIR}/summary.json").stdout)
+    text = podman.run("exec", one_node.job.worker(0), "cat", f"{REPORT_DIR}/summary.json").stdout
+    summary = RunSummary.from_json(json.loads(text))
+    assert summary.clock.kind == "daemon" and summary.clock.controls_clocks and summary.clock.refusals == []
+    assert summary.plan is not None and summary.plan.clocks is not None and summary.plan.deployed
     for stage, gpu in enumerate(one_node.gpus):  # rank s (stage s) runs on worker s
         locked = {e["mhz"] for e in audit if e["event"] == "clock_lock" and e["gpu"] == gpu}
-        asked = set(summary["clocks"][stage])
+        asked = set(summary.plan.clocks[stage])
         assert asked <= locked, f"stage {stage}: report {sorted(asked)}, clockd locked {sorted(locked)}"
     assert all(not one_node.gpu(g)["lease_held"] and one_node.gpu(g)["locked"] is None for g in one_node.gpus)
 
