@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ class Node:
         self.podman = podman
         self.network = network
         self.host_root = podman.dir / "node"  # hostPath /run/envpipe lives at <host_root>/run/envpipe
+        self.volumes = podman.dir / "volumes"
+        for stale in (self.host_root, self.volumes):  # a node starts empty, whatever an earlier run left
+            shutil.rmtree(stale, ignore_errors=True)
         self.files: dict[str, dict[str, str]] = {}  # Secrets and ConfigMaps by name: key -> text
         podman.run("network", "create", network)
 
@@ -62,7 +66,7 @@ class Node:
         data = self.files[name]
         items = source.get("items") or [{"key": k, "path": k} for k in data]
         mode = source.get("defaultMode", 0o644)
-        directory = self.podman.dir / "volumes" / pod_name / volume["name"]
+        directory = self.volumes / pod_name / volume["name"]
         directory.mkdir(parents=True, exist_ok=True)
         for item in items:
             path = directory / item["path"]

@@ -114,5 +114,8 @@ class Stopwatch:
         finally:
             self.laps.append((name, time.monotonic() - start))
 
+    def record(self, name: str, seconds: float) -> None:
+        self.laps.append((name, seconds))
+
     def lines(self) -> list[str]:
         return [f"{name:<44} {seconds:7.1f} s" for name, seconds in self.laps]
