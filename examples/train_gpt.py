@@ -39,7 +39,7 @@ from envpipe.runtime.collect import RankRecord, assemble
 from envpipe.runtime.engine import initialize
 from envpipe.runtime.iterations import BASELINE
 from envpipe.runtime.report import write_report
-from envpipe.runtime.runner import Runner
+from envpipe.runtime.runner import Runner, make_meter
 from envpipe.runtime.summary import RunSummary
 from envpipe.runtime.textreport import render
 
@@ -149,28 +149,33 @@ def tokens(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[tor
 
 def run_stock(engine, data: Iterator, args: argparse.Namespace, cfg: envpipe_config.EnvPipeConfig,
               samples: int) -> RunSummary | None:
-    """DeepSpeed's own PipelineEngine (1F1B), timed and metered like the runtime's steady phase; the same
-    summary type (engine "stock-deepspeed-1f1b"), written to the report directory."""
+    """DeepSpeed's own PipelineEngine (1F1B), timed and metered as the runtime's steady iterations are (the same
+    NVML counter, interpolated at iteration boundaries); the same summary type, engine "stock-deepspeed-1f1b"."""
     on_gpu = engine.device.type == "cuda"
     energy = NvmlEnergyClock(engine.device.index or 0) if on_gpu else None
+    meter = make_meter(energy)
     for _ in range(args.calibration_steps):
         engine.train_batch(data)
     if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    steady = []
+    spans = []
     for _ in range(args.steps):
-        e0, t0 = energy.energy_j() if energy else None, time.perf_counter()
+        t0 = time.perf_counter()
         engine.train_batch(data)
         if on_gpu:
             torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        steady.append((BASELINE, t1 - t0, energy.energy_j() - e0 if energy else None))  # stock: 1F1B, default clocks
+        spans.append((t0, time.perf_counter()))
+    joules: list[float | None] = [None] * len(spans)
+    if meter is not None and meter.wait_until(spans[-1][1]):
+        joules = [float(meter.trace.between(a, b)) for a, b in spans]
+    steady = [(BASELINE, b - a, j) for (a, b), j in zip(spans, joules, strict=True)]  # stock: 1F1B, default clocks
     peak = torch.cuda.max_memory_allocated() if on_gpu else None
     record = RankRecord(collective.place(engine), steady, peak, None, [], "stock", [], [], [])
     everyone = collective.gather(record)
-    if energy is not None:
-        energy.close()
+    for closing in (meter, energy):
+        if closing is not None:
+            closing.close()
     if tdist.get_rank() != 0:
         return None
     summary = assemble(everyone, cfg, energy, None, None, None, None, samples, engine.micro_batches, None,

@@ -2,7 +2,8 @@
 
 Usage: ds_pipe_cpu.py OUT_DIR (the last argument; DeepSpeed inserts --local_rank first).
 Each rank writes OUT_DIR/rank<r>.txt with its world size, network namespace (so a test can tell
-the nodes apart) and final loss. Process groups start and end through envpipe.runtime.distributed.
+the nodes apart), final loss and $ENVPIPE_TEST_MARK (how a test sees that --env reached it).
+Process groups start and end through envpipe.runtime.distributed.
 """
 
 import os
@@ -52,7 +53,8 @@ def main() -> None:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     netns = os.stat("/proc/self/ns/net").st_ino
     with open(os.path.join(sys.argv[-1], f"rank{rank}.txt"), "w") as f:
-        f.write(f"rank {rank} world {world} netns {netns} loss {float(loss):.6f}\n")
+        mark = os.environ.get("ENVPIPE_TEST_MARK")
+        f.write(f"rank {rank} world {world} netns {netns} loss {float(loss):.6f} mark {mark}\n")
     torch.distributed.barrier()
 
 

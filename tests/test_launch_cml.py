@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
-from envpipe_launch import net, proctree
+from envpipe_launch import net
 from envpipe_launch.backends import cml
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
@@ -142,12 +143,15 @@ def _port_open(port: int) -> bool:
     return net.port_open("127.0.0.1", port)
 
 
-def _sshd_pids(port: int) -> list[str]:
+def _sshd_pids(port: int) -> list[int]:
     """The listening sshd daemons on `port`. A connection (e.g. _port_open's probe) forks a child that keeps the
     daemon's command line for a moment, longer on a loaded machine: children of a found pid are not counted."""
-    found = subprocess.run(["pgrep", "-f", f"sshd -D -e -p {port} "], capture_output=True, text=True).stdout.split()
-    procs = proctree.running()  # a pid gone meanwhile is not a listening daemon
-    return [pid for pid in found if int(pid) in procs and str(procs[int(pid)].ppid) not in found]
+    found = {}
+    for p in psutil.process_iter(["name", "cmdline", "ppid", "status"]):
+        listening = p.info["status"] != psutil.STATUS_ZOMBIE  # gone meanwhile: not a listening daemon
+        if listening and p.info["name"] == "sshd" and f"-p {port} " in " ".join(p.info["cmdline"] or []):
+            found[p.pid] = p.info["ppid"]
+    return [pid for pid, ppid in found.items() if ppid not in found]
 
 
 @pytest.fixture
@@ -166,17 +170,16 @@ def test_session_sshd_stops_the_child_of_a_connection_still_open(session_port: i
     with socket.socket() as client:
         with cml.session_sshd("127.0.0.1", port):
             client.connect(("127.0.0.1", port))
-            (daemon,) = (int(pid) for pid in _sshd_pids(port))
-            children: dict[int, proctree.Proc] = {}
+            (daemon,) = _sshd_pids(port)
+            children: list[psutil.Process] = []
 
             def forked() -> bool:  # sshd forked a child for the connection
-                children.update({pid: p for pid, p in proctree.running().items() if p.ppid == daemon})
+                children.extend(psutil.Process(daemon).children())
                 return bool(children)
 
             wait_for(forked)
-            assert all(p.pgrp != daemon for p in children.values())  # the premise: another process group
-        running = proctree.running()
-        assert [pid for pid, p in children.items() if pid in running and running[pid].start == p.start] == []
+            assert all(os.getpgid(c.pid) != daemon for c in children)  # the premise: another process group
+        assert [c for c in children if c.is_running()] == []
 
 
 def test_session_sshd_runs_only_during_the_job(session_port: int) -> None:

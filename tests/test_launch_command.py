@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from envpipe_launch.deepspeed_cmd import deepspeed_argv, ssh_env, write_env_file
-from envpipe_launch.job import JobSpec
+from envpipe_launch.job import DEFAULT_MASTER_PORT, JobSpec
 
 
 def _spec(launcher: str) -> JobSpec:
@@ -19,6 +19,21 @@ def test_pdsh_gets_ssh_port_and_master_addr() -> None:
     assert argv[argv.index("--master_addr") + 1] == "10.0.0.1"
     assert argv[argv.index("--ssh_port") + 1] == "2222"
     assert argv[-3:] == ["t.py", "--x", "1"]
+    assert "--force_multi" not in argv
+
+
+def test_hosts_are_reached_over_ssh_even_when_there_is_one() -> None:
+    assert "--force_multi" in deepspeed_argv(_spec("pdsh"), "/h", "10.0.0.1", python="py", force_multi=True)
+
+
+def test_master_port_asked_for_free_here_or_the_default() -> None:
+    def port(spec: JobSpec, addr: str) -> int:
+        argv = deepspeed_argv(spec, "/h", addr, python="py")
+        return int(argv[argv.index("--master_port") + 1])
+
+    assert port(JobSpec(1, 1, "t.py", master_port=4242), "127.0.0.1") == 4242
+    assert port(_spec("pdsh"), "192.0.2.1") == DEFAULT_MASTER_PORT  # TEST-NET-1: another machine
+    assert port(_spec("pdsh"), "127.0.0.1") != DEFAULT_MASTER_PORT  # the kernel's pick, from its ephemeral range
 
 
 def test_openmpi_port_goes_to_plm_rsh_args() -> None:

@@ -30,6 +30,8 @@ def test_round_trip(fmt: str) -> None:
         ([Host("unknown", 1)], "invalid host name"),
         ([Host("a b", 1)], "invalid host name"),
         ([Host("a,b", 1)], "invalid host name"),
+        ([Host("node[1-3]", 1)], "invalid host name"),  # pdsh would read a range: three hosts
+        ([Host("a", 257)], "257 slots"),
     ],
 )
 def test_bad_hosts(hosts: list[Host], message: str) -> None:
@@ -44,6 +46,8 @@ def test_bad_hosts(hosts: list[Host], message: str) -> None:
         ("a slots=1\na slots=2\n", "duplicate host a"),
         ("a slots=0\n", "0 slots"),
         ("a:4\n", "expected host slots=N"),
+        ("a slots=" + "9" * 5000 + "\n", "line 1: host a has too many slots"),
+        ("", "no hosts"),
     ],
 )
 def test_parse_refuses(text: str, message: str) -> None:
@@ -55,3 +59,31 @@ def test_comments_allowed_and_unknown_format() -> None:
     assert hostfile.parse("# cluster\na slots=2\n") == [Host("a", 2)]
     with pytest.raises(LaunchError, match="unknown hostfile format"):
         hostfile.render(HOSTS, "slurm")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe\x00 slots=1\n", r"not UTF-8 text \(byte 0\)"),
+        (b"a slots=1\n" * 200_000, "larger than 1048576 bytes"),
+        (b"a slots=1\n\nb slots=1\n", "hostfile line 2: blank line"),
+    ],
+)
+def test_read_refuses_with_the_file_named(tmp_path, content: bytes, message: str) -> None:
+    path = tmp_path / "hosts"
+    path.write_bytes(content)
+    with pytest.raises(LaunchError, match=message) as e:
+        hostfile.read(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_read_accepts_a_byte_order_mark(tmp_path) -> None:
+    path = tmp_path / "hosts"
+    path.write_bytes("\ufeffa slots=2\n".encode())
+    assert hostfile.read(str(path)) == [Host("a", 2)]
+
+
+def test_read_of_an_endless_file_stops(tmp_path) -> None:
+    """/dev/zero reaches read() only past the CLI's regular-file check; read() still stops at its limit."""
+    with pytest.raises(LaunchError, match="larger than"):
+        hostfile.read("/dev/zero")

@@ -51,6 +51,11 @@ def test_wheel_contains_templates_and_loads_them(tmp_path: Path) -> None:
         z.extractall(tmp_path / "site")
     for fmt in ("deepspeed", "openmpi", "mvapich"):
         assert f"envpipe_launch/hostfiles/{fmt}.j2" in names
+    # what `pip install 'envpipe[launch]'` brings: no torch, no deepspeed, but psutil and tqdm
+    metadata = next((tmp_path / "site").glob("envpipe-*.dist-info/METADATA")).read_text()
+    launch = {line.split()[1].split(">")[0] for line in metadata.splitlines()
+              if line.startswith("Requires-Dist:") and 'extra == "launch"' in line}
+    assert launch == {"click", "jinja2", "kubernetes", "psutil", "tqdm"}
     code = "from envpipe_launch import hostfile as h; print(h.render([h.Host('n0', 2)], 'mvapich'), end='')"
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)

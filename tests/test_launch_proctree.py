@@ -1,71 +1,109 @@
-"""envpipe_launch.proctree with real processes: a daemon, its children and its setsid children all stop."""
+"""The supervisor (envpipe_launch.supervise) with real processes: whatever the job starts ends with it.
+
+Each job carries a directory of its test in the command lines of its processes (tests/stubborn.py),
+so a test finds every one of them (a setsid, double-forked grandchild included) without trusting the
+code under test.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
-from envpipe_launch import proctree
-from envpipe_launch.errors import LaunchError
+from envpipe_launch import deepspeed_cmd, supervise
+from envpipe_launch.errors import Stopped
 
 from tests.clockd_helpers import wait_for
+from tests.stubborn import marked, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'launcher'}")
+STUBBORN = [sys.executable, str(ROOT / "tests" / "stubborn.py"), "all"]  # + a directory
 
 
-def _start(script: str, processes: int) -> subprocess.Popen:
-    """A bash leader in its own session; returns once its tree has `processes` running processes."""
-    leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
-    wait_for(lambda: len(proctree.tree(leader.pid, proctree.running(), {})) >= processes)  # its children started
-    return leader
+def _stubborn_job(tmp_path: Path, stop_timeout_s: float) -> tuple[supervise.Supervised, Path]:
+    job = supervise.Supervised([*STUBBORN, str(tmp_path)], stop_timeout_s=stop_timeout_s)
+    wait_ready(tmp_path)
+    return job, tmp_path
 
 
-def _gone(pids: dict[int, int]) -> bool:
-    procs = proctree.running()
-    return all(procs.get(pid, proctree.Proc(0, 0, -1)).start != start for pid, start in pids.items())
+def test_exit_status_passes_through() -> None:
+    assert supervise.Supervised(["bash", "-c", "exit 7"]).wait() == 7
+    assert supervise.Supervised(["bash", "-c", "kill -TERM $$"]).wait() == 128 + signal.SIGTERM
 
 
-def test_stop_ends_the_leader_and_every_child() -> None:
-    leader = _start("sleep 60 & sleep 60 & wait", processes=3)
-    pids = proctree.tree(leader.pid, proctree.running(), {})
-    proctree.stop(leader)
-    assert leader.returncode is not None and _gone(pids)
-
-
-def test_a_child_in_its_own_session_that_outlives_the_leader_is_waited_for() -> None:
-    # like sshd's per-connection child: setsid, so not in the leader's group; it takes 0.5 s to go on SIGTERM
-    leader = _start("setsid bash -c \"trap 'sleep 0.5; exit 0' TERM; sleep 60 & wait\" & wait", processes=3)
-    pids = proctree.tree(leader.pid, proctree.running(), {})
-    assert {proctree.running()[pid].pgrp for pid in pids} != {leader.pid}  # the test's premise
-    proctree.stop(leader)
-    assert _gone(pids)
-
-
-def test_what_ignores_sigterm_is_killed_after_the_timeout() -> None:
-    leader = _start("trap '' TERM; sleep 60 & wait", processes=2)  # sleep inherits the ignored SIGTERM
-    pids = proctree.tree(leader.pid, proctree.running(), {})
+def test_sigterm_stops_what_ignores_it_handles_it_slowly_or_left_the_tree(tmp_path: Path) -> None:
+    job, mark = _stubborn_job(tmp_path, stop_timeout_s=1.0)
+    assert any(os.getsid(p.pid) != os.getsid(job.pid) for p in marked(mark))  # the premise: one left the session
     t0 = time.monotonic()
-    proctree.stop(leader, timeout_s=0.3)
-    assert time.monotonic() - t0 >= 0.3 and _gone(pids)
+    job.signal(signal.SIGTERM)
+    job.wait()
+    assert time.monotonic() - t0 >= 1.0  # the stubborn ones waited for the stop timeout, then SIGKILL
+    assert marked(mark) == []
 
 
-def test_a_leader_already_gone_is_fine() -> None:
-    leader = subprocess.Popen(["true"], start_new_session=True)
-    leader.wait()
-    proctree.stop(leader)
+def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
+    job, mark = _stubborn_job(tmp_path, stop_timeout_s=60.0)
+    t0 = time.monotonic()
+    job.signal(signal.SIGINT)
+    time.sleep(0.3)
+    job.signal(signal.SIGINT)
+    job.wait()
+    assert time.monotonic() - t0 < 10 and marked(mark) == []
 
 
-def test_a_reused_pid_is_not_followed() -> None:
-    procs = {10: proctree.Proc(1, 10, 5), 11: proctree.Proc(10, 10, 6), 12: proctree.Proc(1, 12, 9)}
-    # 12 was known with start time 8: a different process now holds that pid
-    assert proctree.tree(10, procs, {12: 8}) == {10: 5, 11: 6}
-    assert proctree.tree(10, procs, {12: 9}) == {10: 5, 11: 6, 12: 9}
+def test_what_the_job_leaves_behind_is_stopped_when_it_ends(tmp_path: Path, capfd) -> None:
+    script = "(setsid python3 -c 'import time; time.sleep(60)' $1 &); sleep 0.3; exit 3"  # a daemon
+    assert supervise.Supervised(["bash", "-c", script, "job", str(tmp_path)], stop_timeout_s=1.0).wait() == 3
+    assert marked(tmp_path) == []
+    assert "the job ended and left 1 process(es) running" in capfd.readouterr().err
 
 
-def test_a_process_that_survives_sigkill_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    leader = subprocess.Popen(["true"], start_new_session=True)
-    leader.wait()
-    stuck = 99_999_999  # above any pid_max: the signals sent to it reach nobody
-    monkeypatch.setattr(proctree, "running", lambda: {stuck: proctree.Proc(1, leader.pid, 7)})
-    monkeypatch.setattr(proctree, "KILL_WAIT_S", 0.1)
-    with pytest.raises(LaunchError, match=rf"processes \[{stuck}\] started by pid {leader.pid} survived SIGKILL"):
-        proctree.stop(leader, timeout_s=0.1)
+def test_sigkill_of_the_launcher_stops_the_job(tmp_path: Path) -> None:
+    """The launcher here is a real process that we SIGKILL: no handler of its runs, the pipe closes."""
+    mark = tmp_path
+    code = (
+        "import sys, time; from envpipe_launch import supervise; "
+        f"supervise.Supervised({[*STUBBORN, str(mark)]!r}, stop_timeout_s=1.0); "
+        "time.sleep(600)"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=ENV)
+    wait_ready(mark)
+    launcher.kill()
+    launcher.wait()
+    wait_for(lambda: marked(mark) == [], timeout=1.0 + supervise.KILL_WAIT_S)
+
+
+def test_run_forwards_the_signal_and_raises_stopped_once_the_job_is_gone(tmp_path: Path) -> None:
+    mark = tmp_path
+    code = (
+        "import sys; from envpipe_launch import supervise; from envpipe_launch.errors import Stopped\n"
+        "try:\n"
+        f"    supervise.run({[*STUBBORN, str(mark)]!r}, stop_timeout_s=1.0)\n"
+        "except Stopped as e:\n"
+        "    sys.exit(e.exit_status)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=ENV)
+    wait_ready(mark)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=30) == 130
+    assert marked(mark) == []  # gone before the launcher returned
+    assert issubclass(Stopped, BaseException) and not issubclass(Stopped, Exception)
+
+
+def test_a_missing_command_is_one_line(capfd) -> None:
+    assert supervise.Supervised(["envpipe-no-such-command"]).wait() == 127
+    err = capfd.readouterr().err
+    assert err == "envpipe-launch: error: cannot run envpipe-no-such-command: No such file or directory\n"
+
+
+@pytest.mark.parametrize(("status", "code"), [(241, 143), (254, 130), (247, 137), (255, 255), (7, 7)])
+def test_deepspeeds_status_for_a_rank_killed_by_a_signal_reads_as_the_shells(status: int, code: int) -> None:
+    # DeepSpeed's launch.py does sys.exit(-N) for a rank killed by signal N: status 256 - N (old: passed on)
+    argv = [sys.executable, "-c", f"import sys; sys.exit({status})"]
+    assert deepspeed_cmd.run(argv, dict(os.environ), stop_timeout_s=1.0) == code

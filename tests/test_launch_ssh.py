@@ -95,7 +95,28 @@ def test_duplicate_host_refused(hosts: netns_hosts.Hosts) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_rank_on_every_host(hosts: netns_hosts.Hosts, tmp_path: Path) -> None:
+def test_one_host_runs_on_that_host(hosts: netns_hosts.Hosts, tmp_path: Path) -> None:
+    """DeepSpeed runs a single host's ranks where it is started unless told --force_multi: the old code ran
+    this job on host 0, the launcher's, and a real job there waited for a rendezvous that never came."""
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os, sys\n"
+        "open(os.path.join(sys.argv[-1], 'netns'), 'w').write(str(os.stat('/proc/self/ns/net').st_ino))\n"
+    )
+    r = _launch(hosts, "--nodes", "1", "--gpus-per-node", "1", "--hosts", hosts.ips[1], str(script), str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    host_1 = subprocess.run(
+        hosts.exec_argv(1, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]), capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert (tmp_path / "netns").read_text() == host_1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)])
+def test_a_signal_to_the_launcher_stops_every_rank_on_every_host(
+    hosts: netns_hosts.Hosts, tmp_path: Path, signum: int, status: int
+) -> None:
+    """SIGINT is forwarded; after SIGKILL no handler of the launcher runs, and its supervisor stops the job."""
     script = tmp_path / "wait.py"
     script.write_text(
         "import os, sys, time\n"
@@ -121,9 +142,9 @@ def test_ctrl_c_stops_every_rank_on_every_host(hosts: netns_hosts.Hosts, tmp_pat
     while len(list(tmp_path.glob("started.*"))) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(list(tmp_path.glob("started.*"))) == 4
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == status, err[-2000:]
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(_job_pids(hosts, i, script) for i in range(2)):
         time.sleep(0.2)

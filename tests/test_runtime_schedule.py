@@ -10,7 +10,17 @@ from deepspeed.runtime.pipe import schedule as ds
 from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.plan.simulate import simulate
-from envpipe.runtime.schedule import ISendActivation, ISendGrad, SetClock, UnitOrderSchedule, max_in_flight
+from envpipe.runtime.schedule import (
+    ISendActivation,
+    ISendGrad,
+    SetClock,
+    Stock1F1BSchedule,
+    TailMark,
+    UnitEnd,
+    UnitOrderSchedule,
+    UnitStart,
+    max_in_flight,
+)
 
 
 def test_one_f_one_b_is_deepspeeds_order() -> None:
@@ -76,7 +86,7 @@ def test_instructions_and_clock_changes() -> None:
     names = [[type(c).__name__ for c in step] for step in steps]
     assert names[0] == ["SetClock", "LoadMicroBatch", "ForwardPass", "ISendActivation"]
     assert names[1] == ["LoadMicroBatch", "ForwardPass", "ISendActivation"]  # same clock: no request
-    assert names[2] == ["SetClock", "RecvGrad", "BackwardPass"]
+    assert names[2] == ["SetClock", "IRecvGrad", "BackwardPass"]
     assert [c.kwargs["mhz"] for s in steps for c in s if isinstance(c, SetClock)] == [1410, 1200, 1410]
     assert names[-1] == ["ReduceTiedGrads", "ReduceGrads", "OptimizerStep"]
     mid = list(UnitOrderSchedule(one_f_one_b(3, 2)[1], 2, 3, 1))
@@ -93,3 +103,24 @@ def test_simulated_1f1b_iteration_time() -> None:
         dur = [1.0 if f else 2.0 for f in dag.is_fwd]
         tl = simulate(dag, np.asarray(dur), np.zeros(dag.num_units), 0.0)
         assert tl.iteration_time == pytest.approx((M + P - 1) * 3.0)
+
+
+@pytest.mark.parametrize(("P", "M"), [(2, 4), (4, 8), (3, 2)])
+def test_stock_1f1b_steps_are_deepspeeds_with_clock_and_timing_marks(P: int, M: int) -> None:
+    """Without clocks or timing, exactly TrainSchedule's steps; with them, only our marks are added: a
+    SetClock where the planned clock changes, UnitStart/UnitEnd around each unit with its micro-batch."""
+    marks = (SetClock, UnitStart, UnitEnd, TailMark)
+    for s in range(P):
+        stock = [[repr(c) for c in step] for step in ds.TrainSchedule(micro_batches=M, stages=P, stage_id=s)]
+        assert [[repr(c) for c in step] for step in Stock1F1BSchedule(M, P, s)] == stock
+        order = one_f_one_b(P, M)[s]
+        clocks = [1410 if k == "F" else 1200 for k, _ in order]
+        steps = list(Stock1F1BSchedule(M, P, s, clocks=clocks, timed=True))
+        assert [[repr(c) for c in step if not isinstance(c, marks)] for step in steps] == stock
+        units = [(c.kwargs["kind"], c.kwargs["mb"]) for step in steps for c in step if isinstance(c, UnitStart)]
+        assert units == order  # the i-th unit of DeepSpeed's steps is unit i of our 1F1B order
+        asked = [c.kwargs["mhz"] for step in steps for c in step if isinstance(c, SetClock)]
+        expected = [c for i, c in enumerate(clocks) if i == 0 or clocks[i - 1] != c]
+        assert asked == expected
+    with pytest.raises(ScheduleError, match="3 clocks for 8 units"):
+        Stock1F1BSchedule(4, 2, 0, clocks=[1, 2, 3])

@@ -1,9 +1,10 @@
-"""A PipelineEngine subclass that runs `UnitOrderSchedule` with non-blocking sends.
+"""A PipelineEngine subclass that runs any unit order (envpipe.runtime.schedule) with planned clocks.
 
 Following DeepSpeed's own DualPipeVEngine, it extends `_INSTRUCTION_MAP` instead of forking the
-engine. Each adjacent stage pair gets two process groups, one per direction: on NCCL, sends and
-receives of one group share a stream, so a posted activation send would otherwise hold back a
-gradient receive from the same neighbour (and vice versa) until the neighbour posts the matching
+engine: DeepSpeed's p2p handlers serve its own 1F1B steps; our posted sends and per-direction receives
+serve other orders. Each adjacent stage pair gets two process groups for those, one per direction: on
+NCCL, sends and receives of one group share a stream, so a posted activation send would otherwise hold
+back a gradient receive from the same neighbour (and vice versa) until the neighbour posts the matching
 receive, which in EnvPipe's order it does only later. Receives stay blocking and in order.
 """
 
@@ -27,9 +28,12 @@ from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock
 from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.schedule import (
+    IRecvActivation,
+    IRecvGrad,
     ISendActivation,
     ISendGrad,
     SetClock,
+    Stock1F1BSchedule,
     TailMark,
     Unit,
     UnitEnd,
@@ -122,6 +126,8 @@ class EnvPipeEngine(PipelineEngine):
         if self.unit_orders is None:
             self.unit_orders = one_f_one_b(self.num_stages, self.micro_batches)
         clocks = self.unit_clocks[self.stage_id] if self.unit_clocks is not None else None
+        if self.unit_orders == one_f_one_b(self.num_stages, self.micro_batches):  # every stage decides alike
+            return Stock1F1BSchedule(self.micro_batches, self.num_stages, self.stage_id, clocks, self._timing)
         return UnitOrderSchedule(
             self.unit_orders[self.stage_id],
             self.micro_batches,
@@ -209,7 +215,7 @@ class EnvPipeEngine(PipelineEngine):
         self._isend(sendable, self.prev_stage, self._bwd_group["prev"])
         self.pipe_buffers["inputs"][buffer_id] = None
 
-    def _exec_recv_activations(self, buffer_id: int) -> None:
+    def _exec_irecv_activations(self, buffer_id: int) -> None:
         if self.dynamic_shape or self.pipe_recv_buf is None:
             self.pipe_recv_buf = self._recv_tensor_meta(self.prev_stage)
         group = self._fwd_group["prev"]
@@ -229,7 +235,7 @@ class EnvPipeEngine(PipelineEngine):
             recvd = tuple(parts)
         self.pipe_buffers["inputs"][buffer_id] = recvd
 
-    def _exec_recv_grads(self, buffer_id: int) -> None:
+    def _exec_irecv_grads(self, buffer_id: int) -> None:
         outputs = self.pipe_buffers["outputs"][buffer_id]
         if self.dynamic_shape or self.grad_layer is None:
             if isinstance(outputs, torch.Tensor):
@@ -278,11 +284,9 @@ class EnvPipeEngine(PipelineEngine):
         self._tail_marks[at] = self._event() if self._on_gpu else time.perf_counter() - self._t0
 
     _INSTRUCTION_MAP: ClassVar[dict[type, Any]] = {
-        **PipelineEngine._INSTRUCTION_MAP,
-        ds.SendActivation: _exec_isend_activations,
-        ds.SendGrad: _exec_isend_grads,
-        ds.RecvActivation: _exec_recv_activations,
-        ds.RecvGrad: _exec_recv_grads,
+        **PipelineEngine._INSTRUCTION_MAP,  # DeepSpeed's own p2p for its own 1F1B steps (Stock1F1BSchedule)
+        IRecvActivation: _exec_irecv_activations,
+        IRecvGrad: _exec_irecv_grads,
         ISendActivation: _exec_isend_activations,
         ISendGrad: _exec_isend_grads,
         SetClock: _exec_set_clock,

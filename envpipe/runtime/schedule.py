@@ -1,9 +1,19 @@
-"""Run an arbitrary per-stage unit order inside DeepSpeed's PipelineEngine.
+"""Run a per-stage unit order inside DeepSpeed's PipelineEngine, with planned clocks and unit timing.
 
-A stage's order is a list of ("F"|"B", micro-batch) units, optionally with a planned SM clock per
-unit. `UnitOrderSchedule` turns it into DeepSpeed pipe instructions. Sends are non-blocking
-(`ISendActivation` / `ISendGrad`, handled by `envpipe.runtime.engine.EnvPipeEngine`), so EnvPipe's
-extra warm-up forwards never wait for a neighbour that is not receiving yet.
+A stage's order is a list of ("F"|"B", micro-batch) units, optionally with a planned SM clock per unit.
+
+- `Stock1F1BSchedule`: the pipeline's order is 1F1B. DeepSpeed's own `TrainSchedule` steps run unchanged,
+  with its own p2p instructions (blocking sends, deferred to meet the neighbour's receive), and our
+  clock and timing marks around each unit: the runtime in 1F1B order is stock DeepSpeed plus those marks.
+- `UnitOrderSchedule`: any other order (EnvPipe's extra warm-up forwards, a plan file's). Sends are
+  posted (`ISendActivation` / `ISendGrad`) and receives go over one process group per direction
+  (`IRecvActivation` / `IRecvGrad`, handled by `envpipe.runtime.engine.EnvPipeEngine`), so a forward sent
+  early never waits for a neighbour that is not receiving yet.
+
+Why two: measured on 2 x H200 (2026-11-23, benchmarks/results/engine_ablation_h200.md), 1F1B with every
+send posted at once ran at 0.987 of stock DeepSpeed's throughput; the order most iterations run (1F1B,
+and every baseline iteration) therefore keeps DeepSpeed's steps, and only an order they cannot express
+takes the posted sends.
 """
 
 from __future__ import annotations
@@ -22,6 +32,14 @@ class ISendActivation(ds.BufferOpInstruction):
 
 class ISendGrad(ds.BufferOpInstruction):
     """Post a non-blocking send of the input gradients in `buffer_id` to the previous stage."""
+
+
+class IRecvActivation(ds.BufferOpInstruction):
+    """Receive the activations for `buffer_id` over the forward-direction process group."""
+
+
+class IRecvGrad(ds.BufferOpInstruction):
+    """Receive the output gradients for `buffer_id` over the backward-direction process group."""
 
 
 class SetClock(ds.PipeInstruction):
@@ -74,14 +92,14 @@ class UnitOrderSchedule(ds.PipeSchedule):
     def _unit_cmds(self, kind: str, mb: int) -> list[ds.PipeInstruction]:
         buf = self._buffer_idx(mb)
         if kind == "F":
-            cmds: list[ds.PipeInstruction] = [] if self.is_first_stage else [ds.RecvActivation(buf)]
+            cmds: list[ds.PipeInstruction] = [] if self.is_first_stage else [IRecvActivation(buf)]
             if self.is_first_stage or self.is_last_stage:
                 cmds.append(ds.LoadMicroBatch(buf))
             cmds += self._timed(kind, mb, buf, ds.ForwardPass(buf))
             if not self.is_last_stage:
                 cmds.append(ISendActivation(buf))
             return cmds
-        cmds = [] if self.is_last_stage else [ds.RecvGrad(buf)]
+        cmds = [] if self.is_last_stage else [IRecvGrad(buf)]
         cmds += self._timed(kind, mb, buf, ds.BackwardPass(buf))
         if not self.is_first_stage:
             cmds.append(ISendGrad(buf))
@@ -104,3 +122,46 @@ class UnitOrderSchedule(ds.PipeSchedule):
         if self.timed:  # the gradient all-reduce's own time, for the report (the tail is timed by the runner)
             reduce = [TailMark(at="start"), *reduce, TailMark(at="reduced")]
         yield [*reduce, ds.OptimizerStep()]
+
+
+class Stock1F1BSchedule(ds.TrainSchedule):
+    """DeepSpeed's 1F1B `TrainSchedule` with a planned clock per unit and optional unit timing marks.
+
+    Its units come in this stage's 1F1B order (envpipe.plan.schedules.one_f_one_b), so the i-th
+    ForwardPass/BackwardPass is unit i of the order and takes clock i.
+    """
+
+    def __init__(self, micro_batches: int, stages: int, stage_id: int, clocks: Sequence[int] | None = None,
+                 timed: bool = False) -> None:
+        super().__init__(micro_batches=micro_batches, stages=stages, stage_id=stage_id)
+        if clocks is not None and len(clocks) != 2 * micro_batches:
+            raise ScheduleError(f"stage {stage_id}: {len(clocks)} clocks for {2 * micro_batches} units")
+        self.clocks = list(clocks) if clocks is not None else None
+        self.timed = timed
+
+    def steps(self) -> Iterator[list[ds.PipeInstruction]]:
+        unit, current = 0, None
+        mbs = {"F": 0, "B": 0}
+        for cmds in super().steps():
+            out: list[ds.PipeInstruction] = []
+            for cmd in cmds:
+                if isinstance(cmd, ds.ForwardPass | ds.BackwardPass):
+                    kind = "F" if isinstance(cmd, ds.ForwardPass) else "B"
+                    if self.clocks is not None and self.clocks[unit] != current:
+                        current = self.clocks[unit]
+                        out.insert(0, SetClock(mhz=current))  # before the step's receive, as in UnitOrderSchedule
+                    if self.timed:
+                        mb, buf = mbs[kind], cmd.buffer_id
+                        out += [UnitStart(kind=kind, mb=mb, buffer_id=buf), cmd,
+                                UnitEnd(kind=kind, mb=mb, buffer_id=buf)]
+                    else:
+                        out.append(cmd)
+                    mbs[kind] += 1
+                    unit += 1
+                elif isinstance(cmd, ds.ReduceTiedGrads) and self.timed:
+                    out += [TailMark(at="start"), cmd]
+                elif isinstance(cmd, ds.ReduceGrads) and self.timed:
+                    out += [cmd, TailMark(at="reduced")]
+                else:
+                    out.append(cmd)
+            yield out

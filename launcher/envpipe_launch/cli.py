@@ -3,59 +3,100 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
-from .errors import LaunchError
-from .job import BACKENDS, DS_LAUNCHERS, JobSpec
+from . import __version__
+from .errors import LaunchError, Stopped, handling, one_line, raise_stopped
+from .job import BACKENDS, DS_LAUNCHERS, MAX_NODES, MAX_PROCS_PER_NODE, JobSpec
+from .params import HOST, IMAGE, JOB_NAME, NAMESPACE, EnvPair, RegularFile, Seconds
+
+PORT = click.IntRange(1, 65535)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--nodes", type=int, default=1, show_default=True, help="Number of nodes (workers).")
+class LaunchCommand(click.Command):
+    """Every way the command can fail ends in one line on stderr: `envpipe-launch: error: ...`."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]  # click overloads it
+        try:
+            with handling(raise_stopped):  # SIGINT and SIGTERM unwind through `finally` blocks (cleanup)
+                return super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.ClickException as e:  # bad usage: click's message names the option
+            _exit(f"error: {e.format_message()}", e.exit_code)
+        except Stopped as e:  # the job (if any) is gone already
+            _exit(f"interrupted by {e}", e.exit_status)
+
+
+def _exit(message: str, status: int) -> None:
+    click.echo(f"envpipe-launch: {one_line(message)}", err=True)
+    sys.exit(status)
+
+
+@click.command(cls=LaunchCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="envpipe-launch")
+@click.option(
+    "--nodes", type=click.IntRange(1, MAX_NODES), default=1, show_default=True, help="Number of nodes (workers)."
+)
 @click.option(
     "--gpus-per-node",
-    type=int,
+    type=click.IntRange(0, MAX_PROCS_PER_NODE),
     default=1,
     show_default=True,
     help="GPUs (= DeepSpeed processes) per node; CPU processes where there is no GPU.",
 )
 @click.option(
-    "--backend", default="local", show_default=True, help=f"Where the nodes come from: {', '.join(BACKENDS)}."
+    "--backend", type=click.Choice(BACKENDS), default="local", show_default=True, help="Where the nodes come from."
 )
 @click.option(
     "--launcher",
     "ds_launcher",
+    type=click.Choice(DS_LAUNCHERS),
     default="pdsh",
     show_default=True,
-    help=f"DeepSpeed's multi-node launcher: {', '.join(DS_LAUNCHERS)}.",
+    help="DeepSpeed's multi-node launcher (ssh, cml).",
 )
 @click.option(
     "--env",
     "env_pairs",
+    type=EnvPair(),
     multiple=True,
-    metavar="KEY=VAL",
     help="Environment variable exported on every node (repeatable).",
 )
-@click.option("--ssh-port", type=int, default=2222, show_default=True)
-@click.option("--master-port", type=int, default=29500, show_default=True)
-@click.option("--master-addr", default=None, help="ssh: rendezvous address (default: the first host).")
-@click.option("--hosts", default=None, help="ssh: comma-separated host names or IPs.")
-@click.option("--hostfile", "hostfile_path", default=None, help="ssh: a DeepSpeed hostfile (host slots=N).")
-@click.option("--ssh-key", default=None, help="ssh/cml: private key for the workers' sshd.")
+@click.option("--ssh-port", type=PORT, default=2222, show_default=True, help="Port of the workers' sshd.")
+@click.option(
+    "--master-port",
+    type=PORT,
+    default=None,
+    help="Rendezvous port on the first node [default: a free one where the launcher can tell, else 29500].",
+)
+@click.option("--master-addr", type=HOST, default=None, help="ssh: rendezvous address [default: the first host].")
+@click.option("--hosts", default=None, help="ssh: comma-separated host names or IPv4 addresses.")
+@click.option(
+    "--hostfile", "hostfile_path", type=RegularFile(), default=None, help="ssh: a DeepSpeed hostfile (host slots=N)."
+)
+@click.option("--ssh-key", type=RegularFile(), default=None, help="ssh/cml: private key for the workers' sshd.")
 @click.option(
     "--connect-timeout",
-    type=float,
+    type=Seconds(),
     default=30.0,
     show_default=True,
-    help="Seconds to wait for each worker's sshd.",
+    help="ssh: seconds to wait for each worker's sshd.",
 )
-@click.option("--image", default=None, help="kube: worker image (needs sshd, python, deepspeed).")
-@click.option("--namespace", default="default", show_default=True, help="kube: namespace.")
-@click.option("--name", default=None, help="kube: job name (default: envpipe-<random>).")
+@click.option(
+    "--stop-timeout",
+    type=Seconds(zero_ok=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds the job's processes get to exit after SIGINT/SIGTERM before SIGKILL (local, ssh, cml).",
+)
+@click.option("--image", type=IMAGE, default=None, help="kube: worker image (needs sshd, python, deepspeed).")
+@click.option("--namespace", type=NAMESPACE, default="default", show_default=True, help="kube: namespace.")
+@click.option("--name", type=JOB_NAME, default=None, help="kube: job name [default: envpipe-<random>].")
 @click.option("--cpu", "cpu_only", is_flag=True, help="kube: allow a CPU-only job (no nvidia.com/gpu).")
 @click.option(
     "--ready-timeout",
-    type=float,
+    type=Seconds(),
     default=600.0,
     show_default=True,
     help="kube/cml: seconds to wait for all workers.",
@@ -63,8 +104,12 @@ from .job import BACKENDS, DS_LAUNCHERS, JobSpec
 @click.option("--keep", is_flag=True, help="kube: keep pods, service and secret after the job.")
 @click.option("--dry-run", is_flag=True, help="kube: print the manifests and exit.")
 @click.option("--no-ssh", "no_ssh", is_flag=True, help="kube: DeepSpeed's ssh-free mode (--no_ssh per node).")
-@click.option("--worker-cpu", type=int, default=4, show_default=True, help="cml/kube: vCPUs per worker.")
-@click.option("--worker-memory", type=int, default=16, show_default=True, help="cml/kube: GiB per worker.")
+@click.option(
+    "--worker-cpu", type=click.IntRange(1, 1024), default=4, show_default=True, help="cml/kube: vCPUs per worker."
+)
+@click.option(
+    "--worker-memory", type=click.IntRange(1, 65536), default=16, show_default=True, help="cml/kube: GiB per worker."
+)
 @click.option(
     "--shm-size", type=int, default=4, show_default=True, help="kube: GiB of memory-backed /dev/shm per worker."
 )
@@ -89,12 +134,13 @@ def main(
     ds_launcher: str,
     env_pairs: tuple[str, ...],
     ssh_port: int,
-    master_port: int,
+    master_port: int | None,
     master_addr: str | None,
     hosts: str | None,
     hostfile_path: str | None,
     ssh_key: str | None,
     connect_timeout: float,
+    stop_timeout: float,
     image: str | None,
     namespace: str,
     name: str | None,
@@ -117,7 +163,13 @@ def main(
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
-    """Start a (multi-node) DeepSpeed/EnvPipe job and exit with its exit code."""
+    """Start a (multi-node) DeepSpeed/EnvPipe job and exit with its exit code.
+
+    SCRIPT is the training script (a path on the workers for kube), SCRIPT_ARGS its arguments; put
+    `--` before SCRIPT when they start with '-'.
+
+    A job stopped by SIGINT or SIGTERM exits 128 + the signal (130, 143); bad input exits 2 with one line.
+    """
     spec = JobSpec(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -129,6 +181,7 @@ def main(
         ssh_port=ssh_port,
         master_port=master_port,
         script_on_workers=backend == "kube",
+        stop_timeout_s=stop_timeout,
     )
     try:
         spec.validate()
@@ -176,6 +229,5 @@ def main(
                 ),
             )
     except LaunchError as e:
-        click.echo(f"envpipe-launch: error: {e}", err=True)
-        sys.exit(2)
+        _exit(f"error: {e}", 2)
     sys.exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -9,14 +10,18 @@ from importlib import resources
 import jinja2
 
 from .errors import LaunchError
+from .job import MAX_PROCS_PER_NODE
 
 FORMATS = ("deepspeed", "openmpi", "mvapich")
-_HOST = re.compile(r"[^\s:,#]+")
+MAX_BYTES = 1 << 20  # a hostfile of 10,000 nodes is ~300 KB; anything larger is not a hostfile
+# Letters, digits, '.', '-', '_': no whitespace (every format), ':' (MVAPICH's), ',' or '[' (pdsh's -w
+# host lists and ranges), nothing a shell or the resolver would read otherwise.
+_HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
 # The lines each format's template produces; parse() accepts exactly these (plus # comments).
 _LINE = {
-    "deepspeed": re.compile(r"^(\S+)\s+slots=(\d+)$"),
-    "openmpi": re.compile(r"^(\S+)\s+slots=(\d+)$"),
-    "mvapich": re.compile(r"^([^\s:]+):(\d+)$"),
+    "deepspeed": re.compile(r"^(\S+)\s+slots=([0-9]+)$"),
+    "openmpi": re.compile(r"^(\S+)\s+slots=([0-9]+)$"),
+    "mvapich": re.compile(r"^([^\s:]+):([0-9]+)$"),
 }
 
 
@@ -26,24 +31,28 @@ class Host:
     slots: int
 
 
+def is_host(name: str) -> bool:
+    """A host name or IPv4 address, and not "unknown" (CML's placeholder before a worker has an address)."""
+    return _HOST.fullmatch(name) is not None and name != "unknown"
+
+
 def check(hosts: list[Host]) -> list[Host]:
     """Refuse what DeepSpeed/MPI would reject later with a worse message."""
     if not hosts:
         raise LaunchError("hostfile: no hosts")
     seen: set[str] = set()
     for h in hosts:
-        # whitespace breaks every format, ":" the MVAPICH one, "," pdsh's -w list; "unknown" is CML's
-        # placeholder before a worker has an address
-        if not _HOST.fullmatch(h.host) or h.host == "unknown":
+        if not is_host(h.host):
             raise LaunchError(f"hostfile: invalid host name {h.host!r}")
-        if h.slots <= 0:
-            raise LaunchError(f"hostfile: host {h.host} has {h.slots} slots (must be >= 1)")
+        if not 1 <= h.slots <= MAX_PROCS_PER_NODE:
+            raise LaunchError(f"hostfile: host {h.host} has {h.slots} slots (must be 1-{MAX_PROCS_PER_NODE})")
         if h.host in seen:
             raise LaunchError(f"hostfile: duplicate host {h.host}")
         seen.add(h.host)
     return hosts
 
 
+@functools.cache  # one Environment keeps its compiled templates: a render is then ~0.1 ms, not ~7
 def _env() -> jinja2.Environment:
     root = resources.files("envpipe_launch") / "hostfiles"
     loader = jinja2.FunctionLoader(lambda name: (root / name).read_text())
@@ -62,7 +71,7 @@ def parse(text: str, fmt: str = "deepspeed") -> list[Host]:
     pattern = _LINE.get(fmt)
     if pattern is None:
         raise LaunchError(f"unknown hostfile format {fmt!r}")
-    lines = text.rstrip("\n").split("\n")
+    lines = text.rstrip("\n").split("\n") if text.strip() else []
     hosts = []
     for n, raw in enumerate(lines, 1):
         line = raw.strip()
@@ -76,5 +85,27 @@ def parse(text: str, fmt: str = "deepspeed") -> list[Host]:
                 f"hostfile line {n}: expected {'host:N' if fmt == 'mvapich' else 'host slots=N'}, "
                 f"got {line!r}"
             )
-        hosts.append(Host(m.group(1), int(m.group(2))))
+        host, slots = m.groups()
+        if len(slots.lstrip("0")) > len(str(MAX_PROCS_PER_NODE)):  # before int(), which refuses 5,000 digits
+            raise LaunchError(f"hostfile line {n}: host {host} has too many slots (must be 1-{MAX_PROCS_PER_NODE})")
+        hosts.append(Host(host, int(slots)))
     return check(hosts)
+
+
+def read(path: str) -> list[Host]:
+    """A DeepSpeed hostfile the user gave (`host slots=N` lines, UTF-8, at most MAX_BYTES)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise LaunchError(f"cannot read hostfile {path}: {e.strerror or e}") from e
+    if len(data) > MAX_BYTES:
+        raise LaunchError(f"hostfile {path}: larger than {MAX_BYTES} bytes, not a hostfile")
+    try:
+        text = data.decode("utf-8-sig")  # an editor's byte-order mark is not part of the first host
+    except UnicodeDecodeError as e:
+        raise LaunchError(f"hostfile {path}: not UTF-8 text (byte {e.start})") from e
+    try:
+        return parse(text)
+    except LaunchError as e:
+        raise LaunchError(f"{path}: {e}") from e

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
-import re
+import stat
 from dataclasses import dataclass, field
 
+from . import kube_syntax
 from .errors import LaunchError
 
 BACKENDS = ("local", "ssh", "kube", "cml")
 DS_LAUNCHERS = ("pdsh", "openmpi", "mvapich")
+# Documented limits (docs/launcher.md): beyond them a typo would start thousands of pods or processes.
+MAX_NODES = 4096
+MAX_PROCS_PER_NODE = 256
+# DeepSpeed's and torch's default rendezvous port: used where the master has a network of its own (a pod).
+DEFAULT_MASTER_PORT = 29500
+JOB_NAME_MAX = 50  # "<name>-worker-<i>" must stay a 63-character DNS label up to MAX_NODES workers
 
 
 @dataclass
@@ -21,30 +28,43 @@ class JobSpec:
     backend: str = "local"
     ds_launcher: str = "pdsh"
     ssh_port: int = 2222
-    master_port: int = 29500
-    env: list[str] = field(default_factory=list)  # KEY=VAL exported on every node
+    master_port: int | None = None  # None: a free port where the master runs (net.master_port)
+    env: list[str] = field(default_factory=list)  # KEY=VAL exported on every node (checked by the CLI)
     # Set when the script lives only on the workers (kube/cml images), so it is not checked here.
     script_on_workers: bool = False
+    stop_timeout_s: float = 10.0  # after SIGINT/SIGTERM, before SIGKILL
 
     def validate(self) -> JobSpec:
-        if self.backend not in BACKENDS:
-            raise LaunchError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
-        if self.nodes < 1:
-            raise LaunchError(f"--nodes must be >= 1, got {self.nodes}")
-        if self.gpus_per_node < 0:
-            raise LaunchError(f"--gpus-per-node must be >= 0, got {self.gpus_per_node}")
-        if self.ds_launcher not in DS_LAUNCHERS:
-            raise LaunchError(
-                f"unknown DeepSpeed launcher {self.ds_launcher!r} (choose from {', '.join(DS_LAUNCHERS)})"
-            )
-        if not self.script_on_workers and not os.path.isfile(self.script):
-            raise LaunchError(f"training script not found: {self.script}")
+        """What the file system decides; each option by itself is checked where the CLI parses it."""
+        if not self.script_on_workers:
+            _check_script(self.script)
         return self
 
 
+def _check_script(path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise LaunchError(f"training script not found: {path} ({getattr(e, 'strerror', None) or e})") from e
+    if not stat.S_ISREG(mode):
+        raise LaunchError(f"training script {path}: not a regular file")
+
+
+def env_pairs(pairs: list[str]) -> dict[str, str]:
+    """KEY=VAL strings (already checked by the CLI) as a mapping, in order."""
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
 def job_name(prefix: str, suffix: str) -> str:
-    """A DNS-1123 label usable for pods, services and secrets."""
-    name = re.sub(r"[^a-z0-9-]", "-", f"{prefix}-{suffix}".lower()).strip("-")
-    if not name or len(name) > 50:
-        raise LaunchError(f"job name {name!r} must be 1-50 characters of [a-z0-9-]")
+    """<prefix>-<suffix>, or `prefix` alone without a suffix (a name the user chose), refused unless it
+    is a DNS label: never silently renamed. It names the job's Service, so it starts with a letter."""
+    name = f"{prefix}-{suffix}" if suffix else prefix
+    if not kube_syntax.is_dns1035_label(name, JOB_NAME_MAX):
+        raise LaunchError(f"job name {name!r}: {JOB_NAME_RULE}")
     return name
+
+
+JOB_NAME_RULE = (
+    f"a job name is 1-{JOB_NAME_MAX} lowercase letters, digits and '-', starting with a letter and ending "
+    "with a letter or digit (a DNS label, RFC 1035, as Kubernetes needs for the job's Service)"
+)

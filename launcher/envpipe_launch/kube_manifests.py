@@ -23,7 +23,8 @@ from typing import Any
 
 from . import hostfile
 from .deepspeed_cmd import SSH_CLIENT_OPTS
-from .job import JobSpec
+from .job import DEFAULT_MASTER_PORT, JobSpec
+from .kube_syntax import escape_expansion
 from .pod_contract import RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
 
 LABEL = "envpipe.io/job"
@@ -134,7 +135,7 @@ class KubeJob:
             "--master_addr",
             self.hosts()[0],
             "--master_port",
-            str(self.spec.master_port),
+            str(self.spec.master_port or DEFAULT_MASTER_PORT),  # a pod's network is its own: free there
             *extra,
             self.spec.script,
             *self.spec.script_args,
@@ -186,8 +187,10 @@ class KubeJob:
         return {
             "name": name,
             "image": self.image,
-            "args": args,  # the image's entrypoint (tini, envpipe-entrypoint) stays in charge
-            "env": env,
+            # the image's entrypoint (tini, envpipe-entrypoint) stays in charge; the kubelet expands
+            # $(VAR) and $$ in args and env values, so every $ meant literally is doubled
+            "args": [escape_expansion(a) for a in args],
+            "env": [{**e, "value": escape_expansion(e["value"])} if "value" in e else e for e in env],
             "volumeMounts": mounts,
             "resources": resources,
             "securityContext": {

@@ -1,24 +1,28 @@
-"""A one-line progress bar on stderr (a terminal gets \\r updates, a log gets one line per change)."""
+"""Progress of a count (workers ready) on stderr: a tqdm bar on a terminal (tqdm, like the planner's
+progress and a dependency of DeepSpeed's already), one line per change in a log (kubectl logs, CI),
+where a redrawn bar would show nothing but carriage returns."""
 
 from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 
 class Progress:
-    def __init__(self, label: str, total: int, width: int = 30) -> None:
-        self.label, self.total, self.width, self.last = label, total, width, -1
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.last = label, total, -1
+        self.bar = tqdm(total=total, desc=label, unit="worker", file=sys.stderr, disable=None)  # None: tty only
 
     def update(self, n: int) -> None:
         if n == self.last:
             return
         self.last = n
-        filled = self.width * n // max(self.total, 1)
-        line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {n}/{self.total}"
-        end = "\r" if sys.stderr.isatty() else "\n"
-        sys.stderr.write(line + end)
-        sys.stderr.flush()
+        if self.bar.disable:
+            print(f"{self.label} {n}/{self.total}", file=sys.stderr, flush=True)
+        else:
+            self.bar.n = n  # may go down: a worker can turn unready
+            self.bar.refresh()
 
     def done(self) -> None:
-        if sys.stderr.isatty():
-            sys.stderr.write("\n")
+        self.bar.close()

@@ -5,9 +5,10 @@ Translated: the user, group, supplementalGroups and fsGroup; dropped and added c
 allowPrivilegeEscalation=false (no-new-privileges), readOnlyRootFilesystem; hostPath volumes (bind
 mounts of <host root>/<path>, created for DirectoryOrCreate, read-only where the mount says so);
 memory emptyDirs (tmpfs with the size limit); Secret and ConfigMap volumes (files written with the
-mode and fsGroup the kubelet gives them); env values and downward-API fieldRefs; CPU and memory
-limits; args after the image's entrypoint; the hostname. Ignored, because one host has no use for
-them: scheduling fields, probes, ports, the service-account token (never mounted by our pods).
+mode and fsGroup the kubelet gives them); env values and downward-API fieldRefs; $(VAR) and $$ in
+command, args and env values; CPU and memory limits; args after the image's entrypoint; the
+hostname. Ignored, because one host has no use for them: scheduling fields, probes, ports, the
+service-account token (never mounted by our pods).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from typing import Any
 from tests.e2e.podman import Podman
 
 Obj = dict[str, Any]
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """What the kubelet does to command, args and env values: $(VAR) of a defined variable is
+    replaced, $$ becomes $, anything else stays as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
 def _quantity_bytes(q: str) -> int:
@@ -103,18 +111,20 @@ class Node:
             args += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))]
         uid = str(uuid.uuid4())
         fields = {"metadata.name": name, "metadata.namespace": meta.get("namespace", "default"), "metadata.uid": uid}
-        for e in container.get("env", []):
-            value = e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
-            args += ["--env", f"{e['name']}={value}"]
-        for key, value in (extra_env or {}).items():
+        env: dict[str, str] = {}
+        for e in container.get("env", []):  # in order: a value may refer to the variables before it
+            raw = e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+            env[e["name"]] = kubelet_expand(raw, env) if "value" in e else raw
+        for key, value in {**env, **(extra_env or {})}.items():
             args += ["--env", f"{key}={value}"]
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for mount in container.get("volumeMounts", []):
             args += self._volume_args(name, volumes[mount["name"]], mount, pod_ctx.get("fsGroup"))
-        if "command" in container:
-            args += ["--entrypoint", container["command"][0]]
-            return [*args, image, *container["command"][1:], *container.get("args", [])]
-        return [*args, image, *container.get("args", [])]
+        command = [kubelet_expand(a, env) for a in container.get("command", [])]
+        cargs = [kubelet_expand(a, env) for a in container.get("args", [])]
+        if command:
+            return [*args, "--entrypoint", command[0], image, *command[1:], *cargs]
+        return [*args, image, *cargs]
 
     def start(self, pod: Obj, image: str, extra_env: dict[str, str] | None = None) -> str:
         self.podman.run(*self.run_args(pod, image, extra_env))

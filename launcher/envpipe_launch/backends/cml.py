@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from .. import hostfile, net, proctree
+from .. import deepspeed_cmd, hostfile, net
 from ..errors import LaunchError
 from ..job import JobSpec
+from ..supervise import Supervised
 from . import ssh
 
 # Workers share the project filesystem (/home/cdsw) with the session, so keys live there; sshd runs as
@@ -88,13 +89,9 @@ def session_sshd(ip: str, port: int, timeout_s: float = 15.0) -> Iterator[None]:
     os.makedirs(_ssh_dir(), mode=0o700, exist_ok=True)
     log_path = os.path.join(_ssh_dir(), "sshd-session.log")  # its connection log stays out of the job's
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            ["bash", "-c", sshd_code(port)[1:]],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+        # supervised: sshd gives each connection a child in a session of its own (setsid), and one still
+        # connected would outlive a plain kill of sshd; nothing of it outlives the launcher either
+        sshd = Supervised(["bash", "-c", sshd_code(port)[1:]], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     try:
         try:
             net.wait_for_port(ip, port, timeout_s)
@@ -104,7 +101,7 @@ def session_sshd(ip: str, port: int, timeout_s: float = 15.0) -> Iterator[None]:
             ) from e
         yield
     finally:
-        proctree.stop(proc)  # sshd and the children it forked for connections
+        sshd.stop()
 
 
 def run_from_session(
@@ -153,6 +150,7 @@ def launch(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int] = run_fro
     if not session_ip:
         raise LaunchError("CDSW_IP_ADDRESS is not set: the cml backend runs inside a CML session")
     api = _workers_api()
+    deepspeed_cmd.check_multi_node(spec)  # before any worker costs anything
     key = prepare_keys(opts.ssh_key)
     slots = max(spec.gpus_per_node, 1)
     ids: list[str] = []

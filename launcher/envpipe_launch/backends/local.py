@@ -10,7 +10,7 @@ import tempfile
 
 from .. import deepspeed_cmd, hostfile
 from ..errors import LaunchError
-from ..job import JobSpec
+from ..job import JobSpec, env_pairs
 
 
 def count_gpus() -> int:
@@ -27,6 +27,7 @@ def launch(spec: JobSpec, python: str = sys.executable) -> int:
         raise LaunchError(f"the local backend runs one node; got --nodes {spec.nodes} (use ssh, kube or cml)")
     if spec.gpus_per_node < 1:
         raise LaunchError("the local backend needs --gpus-per-node >= 1 (the number of processes)")
+    deepspeed_cmd.check_deepspeed()
     gpus = count_gpus()
     env = dict(os.environ)
     if gpus == 0:
@@ -35,10 +36,10 @@ def launch(spec: JobSpec, python: str = sys.executable) -> int:
         env.setdefault("ENVPIPE_DIST_BACKEND", "gloo")
     elif spec.gpus_per_node > gpus:
         raise LaunchError(f"--gpus-per-node {spec.gpus_per_node} but this machine has {gpus} GPU(s)")
+    env.update(env_pairs(spec.env))  # one host: DeepSpeed's single-host path reads no env file
     with tempfile.TemporaryDirectory(prefix="envpipe-launch-") as tmp:
         path = os.path.join(tmp, "hostfile")
         with open(path, "w") as f:
             f.write(hostfile.render([hostfile.Host("localhost", spec.gpus_per_node)]))
         argv = deepspeed_cmd.deepspeed_argv(spec, path, "127.0.0.1", python=python)
-        deepspeed_cmd.write_env_file(tmp, spec.env, env)
-        return deepspeed_cmd.run(argv, env)
+        return deepspeed_cmd.run(argv, env, spec.stop_timeout_s)

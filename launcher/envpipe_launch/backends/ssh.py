@@ -15,11 +15,7 @@ def hosts_from(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None) 
     if bool(hosts_csv) == bool(hostfile_path):
         raise LaunchError("the ssh backend needs exactly one of --hosts or --hostfile")
     if hostfile_path:
-        try:
-            with open(hostfile_path) as f:
-                hosts = hostfile.parse(f.read())
-        except OSError as e:
-            raise LaunchError(f"cannot read hostfile: {e}") from e
+        hosts = hostfile.read(hostfile_path)
     else:
         names = [h.strip() for h in (hosts_csv or "").split(",")]
         hosts = hostfile.check([hostfile.Host(n, spec.gpus_per_node) for n in names])
@@ -36,7 +32,8 @@ def run_on_hosts(
     connect_timeout_s: float = 10.0,
     master_addr: str | None = None,
 ) -> int:
-    """Check every sshd, render the hostfile, start DeepSpeed; shared with the cml backend."""
+    """Check every sshd, render the hostfile, start DeepSpeed on the hosts (even on one: it would run a
+    single host's ranks here otherwise); shared with the cml backend, which checked the tools already."""
     for h in hosts:
         net.wait_for_port(h.host, spec.ssh_port, connect_timeout_s)
     with tempfile.TemporaryDirectory(prefix="envpipe-launch-") as tmp:
@@ -44,10 +41,12 @@ def run_on_hosts(
         fmt = "openmpi" if spec.ds_launcher == "openmpi" else "deepspeed"
         with open(path, "w") as f:
             f.write(hostfile.render(hosts, fmt))
-        argv = deepspeed_cmd.deepspeed_argv(spec, path, master_addr or hosts[0].host, python, ssh_key)
+        argv = deepspeed_cmd.deepspeed_argv(
+            spec, path, master_addr or hosts[0].host, python, ssh_key, force_multi=True
+        )
         env = deepspeed_cmd.ssh_env(ssh_key)
         deepspeed_cmd.write_env_file(tmp, spec.env, env)
-        return deepspeed_cmd.run(argv, env)
+        return deepspeed_cmd.run(argv, env, spec.stop_timeout_s)
 
 
 def launch(
@@ -59,4 +58,5 @@ def launch(
     connect_timeout_s: float,
 ) -> int:
     hosts = hosts_from(spec, hosts_csv, hostfile_path)
+    deepspeed_cmd.check_multi_node(spec)
     return run_on_hosts(spec, hosts, ssh_key, connect_timeout_s=connect_timeout_s, master_addr=master_addr)

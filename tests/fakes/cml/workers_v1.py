@@ -38,11 +38,11 @@ import sys
 import uuid
 from typing import Any
 
-from envpipe_launch import proctree  # the launcher that imports this fake is importable wherever it runs
+from envpipe_launch.supervise import Supervised  # the launcher that imports this fake is importable here
 
 calls: list[tuple[str, tuple, dict]] = []
 workers: dict[str, dict[str, Any]] = {}
-_procs: dict[str, subprocess.Popen] = {}
+_procs: dict[str, Supervised] = {}
 _launched = itertools.count()
 _polls = 0
 
@@ -75,20 +75,15 @@ def _start(wid: str, netns: str, code: str) -> None:
     log = os.environ.get("ENVPIPE_FAKE_CML_LOG")
     # CML keeps a worker's output apart from the session's; a worker must not hold the caller's pipes
     with open(f"{log}.{wid}.out" if log else os.devnull, "ab") as out:
-        _procs[wid] = subprocess.Popen(
-            ["ip", "netns", "exec", netns, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+        argv = ["ip", "netns", "exec", netns, *argv]
+        _procs[wid] = Supervised(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
 
 
 def _kill(wid: str) -> None:
     proc = _procs.pop(wid, None)
     if proc is None:
         return
-    proctree.stop(proc)  # SIGTERM, SIGKILL what is left: the tree is gone and the process reaped
+    proc.stop()  # SIGTERM, SIGKILL what is left: the tree is gone and the process reaped
 
 
 def launch_workers(
@@ -145,8 +140,8 @@ def _poll() -> None:
     global _polls
     _polls += 1
     for wid, proc in list(_procs.items()):
-        if proc.poll() is not None and workers[wid]["status"] == "running":
-            workers[wid]["status"] = "succeeded" if proc.returncode == 0 else "failed"
+        if proc.proc.poll() is not None and workers[wid]["status"] == "running":
+            workers[wid]["status"] = "succeeded" if proc.proc.returncode == 0 else "failed"
             _procs.pop(wid)
     if _polls > int(os.environ.get("ENVPIPE_FAKE_CML_UNKNOWN_POLLS", "1")):
         for w in workers.values():
