@@ -306,6 +306,16 @@ def test_scheduling_and_socket_options_reach_the_pods(capsys, tmp_path: Path) ->
     assert "nodeSelector" not in launcher and "tolerations" not in launcher  # it needs no GPU node
 
 
+def test_dollar_signs_reach_the_job_unexpanded(capsys) -> None:
+    """The kubelet expands $(VAR) and $$ in args and env values: what the user wrote must survive it."""
+    spec = JobSpec(nodes=1, gpus_per_node=1, script="t.py", script_args=["--tag", "$(HOME)-$$"], backend="kube",
+                   env=["X=a$(B)"], script_on_workers=True)
+    docs = _dry_run(capsys, spec, no_ssh=True)
+    (c,) = docs[4]["spec"]["containers"]
+    assert c["args"][-1].endswith("--tag '$$(HOME)-$$$$'")
+    assert {"name": "X", "value": "a$$(B)"} in c["env"]
+
+
 def test_no_clockd_pods_mount_no_host_path(capsys) -> None:
     docs = _dry_run(capsys, pods=kube.pod_settings(no_clockd=True))
     text = yaml.safe_dump_all(docs)

@@ -28,6 +28,7 @@ import yaml
 from envpipe_launch.backends.kube import _ssh_keypair, pod_settings
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import KubeJob
+from envpipe_launch.kube_syntax import escape_expansion
 
 from envpipe.runtime.summary import RunSummary
 from tests.clockd_helpers import call
@@ -104,7 +105,8 @@ class OneNode:
         env = [a for k, v in JOB_ENV.items() for a in ("--env", f"{k}={v}")]
         launch = ["envpipe-launch", "--backend", "ssh", "--hosts", ips, "--nodes", "2", "--gpus-per-node", "1",
                   "--ssh-key", "/home/envpipe/.ssh/id_ed25519", *env, "--", *TRAIN]
-        pod["spec"]["containers"][0]["args"] = ["launcher", "bash", "-c", f"cd /opt/envpipe && {shlex.join(launch)}"]
+        script = escape_expansion(f"cd /opt/envpipe && {shlex.join(launch)}")  # as the builders write args
+        pod["spec"]["containers"][0]["args"] = ["launcher", "bash", "-c", script]
         return self.node.start(pod, self.image)
 
 
