@@ -118,4 +118,4 @@ class Stopwatch:
         self.laps.append((name, seconds))
 
     def lines(self) -> list[str]:
-        return [f"{name:<44} {seconds:7.1f} s" for name, seconds in self.laps]
+        return [f"{name:<44} {seconds:8.2f} s" for name, seconds in self.laps]
