@@ -21,15 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.podman import Podman
+from tests.fakes.kubelet import kubelet_expand
 
 Obj = dict[str, Any]
-
-
-def kubelet_expand(text: str, env: dict[str, str]) -> str:
-    """What the kubelet does to command, args and env values: $(VAR) of a defined variable is
-    replaced, $$ becomes $, anything else stays as written."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
 def _quantity_bytes(q: str) -> int:
