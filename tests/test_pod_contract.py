@@ -47,7 +47,7 @@ def launcher_pods(**options: Any) -> tuple[Obj, Obj]:
 def mismatches(daemonset: Obj, worker: Obj, launcher: Obj) -> list[str]:
     """Every way in which a worker pod would not reach the socket that the chart's daemon creates."""
     ds = daemonset["spec"]["template"]["spec"]
-    (clockd,) = ds["containers"]
+    clockd = next(c for c in ds["containers"] if c["name"] == "clockd")
     args = dict(a.removeprefix("--").split("=", 1) for a in clockd["args"] if "=" in a)
     socket_dir = next(v["hostPath"]["path"] for v in ds["volumes"] if v["name"] == "socket-dir")
     gid = clockd["securityContext"]["runAsGroup"]

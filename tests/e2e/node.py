@@ -78,11 +78,18 @@ class Node:
             path.chmod(mode | (0o040 if fs_group is not None else 0))
         return ["-v", f"{directory}:{target}:ro"]
 
-    def run_args(self, pod: Obj, image: str, extra_env: dict[str, str] | None = None) -> list[str]:
+    def run_args(self, pod: Obj, image: str, extra_env: dict[str, str] | None = None,
+                 container_name: str | None = None) -> list[str]:
+        """One of the pod's containers (default: its only one) as `podman run` arguments; the pod's first
+        container takes the pod's name, any other `<pod>-<container>`."""
         meta, spec = pod["metadata"], pod["spec"]
-        (container,) = spec["containers"]
+        containers = spec["containers"]
+        if container_name is None:
+            (container,) = containers
+        else:
+            container = next(c for c in containers if c["name"] == container_name)
         pod_ctx, ctx = spec.get("securityContext", {}), container.get("securityContext", {})
-        name = meta["name"]
+        name = meta["name"] if container is containers[0] else f"{meta['name']}-{container['name']}"
         args = ["run", "-d", "--name", name, "--network", self.network, "--hostname", spec.get("hostname", name)]
         user = ctx.get("runAsUser", pod_ctx.get("runAsUser"))
         group = ctx.get("runAsGroup", pod_ctx.get("runAsGroup"))
@@ -120,6 +127,11 @@ class Node:
             return [*args, "--entrypoint", command[0], image, *command[1:], *cargs]
         return [*args, image, *cargs]
 
-    def start(self, pod: Obj, image: str, extra_env: dict[str, str] | None = None) -> str:
-        self.podman.run(*self.run_args(pod, image, extra_env))
-        return pod["metadata"]["name"]
+    def start(self, pod: Obj, image: str, extra_env: dict[str, str] | None = None) -> list[str]:
+        """Every container of the pod, in the pod's order; their podman names."""
+        names = []
+        for c in pod["spec"]["containers"]:
+            args = self.run_args(pod, image, extra_env, c["name"])
+            self.podman.run(*args)
+            names.append(args[args.index("--name") + 1])
+        return names

@@ -107,7 +107,7 @@ class OneNode:
                   "--ssh-key", "/home/envpipe/.ssh/id_ed25519", *env, "--", *TRAIN]
         script = escape_expansion(f"cd /opt/envpipe && {shlex.join(launch)}")  # as the builders write args
         pod["spec"]["containers"][0]["args"] = ["launcher", "bash", "-c", script]
-        return self.node.start(pod, self.image)
+        return self.node.start(pod, self.image)[0]
 
 
 def _wait(pred: Any, timeout: float, what: str, poll: float = 0.2) -> float:
@@ -141,7 +141,7 @@ def one_node(podman: Podman, images: image_build.Images, stopwatch: Stopwatch) -
         with stopwatch.lap("start clockd and two workers"):
             clockd = chart_clockd_pod()
             node.start(clockd, images.clockd)
-            args = clockd["spec"]["containers"][0]["args"]
+            args = next(c for c in clockd["spec"]["containers"] if c["name"] == "clockd")["args"]
             sock = node.host_path(next(a.split("=", 1)[1] for a in args if a.startswith("--socket=")))
             _wait(lambda: _answers(sock), 30, f"clockd on {sock}")
             status, listing = call(str(sock), "GET", "/v1/gpus")
