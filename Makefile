@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
 OUTDIR  ?= out
 
-.PHONY: install demo demo-plan test lint clean
+.PHONY: install demo demo-plan test lint clean e2e
 
 install: $(STAMP)
 
@@ -48,6 +48,14 @@ demo-plan: $(STAMP)
 # pytest exits 5 when it collects nothing; that is not a failure of the code under test.
 test: $(STAMP)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# Real containers (tests/e2e, root): both images built with podman from a local Debian base, then
+# clockd and two training containers on this host like one Kubernetes node, and a 2-node job across
+# them. Needs podman, buildah, runc, debootstrap (.ci/apt-deps); skipped with one line where podman
+# cannot run. ENVPIPE_E2E_KEEP=1 ENVPIPE_E2E_DIR=/var/tmp/e2e keeps the images for the next run;
+# ENVPIPE_E2E_STORAGE=vfs where overlay is refused (about 4x slower).
+e2e: $(STAMP)
+	ENVPIPE_E2E=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests/e2e
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -21,26 +21,33 @@ from envpipe.limits import (
     units_error,
 )
 from envpipe.plan.dag import ScheduleError
+from envpipe.plan.memory import StageMemory, describe_peaks, parse_bytes
 from envpipe.plan.planfile import Plan, PlanError, baseline_timeline, evaluate_plan, unit_clocks
 from envpipe.plan.planner import make_plan
 from envpipe.plan.policies import POLICIES
 from envpipe.plan.reconfig import RECONFIGS
-from envpipe.plan.schedules import SCHEDULES
+from envpipe.plan.schedules import CHUNKED, SCHEDULES
 from envpipe.profile import Profile, ProfileError, load_profile
 from envpipe.profile.gpus import GPU_NAMES, IDLE_POWER_W
 
 _USER_ERRORS = (ProfileError, PlanError, ScheduleError, ValueError, KeyError)
 
 
-def _load(profile_path: str, stages: int | None, microbatches: int,
-          tail_time: float | np.ndarray) -> tuple[Profile, str | None]:
+def _load(profile_path: str, stages: int | None, microbatches: int, tail_time: float | np.ndarray,
+          chunk_rows: int | None = None) -> tuple[Profile, str | None]:
     """The profile, cut or tiled to ``stages``, and the note that says so (shown once planning worked);
-    the pipeline's size and the number of tail times checked against it."""
+    the pipeline's size and the number of tail times checked against it. A profile with ``chunk_rows`` rows
+    (one per model chunk of interleaved 1F1B or DualPipeV) is kept as it is."""
     try:
         profile = load_profile(profile_path)
     except ProfileError as exc:
         raise click.ClickException(str(exc)) from None
     note = None
+    if chunk_rows is not None and profile.num_stages == chunk_rows:
+        too_big = units_error(profile.num_stages, microbatches)
+        if too_big:
+            raise click.ClickException(too_big)
+        return profile, None
     if stages is not None and stages != profile.num_stages:
         note = (f"note: --stages {stages}: the profile has {profile.num_stages} measured stages; "
                 "stages are cut or repeated cyclically (a what-if, not a measurement)")
@@ -103,6 +110,30 @@ def _tail_times(ctx: click.Context, param: click.Parameter, value: str) -> float
     return times[0] if len(times) == 1 else np.array(times)
 
 
+def _byte_amounts(ctx: click.Context, param: click.Parameter, value: str | None) -> int | list[int] | None:
+    """One amount of bytes for every stage (an int), or one per stage (a list)."""
+    if value is None:
+        return None
+    try:
+        amounts = [parse_bytes(v) for v in value.split(",")]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return amounts[0] if len(amounts) == 1 else amounts
+
+
+def _stage_memory(num_stages: int, activation: int | list[int] | None, available: int | list[int] | None
+                  ) -> StageMemory | None:
+    if activation is None and available is None:
+        return None
+    if activation is None or available is None:
+        raise click.UsageError("--activation-bytes and --memory-available go together (bytes per in-flight "
+                               "micro-batch, and bytes a stage has for them)")
+    try:
+        return StageMemory.per_stage(num_stages, activation, available)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 tail_option = click.option(
     "--tail-time", default="0", show_default=True, callback=_tail_times,
     help="seconds each stage works after its last unit (gradient all-reduce, optimizer step): "
@@ -115,7 +146,12 @@ tail_option = click.option(
               help="micro-batches per iteration")
 @stages_option
 @click.option("--schedule", type=click.Choice(SCHEDULES), default="envpipe", show_default=True,
-              help="unit order: DeepSpeed's 1F1B, EnvPipe's (extra warm-up forwards), or GPipe")
+              help="unit order: DeepSpeed's 1F1B, EnvPipe's (extra warm-up forwards), GPipe, interleaved "
+                   "(Megatron's, --chunks per stage) or dualpipev (DeepSpeed's DualPipeVSchedule, 2 chunks per "
+                   "stage); the last two take --policy baseline or optimal")
+@click.option("--chunks", type=click.IntRange(2, MAX_STAGES), default=None,
+              help="model chunks per stage of --schedule interleaved (default 2). A profile with --stages x "
+                   "chunks rows is one row per model chunk; one with a row per stage is split evenly")
 @click.option("--policy", type=click.Choice((*POLICIES, "optimal")), default="envelope", show_default=True,
               help="EnvPipe's policies, or 'optimal' (least energy within a time budget, see docs/optimal-planner.md)")
 @click.option("--reconfig", type=click.Choice(RECONFIGS), default="balanced", show_default=True,
@@ -125,17 +161,23 @@ tail_option = click.option(
               help="candidate-clock filter (EnvPipe's per-GPU rule; 'all' = every clock in the profile)")
 @transfer_option
 @tail_option
-@click.option("--memory-cap", type=click.IntRange(0, MAX_MICROBATCHES), default=None,
-              help="most extra warm-up micro-batches of activations a stage can hold (default: no cap)")
+@click.option("--activation-bytes", callback=_byte_amounts, default=None,
+              help="bytes of activations one in-flight micro-batch keeps on a stage until its backward "
+                   "(e.g. 1.5GiB; SI and binary suffixes): one number, or one per stage separated by commas")
+@click.option("--memory-available", callback=_byte_amounts, default=None,
+              help="bytes a stage has for in-flight activations: the GPU memory limit minus weights, gradients, "
+                   "optimizer state and workspace; one number or one per stage. Orders that do not fit are not "
+                   "used (EnvPipe's extra warm-up forwards are capped), and the plan reports each stage's peak")
 @click.option("--threshold-scale", type=Finite(0, MAX_THRESHOLD_SCALE, low_open=True), default=4.0,
               show_default=True, help="reconfiguration threshold = scale x smallest last-stage recv stall")
 @output_option("--out", help="write the plan JSON here (missing directories are created)")
 @text_option
 @gantt_option
 @optimal_options
-def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, policy: str, reconfig: str,
-         idle_power: float | None, gpu: str, transfer_time: float, tail_time: float | np.ndarray,
-         memory_cap: int | None, threshold_scale: float, out: str | None, text: bool, gantt: str | None,
+def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str, chunks: int | None, policy: str,
+         reconfig: str, idle_power: float | None, gpu: str, transfer_time: float, tail_time: float | np.ndarray,
+         activation_bytes: int | list[int] | None, memory_available: int | list[int] | None,
+         threshold_scale: float, out: str | None, text: bool, gantt: str | None,
          max_slowdown: float | None, time_budget: float | None, frontier_csv: str | None,
          frontier_points: int) -> None:
     """Plan clocks for one iteration and show the predicted time and energy."""
@@ -143,16 +185,22 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
     watts = _idle_power(idle_power, gpu)
     if policy != "optimal" and (max_slowdown, time_budget, frontier_csv) != (None, None, None):
         raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
-    profile, note = _load(profile_path, stages, microbatches, tail_time)
+    if chunks is not None and schedule != "interleaved":
+        raise click.UsageError("--chunks applies to --schedule interleaved")
+    chunk_rows = stages * (chunks or CHUNKED[schedule]) if schedule in CHUNKED and stages is not None else None
+    profile, note = _load(profile_path, stages, microbatches, tail_time, chunk_rows)
+    pipeline = stages if stages is not None else profile.num_stages
+    memory = _stage_memory(pipeline, activation_bytes, memory_available)
     if policy == "optimal":
-        run_optimal(profile, microbatches, schedule, watts, transfer_time, memory_cap,
+        run_optimal(profile, microbatches, schedule, watts, transfer_time, memory,
                     OptimalArgs(max_slowdown, time_budget, frontier_csv, frontier_points, out, text, gantt), tail_time,
-                    note)
+                    note, chunks=chunks, stages=pipeline)
         return
     try:
         result = make_plan(profile, microbatches, schedule=schedule, policy=policy,
                            reconfig=reconfig, idle_power_w=watts, gpu=gpu, transfer_s=transfer_time,
-                           memory_cap=memory_cap, threshold_scale=threshold_scale, tail_s=tail_time)
+                           memory=memory, threshold_scale=threshold_scale, tail_s=tail_time, chunks=chunks,
+                           stages=pipeline)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     if note:
@@ -165,6 +213,8 @@ def plan(profile_path: str, microbatches: int, stages: int | None, schedule: str
     if result.reconfig.rounds:
         click.echo(f"reconfiguration: {result.reconfig.raises} raises in {result.reconfig.rounds} rounds "
                    f"({result.reconfig.stop_reason})")
+    if p.peak_memory_bytes is not None:
+        click.echo(describe_peaks(p.peak_memory_bytes))
     show(result.timeline, result.baseline, result.reconfig.freqs_mhz, "simulated on the measured profile:", text)
     write_outputs(p, out, result.timeline, result.reconfig.freqs_mhz, gantt,
                   f"{schedule} / {p.policy}: {p.num_stages} stages x {microbatches} micro-batches (simulated)")
@@ -190,11 +240,13 @@ def simulate(profile_path: str, plan_path: str, stages: int | None, idle_power: 
         plan_obj = Plan.load(plan_path)
     except PlanError as exc:
         raise click.ClickException(str(exc)) from None
-    profile, note = _load(profile_path, stages, plan_obj.num_microbatches, tail_time)
+    chunk_rows = plan_obj.num_stages * plan_obj.chunks if plan_obj.chunks > 1 else None
+    profile, note = _load(profile_path, stages, plan_obj.num_microbatches, tail_time, chunk_rows)
     try:
         plan_obj.check_profile(profile)
         tl = evaluate_plan(plan_obj, profile, watts, transfer_time, tail_time)
-        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail_time)
+        base = baseline_timeline(profile, plan_obj.num_microbatches, watts, transfer_time, tail_time,
+                                 plan_obj.layout())
     except _USER_ERRORS as exc:
         raise click.ClickException(f"{plan_path}: {exc}") from None
     if note:

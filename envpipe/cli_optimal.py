@@ -1,4 +1,8 @@
-"""The `envpipe plan --policy optimal` part of the CLI: options, output and the frontier."""
+"""The `envpipe plan --policy optimal` part of the CLI: options, output and the frontier.
+
+The optimal planner needs scipy, which takes longer to import than the rest of the CLI together: it is
+imported when a command runs the planner, not when the CLI starts (benchmarks/bench_planner_scale.py).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,20 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
 from envpipe.cli_common import Finite, output_option, show, write_outputs
 from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS, MAX_SLOWDOWN
-from envpipe.plan.frontier import FrontierPoint, frontier, write_frontier
-from envpipe.plan.lp import InfeasibleBudget
-from envpipe.plan.optimal import optimal_plan
-from envpipe.plan.planfile import baseline_timeline, unit_clocks
+from envpipe.plan.memory import StageMemory, describe_peaks
+from envpipe.plan.planfile import unit_clocks
 from envpipe.plan.simulate import Timeline
 from envpipe.profile import Profile
+
+if TYPE_CHECKING:
+    from envpipe.plan.frontier import FrontierPoint
 
 
 def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,19 +53,23 @@ class OptimalArgs:
 
 
 def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None) -> None:
-    """``tail_s``: each stage's work after its last unit (one number or one per stage), as in make_plan;
-    ``note``: what the user should know about the profile, shown once planning worked."""
+                memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None, *,
+                chunks: int | None = None, stages: int | None = None) -> None:
+    """``tail_s``: each stage's work after its last unit (one number or one per stage); ``chunks``, ``stages``:
+    the layout of interleaved 1F1B and DualPipeV; as in make_plan. ``note``: what the user should know about
+    the profile, shown once planning worked."""
     if args.frontier_csv is not None:
         if args.max_slowdown is not None or args.time_budget is not None:
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
-        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory_cap, args, tail_s, note)
+        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory, args, tail_s, note, chunks, stages)
         return
+    from envpipe.plan.optimal import optimal_plan
+
     try:
         result = optimal_plan(profile, microbatches, idle_power_w=watts, schedule=schedule,
                               time_budget_s=args.time_budget, max_slowdown=args.max_slowdown,
-                              transfer_s=transfer_s, memory_cap=memory_cap, tail_s=tail_s)
-    except (InfeasibleBudget, ValueError) as exc:
+                              transfer_s=transfer_s, memory=memory, tail_s=tail_s, chunks=chunks, stages=stages)
+    except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
         click.echo(note, err=True)
@@ -74,6 +83,8 @@ def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float
                                                      " (EnvPipe warm-up counts saved more)"))
     if result.lp_energy is not None:
         click.echo(f"LP lower bound for this order: {result.lp_energy:.1f} J")
+    if p.peak_memory_bytes is not None:
+        click.echo(describe_peaks(p.peak_memory_bytes))
     clocks = unit_clocks(p, result.timeline.dag)
     show(result.timeline, result.baseline, clocks, "simulated on the measured profile:", args.text)
     write_outputs(p, args.out, result.timeline, clocks, args.gantt,
@@ -81,22 +92,25 @@ def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float
 
 
 def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                  memory_cap: int | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None) -> None:
+                  memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None,
+                  chunks: int | None, stages: int | None) -> None:
     assert args.frontier_csv is not None
     from tqdm import tqdm
+
+    from envpipe.plan.frontier import frontier, write_frontier
 
     try:
         # on a terminal only (disable=None): a log or a pipe gets no carriage-return noise
         with tqdm(total=args.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar:
             points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule,
-                              points=args.frontier_points, transfer_s=transfer_s, memory_cap=memory_cap,
-                              tail_s=tail_s, on_point=bar.update)
-    except (InfeasibleBudget, ValueError) as exc:
+                              points=args.frontier_points, transfer_s=transfer_s, memory=memory,
+                              tail_s=tail_s, chunks=chunks, stages=stages, on_point=bar.update)
+    except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
         click.echo(note, err=True)
     points = [replace(pt, plan=replace(pt.plan, profile_digest=profile.digest)) for pt in points]
-    base = baseline_timeline(profile, microbatches, watts, transfer_s, tail_s)
+    base = points[0].baseline
     try:
         plan_dir, png = write_frontier(points, Path(args.frontier_csv), base)
     except OSError as exc:

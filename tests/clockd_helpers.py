@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from envpipe.clock.backends import Backend, SimBackend
-from envpipe.clock.daemon import ServeOptions, serve
+from envpipe.clock.daemon import read_state, serve, take_listeners
+from envpipe.clock.listen import ServeOptions
 from envpipe.clock.ownership import LocalPolicy, OwnershipPolicy
 from envpipe.clock.service import ClockService, ServiceConfig
+from envpipe.clock.state import StateFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,11 +36,20 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def call(sock: str, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+def call(
+    sock: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    headers: dict[str, str | None] | None = None,
+) -> tuple[int, Any]:
+    """One request on a fresh connection; ``headers`` override the JSON Content-Type (None drops one)."""
     conn = UnixHTTPConnection(sock)
     try:
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        sent = {k: v for k, v in {"Content-Type": "application/json", **(headers or {})}.items() if v is not None}
+        conn.request(method, path, body=data, headers=sent)
         resp = conn.getresponse()
         text = resp.read()
         try:
@@ -55,9 +66,14 @@ def daemon_thread(
     backend: Backend | None = None,
     policy: OwnershipPolicy | None = None,
     config: ServiceConfig | None = None,
-    max_rps: float = 5000.0,
+    state: StateFile | None = None,
+    **options: Any,
 ) -> Iterator[ClockService]:
-    service = ClockService(backend or SimBackend(4), policy or LocalPolicy(), config or ServiceConfig())
+    """A real daemon on ``sock`` in a thread of this process; ``options`` are ServeOptions fields."""
+    service = ClockService(backend or SimBackend(4), policy or LocalPolicy(), config or ServiceConfig(), state)
+    opts = ServeOptions(sock, None, **options)
+    listeners = take_listeners(opts)
+    previous = read_state(state)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     ready = threading.Event()
@@ -65,29 +81,51 @@ def daemon_thread(
 
     def run() -> None:
         try:
-            loop.run_until_complete(
-                serve(service, ServeOptions(sock, None, 0, 0o660, max_rps), stop, ready.set)
-            )
+            loop.run_until_complete(serve(service, listeners, opts, stop, previous, ready.set))
         except BaseException as exc:
             failed.append(exc)
             ready.set()
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    assert ready.wait(10), "daemon did not start"
+    assert ready.wait(20), "daemon did not start"
     if failed:
         raise failed[0]
     try:
         yield service
     finally:
         loop.call_soon_threadsafe(stop.set)
-        t.join(10)
+        t.join(20)
         loop.close()
+        if state is not None:
+            state.close()
 
 
-def daemon_process(sock: str, *args: str) -> subprocess.Popen[str]:
+# A daemon process whose pynvml is tests/fake_pynvml.py backed by a store file (argv[1]).
+FAKE_NVML_DAEMON = (
+    "import sys; from tests.fake_pynvml import install; install(sys.argv.pop(1)); "
+    "from envpipe.clock.daemon import main; main()"
+)
+
+
+def daemon_argv(sock: str, *args: str, nvml_store: str | None = None) -> list[str]:
+    """The command line of a daemon process: the sim backend, or nvml on the fake's ``nvml_store``."""
+    if nvml_store is None:
+        return [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock, *args]
+    return [sys.executable, "-c", FAKE_NVML_DAEMON, nvml_store, "--backend", "nvml", "--socket", sock, *args]
+
+
+def daemon_process(
+    sock: str,
+    *args: str,
+    nvml_store: str | None = None,
+    prefix: tuple[str, ...] = (),
+    seen: list[str] | None = None,
+) -> subprocess.Popen[str]:
+    """A daemon process, returned once it printed its ready line (its output goes on in stdout; the
+    lines before the ready line are appended to ``seen``)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock, *args],
+        [*prefix, *daemon_argv(sock, *args, nvml_store=nvml_store)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -95,13 +133,15 @@ def daemon_process(sock: str, *args: str) -> subprocess.Popen[str]:
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
+    seen = [] if seen is None else seen
     for line in proc.stdout:
         if '"ready"' in line:
             return proc
+        seen.append(line)
         if time.monotonic() > deadline:
             break
     proc.kill()
-    raise AssertionError("daemon process did not start")
+    raise AssertionError("daemon process did not start:\n" + "".join(seen[-20:]))
 
 
 def wait_for(pred: Any, timeout: float = 10.0) -> float:

@@ -38,4 +38,6 @@ def sample_summary(time_s: float = 0.2, energy_j: float | None = 50.0, predicted
                                                                           None, []),
         None, S.Iterations(spread, S.Spread.of([energy_j]) if energy_j is not None else None, 32 / time_s), None,
         None, None, predicted_s, None if predicted_s is None else time_s / predicted_s - 1, None, None,
-        [S.GpuSummary(r, r % data_parallel, r // data_parallel, "host", None, None, None) for r in range(gpus)], job)
+        [S.GpuSummary(r, r % data_parallel, r // data_parallel, "host", None, None, None) for r in range(gpus)], job,
+        [[S.MeasuredUnit("F", 0, 0.01 * s, 0.01 * s + 0.02, 1410), S.MeasuredUnit("B", 0, 0.05, 0.09, 1200)]
+         for s in range(stages)])

@@ -48,8 +48,8 @@ def pod_spec(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def container(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    (only,) = pod_spec(objs)["containers"]
-    return only
+    """The daemon's container (the reset guard runs beside it)."""
+    return next(c for c in pod_spec(objs)["containers"] if c["name"] == "clockd")
 
 
 def test_helm_lint(helm: Path) -> None:
@@ -99,6 +99,7 @@ def test_security_context_is_minimal(helm: Path) -> None:
     assert ctx["privileged"] is False
     assert ctx["readOnlyRootFilesystem"] is True
     assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert ctx["runAsUser"] == 0 and ctx["runAsGroup"] == 2500  # the socket is root:2500
     # The API server refuses allowPrivilegeEscalation=false together with SYS_ADMIN.
     assert ctx["allowPrivilegeEscalation"] is True
     assert spec["automountServiceAccountToken"] is False
@@ -128,6 +129,23 @@ def test_sockets_on_host_paths(helm: Path) -> None:
     assert "--ownership=kubelet" in args
 
 
+def test_socket_group_and_mode_follow_values(helm: Path) -> None:
+    c = container(objects(helm, "socket.gid=3100", "socket.mode=0660"))
+    assert c["securityContext"]["runAsGroup"] == 3100
+    assert {"--socket-mode=0660", "--socket-group=3100"} <= set(c["args"])
+
+
+def test_metrics_only_from_allowed_peers(helm: Path) -> None:
+    policy = objects(helm, "metrics.port=9500")["NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "envpipe-clockd", "app.kubernetes.io/instance": "clockd"}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 9500, "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"envpipe.io/scrape-clockd": "true"}}}]
+    assert "NetworkPolicy" not in objects(helm, "metrics.networkPolicy.enabled=false")
+
+
 def test_local_ownership_mounts_no_kubelet_socket(helm: Path) -> None:
     objs = objects(helm, "ownership=local")
     assert "pod-resources" not in {v["name"] for v in pod_spec(objs)["volumes"]}
@@ -138,8 +156,8 @@ def test_probes_and_metrics(helm: Path) -> None:
     objs = objects(helm, "metrics.port=9500")
     c = container(objs)
     assert c["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}
     assert "--metrics-port=9500" in c["args"]
     annotations = objs["DaemonSet"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "9500"
@@ -176,6 +194,9 @@ def test_update_strategy_and_resources(helm: Path) -> None:
         ("leaseTTLSeconds=fast", "/leaseTTLSeconds"),
         ("socket.hostDir=relative/dir", "/socket/hostDir"),
         ("socket.mode=777x", "/socket/mode"),
+        ("socket.gid=0", "/socket/gid"),
+        ("socket.gid=root", "/socket/gid"),
+        ("metrics.networkPolicy.from=open", "/metrics/networkPolicy/from"),
         ("metrics.annotations=maybe", "/metrics/annotations"),
         ("tolerations=notalist", "/tolerations"),
         ("updateStrategy.type=Recreate", "/updateStrategy/type"),
@@ -187,6 +208,14 @@ def test_bad_values_are_refused(helm: Path, setting: str, message: str) -> None:
     result = render(helm, setting)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("mode", ["600", "0640", "604"])
+def test_socket_mode_without_group_access_is_refused(helm: Path, mode: str) -> None:
+    result = subprocess.run([str(helm), "template", "c", str(CHART), "--set-string", f"socket.mode={mode}"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert f"socket.mode {mode} gives the socket's group (socket.gid 2500) no read-write access" in result.stderr
 
 
 def test_min_above_max_is_refused(helm: Path) -> None:
@@ -202,5 +231,16 @@ def test_notes_tell_what_to_do_next(helm: Path) -> None:
     assert notes.returncode == 0, notes.stderr
     text = notes.stdout[notes.stdout.index("NOTES:"):]
     assert "kubectl -n gpu-system get pods -l app.kubernetes.io/instance=clockd" in text
-    assert "/run/envpipe/clockd.sock" in text
+    assert "/run/envpipe/clockd.sock (root:2500, mode 660)" in text
     assert "curl -s localhost:9464/healthz" in text
+    assert "kubectl label namespace gpu-system pod-security.kubernetes.io/enforce=privileged" in text
+    assert "pod-security.kubernetes.io/warn=restricted" in text
+    assert "envpipe.io/scrape-clockd=true" in text
+    assert "--clockd-gid" not in text  # the defaults fit the launcher's
+
+
+def test_notes_tell_the_launcher_flags_for_a_non_default_socket(helm: Path) -> None:
+    notes = subprocess.run([str(helm), "install", "clockd", str(CHART), "--dry-run=client",
+                            "--set", "socket.gid=3100"], capture_output=True, text=True)
+    assert notes.returncode == 0, notes.stderr
+    assert "envpipe-launch --backend kube --clockd-dir /run/envpipe --clockd-gid 3100" in notes.stdout

@@ -127,12 +127,12 @@ def test_client_killed_with_sigkill_resets_within_ttl(tmp_path) -> None:
         assert client.stdout is not None and client.stdout.readline().strip() == "locked"
         assert locked(sock, gpu) == {"min_mhz": 1005, "max_mhz": 1005}
         client.send_signal(signal.SIGKILL)
-        client.wait()
+        client.communicate()
         waited = wait_for(lambda: locked(sock, gpu) is None, ttl + 2)
         assert waited < ttl  # the attach connection closing resets at once, well inside the TTL
     finally:
         daemon.terminate()
-        daemon.wait(10)
+        daemon.communicate(timeout=10)
 
 
 @pytest.mark.slow
@@ -143,7 +143,7 @@ def test_daemon_killed_and_restarted(tmp_path) -> None:
     client = ClockClient(sock, gpu_uuids=[gpu], ttl_s=1.0)
     client.lock_now(gpu, 1000)
     daemon.send_signal(signal.SIGKILL)
-    daemon.wait()
+    daemon.communicate()
     assert os.path.exists(sock)  # a SIGKILLed daemon leaves its socket file behind
     client.set(gpu, 1100)
     wait_for(lambda: isinstance(client.last_error, ClockDaemonUnavailable), 5)
@@ -154,12 +154,13 @@ def test_daemon_killed_and_restarted(tmp_path) -> None:
             lambda: isinstance(client.last_error, ClockRequestError) and client.last_error.status == 404, 5
         )  # the old lease is gone: heartbeats say so
         client.close()
-        with ClockClient(sock, gpu_uuids=[gpu]) as again:
-            assert again.lock_now(gpu, 1100)["applied_mhz"] == 1095
+        again = ClockClient(sock, gpu_uuids=[gpu])
+        assert again.lock_now(gpu, 1100)["applied_mhz"] == 1095
     finally:
-        daemon.send_signal(signal.SIGTERM)
+        daemon.send_signal(signal.SIGTERM)  # with a GPU still locked: the daemon resets it on the way out
         out, _ = daemon.communicate(timeout=10)
-    assert daemon.returncode == 0 and "daemon shutdown" in out and not os.path.exists(sock)
+    assert daemon.returncode == 0 and '"by": "daemon shutdown"' in out and not os.path.exists(sock)
+    again.close()
 
 
 def test_second_daemon_on_a_live_socket_refuses_to_start(tmp_path) -> None:

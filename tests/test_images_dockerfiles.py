@@ -23,7 +23,10 @@ def dockerfile_args(text: str) -> dict[str, str]:
 
 
 def base_images(text: str) -> list[str]:
-    return re.findall(r"^FROM\s+(\S+)", text, flags=re.M)
+    """The FROM images, with ${ARG} replaced by the ARG's default (BASE_IMAGE)."""
+    args = dockerfile_args(text)
+    return [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
+            for image in re.findall(r"^FROM\s+(\S+)", text, flags=re.M)]
 
 
 def pyproject_requirements(extra: str) -> dict[str, Requirement]:
@@ -89,6 +92,14 @@ def test_version_check_reports_a_mismatch() -> None:
     ]
 
 
+def test_base_image_is_a_build_arg_defaulting_to_the_pinned_one() -> None:
+    assert base_images("ARG BASE_IMAGE=nvidia/cuda:12.8.1-x\nFROM ${BASE_IMAGE}\n") == ["nvidia/cuda:12.8.1-x"]
+    for name, path in DOCKERFILES.items():
+        text = path.read_text()
+        assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, flags=re.M), name
+        assert 'org.opencontainers.image.base.name="${BASE_IMAGE}"' in text, name
+
+
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
 def test_base_images_are_pinned(name: str) -> None:
     for image in base_images(DOCKERFILES[name].read_text()):
@@ -112,6 +123,8 @@ def test_images_install_their_extra_from_this_repo(name: str, extra: str) -> Non
     text = DOCKERFILES[name].read_text()
     assert f"pip install {extra}" in text
     assert "COPY pyproject.toml" in text and "COPY envpipe" in text
+    # the launcher's hostfile templates are a symlink into hostfiles/: the target must be in the context
+    assert "COPY hostfiles ./hostfiles" in text
 
 
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
@@ -119,6 +132,10 @@ def test_oci_labels(name: str) -> None:
     text = DOCKERFILES[name].read_text()
     for label in ("title", "source", "version", "revision", "created", "licenses"):
         assert f"org.opencontainers.image.{label}=" in text, label
+
+
+def test_runtime_ships_the_examples() -> None:
+    assert "COPY examples ./examples" in DOCKERFILES["runtime"].read_text()
 
 
 def test_runtime_runs_sshd_on_2222_as_non_root() -> None:

@@ -89,6 +89,9 @@ def test_worker_serves_ssh_with_key_only(tmp_path: Path) -> None:
         home,
         ENVPIPE_SSH_AUTHORIZED_KEYS=(tmp_path / "id_ed25519.pub").read_text(),
         ENVPIPE_SSHD_CONFIG=str(local_sshd_config(home, port)),
+        POD_NAME="job-worker-1",
+        ENVPIPE_GPU_UUID="GPU-1234",
+        ENVPIPE_CLOCK="daemon",  # the job's setting, not the pod's: pdsh passes it, not this file
     )
     sshd = subprocess.Popen(["bash", str(ENTRYPOINT), "worker"], env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -104,6 +107,10 @@ def test_worker_serves_ssh_with_key_only(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert ok.stdout.strip() == "worker-ok", ok.stderr + _stop(sshd)
         assert (home / ".ssh" / "hostkeys" / "ssh_host_ed25519_key").exists()
+        # sshd hands these to every session (PermitUserEnvironment lists them); the e2e test sees them used
+        session_env = home / ".ssh" / "environment"
+        assert session_env.read_text() == "POD_NAME=job-worker-1\nENVPIPE_GPU_UUID=GPU-1234\n"
+        assert session_env.stat().st_mode & 0o777 == 0o600
         refused = subprocess.run([*ssh, "-i", str(other), target, "true"], capture_output=True, text=True)
         assert refused.returncode == 255 and "Permission denied" in refused.stderr
     finally:

@@ -108,3 +108,44 @@ def test_failed_build_stops_before_the_next(tmp_path: Path) -> None:
     result = make("image", "push", "REGISTRY=r.example", env=env)
     assert result.returncode != 0
     assert [c[0] for c in calls(log)] == ["build"]
+
+
+def test_build_variables_reach_the_builds(tmp_path: Path) -> None:
+    env, log = stub_engine(tmp_path, "podman")
+    result = make("image", "ENGINE=podman", "REGISTRY=localhost/e2e", "TAG=t",
+                  "RUNTIME_BASE_IMAGE=localhost/debian:bookworm", "CLOCKD_BASE_IMAGE=localhost/python:3.11",
+                  "TORCH_INDEX=file:///torchidx/simple", "BUILD_FLAGS=--format docker -v /srv/idx:/torchidx:ro",
+                  env=env)
+    assert result.returncode == 0, result.stderr
+    runtime, clockd = calls(log)
+    assert "BASE_IMAGE=localhost/debian:bookworm" in runtime and "TORCH_INDEX=file:///torchidx/simple" in runtime
+    assert "BASE_IMAGE=localhost/python:3.11" in clockd and not any("TORCH_INDEX" in a for a in clockd)
+    for build in (runtime, clockd):
+        i = build.index("--format")
+        assert build[i:i + 4] == ["--format", "docker", "-v", "/srv/idx:/torchidx:ro"]
+
+
+def test_defaults_pass_no_base_image(tmp_path: Path) -> None:
+    env, log = stub_engine(tmp_path, "docker")
+    assert make("image", env=env).returncode == 0
+    assert not any("BASE_IMAGE" in a or "TORCH_INDEX" in a for build in calls(log) for a in build)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("REGISTRY=bad registry!!", "REGISTRY='bad registry!!' is not a registry"),
+        ("REGISTRY=it's", "REGISTRY='it's' is not a registry"),
+        ("TAG=-v1", "TAG='-v1' is not an image tag"),
+        ("TAG=a:b", "TAG='a:b' is not an image tag"),
+    ],
+)
+def test_malformed_reference_is_refused_in_one_line_before_building(
+    tmp_path: Path, setting: str, message: str
+) -> None:
+    env, log = stub_engine(tmp_path, "docker")
+    result = make("image", "push", setting, env=env)
+    assert result.returncode != 0
+    (line,) = result.stderr.splitlines()
+    assert message in line and result.stdout == ""
+    assert calls(log) == []

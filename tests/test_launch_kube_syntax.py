@@ -12,31 +12,9 @@ from envpipe_launch.kube_manifests import KubeJob
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fakes.kubelet import kubelet_expand
+
 DIGEST = "sha256:" + "a" * 64
-
-
-def kubelet_expand(text: str, env: dict[str, str]) -> str:
-    """What the kubelet does to a container's command, args and env values (a model of
-    k8s.io/kubernetes third_party/forked/golang/expansion.Expand, written from its documented rules):
-    `$$` is `$`; `$(NAME)` is NAME's value, or left as written when NAME is not defined; an unclosed
-    `$(`, a `$` before any other character and a trailing `$` stay as they are."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] != "$" or i + 1 == len(text):
-            out.append(text[i])
-            i += 1
-        elif text[i + 1] == "$":
-            out.append("$")
-            i += 2
-        elif text[i + 1] == "(" and ")" in text[i + 2 :]:
-            end = text.index(")", i + 2)
-            name = text[i + 2 : end]
-            out.append(env.get(name, f"$({name})"))
-            i = end + 1
-        else:
-            out.append(text[i : i + 2])
-            i += 2
-    return "".join(out)
 
 
 def test_the_model_expands_like_the_kubelet() -> None:
@@ -54,13 +32,16 @@ def test_pods_run_script_args_and_env_values_as_given() -> None:
     args = ["--msg", "$(HOSTNAME) costs $$5", "--path", "$(ENVPIPE_CLOCKD_SOCKET)"]
     spec = JobSpec(nodes=2, gpus_per_node=1, script="train.py", script_args=args, backend="kube",
                    env=["GREETING=$(HOSTNAME)"], script_on_workers=True)
-    job = KubeJob(spec, "j", "default", "img:1", no_ssh=True)
-    for pod in (job.worker_pod(0, "uid"), KubeJob(spec, "j", "default", "img:1").launcher_pod("uid", "10.0.0.1")):
+    no_ssh, ssh = KubeJob(spec, "j", "default", "img:1", no_ssh=True), KubeJob(spec, "j", "default", "img:1")
+    for pod in (no_ssh.worker_pod(0), ssh.launcher_pod()):
         (container,) = pod["spec"]["containers"]
-        env = {e["name"]: kubelet_expand(e["value"], {}) for e in container["env"]}
-        assert env["GREETING"] == "$(HOSTNAME)"
-        command = [kubelet_expand(part, {**env, "HOSTNAME": "pod-0"}) for part in container["command"]]
-        assert command[:2] == ["/bin/sh", "-c"] and shlex.split(command[2])[-5:] == ["train.py", *args]
+        env = {e["name"]: kubelet_expand(e["value"], {}) for e in container["env"] if "value" in e}
+        # no_ssh: the worker's env is the job's; ssh: DeepSpeed's env file (no kubelet expansion there)
+        assert env.get("GREETING", "$(HOSTNAME)") == "$(HOSTNAME)"
+        argv = [kubelet_expand(part, {**env, "HOSTNAME": "pod-0"}) for part in container["args"]]
+        assert argv[:3] == ["launcher", "bash", "-c"] and shlex.split(argv[3])[-5:] == ["train.py", *args]
+    assert no_ssh.worker_pod(0)["spec"]["containers"][0]["env"][-1] == {"name": "GREETING", "value": "$$(HOSTNAME)"}
+    assert ssh.job_files()["data"]["deepspeed_env"] == "GREETING=$(HOSTNAME)\n"
 
 
 @pytest.mark.parametrize("name", ["a", "envpipe-1a2b3c", "a" * 63, "0abc", "a-b-c"])

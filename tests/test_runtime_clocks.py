@@ -117,26 +117,26 @@ def test_daemon_clock_on_cpu_locks_through_clockd_and_reports_refusals(tmp_path:
         env = {"ENVPIPE_CLOCKD_SOCKET": sock}
         clock = make_clock(parse({"clock": "daemon"}, {}), Device(False, local_rank=1), environ=env)
         assert isinstance(clock, DaemonClock) and clock.emulated is not None
-        second = list(service._static)[1]
+        second = service.gpu_uuids()[1]
         assert clock.gpu_uuid == second  # the daemon's GPU number LOCAL_RANK
         assert clock.energy_label == "simulated" and clock.needs_unit_times
         t0 = time.perf_counter()
         clock.set(1005)
         assert time.perf_counter() - t0 < 0.5  # queued on the client's loop thread, never awaited here
         clock._client.flush()
-        assert service._locked[second] == 1005
+        assert service.locked()[second] == 1005
         clock.set(1410)  # above the allow-list: refused with 422
         clock._client.flush()
         refused = clock.refusals()
         assert [(r.mhz, r.status) for r in refused] == [(1410, 422)] and "1410" in refused[0].message
         clock.close()
-        assert second not in service._locked  # the lease ended: the daemon reset the GPU
+        assert second not in service.locked()  # the lease ended: the daemon reset the GPU
 
 
 def test_daemon_clock_by_uuid_and_an_unknown_uuid(tmp_path: Path) -> None:
     sock = str(tmp_path / "clockd.sock")
     with daemon_thread(sock) as service:
-        first = next(iter(service._static))
+        first = service.gpu_uuids()[0]
         env = {"ENVPIPE_CLOCKD_SOCKET": sock, "ENVPIPE_GPU_UUID": first}
         clock = make_clock(parse({"clock": "daemon"}, {}), Device(False, local_rank=3), environ=env)
         assert isinstance(clock, DaemonClock) and clock.gpu_uuid == first

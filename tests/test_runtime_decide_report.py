@@ -75,7 +75,8 @@ def test_envpipe_rule_and_the_memory_limit() -> None:
     free = decide.envpipe_rule(cfg, 4, 16, cal, 1410, 1, None)
     assert free.plan_for(0).orders() == envpipe_schedule(4, 16, [6, 4, 2, 0]) and not free.info.refused_orders
     # stage 0 may keep 5 micro-batches in flight (1F1B needs 4): one extra warm-up forward, not six
-    tight = [S.StageMemory(2**20, 0, 6 * 2**20, 5, 4)] + [S.StageMemory(2**20, 0, None, None, 4 - s) for s in (1, 2, 3)]
+    tight = [S.MemoryUse(2**20, 0, 6 * 2**20, 5 * 2**20, 5, 4)] + [
+        S.MemoryUse(2**20, 0, 2**30, 2**30, 1024, 4 - s) for s in (1, 2, 3)]
     capped = decide.envpipe_rule(cfg, 4, 16, cal, 1410, 1, tight)
     assert capped.plan_for(0).orders() == envpipe_schedule(4, 16, [1, 1, 1, 0])
     assert len(capped.info.refused_orders) == 1 and "on stage 0: 10 micro-batches in flight" in \
@@ -84,11 +85,16 @@ def test_envpipe_rule_and_the_memory_limit() -> None:
                                None).plan_for(0).orders() == one_f_one_b(4, 16)
 
 
-def test_warmup_caps_from_memory() -> None:
-    mem = [S.StageMemory(100, 0, 1000, 6, 2), S.StageMemory(100, 0, None, None, 1)]
-    assert decide.warmup_caps(mem, 8) == [4, 8]  # stage 0: 6 fit, 1F1B keeps 2
-    assert decide.warmup_caps([S.StageMemory(100, 0, None, None, 2)] * 2, 8) is None
-    assert decide.warmup_caps([S.StageMemory(100, 0, 100, 1, 2), S.StageMemory(1, 0, None, None, 1)], 8) == [0, 8]
+def test_the_planners_memory_model_from_measured_stages() -> None:
+    mem = [S.MemoryUse(100, 0, 1000, 600, 6, 2), S.MemoryUse(100, 0, 1000, 900, 9, 1)]
+    model, only_1f1b = decide.usable_memory(mem)
+    assert model is not None and model.capacity() == [6, 9] and not only_1f1b
+    assert decide.usable_memory([S.MemoryUse(100, 0, None, None, None, 2)] * 2) == (None, False)  # CPU: no limit
+    starved = [S.MemoryUse(100, 0, 1000, 100, 1, 2), S.MemoryUse(100, 0, 1000, 900, 9, 1)]  # 1F1B keeps 2 > 1
+    assert decide.usable_memory(starved) == (None, True)
+    assert decide.over_memory(starved, 8) == [
+        "stage 0: even 1F1B keeps 2 micro-batches in flight, above the 1 that fit under the memory limit; "
+        "the order stays 1F1B there"]
 
 
 def test_summary_round_trip_and_schema(tmp_path: Path) -> None:

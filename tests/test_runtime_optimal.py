@@ -66,7 +66,7 @@ def test_daemon_refusals_reach_the_summary(tmp_path: Path) -> None:
         runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1,
                  "envpipe": {"type": "baseline", "scheduling": "1f1b", "clock": "daemon", "compare_iterations": 0}}]
         run_pipeline(2, runs, tmp_path, env_extra={"ENVPIPE_CLOCKD_SOCKET": sock})
-        assert not service._locked  # both leases ended with the job: every GPU reset
+        assert not service.locked()  # both leases ended with the job: every GPU reset
     s = read_summary(tmp_path / "runtime")
     assert s.clock.kind == "daemon" and s.clock.controls_clocks
     assert s.clock.refusals and {(r.mhz, r.status) for r in s.clock.refusals} == {(1410, 422)}

@@ -8,6 +8,7 @@ import pytest
 from deepspeed.runtime.pipe import schedule as ds
 
 from envpipe.plan.dag import ScheduleError, engine_order_dag
+from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.plan.simulate import simulate
 from envpipe.runtime.schedule import (
@@ -19,7 +20,6 @@ from envpipe.runtime.schedule import (
     UnitEnd,
     UnitOrderSchedule,
     UnitStart,
-    max_in_flight,
 )
 
 
@@ -74,7 +74,7 @@ def test_deadlocking_orders_are_refused() -> None:
 
 def test_buffers_cover_in_flight_forwards() -> None:
     order = envpipe_schedule(2, 8, [8, 0])[0]
-    assert max_in_flight(order) == 8
+    assert peak_in_flight([order]) == [8]
     assert UnitOrderSchedule(order, 8, 2, 0).num_pipe_buffers() == 8
     assert UnitOrderSchedule(one_f_one_b(2, 8)[1], 8, 2, 1).num_pipe_buffers() == 2
 

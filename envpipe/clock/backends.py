@@ -13,10 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from envpipe.clock.errors import BackendFailure, ClockError, NoPermission, NotSupported, UnknownGpu
-from envpipe.profile import FrequencyModel
+
+if TYPE_CHECKING:
+    from envpipe.profile import FrequencyModel
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,11 @@ class SimBackend:
     def __init__(
         self, count: int = 4, model: FrequencyModel | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.model = model or FrequencyModel.default()
+        if model is None:  # numpy and the profile load only for simulated GPUs, not on a GPU node
+            from envpipe.profile import FrequencyModel
+
+            model = FrequencyModel.default()
+        self.model = model
         self.name = "sim"
         self._now = clock
         self._lock = threading.Lock()
@@ -142,8 +148,7 @@ class NvmlBackend:
             return fn(*args)
         except nvml.NVMLError_NoPermission as exc:
             raise NoPermission(
-                f"NVML {fn.__name__}: no permission ({exc}); the daemon needs "
-                "CAP_SYS_ADMIN or root to change clocks"
+                f"NVML {fn.__name__}: no permission ({exc}); the daemon needs CAP_SYS_ADMIN or root to change clocks"
             ) from exc
         except nvml.NVMLError_NotSupported as exc:
             raise NotSupported(f"NVML {fn.__name__}: not supported on this GPU ({exc})") from exc

@@ -16,9 +16,32 @@ from typing import Any
 
 import aiohttp
 
+from envpipe.clock.protocol import POD_HEADER
+
 DEFAULT_SOCKET = "/run/envpipe/clockd.sock"
 SOCKET_ENV = "ENVPIPE_CLOCKD_SOCKET"
+# Below the daemon's --header-timeout (it closes idle connections): never reuse one it is closing.
+KEEPALIVE_S = 2.0
 log = logging.getLogger("envpipe.clock.client")
+_attach_fds: set[int] = set()  # this process's attach connections
+
+
+def _drop_attach_fds_in_child() -> None:
+    """A forked child (a DataLoader worker) inherits the attach connections; if it kept them, the
+    daemon would see the lease alive after the trainer died. Point the child's copies at /dev/null:
+    the connection closes for the child, and the descriptor numbers stay valid for whatever still
+    refers to them."""
+    if not _attach_fds:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in _attach_fds:
+        with contextlib.suppress(OSError):
+            os.dup2(null, fd)
+    os.close(null)
+    _attach_fds.clear()
+
+
+os.register_at_fork(after_in_child=_drop_attach_fds_in_child)
 
 
 class ClockDaemonUnavailable(RuntimeError):
@@ -48,9 +71,12 @@ def list_gpus(socket_path: str | None = None, timeout_s: float = 5.0) -> list[di
 
     async def get() -> list[dict[str, Any]]:
         try:
-            async with aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=path), timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as session, session.get("http://clockd/v1/gpus") as resp:
+            async with (
+                aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=path), timeout=aiohttp.ClientTimeout(total=timeout_s)
+                ) as session,
+                session.get("http://clockd/v1/gpus") as resp,
+            ):
                 body = await resp.json(content_type=None)
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise _unreachable(path, exc) from exc
@@ -79,9 +105,7 @@ class ClockClient:
         self._pending: dict[str, int] = {}
         self._busy = False  # a lock request is in flight
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="envpipe-clock-client", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop.run_forever, name="envpipe-clock-client", daemon=True)
         self._thread.start()
         self._closed = False
         try:
@@ -106,18 +130,19 @@ class ClockClient:
 
     async def _open(self, gpus: list[str], pod: dict[str, str] | None) -> str:
         if not os.path.exists(self.socket_path):
-            raise ClockDaemonUnavailable(
-                f"no envpipe-clockd socket at {self.socket_path} (set {SOCKET_ENV})"
-            )
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=self.socket_path), timeout=aiohttp.ClientTimeout(total=10)
-        )
-        self._wake = asyncio.Event()
+            raise ClockDaemonUnavailable(f"no envpipe-clockd socket at {self.socket_path} (set {SOCKET_ENV})")
         body: dict[str, Any] = {"gpus": gpus, "ttl_s": self.ttl_s}
         if pod is None and os.environ.get("POD_NAME") and os.environ.get("POD_NAMESPACE"):
             pod = {"namespace": os.environ["POD_NAMESPACE"], "name": os.environ["POD_NAME"]}
         if pod is not None:
             body["pod"] = pod
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.socket_path, keepalive_timeout=KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=10),
+            # who we say we are on every request: the daemon's rate limits and audit lines per pod
+            headers={POD_HEADER: f"{pod['namespace']}/{pod['name']}"} if pod else None,
+        )
+        self._wake = asyncio.Event()
         try:
             reply = await self._request("POST", "/v1/leases", body)
         except BaseException:
@@ -144,8 +169,17 @@ class ClockClient:
             async with self._session.get(
                 f"http://clockd/v1/leases/{lease}/attach", timeout=aiohttp.ClientTimeout(total=None)
             ) as resp:
-                async for _ in resp.content.iter_any():
-                    pass
+                transport = resp.connection.transport if resp.connection else None
+                sock = transport.get_extra_info("socket") if transport else None
+                fd = sock.fileno() if sock is not None else None
+                if fd is not None:
+                    _attach_fds.add(fd)
+                try:
+                    async for _ in resp.content.iter_any():
+                        pass
+                finally:
+                    if fd is not None:
+                        _attach_fds.discard(fd)
 
     async def _apply(self, lease: str) -> None:
         while True:
@@ -194,16 +228,12 @@ class ClockClient:
     def energy_mj(self, gpu_uuid: str) -> int:
         reply = self._run(self._request("GET", f"/v1/gpus/{gpu_uuid}"))
         if reply["energy_mj"] is None:
-            raise ClockRequestError(
-                501, {"error": "not_supported", "message": f"{gpu_uuid} has no energy counter"}
-            )
+            raise ClockRequestError(501, {"error": "not_supported", "message": f"{gpu_uuid} has no energy counter"})
         return int(reply["energy_mj"])
 
     def lock_now(self, gpu_uuid: str, mhz: int) -> dict[str, Any]:
         """Blocking lock with the daemon's answer (applied clock); set() is the non-blocking one."""
-        return dict(
-            self._run(self._request("POST", f"/v1/gpus/{gpu_uuid}/lock", {"lease": self.lease, "mhz": mhz}))
-        )
+        return dict(self._run(self._request("POST", f"/v1/gpus/{gpu_uuid}/lock", {"lease": self.lease, "mhz": mhz})))
 
     def close(self) -> None:
         """Reset this lease's GPUs and end the lease."""

@@ -1,296 +1,176 @@
-"""``envpipe-clockd``: HTTP/JSON over a Unix socket (and optionally loopback TCP) on ClockService.
+"""``envpipe-clockd``: the command line and the start-up of the daemon (the HTTP API is api.py).
 
-Routes are thin: parse into a typed command, call the service, map ClockError to a status.
+Start-up touches no clock until the daemon owns what it needs: validate every flag, take the sockets
+(refusing a live one), take the state file, open the backend; then reset what a dead daemon left,
+then serve. A failure before that is one line and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ipaddress
 import json
 import logging
 import os
 import signal
-import socket
-import stat
+import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 import click
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from envpipe.clock.backends import make_backend
-from envpipe.clock.errors import BadRequest, ClockError, TooManyRequests
-from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, Peer, make_policy, peer_of
-from envpipe.clock.protocol import API, MAX_BODY_BYTES, Lock, OpenLease, Reset
+from envpipe.clock.errors import ClockError
+from envpipe.clock.guard import connection_limit
+from envpipe.clock.listen import (
+    Listeners,
+    ServeOptions,
+    SocketInUse,
+    StartupError,
+    parse_tcp,
+    take_metrics,
+    take_tcp,
+    take_unix,
+)
+from envpipe.clock.metrics import envpipe_version
+from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, make_policy
 from envpipe.clock.service import ClockService, ServiceConfig
+from envpipe.clock.state import Entry, StateBusy, StateError, StateFile, StateUnreadable
 
 log = logging.getLogger("envpipe.clockd")
-SERVICE: web.AppKey[ClockService] = web.AppKey("service", ClockService)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class RateLimiter:
-    """Token bucket per caller (pid on the Unix socket, address on TCP): floods get 429."""
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate, self.burst = rate, burst
-        self._buckets: dict[str, tuple[float, float]] = {}
-
-    def take(self, key: str) -> bool:
-        now = time.monotonic()
-        tokens, last = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if len(self._buckets) > 10_000:  # forget idle callers rather than grow without bound
-            self._buckets.clear()
-        if tokens < 1:
-            self._buckets[key] = (tokens, now)
-            return False
-        self._buckets[key] = (tokens - 1, now)
-        return True
-
-
-def _peer(request: web.Request) -> Peer:
-    transport = request.transport
-    if transport is None:
-        return Peer(address="gone")
-    return peer_of(transport.get_extra_info("socket"), transport.get_extra_info("peername"))
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)
-
-
-def make_app(service: ClockService, max_rps: float = 5000.0) -> web.Application:
-    limiter = RateLimiter(max_rps, max_rps)
-
-    @web.middleware
-    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(API) and not limiter.take(_peer(request).key):
-            exc: ClockError = TooManyRequests("rate limit exceeded; slow down")
-            return _error(exc.status, exc.code, exc.message)
-        try:
-            return await handler(request)
-        except ClockError as exc:
-            return _error(exc.status, exc.code, exc.message)
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
-        except web.HTTPException as exc:
-            return _error(exc.status, "http", exc.reason)
-        except Exception:  # never let one request take the daemon down; log it for the operator
-            log.exception("internal error on %s %s", request.method, request.path)
-            return _error(500, "internal", "internal error (see the daemon log)")
-
-    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
-    app[SERVICE] = service
-    app.router.add_routes(routes)
-    return app
-
-
-routes = web.RouteTableDef()
-
-
-async def _body(request: web.Request) -> bytes:
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=request.content_length)
-    return await request.read()
-
-
-@routes.get("/healthz")
-async def healthz(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE]
-    return web.json_response(
-        {
-            "ok": True,
-            "backend": svc.backend.name,
-            "ownership": svc.policy.name,
-            "gpus": len(svc.backend.gpus()),
-            "leases": len(svc.leases),
-        }
-    )
-
-
-@routes.get("/metrics")
-async def metrics(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE]
-    await svc.refresh_metrics()
-    return web.Response(body=generate_latest(svc.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-@routes.get(API + "/gpus")
-async def list_gpus(request: web.Request) -> web.Response:
-    return web.json_response({"gpus": await request.app[SERVICE].gpus()})
-
-
-@routes.get(API + "/gpus/{uuid}")
-async def get_gpu(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[SERVICE].gpu(request.match_info["uuid"]))
-
-
-@routes.post(API + "/gpus/{uuid}/lock")
-async def lock(request: web.Request) -> web.Response:
-    cmd = Lock.parse(await _body(request))
-    return web.json_response(await request.app[SERVICE].lock(request.match_info["uuid"], cmd.lease, cmd.mhz))
-
-
-@routes.post(API + "/gpus/{uuid}/reset")
-async def reset(request: web.Request) -> web.Response:
-    cmd = Reset.parse(await _body(request))
-    await request.app[SERVICE].reset(request.match_info["uuid"], cmd.lease)
-    return web.json_response({"uuid": request.match_info["uuid"], "reset": True})
-
-
-@routes.post(API + "/leases")
-async def open_lease(request: web.Request) -> web.Response:
-    cmd = OpenLease.parse(await _body(request))
-    svc = request.app[SERVICE]
-    lease = await svc.open_lease(_peer(request), cmd.pod, cmd.gpus, cmd.ttl_s)
-    return web.json_response(lease.to_json(time.monotonic()), status=201)
-
-
-@routes.post(API + "/leases/{lease}/renew")
-async def renew(request: web.Request) -> web.Response:
-    if await _body(request) not in (b"", b"{}"):
-        raise BadRequest("renew takes no body")
-    lease = request.app[SERVICE].leases.renew(request.match_info["lease"])
-    return web.json_response(lease.to_json(time.monotonic()))
-
-
-@routes.delete(API + "/leases/{lease}")
-async def close_lease(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE]
-    svc.leases.get(request.match_info["lease"])  # 404 for unknown leases
-    await svc.end_lease(request.match_info["lease"], "closed by client")
-    return web.json_response({"closed": True})
-
-
-@routes.get(API + "/leases/{lease}/attach")
-async def attach(request: web.Request) -> web.StreamResponse:
-    """Held open by the client for the lease's lifetime: when the connection goes away (the client
-    died), the lease ends and its GPUs are reset at once instead of after the TTL."""
-    svc = request.app[SERVICE]
-    lease_id = request.match_info["lease"]
-    svc.leases.get(lease_id)
-    resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
-    await resp.prepare(request)
+def take_listeners(opts: ServeOptions) -> Listeners:
+    listeners = Listeners()
     try:
-        while svc.leases.is_open(lease_id):
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                await svc.end_lease(lease_id, "client disconnected")
-                break
-            await resp.write(b".")
-            await asyncio.sleep(0.1)
-    except (ConnectionResetError, asyncio.CancelledError):
-        await asyncio.shield(svc.end_lease(lease_id, "client disconnected"))
+        if opts.socket_path:
+            take_unix(listeners, opts.socket_path, opts.socket_mode, opts.socket_gid)
+        if opts.tcp:
+            take_tcp(listeners, opts.tcp)
+        if opts.metrics_port:
+            take_metrics(listeners, opts.metrics_port)
+    except BaseException:
+        listeners.close(failed_start=True)
         raise
-    return resp
+    return listeners
 
 
-# ---- serving ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ServeOptions:
-    socket_path: str | None
-    tcp: str | None  # host:port, loopback only
-    metrics_port: int  # 0: no separate metrics listener
-    socket_mode: int = 0o660
-    max_rps: float = 5000.0
-    socket_gid: int | None = None  # the group that may connect (the chart's socket GID); None: the daemon's own
+def process_age_s() -> float:
+    """Seconds since this process started (from /proc: the kernel's count, not Python's)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime_s = float(f.read().split()[0])
+    return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _prepare_socket_path(path: str) -> None:
-    """Refuse to start if another daemon answers on the socket; remove a stale socket file."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-    if not os.path.exists(path):
-        return
-    if not stat.S_ISSOCK(os.stat(path).st_mode):
-        raise click.ClickException(f"{path} exists and is not a socket; refusing to replace it")
-    with socket.socket(socket.AF_UNIX) as probe:
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # stale: nobody listens
-            return
-    raise click.ClickException(f"another daemon is already listening on {path}")
-
-
-def parse_tcp(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
+def read_state(state: StateFile | None) -> dict[str, Entry] | None:
+    """What a previous daemon left, or None when every GPU must be reset (StateError: unusable file)."""
+    if state is None:
+        log.info("no --state-file: resetting every GPU at start")
+        return None
     try:
-        if not ipaddress.ip_address(host.strip("[]")).is_loopback:
-            raise click.BadParameter(f"--tcp must bind a loopback address, not {host}")
-        return host.strip("[]"), int(port)
-    except ValueError:
-        raise click.BadParameter(
-            f"--tcp takes HOST:PORT on loopback (e.g. 127.0.0.1:4939), got {value!r}"
-        ) from None
+        previous = state.open()
+    except StateUnreadable as exc:
+        log.error("state file unreadable (%s): resetting every GPU at start", exc)
+        return None
+    if previous is None:
+        log.info("no state file at %s yet: resetting every GPU at start", state.path)
+    return previous
 
 
 async def serve(
-    service: ClockService, opts: ServeOptions, stop: asyncio.Event, ready: Callable[[], None] | None = None
+    service: ClockService,
+    listeners: Listeners,
+    opts: ServeOptions,
+    stop: asyncio.Event,
+    previous: dict[str, Entry] | None,
+    ready: Callable[[], None] | None = None,
 ) -> None:
-    await service.reset_all("daemon start")
-    app = make_app(service, opts.max_rps)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    sites: list[web.BaseSite] = []
-    if opts.socket_path:
-        _prepare_socket_path(opts.socket_path)
-        old = os.umask(0o177)  # the socket is never world-accessible, even for an instant
-        try:
-            sites.append(web.UnixSite(runner, opts.socket_path))
-            await sites[-1].start()
-        finally:
-            os.umask(old)
-        if opts.socket_gid is not None:
-            os.chown(opts.socket_path, -1, opts.socket_gid)
-        os.chmod(opts.socket_path, opts.socket_mode)
-    if opts.tcp:
-        host, port = parse_tcp(opts.tcp)
-        sites.append(web.TCPSite(runner, host, port))
-        await sites[-1].start()
-    metrics_runner = None
-    if opts.metrics_port:
-        metrics_app = web.Application()
-        metrics_app[SERVICE] = service
-        metrics_app.router.add_get("/metrics", metrics)
-        metrics_app.router.add_get("/healthz", healthz)
-        metrics_runner = web.AppRunner(metrics_app, access_log=None)
-        await metrics_runner.setup()
-        await web.TCPSite(metrics_runner, "0.0.0.0", opts.metrics_port).start()
-    reaper = asyncio.create_task(service.reap_forever())
-    log.info(
-        "envpipe-clockd up: backend=%s ownership=%s gpus=%d socket=%s tcp=%s metrics_port=%s",
-        service.backend.name,
-        service.policy.name,
-        len(service.backend.gpus()),
-        opts.socket_path,
-        opts.tcp,
-        opts.metrics_port or "off",
-    )
-    if ready:
-        ready()
+    """Reset what a dead daemon left, serve until ``stop``, then reset and clean up. StartupError if the
+    state file cannot be written or the descriptor limit leaves no room for connections."""
     try:
-        await stop.wait()
-    finally:
-        reaper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reaper
-        await service.reset_all("daemon shutdown")
-        await runner.cleanup()
-        if metrics_runner:
-            await metrics_runner.cleanup()
-        if opts.socket_path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(opts.socket_path)
+        limit = connection_limit(opts.max_connections)
+        await service.start(previous)
+    except (ValueError, ClockError) as exc:
         service.close()
-        log.info("envpipe-clockd stopped; all GPUs reset")
+        raise StartupError(str(exc)) from None
+    log.info(
+        "start-up resets done %.0f ms after the process started (%.0f ms of CPU)",
+        process_age_s() * 1000,
+        time.process_time() * 1000,
+    )
+    # The HTTP stack (aiohttp: a quarter of a second of imports) loads only now: GPUs a dead daemon
+    # left slow are reset first.
+    from envpipe.clock.api import serve_http
+
+    await serve_http(service, listeners, opts, limit, stop, ready)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+def reset_every_gpu(
+    socket_path: str | None,
+    socket_mode: int,
+    state: StateFile | None,
+    build: Callable[[StateFile | None], ClockService],
+) -> dict[str, object]:
+    """Reset every GPU unless a live daemon answers on the socket or holds the state file (it resets its
+    own GPUs as it stops: resetting behind its back would make its records wrong)."""
+    listeners = Listeners()
+    try:
+        if socket_path:
+            take_unix(listeners, socket_path, socket_mode)  # no daemon starts while we reset
+        if state is not None:
+            state.open()
+    except (SocketInUse, StateBusy) as exc:
+        listeners.close()
+        return {"reset": [], "failed": {}, "live_daemon": str(exc)}
+    except BaseException:
+        listeners.close(failed_start=True)
+        raise
+    try:
+        service = build(state)
+        asyncio.run(service.start(None, "reset-all-and-exit"))
+        faults = service.faults()
+        service.close()
+        return {"reset": [u for u in service.gpu_uuids() if u not in faults], "failed": faults}
+    finally:
+        if state is not None:
+            state.close()
+        listeners.close()
+
+
+def _guard_until_sigterm(socket_path: str | None) -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())  # before saying so: a SIGTERM right after is caught
+    print(json.dumps({"guard": "waiting for SIGTERM", "socket": socket_path}), flush=True)
+    while not stop.wait(1.0):
+        pass
+
+
+class _OneLineErrors(click.Command):
+    """Every error, a bad flag included, is one line on stderr (no usage block)."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            click.echo(f"Error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            sys.exit(1)
+
+
+@click.command(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(envpipe_version(), prog_name="envpipe-clockd")
 @click.option(
     "--socket",
     "socket_path",
@@ -335,7 +215,7 @@ async def serve(
     type=click.IntRange(0, 65535),
     default=0,
     show_default=True,
-    help="TCP port on all interfaces for /metrics and /healthz only (0: off).",
+    help="TCP port on all interfaces for /metrics, /healthz and /readyz only (0: off).",
 )
 @click.option("--socket-mode", default="660", show_default=True, help="Octal permissions of the socket file.")
 @click.option(
@@ -350,11 +230,55 @@ async def serve(
     type=click.FloatRange(1),
     default=5000.0,
     show_default=True,
-    help="Requests per second per caller before 429.",
+    help="Requests per second per caller (pod, process or uid) before 429.",
 )
 @click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning"]), default="info", show_default=True
+    "--state-file",
+    default="",
+    show_default=True,
+    help="Where to record which GPUs are off their default clock, so a restart resets what a dead "
+    "daemon left (a host path; '' keeps it in memory and resets every GPU at start).",
 )
+@click.option(
+    "--driver-deadline",
+    type=click.FloatRange(0.05, 600),
+    default=3.0,
+    show_default=True,
+    help="Seconds a driver call may take before its GPU is marked unhealthy.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(4, 65536),
+    default=256,
+    show_default=True,
+    help="Open client connections at most (lowered to fit the descriptor limit).",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(0.1, 3600),
+    default=10.0,
+    show_default=True,
+    help="Seconds to send a request head; idle connections close after as long.",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(0.1, 3600),
+    default=10.0,
+    show_default=True,
+    help="Seconds to send a request body (408 after).",
+)
+@click.option(
+    "--reset-all-and-exit",
+    is_flag=True,
+    help="Reset every GPU and exit (unless a live daemon serves --socket: it resets its own GPUs when it stops).",
+)
+@click.option(
+    "--guard",
+    is_flag=True,
+    help="Wait for SIGTERM, then do --reset-all-and-exit: a second container "
+    "that resets GPUs at pod deletion when the daemon itself is dead.",
+)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info", show_default=True)
 def main(
     socket_path: str,
     tcp: str | None,
@@ -369,6 +293,13 @@ def main(
     socket_mode: str,
     socket_gid: int | None,
     max_rps: float,
+    state_file: str,
+    driver_deadline: float,
+    max_connections: int,
+    header_timeout: float,
+    body_timeout: float,
+    reset_all_and_exit: bool,
+    guard: bool,
     log_level: str,
 ) -> None:
     """The EnvPipe clock daemon: locks GPU SM clocks for unprivileged pods, by lease."""
@@ -376,29 +307,92 @@ def main(
     try:
         mode = int(socket_mode, 8)
     except ValueError:
-        raise click.BadParameter(f"--socket-mode must be octal (e.g. 660), got {socket_mode!r}") from None
-    if not socket_path and not tcp:
-        raise click.UsageError("give --socket or --tcp (or both)")
-    if tcp:
-        parse_tcp(tcp)
-    try:
-        service = ClockService(
-            make_backend(backend, sim_gpus),
-            make_policy(ownership, pod_resources_socket),
-            ServiceConfig(min_mhz, max_mhz, lease_ttl),
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise click.BadParameter(
+            f"must be octal permissions 000-777 (e.g. 660), got {socket_mode!r}", param_hint="--socket-mode"
         )
-    except ClockError as exc:
-        raise click.ClickException(f"cannot start with backend {backend!r}: {exc.message}") from None
-    opts = ServeOptions(socket_path or None, tcp, metrics_port, mode, max_rps, socket_gid)
+    if tcp:
+        try:
+            parse_tcp(tcp)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tcp") from None
+    if not socket_path and not tcp and not (reset_all_and_exit or guard):
+        raise click.UsageError("give --socket or --tcp (or both)")
+    if min_mhz > max_mhz:
+        raise click.BadParameter(
+            f"the allow-list is empty: min {min_mhz} MHz > max {max_mhz} MHz", param_hint="--min-mhz/--max-mhz"
+        )
+    if reset_all_and_exit and guard:
+        raise click.UsageError("give --reset-all-and-exit or --guard, not both")
+    config = ServiceConfig(min_mhz, max_mhz, lease_ttl, driver_deadline_s=driver_deadline)
+    state = StateFile(state_file) if state_file else None
+
+    def build(state: StateFile | None, policy_name: str = "local") -> ClockService:
+        try:
+            return ClockService(
+                make_backend(backend, sim_gpus), make_policy(policy_name, pod_resources_socket), config, state
+            )
+        except ClockError as exc:
+            raise StartupError(f"cannot start with backend {backend!r}: {exc.message}") from None
+
+    if reset_all_and_exit or guard:
+        if guard:
+            _guard_until_sigterm(socket_path or None)
+        try:
+            outcome = reset_every_gpu(socket_path or None, mode, state, build)
+        except (StartupError, StateError) as exc:
+            raise click.ClickException(str(exc)) from None
+        print(json.dumps(outcome), flush=True)
+        raise SystemExit(1 if outcome["failed"] else 0)
+
+    opts = ServeOptions(
+        socket_path or None,
+        tcp,
+        metrics_port,
+        socket_mode=mode,
+        max_rps=max_rps,
+        max_connections=max_connections,
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
+        socket_gid=socket_gid,
+    )
+    _serve_main(opts, state, lambda: build(state, ownership))
+
+
+def _serve_main(opts: ServeOptions, state: StateFile | None, build: Callable[[], ClockService]) -> None:
+    try:
+        listeners = take_listeners(opts)
+    except StartupError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        previous = read_state(state)
+        service = build()
+    except (StartupError, StateError) as exc:
+        listeners.close(failed_start=True)
+        if state is not None:
+            state.close(failed_start=True)
+        raise click.ClickException(str(exc)) from None
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(service, opts, stop, ready=lambda: print(json.dumps({"ready": True}), flush=True))
+        await serve(
+            service, listeners, opts, stop, previous, ready=lambda: print(json.dumps({"ready": True}), flush=True)
+        )
 
-    asyncio.run(run())
+    failed = False
+    try:
+        asyncio.run(run())
+    except StartupError as exc:
+        failed = True
+        raise click.ClickException(str(exc)) from None
+    finally:
+        if state is not None:
+            state.close(failed_start=failed)
+        listeners.close(failed_start=failed)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,16 @@ class UnknownLease(ClockError):
     status, code = 404, "unknown_lease"
 
 
+class NoRoute(ClockError):
+    """The router's answer: an unknown path (404) or a wrong method (405)."""
+
+    code = "http"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Held(ClockError):
     status, code = 409, "held_by_other_lease"
 
@@ -57,3 +67,43 @@ class TooManyRequests(ClockError):
 
 class BackendFailure(ClockError):
     status, code = 502, "backend_failure"
+
+
+class RequestTimeout(ClockError):
+    """The request's body did not arrive within the body timeout."""
+
+    status, code = 408, "request_timeout"
+
+
+class BodyTooLarge(ClockError):
+    status, code = 413, "body_too_large"
+
+
+class UnsupportedMediaType(ClockError):
+    """A POST body that is not declared JSON: what a cross-site form or text/plain fetch sends."""
+
+    status, code = 415, "unsupported_media_type"
+
+
+class ForeignRequest(ClockError):
+    """A TCP request with a foreign Host (DNS rebinding) or any Origin (a browser page)."""
+
+    status, code = 403, "foreign_request"
+
+
+class GpuUnhealthy(ClockError):
+    """The GPU's driver missed a deadline or failed a reset; the daemon retries the reset."""
+
+    status, code = 503, "gpu_unhealthy"
+
+
+class StateUnwritable(ClockError):
+    """The leased-clock state file cannot be written, so a lock could outlive a crash unrecorded."""
+
+    status, code = 503, "state_unwritable"
+
+
+class GpuTimeout(ClockError):
+    """A driver call missed its deadline; the GPU is marked unhealthy and its lease ended."""
+
+    status, code = 504, "gpu_timeout"

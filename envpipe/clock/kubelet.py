@@ -8,7 +8,8 @@ from __future__ import annotations
 import grpc
 
 from envpipe.clock.errors import BackendFailure, BadRequest, NotOwned
-from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, GPU_RESOURCE_PREFIX, Peer, PodRef
+from envpipe.clock.identity import Peer
+from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, GPU_RESOURCE_PREFIX, PodRef
 from envpipe.clock.podresources import api_pb2, api_pb2_grpc
 
 
@@ -47,9 +48,7 @@ class KubeletPolicy:
 
     def _list(self, pod: PodRef) -> list[api_pb2.PodResources]:
         try:
-            return list(
-                self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s).pod_resources
-            )
+            return list(self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s).pod_resources)
         except grpc.RpcError as exc:
             raise BackendFailure(
                 f"kubelet PodResources API at {self.socket_path} failed: {exc.code().name} {exc.details()}"

@@ -1,8 +1,10 @@
-"""Request bodies of the clockd HTTP API, parsed strictly: wrong types and unknown fields are refused."""
+"""Request bodies and headers of the clockd HTTP API, parsed strictly: wrong types, unknown fields and
+deep nesting are refused."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +14,46 @@ from envpipe.clock.ownership import PodRef
 API = "/v1"
 MAX_BODY_BYTES = 16 * 1024
 MAX_GPUS_PER_LEASE = 64
+MAX_DEPTH = 4  # the deepest body is {"pod": {...}}: 2
+POD_HEADER = "X-Envpipe-Pod"  # "namespace/name": who a caller says it is (rate limits, audit)
+# Kubernetes names: a DNS-1123 label (namespace) and subdomain (pod)
+_POD_CLAIM = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?")
+_OPEN, _CLOSE, _QUOTE, _BACKSLASH = frozenset(b"[{"), frozenset(b"]}"), ord('"'), ord("\\")
+
+
+def _check_depth(raw: bytes) -> None:
+    """Refuse nesting deeper than MAX_DEPTH before the parser recurses into it."""
+    depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == _BACKSLASH:
+                escaped = True
+            elif byte == _QUOTE:
+                in_string = False
+        elif byte == _QUOTE:
+            in_string = True
+        elif byte in _OPEN:
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise BadRequest(f"body is nested deeper than {MAX_DEPTH} levels")
+        elif byte in _CLOSE:
+            depth -= 1
+
+
+def pod_claim(value: str | None) -> str | None:
+    """The pod a caller names in the X-Envpipe-Pod header (a claim, not a proof)."""
+    if value is None:
+        return None
+    if not _POD_CLAIM.fullmatch(value):
+        raise BadRequest(f"{POD_HEADER} must be 'namespace/name' of a Kubernetes pod, got {value[:80]!r}")
+    return value
 
 
 def _object(raw: bytes, allowed: set[str], required: set[str]) -> dict[str, Any]:
+    _check_depth(raw)
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from envpipe.plan.optimal import ClockProblem, build_problem, candidate_orders, solve
-from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
+from envpipe.plan.memory import StageMemory
+from envpipe.plan.optimal import ClockProblem, order_problems, solve
+from envpipe.plan.planfile import Plan, plan_from_timeline
 from envpipe.plan.simulate import Timeline
 from envpipe.profile import Profile
 
@@ -28,6 +29,7 @@ class FrontierPoint:
     timeline: Timeline
     plan: Plan
     reschedule: list[int]
+    baseline: Timeline  # what savings are against (1F1B all-max; a chunked schedule's own all-max)
 
     @property
     def time_s(self) -> float:
@@ -39,42 +41,46 @@ class FrontierPoint:
 
 
 def frontier(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
-             points: int = 20, transfer_s: float = 0.0, memory_cap: int | None = None,
-             tail_s: float | np.ndarray = 0.0, on_point: Callable[[], None] | None = None) -> list[FrontierPoint]:
-    """``points`` plans, fastest first, on the best of the candidate orders at each budget
-    (``tail_s``: per-stage work after the last unit, as in optimal_plan; ``on_point``: called after each
-    point, for progress)."""
+             points: int = 20, transfer_s: float = 0.0, memory: StageMemory | None = None,
+             tail_s: float | np.ndarray = 0.0, chunks: int | None = None, stages: int | None = None,
+             on_point: Callable[[], None] | None = None) -> list[FrontierPoint]:
+    """``points`` plans, fastest first, on the best of the candidate orders at each budget (``tail_s``:
+    per-stage work after the last unit; ``memory``: only orders that fit; ``chunks``, ``stages``: the layout
+    of interleaved 1F1B and DualPipeV; as in optimal_plan; ``on_point``: called after each point, for progress)."""
     if points < 2:
         raise ValueError("a frontier needs at least 2 points")
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
-    problems = [(r, build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s))
-                for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap)]
+    baseline, problems = order_problems(profile, num_microbatches, schedule, idle_power_w, transfer_s, tail_s,
+                                        memory, chunks, stages)
     lo = min(p.fastest_time() for _, p in problems)
     slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
     # past the least-energy plan's time, more time only adds idle energy: end the sweep there
-    hi = _best_at(problems, slowest)[0].iteration_time
+    hi = _best_at(problems, slowest, {})[0].iteration_time
     result: list[FrontierPoint] = []
+    previous: dict[int, np.ndarray] = {}  # per order, the clocks planned for the last budget
     for budget in np.linspace(lo, max(hi, lo), points):
-        best = _best_at(problems, float(budget))
-        tl, option, problem, r = best
+        tl, option, problem, r = _best_at(problems, float(budget), previous)
         point = FrontierPoint(float(budget), tl,
-                              plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline), r)
+                              plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline,
+                                                 problem.peak_memory_bytes), r, baseline)
         if result and result[-1].energy_j <= point.energy_j:
             prev = result[-1]
-            point = FrontierPoint(float(budget), prev.timeline, prev.plan, prev.reschedule)
+            point = FrontierPoint(float(budget), prev.timeline, prev.plan, prev.reschedule, baseline)
         result.append(point)
         if on_point:
             on_point()
     return result
 
 
-def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float
+def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float, previous: dict[int, np.ndarray]
              ) -> tuple[Timeline, np.ndarray, ClockProblem, list[int]]:
+    """The best order's plan at ``budget``; ``previous`` (per order, clocks that meet a shorter budget)
+    warm-starts each order and is updated."""
     best = None
-    for r, problem in problems:
-        if problem.fastest_time() > budget * (1 + 1e-9):
+    for k, (r, problem) in enumerate(problems):
+        if problem.fastest_time() > budget:
             continue
-        sol = solve(problem, budget)
+        sol = solve(problem, budget, previous.get(k))
+        previous[k] = sol.option
         if best is None or sol.timeline.energy < best[0].energy:
             best = (sol.timeline, sol.option, problem, r)
     assert best is not None  # the sweep starts at the fastest order's time
@@ -109,7 +115,7 @@ def _plot(points: list[FrontierPoint], baseline: Timeline, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p.time_s for p in points], [p.energy_j for p in points], "o-", label="optimal (simulated)")
-    ax.plot([baseline.iteration_time], [baseline.energy], "x", color="red", label="1F1B all-max")
+    ax.plot([baseline.iteration_time], [baseline.energy], "x", color="red", label="all-max baseline")
     ax.set_xlabel("iteration time (s)")
     ax.set_ylabel("energy per iteration (J)")
     ax.set_title("time-energy frontier (simulated on the profile)")

@@ -41,14 +41,20 @@ class GanttBar:
     end_s: float
     clock_mhz: int | None = None  # None: not known (drawn grey)
     critical: bool = False
+    chunk: int | None = None  # interleaved 1F1B, DualPipeV: the model chunk on this stage
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.mb}" + ("" if self.chunk is None else f".{self.chunk}")
 
 
 def timeline_bars(tl: Timeline, freqs_mhz: np.ndarray) -> list[GanttBar]:
     """The units of a simulated timeline, ``freqs_mhz`` indexed like the timeline's DAG."""
     critical = np.zeros(tl.dag.num_units, bool)
     critical[tl.critical_path()] = True
-    return [GanttBar(*tl.dag.unit(i), float(tl.start[i]), float(tl.end[i]), int(freqs_mhz[i]), bool(critical[i]))
-            for i in range(tl.dag.num_units)]
+    chunked = tl.dag.num_chunks > 1
+    return [GanttBar(*tl.dag.unit(i), float(tl.start[i]), float(tl.end[i]), int(freqs_mhz[i]), bool(critical[i]),
+                     int(tl.dag.chunk[i]) if chunked else None) for i in range(tl.dag.num_units)]
 
 
 def draw_gantt(tl: Timeline, freqs_mhz: np.ndarray, path: str | Path, title: str = "") -> Path:
@@ -122,7 +128,7 @@ def labels_that_fit(bars: Sequence[GanttBar], px_per_s: float, px_per_row: float
     """Indices of the bars whose label (``F12``) fits inside them at this scale (pixels per second and per row)."""
     char_px, text_px = 0.62 * _FONT_PT * _DPI / 72, 1.3 * _FONT_PT * _DPI / 72
     return [i for i, b in enumerate(bars)
-            if (b.end_s - b.start_s) * px_per_s >= (len(f"{b.kind}{b.mb}") + 1) * char_px
+            if (b.end_s - b.start_s) * px_per_s >= (len(b.name) + 1) * char_px
             and _HEIGHT[b.kind] * px_per_row >= text_px]
 
 
@@ -136,5 +142,5 @@ def _label_where_fits(ax: Axes, bars: Sequence[GanttBar], colours: Sequence[tupl
     for i in fits:
         b = bars[i]
         dark = sum(colours[i][:3]) < 1.5
-        ax.text((b.start_s + b.end_s) / 2, S - 1 - b.stage, f"{b.kind}{b.mb}", ha="center", va="center",
+        ax.text((b.start_s + b.end_s) / 2, S - 1 - b.stage, b.name, ha="center", va="center",
                 fontsize=_FONT_PT, color="white" if dark else "black")

@@ -19,6 +19,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.fold import Fold, identity_fold
 from envpipe.plan.menus import UnitMenus
 from envpipe.plan.simulate import stage_tails
 
@@ -49,67 +50,98 @@ def dag_edges(dag: PipelineDag, transfer_s: float, tail_s: float | np.ndarray = 
     return Edges(pred, succ, lag, last, stage_tails(tail_s, dag.num_stages))
 
 
-def timing_rows(edges: Edges, num_units: int) -> tuple[sparse.csr_matrix, np.ndarray]:
-    """Rows over [s (N), d (N), T]: precedence s_p + d_p - s_u <= -lag and, per stage, the end of its
-    last unit plus its tail by the makespan: s_u + d_u - T <= -tail (the simulator's iteration end)."""
-    N, E, K = num_units, edges.pred.size, edges.last.size
-    r_e = np.arange(E)
-    r_k = E + np.arange(K)
-    rows = np.r_[r_e, r_e, r_e, r_k, r_k, r_k]
-    cols = np.r_[edges.pred, N + edges.pred, edges.succ, edges.last, N + edges.last, np.full(K, 2 * N)]
-    vals = np.r_[np.ones(E), np.ones(E), -np.ones(E), np.ones(K), np.ones(K), -np.ones(K)]
-    A = sparse.csr_matrix((vals, (rows, cols)), shape=(E + K, 2 * N + 1))
-    return A, np.r_[-edges.lag, -edges.tail]
-
-
 @dataclass(frozen=True)
 class Relaxation:
     duration: np.ndarray  # (N,) LP durations, between the fastest and slowest hull clock
-    energy: float  # lower bound on the iteration energy of any plan of this order within the budget
+    energy: float  # the LP's least iteration energy: a lower bound on any plan of this order unless folded
+    folded: bool  # solved on a periodic fold (envpipe.plan.fold): a restriction, so `energy` is no bound
 
 
 def solve_relaxation(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float,
-                     idle_power_w: float, max_segments: int | None = None) -> Relaxation:
-    N = dag.num_units
-    # d_u = fastest hull time + sum_j delta_uj, 0 <= delta_uj <= length of hull segment j, cost slope a_j.
-    # The hull is convex (slopes increase), so the LP fills cheaper segments first on its own: no
-    # epigraph rows, only bounded columns, which keeps the simplex small.
+                     idle_power_w: float, max_segments: int | None = None, fold: Fold | None = None) -> Relaxation:
+    """The LP on the DAG, or on ``fold`` of it (falling back to the full LP if the fold has no solution)."""
+    if fold is not None and not fold.is_identity:
+        try:
+            return _solve(dag, menus, edges, budget_s, idle_power_w, max_segments, fold)
+        except InfeasibleBudget:
+            pass  # the budget leaves no room for a periodic middle: the full LP decides
+    return _solve(dag, menus, edges, budget_s, idle_power_w, max_segments, identity_fold(dag.num_units))
+
+
+def _solve(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, idle_power_w: float,
+           max_segments: int | None, fold: Fold) -> Relaxation:
+    R = fold.size
+    # d_r = fastest hull time + sum_j delta_rj, 0 <= delta_rj <= length of hull segment j, cost slope a_j
+    # (times the number of units sharing r). The hull is convex (slopes increase), so the LP fills cheaper
+    # segments first on its own: no epigraph rows, only bounded columns, which keeps the simplex small.
+    group = menus.group[fold.unit]
+    weight = fold.weight
     seg_unit, seg_len, seg_slope = [], [], []
     for g, menu in enumerate(menus.menus):
         hull = menu.hull if max_segments is None else _thin(menu.hull, max_segments)
         t, c = menu.time[hull], menu.cost[hull]
         if t.size < 2:
             continue
-        units = np.flatnonzero(menus.group == g)
+        units = np.flatnonzero(group == g)
         seg_unit.append(np.repeat(units, t.size - 1))
         seg_len.append(np.tile(np.diff(t), units.size))
         seg_slope.append(np.tile(np.diff(c) / np.diff(t), units.size))
     su = np.concatenate(seg_unit) if seg_unit else np.zeros(0, int)
     length = np.concatenate(seg_len) if seg_len else np.zeros(0)
-    slope = np.concatenate(seg_slope) if seg_slope else np.zeros(0)
+    slope = np.concatenate(seg_slope) * weight[su] if seg_slope else np.zeros(0)
     D = su.size
-    fastest = np.asarray([m.time[m.hull[0]] for m in menus.menus])[menus.group]
-    fast_cost = np.asarray([m.cost[m.hull[0]] for m in menus.menus])[menus.group]
+    fastest = np.asarray([m.time[m.hull[0]] for m in menus.menus])[group]
+    fast_cost = np.asarray([m.cost[m.hull[0]] for m in menus.menus])[group]
 
-    A_t, ub_t = timing_rows(edges, N)
-    A_t = A_t.tocsc()
-    to_units = sparse.csr_matrix((np.ones(D), (su, np.arange(D))), shape=(N, D))
-    A_d = A_t[:, N:2 * N]
-    A = sparse.hstack([A_t[:, :N], A_t[:, 2 * N:], A_d @ to_units], format="csr")  # columns [s, T, delta]
+    A_t, ub_t = timing_rows(edges, fold)
+    S, P = dag.num_stages, fold.num_periods
+    to_units = sparse.csr_matrix((np.ones(D), (su, np.arange(D))), shape=(R, D))
+    A_d = A_t[:, R:2 * R]
+    A = sparse.hstack([A_t[:, :R], A_t[:, 2 * R:], A_d @ to_units], format="csr")  # columns [s, T, tau (P), delta]
     ub = ub_t - A_d @ fastest
-    objective = np.r_[np.zeros(N), dag.num_stages * idle_power_w, slope]
-    lb = np.zeros(N + 1 + D)
-    hi = np.r_[np.full(N, np.inf), budget_s, length]
-    # dual simplex is quicker on small DAGs, the interior-point method scales better on large ones
-    method = "highs-ds" if N <= _IPM_FROM_UNITS else "highs-ipm"
+    objective = np.r_[np.zeros(R), S * idle_power_w, np.zeros(P), slope]
+    lb = np.zeros(R + 1 + P + D)
+    hi = np.r_[np.full(R, np.inf), budget_s, np.full(P, np.inf), length]
+    # dual simplex is quicker on small LPs, the interior-point method scales better on large ones
+    method = "highs-ds" if R <= _IPM_FROM_UNITS else "highs-ipm"
     res = linprog(objective, A_ub=A, b_ub=ub, bounds=np.c_[lb, hi], method=method)
     if res.status == 2:
-        raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: even every unit at its fastest "
+        raise InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible: even every unit at its fastest "
                                "clock takes longer")
     if res.status != 0 or res.x is None:
         raise RuntimeError(f"LP relaxation failed: {res.message}")
-    duration = fastest + np.bincount(su, weights=res.x[N + 1:], minlength=N)
-    return Relaxation(duration, float(res.fun + fast_cost.sum()))
+    duration = fastest + np.bincount(su, weights=res.x[R + 1 + P:], minlength=R)
+    return Relaxation(duration[fold.rep], float(res.fun + fast_cost @ weight), not fold.is_identity)
+
+
+def timing_rows(edges: Edges, fold: Fold) -> tuple[sparse.csc_matrix, np.ndarray]:
+    """Rows over [s (R), d (R), T, tau (fold.num_periods)] of the folded units.
+
+    Precedence s_p + d_p - s_u <= -lag. A folded unit starts at its representative's start plus ``shift``
+    periods, so an edge reads s_p' + d_p' - s_u' + k_p tau_a - k_u tau_b <= -lag; along a family of edges
+    that differ only in k_p (the same representatives, periods, k_u - k_p and lag) the row is affine
+    in k_p, so the rows of its smallest and largest k_p imply all others. Per stage, the end of its last unit
+    plus its tail by the makespan: s_u + d_u - T <= -tail (the simulator's iteration end). Unfolded (identity
+    fold), every shift is 0 and tau has no entries."""
+    R, stage = fold.size, fold.clock_of
+    kp, ku = fold.shift[edges.pred], fold.shift[edges.succ]
+    family = np.c_[fold.rep[edges.pred], fold.rep[edges.succ], stage[edges.pred], stage[edges.succ], ku - kp,
+                   edges.lag]
+    by_family = np.lexsort((kp, *family.T[::-1]))
+    starts = np.r_[True, np.any(np.diff(family[by_family], axis=0) != 0, axis=1)]
+    keep = np.unique(np.r_[by_family[starts], by_family[np.r_[starts[1:], True]]])
+    rp, ru, a, b, lag = (family[keep, i] for i in (0, 1, 2, 3, 5))
+    rp, ru, a, b = (x.astype(int) for x in (rp, ru, a, b))
+    kp, ku = kp[keep], ku[keep]
+    E, K = keep.size, edges.last.size
+    rl, kl, sl = fold.rep[edges.last], fold.shift[edges.last], stage[edges.last]
+    r_e, r_k = np.arange(E), E + np.arange(K)
+    T, tau = 2 * R, 2 * R + 1
+    rows = np.r_[r_e, r_e, r_e, r_e, r_e, r_k, r_k, r_k, r_k]
+    cols = np.r_[rp, R + rp, ru, tau + a, tau + b, rl, R + rl, np.full(K, T), tau + sl]
+    vals = np.r_[np.ones(E), np.ones(E), -np.ones(E), kp, -ku, np.ones(K), np.ones(K), -np.ones(K), kl]
+    A = sparse.csc_matrix((vals, (rows, cols)), shape=(E + K, 2 * R + 1 + fold.num_periods))
+    return A, np.r_[-lag, -edges.tail]
 
 
 def _thin(hull: np.ndarray, max_segments: int) -> np.ndarray:

@@ -12,6 +12,7 @@ clock is both faster and cheaper (Pareto); the LP relaxation uses the lower conv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -26,6 +27,7 @@ class Menu:
     clock: np.ndarray  # (k,) indices into profile.freqs
     time: np.ndarray  # (k,) seconds
     cost: np.ndarray  # (k,) effective cost e - P*t, joules
+    energy: np.ndarray  # (k,) joules
     hull: np.ndarray  # (h,) positions in the arrays above that are lower-hull vertices
 
 
@@ -38,7 +40,7 @@ def pareto_menu(time: np.ndarray, energy: np.ndarray, idle_power_w: float) -> Me
             keep.append(int(k))
     idx = np.asarray(keep, dtype=int)
     t, c = time[idx], cost[idx]
-    return Menu(idx, t, c, _lower_hull(t, c))
+    return Menu(idx, t, c, energy[idx], _lower_hull(t, c))
 
 
 def _lower_hull(t: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -66,18 +68,25 @@ class UnitMenus:
     clock: np.ndarray  # (N, K) profile clock index
     time: np.ndarray  # (N, K)
     cost: np.ndarray  # (N, K)
+    energy: np.ndarray  # (N, K) joules
     size: np.ndarray  # (N,) number of real options
-    group: np.ndarray  # (N,) menu group 2*stage + (0 for F, 1 for B)
+    group: np.ndarray  # (N,) menu group 2*model stage + (0 for F, 1 for B)
     menus: tuple[Menu, ...]  # per group
 
     def pick(self, option: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rows = np.arange(option.size)
-        return self.clock[rows, option], self.time[rows, option], self.cost[rows, option]
+        """Per unit: profile clock index, time and energy of its option."""
+        flat = self.row_offset + option  # one flat gather per table: quicker than [rows, option]
+        return self.clock.ravel()[flat], self.time.ravel()[flat], self.energy.ravel()[flat]
+
+    @cached_property
+    def row_offset(self) -> np.ndarray:
+        return np.arange(self.time.shape[0]) * self.time.shape[1]
 
 
 def unit_menus(dag: PipelineDag, profile: Profile, idle_power_w: float) -> UnitMenus:
-    if profile.num_stages != dag.num_stages:
-        raise ValueError(f"profile has {profile.num_stages} stages, the schedule {dag.num_stages}")
+    """``profile``: one row per model stage of the DAG (envpipe.plan.layout.model_profile)."""
+    if profile.num_stages != dag.num_stages * dag.num_chunks:
+        raise ValueError(f"profile has {profile.num_stages} stages, the schedule {dag.num_stages * dag.num_chunks}")
     menus = []
     for s in range(profile.num_stages):
         menus.append(pareto_menu(profile.fwd_time[s], profile.fwd_energy[s], idle_power_w))
@@ -87,6 +96,8 @@ def unit_menus(dag: PipelineDag, profile: Profile, idle_power_w: float) -> UnitM
     g_clock = np.stack([pad(m.clock, 0) for m in menus]).astype(int)
     g_time = np.stack([pad(m.time, np.inf) for m in menus])
     g_cost = np.stack([pad(m.cost, np.inf) for m in menus])
-    group = 2 * dag.stage + (~dag.is_fwd).astype(int)
+    g_energy = np.stack([pad(m.energy, np.inf) for m in menus])
+    group = 2 * dag.model_stage + (~dag.is_fwd).astype(int)
     sizes = np.asarray([m.clock.size for m in menus])
-    return UnitMenus(g_clock[group], g_time[group], g_cost[group], sizes[group], group, tuple(menus))
+    return UnitMenus(g_clock[group], g_time[group], g_cost[group], g_energy[group], sizes[group], group,
+                     tuple(menus))

@@ -12,6 +12,7 @@ from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.fold import identity_fold
 from envpipe.plan.lp import Edges, InfeasibleBudget, timing_rows
 from envpipe.plan.menus import UnitMenus
 
@@ -36,10 +37,9 @@ def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float
         real &= allowed
     xu, xk = np.nonzero(real)
     X = xu.size
-    A_t, ub_t = timing_rows(edges, N)
-    A_t = A_t.tocsc()
+    A_t, ub_t = timing_rows(edges, identity_fold(N))
     # columns [s (N), T, x (X)]; substitute d_u = sum_k t_uk x_uk into the timing rows
-    A_s, A_d, A_T = A_t[:, :N], A_t[:, N:2 * N], A_t[:, 2 * N:]
+    A_s, A_d, A_T = A_t[:, :N], A_t[:, N:2 * N], A_t[:, 2 * N:2 * N + 1]  # tau: no entries unfolded
     A_x = A_d[:, xu] @ sparse.diags(menus.time[xu, xk])
     timing = sparse.hstack([A_s, A_T, A_x], format="csr")
     one_hot = sparse.csr_matrix((np.ones(X), (xu, N + 1 + np.arange(X))), shape=(N, N + 1 + X))
@@ -53,7 +53,7 @@ def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float
                options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
                         **({} if node_limit is None else {"node_limit": node_limit})})
     if res.status == 2:
-        raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible")
+        raise InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible")
     if res.x is None:
         raise MilpTimeout(f"MILP found no solution: {res.message}")
     if res.status != 0 and allowed is None:

@@ -5,11 +5,13 @@ Method (docs/optimal-planner.md has the long form):
 1. Menus (menus.py): with the unit order fixed, energy = sum_u (e_u - P t_u) + S P T, a discrete
    time-cost trade-off on the DAG. Per (stage, kind) only Pareto clocks matter.
 2. LP relaxation (lp.py): convex hull of each menu, precedence edges, makespan <= budget, solved
-   with HiGHS on sparse matrices. Gives a lower bound and fractional durations.
-3. Rounding, two ways, keeping the better result: (a) each unit takes the slowest menu clock not
-   slower than its LP duration (durations only shrink, so the budget holds); (b) each unit takes
-   the clock nearest its LP duration, then *repair* speeds up the critical unit with the least
-   extra cost per second saved until the simulated time meets the budget.
+   with HiGHS on sparse matrices, on a periodic fold of the middle micro-batches when M is large
+   (fold.py). Gives fractional durations, and a lower bound when not folded.
+3. Rounding, three ways, keeping the best result: (a) each unit takes the slowest menu clock not
+   slower than its LP duration (durations only shrink, so the budget holds); (b) error diffusion along
+   each stage; (c) each unit takes the clock nearest its LP duration (small DAGs; in a frontier sweep,
+   the previous budget's clocks instead); then *repair* speeds up the critical units with the least
+   extra cost per second saved until the simulated time meets the budget exactly.
 4. Improve: alternately give each unit its *free float* in the earliest schedule and in the latest
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
@@ -32,25 +34,36 @@ from dataclasses import dataclass
 import numpy as np
 
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.fold import Fold, periodic_fold
+from envpipe.plan.layout import StageLayout, model_profile
 from envpipe.plan.lp import Edges, InfeasibleBudget, dag_edges, solve_relaxation
+from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.menus import UnitMenus, unit_menus
 from envpipe.plan.milp import MilpTimeout, solve_milp
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
 from envpipe.plan.policies import valley_clocks
-from envpipe.plan.schedules import SCHEDULES, build_schedule, reschedule_counts
+from envpipe.plan.schedules import CHUNKED, build_schedule, plan_layout, reschedule_counts
 from envpipe.plan.simulate import Timeline, simulate
 from envpipe.profile import Profile
 
-_REL_TOL = 1e-9  # budget slack allowed for floating point (relative)
 _MAX_PASSES = 200
+# steady micro-batches kept unfolded after the warm-up and before the cool-down, beyond the number of stages:
+# the transient lasts about a pipeline's length; measured: the folded LP then matches the full one
+_FOLD_MARGIN = 2
+# micro-batches per folded period (a multiple of the schedule's own period): one would do for the LP value,
+# but its single representative is fractional in every copy, which rounding then loses; with 16 the LP's
+# vertex mixes clocks inside the period instead (measured on the four real profiles at M = 96: at most
+# 0.04 points of saving below the full LP's plan, against up to 0.7 with one)
+_FOLD_PERIOD = 16
 _FULL_HULL_UNITS = 8192
+_NEAREST_UNITS = 2048  # above, error diffusion alone: it wins there and nearest rounding's repair is slow
 _COARSE_SEGMENTS = 4
 _POLISH_UNITS = 256  # neighbourhood MILP only on small DAGs, where HiGHS is quick
 _POLISH_BINARIES = 1024  # ... and only when the neighbourhood has at most this many (unit, option) pairs
 _POLISH_RADIUS = 3  # each unit may move this many menu options either way: reaches past a non-hull option
 _POLISH_NODES = 20  # branch-and-bound nodes per round: deterministic, unlike a time limit
 _POLISH_ROUNDS = 10  # rounds re-centre the neighbourhood on the last improvement
-_POLISH_SECONDS_PER_UNIT = 0.02  # only a safety net on the total polish time (about 5 s at 256 units)
+_POLISH_SECONDS_PER_UNIT = 0.1  # only a safety net: the node limits decide, so results do not depend on load
 
 
 @dataclass(frozen=True)
@@ -63,23 +76,31 @@ class ClockProblem:
     profile: Profile
     idle_power_w: float
     transfer_s: float
+    fold: Fold  # the periodic fold the LP is solved on (envpipe.plan.fold)
+    peak_memory_bytes: list[int] | None = None  # per stage, when the order was checked against a memory model
 
     @classmethod
     def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
-              tail_s: float | np.ndarray = 0.0) -> ClockProblem:
+              tail_s: float | np.ndarray = 0.0, peak_memory_bytes: list[int] | None = None,
+              period: int = 1, drift: bool = False) -> ClockProblem:
+        """``period``: micro-batches after which the schedule's middle repeats; ``drift``: stages may run at
+        different paces through it (orders with extra warm-up forwards); see envpipe.plan.fold."""
+        fold = periodic_fold(dag, period * -(-_FOLD_PERIOD // period), dag.num_stages + _FOLD_MARGIN, drift)
         return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s, tail_s), profile,
-                   idle_power_w, transfer_s)
+                   idle_power_w, transfer_s, fold, peak_memory_bytes)
 
     @property
     def tail(self) -> np.ndarray:
         """(S,) per-stage tail after the last unit (seconds)."""
         return self.edges.tail
 
-    def simulate(self, option: np.ndarray) -> Timeline:
-        clock, dur, _ = self.menus.pick(option)
-        s = self.dag.stage
-        energy = np.where(self.dag.is_fwd, self.profile.fwd_energy[s, clock], self.profile.bwd_energy[s, clock])
-        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s, tail_s=self.tail)
+    def simulate(self, option: np.ndarray, previous: Timeline | None = None,
+                 changed: np.ndarray | None = None) -> Timeline:
+        """The timeline of ``option``; with ``previous`` (another option's) and the units whose option differs
+        from it, only the levels from the earliest changed unit on are recomputed."""
+        _, dur, energy = self.menus.pick(option)
+        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s, tail_s=self.tail,
+                        previous=previous, changed=changed)
 
     def end_caps(self, budget_s: float) -> np.ndarray:
         """(N,) latest end of each unit within the budget: its stage's tail must still fit after it."""
@@ -104,28 +125,41 @@ class ClockProblem:
 class Solution:
     option: np.ndarray  # (N,) menu option per unit
     timeline: Timeline
-    lp_energy: float | None  # LP lower bound on the energy within the budget (None: coarse hull, no bound)
+    lp_energy: float | None  # LP lower bound on the energy within the budget (None: folded or coarse LP, no bound)
 
 
 def _within(time: float, budget: float) -> bool:
-    return time <= budget * (1 + _REL_TOL)
+    """Exactly: the simulation is deterministic, so the plan file re-simulates to the same number."""
+    return time <= budget
 
 
-def solve(problem: ClockProblem, budget_s: float) -> Solution:
-    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
+def infeasible(budget_s: float, fastest_s: float) -> InfeasibleBudget:
+    """The error for a budget below the all-fastest iteration, with digits enough to see the gap."""
+    return InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible: with every unit at its fastest clock "
+                            f"the iteration takes {fastest_s:.12g} s ({fastest_s - budget_s:.3g} s more)")
+
+
+def solve(problem: ClockProblem, budget_s: float, start: np.ndarray | None = None) -> Solution:
+    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish).
+
+    ``start``: an option known to meet the budget (a frontier's plan for the next shorter budget), improved
+    from instead of the nearest rounding, which needs many repair steps: the warm start of a sweep."""
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
-        raise InfeasibleBudget(f"time budget {budget_s:.6f} s is infeasible: with every unit at its fastest clock "
-                               f"the iteration takes {fastest:.6f} s")
+        raise infeasible(budget_s, fastest)
     # very large DAGs: a coarser hull keeps the LP tractable; rounding and improvement use the full menus
     segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
-    relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w, segments)
-    roundings = [problem.fit(relax.duration + 1e-9)]
-    if segments is None:  # nearest rounding needs many repair steps on very large DAGs
+    relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w, segments,
+                             problem.fold)
+    roundings = [problem.fit(relax.duration + 1e-9), _diffused(problem, relax.duration)]
+    if start is not None:
+        roundings.append(start)
+    elif problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
         roundings.append(_nearest(problem, relax.duration))
     best: tuple[np.ndarray, Timeline] | None = None
     for option in roundings:
-        option = _improve(problem, _repair(problem, option, budget_s), budget_s)
+        # improve hands out free float up to a relative 1e-12 (fit's tolerance): the last repair makes sure
+        option = _repair(problem, _improve(problem, _repair(problem, option, budget_s), budget_s), budget_s)
         tl = problem.simulate(option)
         if best is None or tl.energy < best[1].energy:
             best = (option, tl)
@@ -135,7 +169,7 @@ def solve(problem: ClockProblem, budget_s: float) -> Solution:
         allowed = _neighbourhood(problem, option)
         if allowed.sum() <= _POLISH_BINARIES:
             option, tl = _polish(problem, option, tl, allowed, budget_s)
-    return Solution(option, tl, relax.energy if segments is None else None)
+    return Solution(option, tl, relax.energy if segments is None and not relax.folded else None)
 
 
 def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, allowed: np.ndarray,
@@ -176,20 +210,45 @@ def _nearest(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
     return np.argmin(np.abs(problem.menus.time - duration[:, None]), axis=1)
 
 
+def _diffused(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
+    """Per stage, in execution order, the clock nearest the LP duration plus the rounding error carried from
+    the stage's previous units (error diffusion): a stretch of units whose LP durations lie between two clocks
+    alternates between them, so the stage keeps the LP's pace and, nearly, its cost (the LP spreads slack
+    evenly over a periodic middle, where rounding each unit alone loses it)."""
+    order = np.asarray(problem.dag.order)  # (S, units per stage)
+    option = np.empty(problem.dag.num_units, int)
+    carry = np.zeros(order.shape[0])
+    rows = np.arange(order.shape[0])
+    for units in order.T:
+        target = duration[units] + carry
+        times = problem.menus.time[units]
+        pick = np.argmin(np.abs(times - target[:, None]), axis=1)
+        option[units] = pick
+        carry = target - times[rows, pick]
+    return option
+
+
 def _repair(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
-    """Speed up the critical unit with the least cost per second saved until the budget holds."""
+    """Speed up critical units, the least cost per second saved first, until the budget holds.
+
+    Each round takes as many of the critical path's cheapest one-step speed-ups as half its overshoot needs
+    (they all shorten that path), then re-simulates: another path may have become critical, and halving
+    leaves the last, decisive steps to one unit at a time, as a plain greedy would take them."""
     option = option.copy()
     tl = problem.simulate(option)
     while not _within(tl.iteration_time, budget_s):
         path = np.asarray(tl.critical_path())
         path = path[option[path] > 0]
         if path.size == 0:  # pragma: no cover - solve() checked the all-fastest time first
-            raise InfeasibleBudget(f"time budget {budget_s:.6f} s cannot be met")
+            raise infeasible(budget_s, problem.fastest_time())
         o = option[path]
         dt = problem.menus.time[path, o] - problem.menus.time[path, o - 1]
         dc = problem.menus.cost[path, o - 1] - problem.menus.cost[path, o]
-        option[path[np.argmin(dc / dt)]] -= 1
-        tl = problem.simulate(option)
+        cheapest = np.argsort(dc / dt, kind="stable")
+        needed = int(np.searchsorted(np.cumsum(dt[cheapest]), 0.5 * (tl.iteration_time - budget_s))) + 1
+        faster = path[cheapest[:needed]]
+        option[faster] -= 1
+        tl = problem.simulate(option, tl, faster)
     return option
 
 
@@ -252,6 +311,7 @@ class OptimalResult:
     baseline: Timeline
     budget_s: float
     reschedule: list[int]  # extra warm-up forwards per stage of the chosen order (all 0: plain 1F1B)
+    peak_memory_bytes: list[int] | None  # per stage, the chosen order's peak activation bytes (memory given)
     tried: list[tuple[list[int], float | None]]  # every order tried: (r_s, energy or None if infeasible)
     lp_energy: float | None  # LP lower bound for the chosen order (None on very large DAGs: coarse hull)
 
@@ -271,51 +331,76 @@ def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slow
 
 
 def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
-                     transfer_s: float = 0.0, memory_cap: int | None = None) -> list[list[int]]:
+                     transfer_s: float = 0.0, memory: StageMemory | None = None) -> list[list[int]]:
     """Warm-up counts to try: EnvPipe's r_s from the valley clocks of its envelope policy and of its uniform
-    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates."""
+    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates.
+    With ``memory``, r_s is capped so that every stage's in-flight activations fit."""
     S, M = profile.num_stages, num_microbatches
     if schedule != "envpipe":
         return [[0] * S]
     freqs = [int(f) for f in profile.freqs]
+    caps = None if memory is None else warmup_caps(memory, S)
     orders: list[list[int]] = []
     for sweep_last_stage in (False, True):
         valley = valley_clocks(profile, freqs, M, idle_power_w, sweep_last_stage, transfer_s)
         fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
-        r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, memory_cap)
+        r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, caps)
         if any(r) and r not in orders:
             orders.append(r)
     return [*orders, [0] * S]
 
 
 def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
-                  idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0) -> ClockProblem:
-    dag = PipelineDag.from_orders(build_schedule(schedule, profile.num_stages, num_microbatches, reschedule),
-                                  num_microbatches)
-    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s)
+                  idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0,
+                  memory: StageMemory | None = None, layout: StageLayout | None = None) -> ClockProblem:
+    """The clock problem of one order; with ``memory`` the order must fit (MemoryLimitError otherwise).
+    ``profile``: one row per model stage of ``layout`` (default: one model stage per pipeline stage)."""
+    layout = StageLayout.single(profile.num_stages) if layout is None else layout
+    chunks = layout.chunks if schedule in CHUNKED else None
+    orders = build_schedule(schedule, layout.num_stages, num_microbatches, reschedule, chunks)
+    peak = None if memory is None else memory.check(orders, schedule, layout.chunks)
+    dag = PipelineDag.from_orders(orders, num_microbatches, layout)
+    period = layout.num_stages if schedule == "interleaved" else 1  # its chunks cycle through groups of P
+    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s, peak, period, any(reschedule))
+
+
+def order_problems(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
+                   transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0, memory: StageMemory | None = None,
+                   chunks: int | None = None, stages: int | None = None
+                   ) -> tuple[Timeline, list[tuple[list[int], ClockProblem]]]:
+    """The baseline and a clock problem per candidate order of ``schedule`` (for interleaved 1F1B and
+    DualPipeV: ``chunks`` per stage, ``stages`` pipeline stages, default the profile's; the profile has one
+    row per pipeline stage, split evenly over its chunks, or one per model stage; envpipe.plan.layout)."""
+    layout = plan_layout(schedule, profile.num_stages if stages is None else stages, num_microbatches,
+                         idle_power_w, chunks)
+    model = model_profile(profile, layout)
+    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s, layout)
+    orders = (candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory)
+              if layout.chunks == 1 else [[0] * layout.num_stages])
+    return baseline, [(r, build_problem(model, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s,
+                                        memory, layout)) for r in orders]
 
 
 def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
                  time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
-                 memory_cap: int | None = None, tail_s: float | np.ndarray = 0.0) -> OptimalResult:
-    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown).
+                 memory: StageMemory | None = None, tail_s: float | np.ndarray = 0.0, chunks: int | None = None,
+                 stages: int | None = None) -> OptimalResult:
+    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown; for interleaved
+    1F1B and DualPipeV, that schedule's all-max time).
 
+    ``memory``: activation bytes per in-flight micro-batch and bytes available per stage; only orders that
+    fit are tried (MemoryLimitError if none does), and the plan reports its per-stage peak bytes.
     ``tail_s``: each stage's work after its last unit (one number or one per stage); the iteration,
     and so the budget, ends when every stage has finished its tail, as in envpipe.plan.simulate.
+    ``chunks``, ``stages``: the layout of interleaved 1F1B and DualPipeV (order_problems).
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if num_microbatches < 1:
-        raise ValueError("the number of micro-batches must be at least 1")
-    if idle_power_w < 0:
-        raise ValueError("idle power must not be negative")
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s)
+    baseline, problems = order_problems(profile, num_microbatches, schedule, idle_power_w, transfer_s, tail_s,
+                                        memory, chunks, stages)
     budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
     tried: list[tuple[list[int], float | None]] = []
     best: tuple[Solution, ClockProblem, list[int]] | None = None
     errors = []
-    for r in candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory_cap):
-        problem = build_problem(profile, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s)
+    for r, problem in problems:
         try:
             sol = solve(problem, budget)
         except InfeasibleBudget as exc:
@@ -328,5 +413,6 @@ def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float
     if best is None:
         raise InfeasibleBudget(errors[-1])
     sol, problem, r = best
-    plan = plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline)
-    return OptimalResult(plan, sol.timeline, baseline, budget, r, tried, sol.lp_energy)
+    plan = plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline,
+                              problem.peak_memory_bytes)
+    return OptimalResult(plan, sol.timeline, baseline, budget, r, problem.peak_memory_bytes, tried, sol.lp_energy)

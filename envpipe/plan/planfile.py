@@ -6,6 +6,12 @@ plan against a profile.
  "predicted": {"iteration_time_s": T, "energy_j": E, "baseline_time_s": T0, "baseline_energy_j": E0},
  "critical_path": [[stage, "F", mb], ...],
  "profile_digest": "sha256:..."}   (optional: the Profile.digest the plan was made from)
+
+Optional, still version 1: "predicted" may hold "peak_memory_bytes": [per stage] (activation bytes at the
+stage's peak, written when the plan was made with a memory model); readers that do not know it skip it.
+A schedule with several model chunks per stage (interleaved 1F1B, DualPipeV) adds "chunks": v at the top,
+"chunk": k to every unit and a fourth entry, the chunk, to every critical-path unit; plans with one chunk
+per stage have none of these, as before.
 """
 
 from __future__ import annotations
@@ -31,14 +37,16 @@ from envpipe.limits import (
     units_error,
 )
 from envpipe.plan.dag import PipelineDag, ScheduleError
-from envpipe.plan.schedules import Unit, one_f_one_b
+from envpipe.plan.layout import StageLayout, model_profile
+from envpipe.plan.schedules import CHUNKED, ChunkUnit, Unit, build_schedule, one_f_one_b, schedule_layout
 from envpipe.plan.simulate import Timeline, simulate
 from envpipe.profile import Profile
 
 PLAN_VERSION = 1
 _TOP_KEYS = {"version", "num_stages", "num_microbatches", "schedule", "policy", "stages", "predicted",
-             "critical_path", "profile_digest"}
+             "critical_path", "profile_digest", "chunks"}
 _PREDICTED_KEYS = ("iteration_time_s", "energy_j", "baseline_time_s", "baseline_energy_j")
+_PEAK_MEMORY = "peak_memory_bytes"  # optional per-stage list inside "predicted"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -51,6 +59,7 @@ class PlannedUnit:
     kind: str
     mb: int
     freq_mhz: int
+    chunk: int = 0  # which of its stage's model chunks (interleaved 1F1B, DualPipeV)
 
 
 @dataclass
@@ -61,11 +70,26 @@ class Plan:
     policy: str
     stages: list[list[PlannedUnit]]
     predicted: dict[str, float] = field(default_factory=dict)
-    critical_path: list[tuple[int, str, int]] = field(default_factory=list)
+    # [stage, kind, mb] per unit, and the chunk as a fourth entry when a stage runs several
+    critical_path: list[tuple[int, str, int] | tuple[int, str, int, int]] = field(default_factory=list)
+    peak_memory_bytes: list[int] | None = None  # per stage, when planned with a memory model
+    chunks: int = 1  # model chunks per stage
     profile_digest: str | None = None  # Profile.digest of the profile it was planned on; None when unknown
 
     def orders(self) -> list[list[Unit]]:
+        """Per-stage (kind, mb) orders of a plan with one chunk per stage (what the runtime runs)."""
+        if self.chunks != 1:
+            raise PlanError(f"a {self.schedule} plan runs {self.chunks} chunks per stage: use chunk_orders()")
         return [[(u.kind, u.mb) for u in units] for units in self.stages]
+
+    def chunk_orders(self) -> list[list[ChunkUnit]]:
+        return [[(u.kind, u.mb, u.chunk) for u in units] for units in self.stages]
+
+    def layout(self) -> StageLayout:
+        try:
+            return schedule_layout(self.schedule, self.num_stages, self.chunks)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
 
     def clocks(self) -> list[list[int]]:
         """Per stage, the planned SM clock (MHz) of each unit in execution order."""
@@ -73,7 +97,7 @@ class Plan:
 
     def with_clocks(self, clocks: list[list[int]], predicted: dict[str, float] | None = None) -> Plan:
         """The same order with other clocks (and, if given, other predictions)."""
-        stages = [[PlannedUnit(u.kind, u.mb, f) for u, f in zip(units, cs, strict=True)]
+        stages = [[replace(u, freq_mhz=f) for u, f in zip(units, cs, strict=True)]
                   for units, cs in zip(self.stages, clocks, strict=True)]
         return replace(self, stages=stages, predicted=dict(self.predicted if predicted is None else predicted))
 
@@ -84,10 +108,13 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "schedule": self.schedule,
             "policy": self.policy,
-            "stages": [[{"kind": u.kind, "mb": u.mb, "freq_mhz": u.freq_mhz} for u in units]
+            **({} if self.chunks == 1 else {"chunks": self.chunks}),
+            "stages": [[{"kind": u.kind, "mb": u.mb, "freq_mhz": u.freq_mhz,
+                         **({} if self.chunks == 1 else {"chunk": u.chunk})} for u in units]
                        for units in self.stages],
-            "predicted": dict(self.predicted),
-            "critical_path": [[s, k, m] for s, k, m in self.critical_path],
+            "predicted": {**self.predicted,
+                          **({} if self.peak_memory_bytes is None else {_PEAK_MEMORY: list(self.peak_memory_bytes)})},
+            "critical_path": [list(p) for p in self.critical_path],
         }
         if self.profile_digest is not None:
             data["profile_digest"] = self.profile_digest
@@ -129,20 +156,26 @@ class Plan:
             raise PlanError(f"unsupported plan version {quote(version)} (this tool reads {PLAN_VERSION})")
         S = _int_in(data, "num_stages", 1, MAX_STAGES)
         M = _int_in(data, "num_microbatches", 1, MAX_MICROBATCHES)
-        too_big = units_error(S, M)
+        chunks = _int_in(data, "chunks", 1, MAX_STAGES) if "chunks" in data else 1
+        too_big = units_error(S * chunks, M)
         if too_big:
             raise PlanError(too_big)
         stages_raw = data.get("stages")
         if not isinstance(stages_raw, list) or len(stages_raw) != S:
             raise PlanError(f"'stages' must be a list of {S} stage lists")
-        stages = [[_unit(s, i, u, M) for i, u in enumerate(units)] if isinstance(units, list)
+        stages = [[_unit(s, i, u, M, chunks) for i, u in enumerate(units)] if isinstance(units, list)
                   else _fail(f"stage {s} is not a list") for s, units in enumerate(stages_raw)]
         predicted = data.get("predicted", {})
+        peak = _peak_memory(predicted, S)
+        if isinstance(predicted, dict):
+            predicted = {k: v for k, v in predicted.items() if k != _PEAK_MEMORY}
         if not isinstance(predicted, dict) or not all(_is_number(v) for v in predicted.values()):
             raise PlanError("'predicted' must map names to numbers")
         path = data.get("critical_path", [])
-        if not isinstance(path, list) or len(path) > 2 * S * M or not all(_is_path_unit(p, S, M) for p in path):
-            raise PlanError(f"'critical_path' must be a list of [stage < {S}, 'F'|'B', mb < {M}]")
+        if not isinstance(path, list) or len(path) > 2 * S * M * chunks or not all(
+                _is_path_unit(p, S, M, chunks) for p in path):
+            entry = f"[stage < {S}, 'F'|'B', mb < {M}" + (f", chunk < {chunks}]" if chunks > 1 else "]")
+            raise PlanError(f"'critical_path' must be a list of {entry}")
         for key in ("schedule", "policy"):
             if not isinstance(data.get(key), str):
                 raise PlanError(f"'{key}' must be a string")
@@ -150,7 +183,8 @@ class Plan:
         if digest is not None and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
             raise PlanError(f"'profile_digest' must be 'sha256:' and 64 hex digits, got {quote(digest)}")
         return cls(S, M, data["schedule"], data["policy"], stages, {k: float(v) for k, v in predicted.items()},
-                   [(p[0], p[1], p[2]) for p in path], digest)
+                   [(p[0], p[1], p[2]) if chunks == 1 else (p[0], p[1], p[2], p[3]) for p in path],
+                   peak_memory_bytes=peak, chunks=chunks, profile_digest=digest)
 
 
 def parse_json(text: str) -> Any:
@@ -190,6 +224,15 @@ def _depth(value: Any) -> int:
     return depth
 
 
+def _peak_memory(predicted: Any, num_stages: int) -> list[int] | None:
+    if not isinstance(predicted, dict) or _PEAK_MEMORY not in predicted:
+        return None
+    peak = predicted[_PEAK_MEMORY]
+    if not isinstance(peak, list) or len(peak) != num_stages or any(not _is_int(b) or b < 0 for b in peak):
+        raise PlanError(f"'predicted.{_PEAK_MEMORY}' must be a list of {num_stages} whole numbers >= 0")
+    return list(peak)
+
+
 def _fail(message: str) -> list[PlannedUnit]:
     raise PlanError(message)
 
@@ -209,28 +252,33 @@ def _int_in(data: dict[str, Any], key: str, low: int, high: int) -> int:
     return value
 
 
-def _is_path_unit(p: Any, S: int, M: int) -> bool:
-    return (isinstance(p, list) and len(p) == 3 and _is_int(p[0]) and 0 <= p[0] < S and p[1] in ("F", "B")
-            and _is_int(p[2]) and 0 <= p[2] < M)
+def _is_path_unit(p: Any, S: int, M: int, chunks: int) -> bool:
+    width = 3 if chunks == 1 else 4
+    return (isinstance(p, list) and len(p) == width and _is_int(p[0]) and 0 <= p[0] < S and p[1] in ("F", "B")
+            and _is_int(p[2]) and 0 <= p[2] < M and (chunks == 1 or (_is_int(p[3]) and 0 <= p[3] < chunks)))
 
 
-def _unit(stage: int, pos: int, raw: Any, M: int) -> PlannedUnit:
+def _unit(stage: int, pos: int, raw: Any, M: int, chunks: int) -> PlannedUnit:
     where = f"stage {stage} unit {pos}"
-    if not isinstance(raw, dict) or set(raw) != {"kind", "mb", "freq_mhz"}:
-        raise PlanError(f"{where}: must be {{'kind', 'mb', 'freq_mhz'}}, got {quote(raw)}")
-    kind, mb, freq = raw["kind"], raw["mb"], raw["freq_mhz"]
+    keys = ("kind", "mb", "freq_mhz", *(("chunk",) if chunks > 1 else ()))
+    if not isinstance(raw, dict) or set(raw) != set(keys):
+        raise PlanError(f"{where}: must be {{{', '.join(repr(k) for k in keys)}}}, got {quote(raw)}")
+    kind, mb, freq, chunk = raw["kind"], raw["mb"], raw["freq_mhz"], raw.get("chunk", 0)
     if kind not in ("F", "B"):
         raise PlanError(f"{where}: kind must be 'F' or 'B', got {quote(kind)}")
     if not _is_int(mb) or not 0 <= mb < M:
         raise PlanError(f"{where}: mb must be an integer in [0, {M - 1}], got {quote(mb)}")
     if not _is_int(freq) or not 1 <= freq <= MAX_CLOCK_MHZ:
         raise PlanError(f"{where}: freq_mhz must be an integer in [1, {MAX_CLOCK_MHZ}], got {quote(freq)}")
-    return PlannedUnit(kind, mb, freq)
+    if not _is_int(chunk) or not 0 <= chunk < chunks:
+        raise PlanError(f"{where}: chunk must be an integer in [0, {chunks - 1}], got {quote(chunk)}")
+    return PlannedUnit(kind, mb, freq, chunk)
 
 
 def unit_costs(dag: PipelineDag, profile: Profile, freq_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-unit duration and energy for per-unit clock indices into ``profile.freqs``."""
-    s = dag.stage
+    """Per-unit duration and energy for per-unit clock indices into ``profile.freqs`` (``profile``: one row
+    per model stage of the DAG)."""
+    s = dag.model_stage
     dur = np.where(dag.is_fwd, profile.fwd_time[s, freq_idx], profile.bwd_time[s, freq_idx])
     en = np.where(dag.is_fwd, profile.fwd_energy[s, freq_idx], profile.bwd_energy[s, freq_idx])
     return dur, en
@@ -241,17 +289,20 @@ def unit_clocks(plan: Plan, dag: PipelineDag) -> np.ndarray:
     clocks = np.empty(dag.num_units, int)
     for s, units in enumerate(plan.stages):
         for u in units:
-            clocks[dag.index(s, u.kind, u.mb)] = u.freq_mhz
+            clocks[dag.index(s, u.kind, u.mb, u.chunk)] = u.freq_mhz
     return clocks
 
 
 def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
                   tail_s: float | np.ndarray = 0.0) -> Timeline:
-    """Re-simulate any plan (also one written by hand) on a profile; clear errors if they do not fit."""
-    if plan.num_stages != profile.num_stages:
+    """Re-simulate any plan (also one written by hand) on a profile; clear errors if they do not fit.
+    A plan with several chunks per stage takes a profile per model stage or per stage (split evenly)."""
+    layout = plan.layout()
+    if profile.num_stages not in (plan.num_stages, layout.num_model_stages):
         raise PlanError(f"plan has {plan.num_stages} stages but the profile has {profile.num_stages}")
     try:
-        dag = PipelineDag.from_orders(plan.orders(), plan.num_microbatches)
+        dag = PipelineDag.from_orders(plan.chunk_orders() if plan.chunks > 1 else plan.orders(),
+                                      plan.num_microbatches, layout)
     except ScheduleError as exc:
         raise PlanError(f"inconsistent plan: {exc}") from None
     clock_index = {int(f): k for k, f in enumerate(profile.freqs)}
@@ -261,23 +312,34 @@ def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s:
                 raise PlanError(f"stage {s} {u.kind}{u.mb}: {u.freq_mhz} MHz is not a clock of the profile "
                                 f"({profile.freqs[-1]}..{profile.freqs[0]} MHz)")
     freq_idx = np.array([clock_index[f] for f in unit_clocks(plan, dag).tolist()], int)
-    dur, en = unit_costs(dag, profile, freq_idx)
+    dur, en = unit_costs(dag, model_profile(profile, layout), freq_idx)
     return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
 
 
 def baseline_timeline(profile: Profile, num_microbatches: int, idle_power_w: float,
-                      transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0) -> Timeline:
-    """DESIGN's baseline: 1F1B with every unit at the profile's highest clock."""
-    dag = PipelineDag.from_orders(one_f_one_b(profile.num_stages, num_microbatches), num_microbatches)
-    dur, en = unit_costs(dag, profile, np.zeros(dag.num_units, int))
+                      transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0,
+                      layout: StageLayout | None = None) -> Timeline:
+    """DESIGN's baseline: 1F1B with every unit at the profile's highest clock. For a schedule with several
+    chunks per stage (``layout``; ``profile`` per stage or per model stage), that schedule at the highest
+    clock instead: the model is cut differently, so 1F1B would not be the same job."""
+    if layout is None or layout.chunks == 1:
+        S = profile.num_stages if layout is None else layout.num_stages
+        dag = PipelineDag.from_orders(one_f_one_b(S, num_microbatches), num_microbatches)
+    else:
+        name = next(n for n in CHUNKED if schedule_layout(n, layout.num_stages, layout.chunks) == layout)
+        orders = build_schedule(name, layout.num_stages, num_microbatches, chunks=layout.chunks)
+        dag = PipelineDag.from_orders(orders, num_microbatches, layout)
+    dur, en = unit_costs(dag, model_profile(profile, layout or StageLayout.single(dag.num_stages)),
+                         np.zeros(dag.num_units, int))
     return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
 
 
 def plan_from_timeline(timeline: Timeline, freqs_mhz: np.ndarray, schedule: str, policy: str,
-                       baseline: Timeline) -> Plan:
-    """Freeze a simulated assignment (per-unit clocks in MHz) into a Plan with its predictions."""
+                       baseline: Timeline, peak_memory_bytes: list[int] | None = None) -> Plan:
+    """Freeze a simulated assignment (per-unit clocks in MHz) into a Plan with its predictions (and the
+    per-stage peak activation bytes when a memory model was given)."""
     dag = timeline.dag
-    stages = [[PlannedUnit(*dag.unit(i)[1:], int(freqs_mhz[i])) for i in ids] for ids in dag.order]
+    stages = [[PlannedUnit(*dag.unit(i)[1:], int(freqs_mhz[i]), int(dag.chunk[i])) for i in ids] for ids in dag.order]
     predicted = {
         "iteration_time_s": timeline.iteration_time,
         "energy_j": timeline.energy,
@@ -285,5 +347,6 @@ def plan_from_timeline(timeline: Timeline, freqs_mhz: np.ndarray, schedule: str,
         "baseline_energy_j": baseline.energy,
     }
     assert set(predicted) == set(_PREDICTED_KEYS)
-    return Plan(dag.num_stages, dag.num_microbatches, schedule, policy, stages, predicted,
-                [dag.unit(i) for i in timeline.critical_path()])
+    path = [dag.unit(i) if dag.num_chunks == 1 else (*dag.unit(i), int(dag.chunk[i])) for i in timeline.critical_path()]
+    return Plan(dag.num_stages, dag.num_microbatches, schedule, policy, stages, predicted, path, peak_memory_bytes,
+                dag.num_chunks)

@@ -21,8 +21,7 @@ def text_trace(tl: Timeline, freqs_mhz: np.ndarray) -> str:
     for s, ids in enumerate(dag.order):
         cells = []
         for i in ids:
-            _, kind, mb = dag.unit(i)
-            body = f"{kind}{mb} {int(freqs_mhz[i])} {wait_ms[i]:.1f}"
+            body = f"{dag.label(i)} {int(freqs_mhz[i])} {wait_ms[i]:.1f}"
             cells.append(f"[{body}]" if critical[i] else f" {body} ")
         lines.append(f"Stage {s} | " + " ".join(cells))
     return "\n".join(lines)

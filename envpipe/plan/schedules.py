@@ -8,6 +8,13 @@ A unit is ``(kind, mb)`` with kind ``"F"`` (forward) or ``"B"`` (backward). Like
 - EnvPipe: the same shape with min(M, P-s+r_s) warm-up forwards (r_s from ``reschedule_counts``),
   so the bubble before the first backward is filled with (slow) forwards.
 - GPipe: all forwards, then all backwards.
+- Interleaved 1F1B (Megatron's virtual pipeline, v chunks per stage, envpipe.plan.layout): forwards visit
+  chunks in groups of P micro-batches (micro-batches 0..P-1 on chunk 0, then on chunk 1, ...), backwards
+  the chunks in reverse; stage s runs 2(P-s-1) + (v-1)P forwards, then alternates F, B, then drains.
+- DualPipeV (DeepSeek-V3's, exactly as DeepSpeed 0.19's DualPipeVSchedule orders it): rank s runs
+  phase 0 (chunk 0) and phase 1 (chunk 1) in DeepSpeed's eight steps, weight gradients kept inside B.
+
+Units of a schedule with several chunks per stage are ``(kind, mb, chunk)``.
 """
 
 from __future__ import annotations
@@ -15,8 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-Unit = tuple[str, int]
-SCHEDULES = ("1f1b", "envpipe", "gpipe")
+from envpipe.plan.layout import StageLayout
+
+Unit = tuple[str, int]  # (kind, micro-batch) on a stage that runs one model stage
+ChunkUnit = tuple[str, int, int]  # (kind, micro-batch, chunk) on a stage that runs several
+SCHEDULES = ("1f1b", "envpipe", "gpipe", "interleaved", "dualpipev")
+CHUNKED = {"interleaved": 2, "dualpipev": 2}  # schedules with several chunks per stage, and their default count
 
 
 def warmup_order(num_microbatches: int, warmup: int) -> list[Unit]:
@@ -51,6 +62,85 @@ def envpipe_schedule(num_stages: int, num_microbatches: int, reschedule: Sequenc
 def gpipe(num_stages: int, num_microbatches: int) -> list[list[Unit]]:
     order = [("F", m) for m in range(num_microbatches)] + [("B", m) for m in range(num_microbatches)]
     return [list(order) for _ in range(num_stages)]
+
+
+def interleaved_1f1b(num_stages: int, num_microbatches: int, chunks: int) -> list[list[ChunkUnit]]:
+    """Megatron's interleaved 1F1B with ``chunks`` model chunks per stage (micro-batch groups of P).
+
+    Forward k (of M·v) runs micro-batch ``g·P + k % P`` of chunk ``(k // P) % v`` in group g = k // (P·v);
+    backward k the same micro-batch of chunk v-1-that; stage s runs min(M·v, 2(P-s-1) + (v-1)P) forwards,
+    then forward, backward pairs, then the remaining backwards. Megatron needs M divisible by P."""
+    P, M, v = num_stages, num_microbatches, chunks
+    if v < 2:
+        raise ValueError(f"interleaved 1F1B needs at least 2 chunks per stage, got {v}")
+    if M % P:
+        raise ValueError(f"interleaved 1F1B needs the micro-batches ({M}) to be a multiple of the stages ({P}), "
+                         "as Megatron's schedule does")
+    table = [(g + m, k) for g in range(0, M, P) for k in range(v) for m in range(P)]  # forward k -> (mb, chunk)
+    total = M * v
+
+    def forward(i: int) -> ChunkUnit:
+        return "F", table[i][0], table[i][1]
+
+    def backward(i: int) -> ChunkUnit:
+        return "B", table[i][0], v - 1 - table[i][1]
+
+    orders = []
+    for s in range(P):
+        warmup = min(total, 2 * (P - s - 1) + (v - 1) * P)
+        order = [forward(i) for i in range(warmup)]
+        for i in range(total - warmup):
+            order += [forward(warmup + i), backward(i)]
+        order += [backward(i) for i in range(total - warmup, total)]
+        orders.append(order)
+    return orders
+
+
+def dualpipev(num_stages: int, num_microbatches: int) -> list[list[ChunkUnit]]:
+    """DualPipeV's unit order per rank, step by step as DeepSpeed's DualPipeVSchedule.steps() yields it
+    (chunk = DeepSpeed's phase; each (phase, kind) takes its micro-batches in order). Needs M >= 2P."""
+    P, M = num_stages, num_microbatches
+    if M < 2 * P:
+        raise ValueError(f"DualPipeV needs at least 2 x {P} micro-batches, got {M} (as DeepSpeed's schedule)")
+    orders = []
+    for r in range(P):
+        ahead = P - r - 1
+        steps: list[tuple[int, str]] = (
+            [(0, "F")] * 2 * ahead  # 1: nF0
+            + [(0, "F"), (1, "F")] * (r + 1)  # 2: nF0F1
+            + [(1, "B"), (1, "F")] * ahead  # 3: nB1W1F1 (W inside B)
+            + [(0, "F"), (1, "B"), (1, "F"), (0, "B")] * (M - 2 * P + r + 1)  # 4: nF0B1F1B0
+            + [(1, "B"), (1, "F"), (0, "B")] * ahead  # 5: nB1F1B0
+            + [(1, "B"), (0, "B")] * (r + 1)  # 6: nB1B0
+            + [(0, "B")] * ahead)  # 7: nWB0 (8: nW has no unit)
+        count = {key: 0 for key in ((0, "F"), (1, "F"), (0, "B"), (1, "B"))}
+        order: list[ChunkUnit] = []
+        for phase, kind in steps:
+            order.append((kind, count[phase, kind], phase))
+            count[phase, kind] += 1
+        orders.append(order)
+    return orders
+
+
+def schedule_layout(name: str, num_stages: int, chunks: int | None = None) -> StageLayout:
+    """The stage layout a schedule runs on (``chunks``: interleaved 1F1B's v; DualPipeV always has 2)."""
+    if name == "interleaved":
+        return StageLayout.interleaved(num_stages, CHUNKED[name] if chunks is None else chunks)
+    if chunks not in (None, CHUNKED.get(name, 1)):
+        raise ValueError(f"schedule {name} has {CHUNKED.get(name, 1)} chunk(s) per stage, not {chunks}")
+    return StageLayout.v_shape(num_stages) if name == "dualpipev" else StageLayout.single(num_stages)
+
+
+def plan_layout(schedule: str, num_stages: int, num_microbatches: int, idle_power_w: float,
+                chunks: int | None = None) -> StageLayout:
+    """The stage layout of a plan, after the argument checks every planner makes (clear ValueErrors)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if num_microbatches < 1:
+        raise ValueError("the number of micro-batches must be at least 1")
+    if idle_power_w < 0:
+        raise ValueError("idle power must not be negative")
+    return schedule_layout(schedule, num_stages, chunks)
 
 
 def reschedule_counts(
@@ -90,10 +180,17 @@ def reschedule_counts(
 
 
 def build_schedule(
-    name: str, num_stages: int, num_microbatches: int, reschedule: Sequence[int] | None = None
-) -> list[list[Unit]]:
+    name: str, num_stages: int, num_microbatches: int, reschedule: Sequence[int] | None = None,
+    chunks: int | None = None,
+) -> list[list[Unit]] | list[list[ChunkUnit]]:
+    """Per-stage unit orders of a schedule (``chunks``: model chunks per stage of interleaved 1F1B)."""
     if num_stages < 1 or num_microbatches < 1:
         raise ValueError("a pipeline needs at least 1 stage and 1 micro-batch")
+    if name == "interleaved":
+        return interleaved_1f1b(num_stages, num_microbatches, schedule_layout(name, num_stages, chunks).chunks)
+    schedule_layout(name, num_stages, chunks)  # refuses a chunk count the schedule does not have
+    if name == "dualpipev":
+        return dualpipev(num_stages, num_microbatches)
     if name == "1f1b":
         return one_f_one_b(num_stages, num_microbatches)
     if name == "gpipe":

@@ -66,13 +66,13 @@ class Timeline:
         N = dag.num_units
         last_stage = int(np.argmax(self.stage_end + self.tail_s))  # the stage that ends the iteration
         i = dag.order[last_stage][-1]
-        path = [i]
         eps = 1e-12 * max(1.0, self.iteration_time)
-        while True:
-            if self.start[i] <= eps:
-                break
-            same, data = int(dag.pred_same[i]), int(dag.pred_data[i])
-            if same != N and self.ready_same[i] >= self.start[i] - eps:
+        _, _, pred_same, pred_data = dag.as_lists
+        start, ready_same = self.start.tolist(), self.ready_same.tolist()
+        path = [i]
+        while start[i] > eps:
+            same, data = pred_same[i], pred_data[i]
+            if same != N and ready_same[i] >= start[i] - eps:
                 i = same
             elif data != N:
                 i = data

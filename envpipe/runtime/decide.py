@@ -15,10 +15,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from envpipe.plan.dag import ScheduleError, engine_order_dag
+from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.planfile import Plan, PlanError, PlannedUnit, baseline_timeline, evaluate_plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.plan.simulate import Timeline
@@ -55,23 +57,24 @@ def all_max(orders: Sequence[Sequence[tuple[str, int]]], f_max: int, schedule: s
     return Plan(len(orders), len(orders[0]) // 2, schedule, policy, stages)
 
 
-def max_in_flight(memory: Sequence[S.StageMemory] | None) -> list[int | None] | None:
-    return None if memory is None else [m.max_in_flight for m in memory]
-
-
-def warmup_caps(memory: Sequence[S.StageMemory] | None, num_microbatches: int) -> list[int] | None:
-    """Per stage, the extra warm-up forwards (beyond 1F1B's) whose activations fit; None: no limit known."""
-    if memory is None or all(m.max_in_flight is None for m in memory):
+def planner_memory(memory: Sequence[S.MemoryUse] | None) -> StageMemory | None:
+    """The planner's memory model from the measured stages; None where a stage has no limit (CPU)."""
+    if not memory or any(m.available_bytes is None or m.activation_bytes_per_microbatch <= 0 for m in memory):
         return None
-    P = len(memory)
-    caps = []
-    for s, m in enumerate(memory):
-        base = min(P - s, num_microbatches)  # 1F1B's in-flight micro-batches on stage s
-        caps.append(num_microbatches if m.max_in_flight is None else max(0, m.max_in_flight - base))
-    return caps
+    return StageMemory(tuple(m.activation_bytes_per_microbatch for m in memory),
+                       tuple(m.available_bytes or 0 for m in memory))
 
 
-def memory_refusals(uncapped: Sequence[int], capped: Sequence[int], memory: Sequence[S.StageMemory] | None,
+def usable_memory(memory: Sequence[S.MemoryUse] | None) -> tuple[StageMemory | None, bool]:
+    """(the memory model to plan with, whether only 1F1B may run): where even 1F1B keeps more in flight than
+    the model fits, 1F1B runs anyway (calibration ran it) and no extra warm-up forwards are planned."""
+    model = planner_memory(memory)
+    if model is not None and min(warmup_caps(model, model.num_stages)) < 0:
+        return None, True
+    return model, False
+
+
+def memory_refusals(uncapped: Sequence[int], capped: Sequence[int], memory: Sequence[S.MemoryUse] | None,
                     num_microbatches: int) -> list[str]:
     """Why the memory limit cut EnvPipe's extra warm-up forwards (one line per stage it cut)."""
     if memory is None:
@@ -90,7 +93,7 @@ def memory_refusals(uncapped: Sequence[int], capped: Sequence[int], memory: Sequ
     return out
 
 
-def over_memory(memory: Sequence[S.StageMemory] | None, num_microbatches: int) -> list[str]:
+def over_memory(memory: Sequence[S.MemoryUse] | None, num_microbatches: int) -> list[str]:
     """Stages where even 1F1B keeps more micro-batches in flight than the memory model fits (it runs anyway:
     calibration ran it)."""
     P = len(memory or [])
@@ -136,17 +139,19 @@ def from_plan_file(path: str, num_stages: int, num_microbatches: int, cal: Calib
 
 
 def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal: Calibration, f_max: int,
-                 replicas: int, memory: Sequence[S.StageMemory] | None) -> Decision:
+                 replicas: int, memory: Sequence[S.MemoryUse] | None) -> Decision:
     """EnvPipe's `baseline` policy: its order from measured unit times (or 1F1B), every clock at max."""
     P, M = num_stages, num_microbatches
     refused: list[str] = []
-    if cfg.scheduling == "1f1b":
+    model, only_1f1b = usable_memory(memory)
+    if cfg.scheduling == "1f1b" or only_1f1b:
         orders, r = one_f_one_b(P, M), [0] * P
+        refused = over_memory(memory, M)
     else:
-        caps = warmup_caps(memory, M)
+        caps = None if model is None else warmup_caps(model, P)
         uncapped = reschedule_counts(cal.bwd_s, cal.fwd_s, M)
         r = reschedule_counts(cal.bwd_s, cal.fwd_s, M, caps)
-        refused = memory_refusals(uncapped, r, memory, M) + over_memory(memory, M)
+        refused = memory_refusals(uncapped, r, memory, M)
         orders = envpipe_schedule(P, M, r)
     plan = all_max(orders, f_max, cfg.scheduling, "baseline")
     info = S.PlanInfo("baseline", order_name(r), "EnvPipe's rule on the calibration's measured unit times",
@@ -156,40 +161,40 @@ def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal
 
 
 def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, cal: Calibration, idle_power_w: float,
-                 replicas: int, memory: Sequence[S.StageMemory] | None, deployed: bool,
+                 replicas: int, memory: Sequence[S.MemoryUse] | None, deployed: bool,
                  online_reconfig: bool) -> Decision:
     """The optimal planner (default) or one of EnvPipe's policies on ``profile``, with calibrated transfer/tails."""
     M = num_microbatches
     tail = np.asarray(cal.tail_s)
-    caps = warmup_caps(memory, M)
+    model, only_1f1b = usable_memory(memory)
+    schedule = "1f1b" if only_1f1b else cfg.scheduling
+    refused = over_memory(memory, M)
     if cfg.type == "optimal":
         from envpipe.plan.optimal import candidate_orders, optimal_plan
 
-        result = optimal_plan(profile, M, idle_power_w=idle_power_w, schedule=cfg.scheduling,
+        result = optimal_plan(profile, M, idle_power_w=idle_power_w, schedule=schedule,
                               time_budget_s=cfg.time_budget_s, max_slowdown=cfg.max_slowdown,
-                              transfer_s=cal.transfer_s, memory_cap=caps, tail_s=tail)  # type: ignore[arg-type]
+                              transfer_s=cal.transfer_s, memory=model, tail_s=tail)
         plan, timeline, base_tl, r = result.plan, result.timeline, result.baseline, result.reschedule
         budget: float | None = result.budget_s
-        refused = [f"{order_name(t)}: no plan within the budget" for t, e in result.tried if e is None]
-        if caps is not None:
-            wanted = candidate_orders(profile, M, cfg.scheduling, idle_power_w, cal.transfer_s, None)
-            allowed = candidate_orders(profile, M, cfg.scheduling, idle_power_w, cal.transfer_s, caps)  # type: ignore[arg-type]
-            refused += [f"{order_name(w)}: more in-flight activations than fit in memory"
-                        for w in wanted if w not in allowed] + over_memory(memory, M)
+        refused += [f"{order_name(t)}: no plan within the budget" for t, e in result.tried if e is None]
+        wanted = candidate_orders(profile, M, cfg.scheduling, idle_power_w, cal.transfer_s, None)
+        allowed = candidate_orders(profile, M, schedule, idle_power_w, cal.transfer_s, model)
+        refused += [f"{order_name(w)}: more in-flight activations than fit in memory" for w in wanted
+                    if w not in allowed]
     else:
         from envpipe.plan.planner import make_plan
 
-        made = make_plan(profile, M, schedule=cfg.scheduling, policy=cfg.type,
-                         reconfig="default" if online_reconfig else cfg.reconfig_method, idle_power_w=idle_power_w,
-                         gpu=cfg.gpu or "all", transfer_s=cal.transfer_s, memory_cap=caps,  # type: ignore[arg-type]
-                         tail_s=tail)
+        def planned(memory_model: StageMemory | None, order: str) -> Any:
+            return make_plan(profile, M, schedule=order, policy=cfg.type,
+                             reconfig="default" if online_reconfig else cfg.reconfig_method,
+                             idle_power_w=idle_power_w, gpu=cfg.gpu or "all", transfer_s=cal.transfer_s,
+                             memory=memory_model, tail_s=tail)
+
+        made = planned(model, schedule)
         plan, timeline, base_tl, r, budget = made.plan, made.timeline, made.baseline, made.reschedule, None
-        refused = []
-        if caps is not None and cfg.scheduling == "envpipe":
-            uncapped = make_plan(profile, M, schedule="envpipe", policy=cfg.type, reconfig="default",
-                                 idle_power_w=idle_power_w, gpu=cfg.gpu or "all", transfer_s=cal.transfer_s,
-                                 tail_s=tail).reschedule
-            refused = memory_refusals(uncapped, r, memory, M) + over_memory(memory, M)
+        if model is not None and cfg.scheduling == "envpipe":
+            refused += memory_refusals(planned(None, "envpipe").reschedule, r, memory, M)
     predicted = _predicted(timeline, base_tl, replicas, profile.source)
     info = S.PlanInfo(plan.policy, order_name(r), f"planner ({cfg.type}) on the {profile.source} profile",
                       plan_digest(plan), budget, _unit_names(plan), plan.clocks(), list(memory or []) or None,

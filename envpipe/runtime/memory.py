@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from envpipe.runtime.summary import StageMemory
+from envpipe.runtime.summary import MemoryUse
 
 
 class SavedTensorMeter:
@@ -69,9 +69,10 @@ def device_limit(engine: Any, configured: int | None) -> int | None:
     return None
 
 
-def stage_memory(activation_bytes: int, static: int, limit: int | None, headroom: float, planned: int) -> StageMemory:
+def stage_memory(activation_bytes: int, static: int, limit: int | None, headroom: float, planned: int) -> MemoryUse:
     """What the order choice may use: ``planned`` is the in-flight count of the order that runs now."""
-    fits = None
-    if limit is not None and activation_bytes > 0:
-        fits = max(0, math.floor((limit * (1.0 - headroom) - static) / activation_bytes))
-    return StageMemory(int(activation_bytes), int(static), limit, fits, planned)
+    available = fits = None
+    if limit is not None:
+        available = max(0, math.floor(limit * (1.0 - headroom)) - static)
+        fits = available // activation_bytes if activation_bytes > 0 else None
+    return MemoryUse(int(activation_bytes), int(static), limit, available, fits, planned)

@@ -122,10 +122,10 @@ def _replan(runner: Runner, chosen: decide.Decision, cal: Calibration, iteration
     profile = corrected_profile(chosen.profile, plan, timings)
     budget = chosen.info.budget_s / (1.0 + over)
     idle = runner.idle_power_w or 0.0
-    caps = decide.warmup_caps(chosen.info.memory, runner.M)
+    model, only_1f1b = decide.usable_memory(chosen.info.memory)
     try:
-        result = optimal_plan(profile, runner.M, idle_power_w=idle, schedule=runner.cfg.scheduling,
-                              time_budget_s=budget, transfer_s=cal.transfer_s, memory_cap=caps,  # type: ignore[arg-type]
+        result = optimal_plan(profile, runner.M, idle_power_w=idle, schedule="1f1b" if only_1f1b else
+                              runner.cfg.scheduling, time_budget_s=budget, transfer_s=cal.transfer_s, memory=model,
                               tail_s=np.asarray(cal.tail_s))
     except InfeasibleBudget:  # faster than the fastest plan: nothing to save within this budget
         return decide.replanned(chosen, runner.baseline, "1f1b", profile, cal, idle, runner.dp, budget)

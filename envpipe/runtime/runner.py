@@ -26,6 +26,7 @@ import torch.distributed as tdist
 
 from envpipe.energy.accounting import account
 from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, clock_under_load, nvml_reader, nvml_sm_clock
+from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
 from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
@@ -48,7 +49,6 @@ from envpipe.runtime.engine import EnvPipeEngine
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, IterationLog, comparison_pattern
 from envpipe.runtime.memory import SavedTensorMeter, device_limit, stage_memory, static_bytes
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
-from envpipe.runtime.schedule import max_in_flight
 from envpipe.runtime.timing import Calibration, StageTiming
 
 STEADY_ACCOUNTED = 50  # unit energy in the summary: over the last (up to) this many timed steady iterations
@@ -140,7 +140,7 @@ class Runner:
         return it.mean(kinds, "F"), it.mean(kinds, "B"), it.idle_power_w
 
     # --- phases -----------------------------------------------------------------------------------
-    def calibrate(self, data: Iterator[Any], steps: int) -> tuple[Calibration, S.Calibration, list[S.StageMemory]]:
+    def calibrate(self, data: Iterator[Any], steps: int) -> tuple[Calibration, S.Calibration, list[S.MemoryUse]]:
         """1F1B at max clocks: simulator inputs, activation memory, clocks under load, blocking power."""
         progress(f"calibrate: {steps} iteration(s) of 1F1B with every clock at max")
         if isinstance(self.meter, PolledMeter):
@@ -170,8 +170,8 @@ class Runner:
         self.idle_power_w = self._idle_power()
         limit = device_limit(self.engine, self.cfg.memory_limit_bytes)
         mine = stage_memory(int(np.median(saved)), static, limit, self.cfg.memory_headroom,
-                            max_in_flight(self.baseline.orders()[self.engine.stage_id]))
-        per_stage: dict[int, S.StageMemory] = {}
+                            peak_in_flight(self.baseline.orders())[self.engine.stage_id])
+        per_stage: dict[int, S.MemoryUse] = {}
         for w, m in self.gather(mine):  # a stage's largest replica decides
             cur = per_stage.get(w.stage)
             if cur is None or m.activation_bytes_per_microbatch > cur.activation_bytes_per_microbatch:
@@ -243,7 +243,7 @@ class Runner:
         return profile_from_clocks(clocks, rows, "online")
 
     def decide(self, data: Iterator[Any], cal: Calibration, effective: list[float | None],
-               memory: list[S.StageMemory]) -> Decision:
+               memory: list[S.MemoryUse]) -> Decision:
         profile = self.profile(data, cal, effective)
         choice: Any = None
         if tdist.get_rank() == 0:
@@ -255,7 +255,7 @@ class Runner:
         progress(f"decide: {chosen.info.policy}, order {chosen.info.order}; from {chosen.info.source}")
         return chosen
 
-    def _choose(self, profile: Profile | None, cal: Calibration, memory: list[S.StageMemory]) -> Decision:
+    def _choose(self, profile: Profile | None, cal: Calibration, memory: list[S.MemoryUse]) -> Decision:
         cfg = self.cfg
         if cfg.plan:
             return from_plan_file(cfg.plan, self.P, self.M, cal, self.dp)

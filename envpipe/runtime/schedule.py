@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from deepspeed.runtime.pipe import schedule as ds
 
 from envpipe.plan.dag import ScheduleError
+from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import Unit
 
 
@@ -58,15 +59,6 @@ class TailMark(ds.PipeInstruction):
     """Marks the gradient all-reduce (ReduceTiedGrads + ReduceGrads): "start" before it, "reduced" after."""
 
 
-def max_in_flight(order: Sequence[Unit]) -> int:
-    """Most forwards whose backward has not run yet: the pipe buffers a stage needs."""
-    live = peak = 0
-    for kind, _ in order:
-        live += 1 if kind == "F" else -1
-        peak = max(peak, live)
-    return peak
-
-
 class UnitOrderSchedule(ds.PipeSchedule):
     """DeepSpeed PipeSchedule for one stage's unit order (and planned clocks, MHz per unit)."""
 
@@ -87,7 +79,7 @@ class UnitOrderSchedule(ds.PipeSchedule):
         self.timed = timed
 
     def num_pipe_buffers(self) -> int:
-        return max(2, max_in_flight(self.order))
+        return max(2, peak_in_flight([self.order])[0])  # the most forwards whose backward has not run
 
     def _unit_cmds(self, kind: str, mb: int) -> list[ds.PipeInstruction]:
         buf = self._buffer_idx(mb)

@@ -85,14 +85,15 @@ class PredictedComparison:
 
 
 @dataclass(frozen=True)
-class StageMemory:
-    """Activation memory of one stage, as the order choice saw it (bytes)."""
+class MemoryUse:
+    """Activation memory of one stage, as the order choice saw it (bytes, measured in calibration)."""
 
-    activation_bytes_per_microbatch: int  # measured in calibration (tensors saved for backward + output)
+    activation_bytes_per_microbatch: int  # tensors saved for backward, and the stage's output
     static_bytes: int  # parameters, gradients, optimizer state
-    limit_bytes: int | None  # the device's memory less the headroom, or the configured limit
+    limit_bytes: int | None  # the device's memory, or the configured limit; None: no limit (CPU)
+    available_bytes: int | None  # for in-flight activations: the limit less the headroom and the static bytes
     max_in_flight: int | None  # micro-batches whose activations fit
-    planned_in_flight: int  # what the deployed order keeps at most
+    planned_in_flight: int  # what the order that ran keeps at most
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class PlanInfo:
     budget_s: float | None  # the planner's iteration-time budget (simulated)
     orders: list[list[str]]  # per stage, e.g. "F0"
     clocks: list[list[int]] | None  # per stage, planned SM clock per unit (MHz); None: clocks left alone
-    memory: list[StageMemory] | None
+    memory: list[MemoryUse] | None
     refused_orders: list[str]  # orders the memory limit or the budget ruled out, with why
     deployed: bool  # False: clocks cannot be changed here; the plan is reported, not run
 

@@ -6,8 +6,9 @@ frequency model (envpipe.profile.from_measured); the p2p transfer of the boundar
 slowest link: the simulator takes one transfer time); per stage a tail (its layers' optimizer step, the
 gradient all-reduce over the replicas and, bf16, the weights' all-gather); per stage its memory. Then
 the simulator's 1F1B all-max baseline, and the optimal planner (envpipe.plan.optimal) in EnvPipe's
-schedule: it tries EnvPipe's extra warm-up forwards (capped by memory) and plain 1F1B, and keeps the
-order and clocks of least energy within the time budget. Every number here is simulated.
+schedule with the stages' memory in bytes (envpipe.plan.memory.StageMemory): it tries EnvPipe's extra
+warm-up forwards where they fit and plain 1F1B, and keeps the order and clocks of least energy within the
+time budget. Every number here is simulated.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from envpipe.plan.memory import StageMemory, peak_in_flight
 from envpipe.plan.optimal import optimal_plan
 from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
 from envpipe.profile import FrequencyModel, Profile
@@ -35,12 +37,6 @@ def clock_candidates(layers: LayerProfile) -> list[int]:
     if rule is None:
         return list(FrequencyModel.default().clocks_mhz)
     return list(range(rule.max_mhz, rule.min_mhz - 1, -rule.granularity))
-
-
-def in_flight(stages: int, microbatches: int, reschedule: list[int] | None = None) -> list[int]:
-    """Micro-batches a stage holds at most: its warm-up forwards, min(M, P - s + r_s) (at least 1)."""
-    r = reschedule or [0] * stages
-    return [max(1, min(microbatches, stages - s + (r[s] if s < stages - 1 else 0))) for s in range(stages)]
 
 
 @dataclass(frozen=True)
@@ -127,13 +123,16 @@ class Candidate:
         return self.shape.global_batch / self.iteration_time_s
 
 
-def memory_cap(pipeline: Pipeline, capacity: int) -> int:
-    """Extra warm-up micro-batches every non-last stage can hold beyond 1F1B's (the planner's count-based cap;
-    the least over the stages)."""
-    P, M = pipeline.shape.stages, pipeline.shape.microbatches
-    base = in_flight(P, M)
-    extra = [pipeline.memory[s].most_in_flight(capacity) - base[s] for s in range(P - 1)]
-    return max(0, min(extra, default=0))
+def stage_memory(pipeline: Pipeline, capacity: int) -> StageMemory:
+    """The planner's memory model of the pipeline: per stage, the bytes one in-flight micro-batch holds and the
+    bytes left for them in ``capacity`` after the static memory and the largest unit workspace."""
+    return StageMemory(tuple(m.per_microbatch for m in pipeline.memory),
+                       tuple(max(0, capacity - m.static - m.transient) for m in pipeline.memory))
+
+
+def peaks(pipeline: Pipeline, plan: Plan) -> tuple[int, ...]:
+    """Peak bytes per stage with the plan's order (its micro-batches in flight)."""
+    return tuple(m.peak(w) for m, w in zip(pipeline.memory, peak_in_flight(plan.orders()), strict=True))
 
 
 def units(shape: Shape) -> int:
@@ -149,22 +148,19 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
     shape = pipeline.shape
     if max_units is not None and units(shape) > max_units:
         return _baseline_candidate(pipeline)
-    # envpipe/plan/memory.py (StageMemory, issue 18) will take bytes per stage; until then the count-based cap
+    # only orders whose in-flight activations fit are tried: 1F1B always does (the cut was chosen so)
     result = optimal_plan(pipeline.profile, shape.microbatches, idle_power_w=pipeline.idle_power_w,
                           schedule="envpipe", time_budget_s=time_budget_s, transfer_s=pipeline.transfer_s,
-                          memory_cap=memory_cap(pipeline, capacity), tail_s=pipeline.tail_s)
-    flight = in_flight(shape.stages, shape.microbatches, result.reschedule)
+                          memory=stage_memory(pipeline, capacity), tail_s=pipeline.tail_s)
     D = shape.replicas
     return Candidate(pipeline, result.plan, list(result.reschedule), result.timeline.iteration_time,
-                     D * result.timeline.energy, D * pipeline.baseline_energy_j,
-                     tuple(m.peak(w) for m, w in zip(pipeline.memory, flight, strict=True)))
+                     D * result.timeline.energy, D * pipeline.baseline_energy_j, peaks(pipeline, result.plan))
 
 
 def _baseline_candidate(pipeline: Pipeline) -> Candidate:
     shape, p = pipeline.shape, pipeline.profile
     base = baseline_timeline(p, shape.microbatches, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
     plan = plan_from_timeline(base, np.full(base.dag.num_units, p.f_max), "1f1b", "baseline", base)
-    flight = in_flight(shape.stages, shape.microbatches)
     D = shape.replicas
     return Candidate(pipeline, plan, [0] * shape.stages, base.iteration_time, D * base.energy, D * base.energy,
-                     tuple(m.peak(w) for m, w in zip(pipeline.memory, flight, strict=True)), planned=False)
+                     peaks(pipeline, plan), planned=False)

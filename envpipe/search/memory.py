@@ -18,7 +18,9 @@ A stage holding layers a..b-1 at micro-batch size m needs
   takes its foreach path, one tensor at a time on CPU).
 
 peak = max(static + in-flight x per micro-batch + transient, static + step workspace). The in-flight count
-is the order's (envpipe.plan.schedules: 1F1B keeps min(M, P-s) on stage s, EnvPipe's order r_s more).
+is the order's (envpipe.plan.memory.peak_in_flight: 1F1B keeps min(M, P-s) on stage s, EnvPipe's order
+r_s more). The planner gets the per-micro-batch bytes and what is left for them
+(envpipe.search.evaluate.stage_memory).
 """
 
 from __future__ import annotations
@@ -42,12 +44,6 @@ class StageBytes:
         return max(self.static + in_flight * self.per_microbatch + self.transient,
                    self.static + self.step_transient)
 
-    def most_in_flight(self, capacity: int) -> int:
-        """Most micro-batches in flight that fit in ``capacity`` bytes (-1: not even the weights fit)."""
-        room = capacity - self.static - self.transient
-        if room < 0 or self.static + self.step_transient > capacity:
-            return -1
-        return room // self.per_microbatch if self.per_microbatch else 1 << 30
 
 
 def state_bytes(profile: LayerProfile, replicas: int) -> np.ndarray:

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from envpipe.plan.memory import peak_in_flight
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.cut import bottleneck_cut, segment_sums
-from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, in_flight, plan_pipeline
+from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, plan_pipeline
 from envpipe.search.layers import LayerProfile
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import SearchError, Shape, shapes
@@ -127,7 +129,7 @@ def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list
     closest: tuple[float, Shape] = (np.inf, candidates[0])
     for i, shape in enumerate(candidates):
         tables = MemoryTables(layers, shape.micro_batch, shape.replicas)
-        flight = in_flight(shape.stages, shape.microbatches)
+        flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
         peaks = np.stack([tables.peak(w) for w in flight])  # (P, L+1, L+1)
         fits = peaks <= cluster.memory_bytes
         cut = bottleneck_cut(np.where(fits, time_tables[shape.micro_batch][None], np.inf))

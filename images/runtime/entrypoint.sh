@@ -37,6 +37,17 @@ install_authorized_keys() {
   chmod 600 "$HOME_SSH/authorized_keys"
 }
 
+# The pod's own variables reach the processes that pdsh starts through sshd (see sshd_config).
+install_session_environment() {
+  local names name file="$HOME_SSH/environment"
+  names="$(awk '$1 == "PermitUserEnvironment" { print $2 }' "$SSHD_CONFIG" | tr ',' ' ')"
+  : > "$file"
+  chmod 600 "$file"
+  for name in $names; do
+    if [ -n "${!name+set}" ]; then printf '%s=%s\n' "$name" "${!name}" >> "$file"; fi
+  done
+}
+
 generate_host_keys() {
   local dir="$HOME_SSH/hostkeys"
   mkdir -p "$dir" && chmod 700 "$dir"
@@ -49,6 +60,7 @@ case "$mode" in
   worker)
     install_client_config
     install_authorized_keys
+    install_session_environment
     generate_host_keys
     exec /usr/sbin/sshd -D -e -f "$SSHD_CONFIG"
     ;;

@@ -105,11 +105,26 @@ def _exit(message: str, status: int) -> None:
 @click.option("--dry-run", is_flag=True, help="kube: print the manifests and exit.")
 @click.option("--no-ssh", "no_ssh", is_flag=True, help="kube: DeepSpeed's ssh-free mode (--no_ssh per node).")
 @click.option(
-    "--worker-cpu", type=click.IntRange(1, 1024), default=4, show_default=True, help="cml: vCPUs per worker."
+    "--worker-cpu", type=click.IntRange(1, 1024), default=4, show_default=True, help="cml/kube: vCPUs per worker."
 )
 @click.option(
-    "--worker-memory", type=click.IntRange(1, 65536), default=16, show_default=True, help="cml: GiB per worker."
+    "--worker-memory", type=click.IntRange(1, 65536), default=16, show_default=True, help="cml/kube: GiB per worker."
 )
+@click.option(
+    "--shm-size", type=int, default=4, show_default=True, help="kube: GiB of memory-backed /dev/shm per worker."
+)
+@click.option("--node-selector", multiple=True, metavar="KEY=VAL", help="kube: worker node label (repeatable).")
+@click.option(
+    "--toleration", multiple=True, metavar="KEY[=VAL][:EFFECT]", help="kube: worker toleration (repeatable)."
+)
+@click.option("--affinity", "affinity_file", default=None, help="kube: YAML/JSON file of the workers' affinity.")
+@click.option("--image-pull-secret", multiple=True, metavar="NAME", help="kube: pull secret (repeatable).")
+@click.option("--priority-class", default=None, help="kube: priorityClassName of the pods.")
+@click.option(
+    "--clockd-dir", default=None, help="kube: host directory of envpipe-clockd's socket (chart socket.hostDir)."
+)
+@click.option("--clockd-gid", type=int, default=None, help="kube: group of that socket (chart socket.gid).")
+@click.option("--no-clockd", is_flag=True, help="kube: no clock control: workers do not mount clockd's socket.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def main(
@@ -136,6 +151,15 @@ def main(
     no_ssh: bool,
     worker_cpu: int,
     worker_memory: int,
+    shm_size: int,
+    node_selector: tuple[str, ...],
+    toleration: tuple[str, ...],
+    affinity_file: str | None,
+    image_pull_secret: tuple[str, ...],
+    priority_class: str | None,
+    clockd_dir: str | None,
+    clockd_gid: int | None,
+    no_clockd: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -180,6 +204,19 @@ def main(
                 ready_timeout_s=ready_timeout,
                 keep=keep,
                 no_ssh=no_ssh,
+                pods=kube.pod_settings(
+                    cpu=worker_cpu,
+                    memory_gib=worker_memory,
+                    shm_gib=shm_size,
+                    node_selector=node_selector,
+                    tolerations=toleration,
+                    affinity_file=affinity_file,
+                    image_pull_secrets=image_pull_secret,
+                    priority_class=priority_class,
+                    clockd_dir=clockd_dir,
+                    clockd_gid=clockd_gid,
+                    no_clockd=no_clockd,
+                ),
             )
             code = kube.launch(spec, opts, dry_run_only=dry_run)
         else:

@@ -4,9 +4,11 @@ It answers the calls envpipe-launch makes the way kube-apiserver does: create (2
 name; 422 when the object fails the official schema via kubernetes-validate; 403 on a pod quota),
 get (404), list/watch with labelSelector/fieldSelector and resourceVersion (JSON-lines watch stream),
 delete with propagationPolicy (the garbage collector follows ownerReferences), and pod logs with
-follow=true. The kubelet moves pods Pending -> Running (pod IP, Ready) or into ErrImagePull for images
-containing "does-not-exist"; pods not running sshd "run" to completion: their log is the command plus
-the files of mounted ConfigMaps, and their exit code is `job_exit_code`.
+follow=true; and the discovery documents (/api, /api/v1, /apis) that kubectl reads first. The kubelet
+moves pods Pending -> Running (pod IP, Ready) or into ErrImagePull for images containing
+"does-not-exist"; worker pods (the image's `worker` mode, sshd) run until deleted, others "run" to
+completion: their log is the command plus the files of mounted ConfigMaps, and their exit code is
+`job_exit_code`.
 It is not a real API server: no admission beyond schemas and quota, no RBAC, no scheduling.
 """
 
@@ -94,6 +96,9 @@ class FakeKubeAPI:
         app.router.add_route("*", "/api/v1/namespaces/{ns}/{plural}", self._collection)
         app.router.add_route("*", "/api/v1/namespaces/{ns}/{plural}/{name}", self._item)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
+        app.router.add_get("/api", self._api_versions)
+        app.router.add_get("/api/v1", self._api_resources)
+        app.router.add_get("/apis", self._api_groups)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -121,6 +126,23 @@ class FakeKubeAPI:
 
     def names(self, plural: str) -> list[str]:
         return sorted(n for (p, _, n) in list(self.objects) if p == plural)
+
+    # ---- discovery: what kubectl asks before it maps a manifest's kind to a URL ----
+    async def _api_versions(self, req: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+
+    async def _api_groups(self, req: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+
+    async def _api_resources(self, req: web.Request) -> web.Response:
+        verbs = ["create", "delete", "get", "list", "watch"]
+        resources = [
+            {"name": plural, "singularName": kind.lower(), "namespaced": True, "kind": kind, "verbs": verbs}
+            for plural, kind in KINDS.items()
+        ]
+        return web.json_response(
+            {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1", "resources": resources}
+        )
 
     # ---- storage ----
     async def _emit(self, plural: str, kind: str, obj: dict) -> None:
@@ -331,9 +353,9 @@ class FakeKubeAPI:
         }
         if not await self._set_status(ns, name, running):
             return
-        command = " ".join(c.get("command", []))
-        if "sshd" in command:
-            return  # a worker: sshd runs until the pod is deleted
+        command = " ".join(c.get("command", []) + c.get("args", []))
+        if c.get("args") == ["worker"]:
+            return  # a worker: the image's entrypoint runs sshd until the pod is deleted
         self.logs[(ns, name)].append(f"fake-kubelet: running {command}\n")
         for vol in pod["spec"].get("volumes", []):
             cm = vol.get("configMap")

@@ -184,7 +184,8 @@ PLAN_ARGS = ("plan", "--profile", GPT3, "-m", "4", "--gpu", "a100")
         (["--stages", "1025"], "1025 is not in the range 1<=x<=1024"),
         (["--stages", "1000", "-m", "1000"], "1000 stages x 1000 micro-batches is 2,000,000 units; the planner "
                                              "takes at most 131,072"),
-        (["--schedule", "zigzag"], "'zigzag' is not one of '1f1b', 'envpipe', 'gpipe'. (see 'main plan -h')"),
+        (["--schedule", "zigzag"], "'zigzag' is not one of '1f1b', 'envpipe', 'gpipe', 'interleaved', 'dualpipev'. "
+                                   "(see 'main plan -h')"),
     ],
 )
 def test_options_out_of_range_are_one_line_errors(tmp_path, args, message):
@@ -260,7 +261,8 @@ def test_every_option_has_help_and_choices_are_listed():
         for param in command.params:
             assert isinstance(param, click.Option) and param.help, (command.name, param.name)
     text = invoke("plan", "-h").stdout
-    for choices in ("[1f1b|envpipe|gpipe]", "[baseline|uniform|envelope|optimal]", "[default|greedy|balanced]"):
+    for choices in ("[1f1b|envpipe|gpipe|interleaved|dualpipev]", "[baseline|uniform|envelope|optimal]",
+                    "[default|greedy|balanced]"):
         assert choices in text
     version = invoke("--version")
     assert version.exit_code == 0 and "version" in version.stdout

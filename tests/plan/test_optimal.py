@@ -130,3 +130,26 @@ def test_real_profile_m12_no_slowdown_beats_perseus_and_envpipe():
     assert ours.timeline.iteration_time <= ours.baseline.iteration_time * (1 + 1e-9)
     assert saving > 0.165
     assert ours.timeline.energy < env.timeline.energy
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "envpipe"])
+def test_budgets_hold_exactly_after_a_plan_file_round_trip(schedule, tmp_path):
+    """No tolerance: the saved plan, re-simulated, ends by the budget (the simulation is deterministic)."""
+    prof = cut_down("gpt3-175b+a40_bf16", 4, 10)
+    path = tmp_path / "plan.json"
+    for slowdown in (0.0, 0.004):
+        res = optimal_plan(prof, 8, idle_power_w=70.38, schedule=schedule, max_slowdown=slowdown)
+        res.plan.save(path)
+        assert evaluate_plan(Plan.load(path), prof, 70.38).iteration_time <= res.budget_s
+    for point in frontier(prof, 8, idle_power_w=70.38, schedule=schedule, points=3):
+        assert evaluate_plan(point.plan, prof, 70.38).iteration_time <= point.budget_s
+
+
+def test_infeasible_budget_error_shows_the_gap():
+    prof = cut_down("gpt3-175b+a100_sxm_bf16", 4, 8)
+    fastest = build_problem(prof, 8, "1f1b", [0] * 4, 83.64).fastest_time()
+    with pytest.raises(InfeasibleBudget) as info:
+        optimal_plan(prof, 8, idle_power_w=83.64, time_budget_s=fastest * (1 - 1e-10))
+    message = str(info.value)
+    assert f"{fastest * (1 - 1e-10):.12g} s is infeasible" in message and f"takes {fastest:.12g} s" in message
+    assert optimal_plan(prof, 8, idle_power_w=83.64, time_budget_s=fastest).timeline.iteration_time <= fastest

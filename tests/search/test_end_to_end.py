@@ -17,10 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from envpipe.cli import main
+from envpipe.plan.memory import peak_in_flight
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.summary import RunSummary
 from envpipe.search.cluster import GIB
 from envpipe.search.cut import bottleneck_cut
-from envpipe.search.evaluate import in_flight
 from envpipe.search.layers import load_layer_profile
 from envpipe.search.memory import MemoryTables
 
@@ -31,7 +32,7 @@ ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAU
 def _least_peak(path: Path, stages: int, micro_batch: int, microbatches: int) -> float:
     """The least peak memory per GPU any cut into ``stages`` stages needs (one replica per stage)."""
     tables = MemoryTables(load_layer_profile(path), micro_batch, 2 // stages)
-    cost = np.stack([tables.peak(w) for w in in_flight(stages, microbatches)])
+    cost = np.stack([tables.peak(w) for w in peak_in_flight(one_f_one_b(stages, microbatches))])
     cut = bottleneck_cut(cost)
     assert cut is not None
     return cut.cost

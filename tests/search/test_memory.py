@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
-from envpipe.search.memory import MemoryTables, StageBytes
-from tests.search.profiles import MIB, layer_profile
+from envpipe.search.cut import Cut
+from envpipe.search.evaluate import build_pipeline, stage_memory
+from envpipe.search.memory import MemoryTables
+from envpipe.search.space import Shape
+from tests.search.profiles import MIB, cluster, layer_profile
 
 
 def test_stage_bytes_by_hand_fp32() -> None:
@@ -34,6 +35,14 @@ def test_bf16_optimizer_state_is_split_over_replicas() -> None:
     assert four.step_transient == one.step_transient // 4
 
 
-@pytest.mark.parametrize(("capacity", "expected"), [(99, -1), (150, 0), (175, 2), (10_000, 985)])
-def test_most_in_flight(capacity: int, expected: int) -> None:
-    assert StageBytes(100, 10, 50, 20).most_in_flight(capacity) == expected
+def test_planner_memory_model() -> None:
+    """What the planner gets: per-micro-batch bytes, and what is left after static memory and workspace."""
+    profile = layer_profile([1.0, 1.0, 1.0, 1.0], params=[1_000_000] * 4)
+    hw = cluster(1, 2, 64)
+    tables = MemoryTables(profile, 1, 1)
+    pipeline = build_pipeline(profile, hw, Shape(2, 1, 1, 4), Cut((2, 2), 0.0), tables)
+    memory = stage_memory(pipeline, hw.memory_bytes)
+    for s, (a, b) in enumerate(((0, 2), (2, 4))):
+        stage = tables.stage(a, b)
+        assert memory.activation_bytes[s] == stage.per_microbatch
+        assert memory.available_bytes[s] == hw.memory_bytes - stage.static - stage.transient

@@ -8,8 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
+from envpipe.plan.memory import peak_in_flight
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cut import Cut
-from envpipe.search.evaluate import build_pipeline, in_flight, plan_pipeline
+from envpipe.search.evaluate import build_pipeline, plan_pipeline
 from envpipe.search.memory import MemoryTables
 from envpipe.search.search import Objective, search
 from envpipe.search.space import SearchError, Shape, shapes
@@ -48,7 +50,7 @@ def test_returned_configurations_fit_and_have_the_best_feasible_cut(seed: int) -
     returned = {c.shape: c for c in result.candidates} if result else {}
     for shape in shapes(gpus, L, 8, profile.micro_batch_sizes):
         tables = MemoryTables(profile, shape.micro_batch, shape.replicas)
-        flight = in_flight(shape.stages, shape.microbatches)
+        flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
         feasible = [c for c in _cuts(L, shape.stages) if _fits(tables, c, flight, hw.memory_bytes)]
         assert (shape in returned) == bool(feasible), shape
         if feasible:
@@ -73,8 +75,7 @@ def test_envpipe_order_only_with_memory_for_it() -> None:
     for capacity, extra_allowed in ((roomy, True), (tight, False)):
         hw = cluster(1, 2, capacity / MIB)
         candidate = plan_pipeline(build_pipeline(profile, hw, shape, cut, tables), hw.memory_bytes)
-        if not extra_allowed:
-            assert candidate.reschedule == [0, 0]
+        assert (candidate.reschedule[0] > 0) == extra_allowed, candidate.reschedule
         assert max(candidate.peak_bytes) <= capacity
 
 

@@ -1,0 +1,248 @@
+"""The optimal planner at the scale of real jobs: where its time goes, its speed against an older version
+side by side, its scaling, the CLI's start-up, and that its savings did not change.
+
+Writes benchmarks/results/planner_scale.md. Run times are *measured* on this machine (with its load noted);
+energies are *simulated* on the measured profiles. A reference checkout (an older commit) is timed in the
+same run, case by case alternating with this tree, each case in a fresh process, so both see the same load:
+
+    git archive <old-commit> envpipe tests/plan | tar -x -C /tmp/planner_ref
+    PYTHONPATH=$PWD python benchmarks/bench_planner_scale.py --reference /tmp/planner_ref [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT3, W = "gpt3-175b+a100_sxm_bf16", 83.64
+# (label, what, stages, micro-batches, schedule): what is "plan" (one plan) or "frontier" (20 points)
+SPEED = [("S=8, M=96, one plan, 1F1B order", "plan", 8, 96, "1f1b"),
+         ("S=8, M=96, one plan, EnvPipe orders", "plan", 8, 96, "envpipe"),
+         ("S=8, M=96, 20-point frontier, 1F1B order", "frontier", 8, 96, "1f1b"),
+         ("S=8, M=96, 20-point frontier, EnvPipe orders", "frontier", 8, 96, "envpipe"),
+         ("S=16, M=256, one plan, 1F1B order", "plan", 16, 256, "1f1b"),
+         ("S=32, M=256, one plan, EnvPipe orders", "plan", 32, 256, "envpipe"),
+         ("S=64, M=1024, one plan, 1F1B order", "plan", 64, 1024, "1f1b")]
+SCALING = [(8, 24), (8, 48), (8, 96), (8, 192), (16, 128), (16, 256), (32, 256), (32, 512), (64, 1024)]
+
+
+def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict[str, float]:
+    """One case in this process, on the planner of ``tree``: wall seconds (imports excluded) and saving %."""
+    sys.path.insert(0, tree)
+    from envpipe.plan.frontier import frontier
+    from envpipe.plan.optimal import optimal_plan
+    from envpipe.profile import embedded_profile_path, load_profile
+
+    prof = load_profile(embedded_profile_path(GPT3)).with_stages(stages)
+    optimal_plan(prof.with_stages(2), 4, idle_power_w=W)  # lazy imports and caches out of the timing
+    t0 = time.perf_counter()
+    if what == "frontier":
+        points = frontier(prof, micro, idle_power_w=W, schedule=schedule, points=20)
+        energy, base = points[-1].energy_j, points[-1].plan.predicted["baseline_energy_j"]
+    else:
+        res = optimal_plan(prof, micro, idle_power_w=W, schedule=schedule)
+        energy, base = res.timeline.energy, res.baseline.energy
+    return {"seconds": time.perf_counter() - t0, "saving_pct": 100 * (1 - energy / base)}
+
+
+def run_case(tree: Path, case: tuple[str, int, int, str], timeout_s: float) -> dict[str, float] | None:
+    """The case in a fresh process on ``tree`` (None if it ran past ``timeout_s``)."""
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_planner_scale import worker; "
+            f"print(json.dumps(worker({str(tree)!r}, *{case!r})))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                             check=True, cwd=tree).stdout
+    except subprocess.TimeoutExpired:
+        return None
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+@contextmanager
+def phase_clock() -> Iterator[dict[str, float]]:
+    """Seconds spent in each phase of envpipe.plan.optimal.solve while the block runs (this tree only)."""
+    from envpipe.plan import optimal
+
+    spent: dict[str, float] = {}
+    names = {"solve_relaxation": "LP (build + HiGHS)", "_diffused": "rounding", "_nearest": "rounding",
+             "_repair": "repair", "_improve": "free-float improve", "_polish": "MILP polish"}
+    originals = {name: getattr(optimal, name) for name in names}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[names[name]] = spent.get(names[name], 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(optimal, name, timed(name, fn))
+    try:
+        yield spent
+    finally:
+        for name, fn in originals.items():
+            setattr(optimal, name, fn)
+
+
+def profile_table(lines: list[str], cases: list[tuple[str, str, int, int, str]]) -> None:
+    from envpipe.plan import optimal
+    from envpipe.profile import embedded_profile_path, load_profile
+
+    lines += ["## Where the time goes (this tree, one plan)", "",
+              "Seconds per phase of `solve` (repair includes its simulations; `rest` is order and DAG building, "
+              "menus, the fold, baselines and final simulations). Measured.", "",
+              "| case | total | LP (build + HiGHS) | rounding | repair | free-float improve | MILP polish | rest |",
+              "|---|---|---|---|---|---|---|---|"]
+    phases = ["LP (build + HiGHS)", "rounding", "repair", "free-float improve", "MILP polish"]
+    prof = load_profile(embedded_profile_path(GPT3))
+    for label, what, S, M, schedule in cases:
+        if what != "plan":
+            continue
+        with phase_clock() as spent:
+            t0 = time.perf_counter()
+            optimal.optimal_plan(prof.with_stages(S), M, idle_power_w=W, schedule=schedule)
+            total = time.perf_counter() - t0
+        cells = [f"{spent.get(p, 0.0):.2f}" for p in phases]
+        lines.append(f"| {label} | {total:.2f} | {' | '.join(cells)} | {total - sum(spent.values()):.2f} |")
+    lines.append("")
+
+
+def speed_table(lines: list[str], reference: Path | None, cases: list[tuple[str, str, int, int, str]],
+                ref_timeout_s: float) -> None:
+    lines += ["## Speed against the reference, side by side (measured)", "",
+              "Each cell is one fresh process; this tree and the reference alternate case by case. The saving "
+              "(simulated, against the 1F1B all-max plan; a frontier's: its last point) shows the result did not "
+              "get worse for being faster.", "",
+              "| case | before (s) | after (s) | speed-up | saving before % | saving after % | load (1 min) |",
+              "|---|---|---|---|---|---|---|"]
+    for label, what, S, M, schedule in cases:
+        before = (run_case(reference, (what, S, M, schedule), ref_timeout_s)
+                  if reference is not None and 2 * S * M <= 16384 else None)
+        after = run_case(ROOT, (what, S, M, schedule), 3600)
+        assert after is not None
+        old_s = "not run" if before is None else f"{before['seconds']:.2f}"
+        if reference is not None and before is None and 2 * S * M <= 16384:
+            old_s = f"> {ref_timeout_s:.0f}"
+        ratio = "" if before is None else f"{before['seconds'] / after['seconds']:.1f}x"
+        old_save = "" if before is None else f"{before['saving_pct']:.2f}"
+        lines.append(f"| {label} | {old_s} | {after['seconds']:.2f} | {ratio} | {old_save} | "
+                     f"{after['saving_pct']:.2f} | {os.getloadavg()[0]:.1f} |")
+    lines.append("")
+
+
+def scaling_table(lines: list[str]) -> None:
+    lines += ["## Scaling (this tree; one plan, 1F1B order, no slowdown, 38 clocks, stages tiled from the measured "
+              "GPT-3/A100 profile; measured)", "", "| S | M | units N | seconds |", "|---|---|---|---|"]
+    sizes, seconds = [], []
+    for S, M in SCALING:
+        res = run_case(ROOT, ("plan", S, M, "1f1b"), 3600)
+        assert res is not None
+        sizes.append(2 * S * M)
+        seconds.append(res["seconds"])
+        lines.append(f"| {S} | {M} | {2 * S * M} | {res['seconds']:.2f} |")
+    slope = np.polyfit(np.log(sizes), np.log(seconds), 1)[0]
+    lines += ["", f"Fitted exponent (least squares of log seconds on log N over these sizes): **{slope:.2f}** "
+              "(time ~ N^exponent; before this change about 1.75).", ""]
+
+
+def startup_table(lines: list[str], reference: Path | None) -> None:
+    def median_startup(tree: Path) -> float:
+        code = f"import sys; sys.path.insert(0, {str(tree)!r}); from envpipe.cli import main; main()"
+        runs = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, check=True, cwd=tree)
+            runs.append(time.perf_counter() - t0)
+        return float(np.median(runs))
+
+    lines += ["## CLI start-up (`envpipe --help`, median of 7 fresh processes, wall seconds; measured)", ""]
+    if reference is not None:
+        lines.append(f"- before: {median_startup(reference):.2f} s")
+    lines += [f"- after: {median_startup(ROOT):.2f} s (scipy is imported only when the optimal planner runs)", ""]
+
+
+def savings_table(lines: list[str], reference: Path) -> None:
+    """This tree's and the reference's savings on the 16 Perseus cases (and the other real profiles) and the
+    4 x 8 x 8 MILP cut-downs, each tree in its own process."""
+    code = ("import json, sys; sys.path.insert(0, {tree!r}); sys.path.insert(1, {root!r}); "
+            "from benchmarks.bench_planner_scale import savings; print(json.dumps(savings()))")
+    results = []
+    for tree in (reference, ROOT):
+        out = subprocess.run([sys.executable, "-c", code.format(tree=str(tree), root=str(ROOT))], capture_output=True,
+                             text=True, check=True, cwd=tree).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    before, after = results
+    diffs = {k: after[k] - before[k] for k in before}
+    worst = min(diffs, key=lambda k: diffs[k])
+    lines += ["## Savings unchanged (simulated)", "",
+              "Energy saving at no slowdown against the 1F1B all-max plan (4 x 8 x 8 cut-downs: at 0, 1, 3 and 10% "
+              "slowdown), before and after, on the four real profiles; difference in points.", "",
+              "| case | before % | after % | difference |", "|---|---|---|---|"]
+    lines += [f"| {k} | {before[k]:.3f} | {after[k]:.3f} | {diffs[k]:+.3f} |" for k in before]
+    lines += ["", f"Largest loss: {diffs[worst]:+.3f} points ({worst}); largest gain: {max(diffs.values()):+.3f}.", ""]
+
+
+def savings() -> dict[str, float]:
+    """Savings of the planner on sys.path[0]'s tree (run through savings_table)."""
+    from envpipe.plan.optimal import optimal_plan
+    from envpipe.profile import load_profile
+    from tests.plan.optimal_cases import REAL, cut_down, spread_clocks
+
+    out = {}
+    for name, (path, watts) in REAL.items():
+        prof = load_profile(path)
+        for M in (12, 24, 48, 96):
+            for schedule in ("1f1b", "envpipe"):
+                res = optimal_plan(prof, M, idle_power_w=watts, schedule=schedule)
+                out[f"{name} M={M} {schedule}"] = 100 * (1 - res.timeline.energy / res.baseline.energy)
+        small = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
+        for slowdown in (0.0, 0.01, 0.03, 0.1):
+            res = optimal_plan(small, 8, idle_power_w=watts, schedule="1f1b", max_slowdown=slowdown)
+            out[f"{name} 4x8x8 slowdown {slowdown:.0%}"] = 100 * (1 - res.timeline.energy / res.baseline.energy)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reference", type=Path, default=None, help="an older checkout to time side by side")
+    ap.add_argument("--reference-timeout", type=float, default=300.0, help="seconds before a reference case is cut")
+    ap.add_argument("--quick", action="store_true", help="skip the two largest cases and the scaling table")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "planner_scale.md")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import header
+
+    cases = SPEED[:-2] if args.quick else SPEED
+    lines = [header("Optimal planner at scale").rstrip(), "", f"- load average (1, 5, 15 min) at the start: {load()}",
+             "- run times: measured here; energies: simulated on the measured profiles (envpipe/profile/data, "
+             "tests/plan/data).", ""]
+    profile_table(lines, cases)
+    speed_table(lines, args.reference, cases, args.reference_timeout)
+    startup_table(lines, args.reference)
+    if not args.quick:
+        scaling_table(lines)
+    if args.reference is not None:
+        savings_table(lines, args.reference)
+    lines.insert(4, f"- load average at the end: {load()} (other jobs share this machine's 2 CPUs)")
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

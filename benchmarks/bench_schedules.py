@@ -1,0 +1,91 @@
+"""Pipeline schedules side by side: iteration time, bubble share, peak in-flight activations and the energy the
+optimal planner saves at no slowdown, on the two shared profiles.
+
+Writes benchmarks/results/schedules.md. Every number is *simulated* on the measured profile (8 stages);
+interleaved 1F1B and DualPipeV split each measured stage evenly over its chunks (docs/planner.md), so all
+schedules run the same model and the same total work, and energies compare across rows. Planner run
+times are measured.
+
+    PYTHONPATH=$PWD python benchmarks/bench_schedules.py [--microbatches 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import header  # noqa: E402
+from envpipe.plan.memory import peak_in_flight  # noqa: E402
+from envpipe.plan.optimal import build_problem, optimal_plan  # noqa: E402
+from envpipe.plan.planner import make_plan  # noqa: E402
+from envpipe.profile import embedded_profile_path, load_profile  # noqa: E402
+
+PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}  # Perseus's blocking power, W
+# (row label, schedule, chunks): EnvPipe's order is the planner's best of EnvPipe's warm-up counts and 1F1B
+ROWS = [("GPipe", "gpipe", None), ("1F1B", "1f1b", None), ("EnvPipe order", "envpipe", None),
+        ("interleaved 1F1B, v=2", "interleaved", 2), ("interleaved 1F1B, v=4", "interleaved", 4),
+        ("DualPipeV (DeepSpeed)", "dualpipev", None)]
+
+
+def table(name: str, watts: float, M: int) -> list[str]:
+    prof = load_profile(embedded_profile_path(name))
+    P = prof.num_stages
+    lines = [f"## {name}, P = {P}, M = {M}, idle power {watts} W", "",
+             "*all-max*: every unit at the highest clock. *bubble*: idle share of P x iteration time at all-max "
+             f"(tutorial: (P-1)/(M+P-1) = {(P - 1) / (M + P - 1):.3f} for GPipe and 1F1B with equal stages). "
+             "*peak in flight*: the most micro-batches' activations a stage holds (a chunk's count 1/v), the "
+             "largest over stages and on stage 0 and P-1. *saving*: the optimal planner's, at no slowdown, against "
+             "the row's own all-max plan (1F1B all-max for the one-chunk orders, whose budget it is). "
+             "*vs 1F1B all-max*: the plan's energy against 1F1B all-max (same model, same total work). "
+             "*at 1F1B's time*: the planner's saving against 1F1B all-max when the row may take as long as 1F1B "
+             "all-max (the faster schedules spend their shorter bubble on lower clocks).", "",
+             "| schedule | all-max time (s) | bubble | peak in flight (max; stage 0, P-1) | planned time (s) "
+             "| saving % | vs 1F1B all-max % | at 1F1B's time % | plan time (s, measured) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    one_f_one_b = make_plan(prof, M, schedule="1f1b", policy="baseline", idle_power_w=watts).timeline
+    for label, schedule, chunks in ROWS:
+        t0 = time.perf_counter()
+        res = optimal_plan(prof, M, idle_power_w=watts, schedule=schedule, chunks=chunks)
+        seconds = time.perf_counter() - t0
+        v = res.plan.chunks
+        if schedule == "envpipe":  # the chosen order (EnvPipe's warm-up counts r_s) with every unit at its fastest
+            problem = build_problem(prof, M, schedule, res.reschedule, watts)
+            allmax = problem.simulate(np.zeros(problem.dag.num_units, int))
+        else:
+            allmax = make_plan(prof, M, schedule=schedule, policy="baseline", idle_power_w=watts,
+                               chunks=chunks).timeline
+        bubble = allmax.idle_time.sum() / (P * allmax.iteration_time)
+        peaks = [n / v for n in peak_in_flight(res.plan.chunk_orders() if v > 1 else res.plan.orders())]
+        relaxed = optimal_plan(prof, M, idle_power_w=watts, schedule=schedule, chunks=chunks,
+                               time_budget_s=one_f_one_b.iteration_time).timeline.energy
+        lines.append(f"| {label} | {allmax.iteration_time:.3f} | {bubble:.3f} | {max(peaks):g} ({peaks[0]:g}, "
+                     f"{peaks[-1]:g}) | {res.timeline.iteration_time:.3f} | "
+                     f"{100 * (1 - res.timeline.energy / res.baseline.energy):.2f} | "
+                     f"{100 * (1 - res.timeline.energy / one_f_one_b.energy):.2f} | "
+                     f"{100 * (1 - relaxed / one_f_one_b.energy):.2f} | {seconds:.2f} |")
+    return [*lines, ""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--microbatches", type=int, default=32, help="M (a multiple of P, at least 2P)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "schedules.md")
+    args = ap.parse_args()
+    lines = [header("Pipeline schedules: time, bubble, memory, energy (simulated)").rstrip(), "",
+             f"- load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", ""]
+    for name, watts in PROFILES.items():
+        lines += table(name, watts, args.microbatches)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""What the runtime image, the envpipe-clockd chart and the launcher's pods agree on: the one source of
+these defaults. tests/test_pod_contract.py compares it with charts/envpipe-clockd/values.yaml (the
+`socket` block), with images/runtime/Dockerfile (ARG CLOCKD_GID, USER) and with envpipe.clock's
+default socket path, and renders the chart to check that the launcher's pods match it.
+
+- clockd (the chart) creates DIR/NAME on a hostPath, mode 0660, owner root, group GID;
+- worker pods run as RUNTIME_UID, add GID to supplementalGroups (the image's user is in GID too),
+  mount DIR read-only from the same hostPath and find the socket through ENVPIPE_CLOCKD_SOCKET;
+- pods that use no GPU (the launcher pod) and jobs run with --no-clockd do not mount it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUNTIME_UID = 1000  # the runtime image's user `envpipe`, and its primary group
+RUNTIME_GID = 1000
+SOCKET_ENV = "ENVPIPE_CLOCKD_SOCKET"
+
+
+@dataclass(frozen=True)
+class ClockdSocket:
+    """Where a node's clockd listens and which group may talk to it (chart values socket.*)."""
+
+    host_dir: str = "/run/envpipe"
+    name: str = "clockd.sock"
+    gid: int = 2500
+    mode: int = 0o660
+
+    @property
+    def path(self) -> str:
+        return f"{self.host_dir}/{self.name}"
