@@ -59,7 +59,7 @@ class _Progress:
               help="latency of one message (assumed unless measured)")
 @click.option("--max-plan-units", type=click.IntRange(min=0), default=MAX_PLAN_UNITS, show_default=True,
               help="iterations with more forward/backward units keep their 1F1B all-max plan (the optimal planner "
-              "takes minutes on tens of thousands of units); 0: no limit")
+              "takes seconds per configuration at tens of thousands of units); 0: no limit")
 @click.option("--out-dir", type=click.Path(file_okay=False), default="found", show_default=True,
               help="where search.json, found.json, found.plan.json and frontier.png go")
 @click.option("--launch-args", default="", help="backend options for the printed envpipe-launch command, "

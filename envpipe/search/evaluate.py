@@ -143,8 +143,8 @@ def units(shape: Shape) -> int:
 def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None = None,
                   max_units: int | None = None) -> Candidate:
     """The least-energy plan of ``pipeline`` within the budget (default: its 1F1B all-max time). A pipeline of
-    more than ``max_units`` units gets its 1F1B all-max baseline as plan instead (the planner's LP grows
-    faster than the DAG: minutes at tens of thousands of units)."""
+    more than ``max_units`` units gets its 1F1B all-max baseline as plan instead (the planner's time grows
+    with the DAG: about 10 s at 65,536 units on a 2-core machine)."""
     shape = pipeline.shape
     if max_units is not None and units(shape) > max_units:
         return _baseline_candidate(pipeline)

@@ -36,7 +36,7 @@ from envpipe.search.memory import MemoryTables
 from envpipe.search.space import SearchError, Shape, shapes
 
 OBJECTIVES = ("throughput", "energy", "frontier")
-MAX_PLAN_UNITS = 8192  # larger iterations keep their 1F1B all-max plan (the planner's LP takes minutes there)
+MAX_PLAN_UNITS = 65536  # larger iterations keep their 1F1B all-max plan (about 10 s to plan one this size here)
 Progress = Callable[[int, int, str], None]  # (done, total, what)
 Planner = Callable[[Pipeline, float | None], Candidate]  # (pipeline, time budget or None) -> planned
 
