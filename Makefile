@@ -7,17 +7,21 @@ STAMP   := $(VENV)/.installed
 PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
 OUTDIR  ?= out
 
-.PHONY: install demo demo-plan test lint clean e2e
+.PHONY: install demo demo-plan test test-deps lint clean e2e
 
 install: $(STAMP)
 
 # torch is pinned to the CPU build that lies on disk (plain `torch` would pull a multi-GB CUDA build).
 $(STAMP): pyproject.toml
+	@echo "make: setting up $(VENV) (one time, about 2 minutes)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[all,test]'
-	touch $@
+	@$(PY) -m pip install -q --upgrade pip
+	@echo "make: installing torch 2.13.0 (the CPU build)"
+	@$(PY) -m pip install -q torch==2.13.0
+	@echo "make: installing envpipe with every extra (DeepSpeed, the planner, the launcher, clockd, test tools)"
+	@$(PY) -m pip install -q -e '.[all,test]'
+	@touch $@
+	@echo "make: $(VENV) is ready; its commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
 # The main job on the embedded default: no GPU, no cluster. Two CPU processes (gloo) train a small
 # GPT-2 on DeepSpeed's pipeline engine with simulated clocks and the runtime's default policy (optimal):
@@ -27,7 +31,7 @@ DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 2048 --micro-bat
 	--steps 12 --calibration-steps 2
 demo: $(STAMP)
 	@mkdir -p $(OUTDIR)
-	@echo "make demo: GPT-2 split into 2 pipeline stages on 2 CPU processes, simulated GPU clocks (about 2 minutes)"
+	@echo "make demo: GPT-2 split into 2 pipeline stages on 2 CPU processes, simulated GPU clocks (about a minute)"
 	@echo "           rank 0's progress below; every rank's output in $(OUTDIR)/demo.log"
 	@set -o pipefail; DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone \
 	  --nproc-per-node 2 examples/train_gpt.py $(DEMO_ARGS) --report-dir $(OUTDIR)/runtime 2>&1 \
@@ -46,8 +50,14 @@ demo-plan: $(STAMP)
 	$(VENV)/bin/envpipe simulate --profile $(PROFILE) --plan $(OUTDIR)/plan.json --idle-power 83.64
 
 # pytest exits 5 when it collects nothing; that is not a failure of the code under test.
-test: $(STAMP)
+test: $(STAMP) test-deps
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# The real ssh/pdsh and container tests need system packages (.ci/apt-deps): installed here as root,
+# else one line says how (those tests skip themselves, each with its reason, without them).
+test-deps:
+	@if [ "$$(id -u)" = 0 ]; then .ci/apt-deps; \
+	 else echo "make: not root: the real ssh/pdsh/container tests need 'sudo .ci/apt-deps' first (they skip without)"; fi
 
 # Real containers (tests/e2e, root): both images built with podman from a local Debian base, then
 # clockd and two training containers on this host like one Kubernetes node, and a 2-node job across

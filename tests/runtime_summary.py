@@ -35,7 +35,7 @@ def sample_summary(time_s: float = 0.2, energy_j: float | None = 50.0, predicted
                        None, None, 0.05, None, tails, True, ["d"] * gpus)
     return S.RunSummary(
         S.SCHEMA_VERSION, engine, stages, 8, data_parallel, 32, S.ClockInfo("nvml", False, "measured (NVML counter)",
-                                                                          None, []),
+                                                                          "measured (wall clock)", None, []),
         None, S.Iterations(spread, S.Spread.of([energy_j]) if energy_j is not None else None, 32 / time_s), None,
         None, None, predicted_s, None if predicted_s is None else time_s / predicted_s - 1, None, None,
         [S.GpuSummary(r, r % data_parallel, r // data_parallel, "host", None, None, None) for r in range(gpus)], job,

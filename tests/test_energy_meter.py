@@ -106,21 +106,19 @@ def test_nvml_reader_reads_the_energy_counter_in_joules() -> None:
 
 
 def test_sim_meter_gives_exact_unit_energy() -> None:
+    """The simulated GPU's counter in virtual time: a unit's energy is busy power x its simulated time,
+    the rest of the iteration blocking power; exact, whatever the machine's load."""
     clock = SimClock()
     model = clock.model
     low = model.clocks_mhz[len(model.clocks_mhz) // 2]
     clock.set(low)
-    start = time.perf_counter()
-    time.sleep(0.02)  # the unit's "compute"
-    seconds = time.perf_counter() - start
-    clock.after_unit("F", seconds, seconds)  # CPU time = wall time here: the stretch is exact
-    end = time.perf_counter()
-    time.sleep(0.01)  # idle
-    meter = SimMeter(clock.trace, clock.energy_j)
-    assert meter.wait_until(time.perf_counter())
-    it = account(meter.trace, [(start, end)], start, time.perf_counter())
-    stretched = seconds * model.time_scale(low)
-    overshoot = max(0.0, end - start - stretched)  # a late wake-up from the stretch's sleep is idle time
-    expected = stretched * model.busy_power(low) + overshoot * model.idle_power_w
-    assert it.unit_j[0] == pytest.approx(expected, rel=0.02)
-    assert it.idle_power_w == pytest.approx(model.idle_power_w, rel=0.2)
+    clock.data_ready(0.004)  # the unit's input arrives at 4 ms
+    start = clock.unit_start()
+    end = clock.after_unit("F", 0.02, 0.02)
+    meter = SimMeter(clock.trace, clock.energy_at)
+    assert meter.wait_until(end + 0.01)  # the iteration ends 10 ms after the unit
+    it = account(meter.trace, [(start, end)], 0.0, end + 0.01)
+    simulated = end - start
+    assert simulated == pytest.approx(0.02 * model.time_scale(low))
+    assert it.unit_j[0] == pytest.approx(simulated * model.busy_power(low))
+    assert it.idle_power_w == pytest.approx(model.idle_power_w)

@@ -1,4 +1,4 @@
-"""Clock setters: the simulated clock's time stretch and energy; the daemon clock against a real envpipe-clockd;
+"""Clock setters: the simulated GPU's virtual time and energy; the daemon clock against a real envpipe-clockd;
 which clock a rank gets (decided before the model is built)."""
 
 from __future__ import annotations
@@ -17,55 +17,51 @@ from envpipe.runtime.config import parse
 from tests.clockd_helpers import daemon_thread
 
 
-def test_sim_clock_stretches_units_by_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sim_clock_advances_virtual_time_by_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit lasts its CPU work x the model's slowdown at the clock, in virtual time; energy is exact."""
+    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
     model = FrequencyModel.default()
     low = model.clocks_mhz[len(model.clocks_mhz) // 2]
     scale = model.time_scale(low)
     assert scale > 1.05
     clock = SimClock(model)
     clock.set(low)
-    sleeps: list[float] = []
-    monkeypatch.setattr(clocks.time, "sleep", sleeps.append)  # what it sleeps, exactly, not how long it took
-    clock.after_unit("F", 0.05, 0.05)  # a unit that took 50 ms (wall and CPU) at the top clock
-    assert sleeps == [pytest.approx(0.05 * (scale - 1))]
-    assert clock.requested == [low]
+    assert clock.unit_start() == 0.0
+    end = clock.after_unit("F", 0.9, 0.05)  # 50 ms of work; the wall time (0.9 s of load) does not count
+    assert end == pytest.approx(0.05 * scale) and clock.now() == end and clock.requested == [low]
     busy = 0.05 * scale * model.busy_power(low)
-    assert clock.energy_j() >= busy  # plus idle power for the rest of the elapsed time
+    assert clock.energy_j() == pytest.approx(busy)
+    clock.sync(1.0)  # the iteration ends at 1.0 s on the slowest rank: idle (blocking power) until then
+    assert clock.energy_j() == pytest.approx(busy + (1.0 - end) * model.idle_power_w)
 
 
-def test_sim_clock_energy_counts_idle_time_at_idle_power() -> None:
-    model = FrequencyModel.default()
-    idle, busy = model.idle_power_w, model.busy_power(model.max_mhz)
-    t0 = time.perf_counter()
-    clock = SimClock(model)
-    time.sleep(0.05)
-    t1 = time.perf_counter()
-    e = clock.energy_j()
-    t2 = time.perf_counter()
-    assert 0.05 * idle <= e <= (t2 - t0) * idle  # bounds from the times around, however busy the machine
-    clock.after_unit("F", 0.01, 0.01)  # top clock: no stretch; the unit's 10 ms count busy, not idle
-    e2 = clock.energy_j()
-    t3 = time.perf_counter()
-    assert 0.01 * (busy - idle) <= e2 - e <= 0.01 * busy + (t3 - t1 - 0.01) * idle
-
-
-
-def test_sim_clock_stretches_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A unit slowed by other load (wall 80 ms, CPU 50 ms) gets the simulated GPU time of its 50 ms of work."""
-    model = FrequencyModel.default()
-    low = model.clocks_mhz[len(model.clocks_mhz) // 2]
-    scale = model.time_scale(low)
-    clock = SimClock(model)
-    clock.set(low)
-    sleeps: list[float] = []
-    monkeypatch.setattr(clocks.time, "sleep", sleeps.append)
+def test_sim_clock_waits_for_its_input_in_virtual_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
-    clock.after_unit("F", 0.08, 0.05)
-    assert sleeps == [pytest.approx(max(0.0, 0.05 * scale - 0.08))] or (0.05 * scale <= 0.08 and sleeps == [])
-    assert clock._busy_s == pytest.approx(0.05 * scale)  # busy energy follows the work, not the load
-    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 4)  # intra-op threads: wall time stands in
-    clock.after_unit("F", 0.08, 0.05)
-    assert clock._busy_s == pytest.approx(0.05 * scale + 0.08 * scale)
+    model = FrequencyModel.default()
+    clock = SimClock(model)
+    clock.data_ready(0.3)  # the neighbour sent this unit's input at 0.3 s
+    assert clock.unit_start() == 0.3
+    assert clock.after_unit("B", 0.01, 0.02) == pytest.approx(0.32)
+    assert float(clock.trace.between(0.0, 0.3)) == pytest.approx(0.3 * model.idle_power_w)  # waiting: blocking power
+    clock.data_ready(0.1)  # an older timestamp never moves time back
+    assert clock.unit_start() == pytest.approx(0.32)
+
+
+def test_sim_clock_intra_op_threads_use_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several intra-op threads the training thread's CPU time misses their work: wall time stands in."""
+    clock = SimClock()
+    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 4)
+    clock.unit_start()
+    assert clock.after_unit("F", 0.08, 0.05) == pytest.approx(0.08)
+
+
+def test_straggler_slowdown_stretches_virtual_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
+    clock = SimClock(slowdown=3.0)
+    clock.unit_start()
+    assert clock.after_unit("F", 0.01, 0.01) == pytest.approx(0.03)
+    with pytest.raises(ValueError, match="slowdown must be >= 1"):
+        SimClock(slowdown=0.5)
 
 
 CPU = Device(on_gpu=False, local_rank=0)
@@ -149,20 +145,27 @@ def test_daemon_clock_by_uuid_and_an_unknown_uuid(tmp_path: Path) -> None:
 
 
 def test_sim_clock_fixes_unit_costs_after_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After `fix_unit_costs` a unit's simulated time is the calibration's median work per kind, whatever the
-    unit's own CPU time (a neighbour's load) says; before it, the unit's own work counts."""
+    """After `fix_unit_costs` a unit lasts its kind's median FLOPs at the job's rate, whatever its CPU time (a
+    neighbour's load) says; before it, the unit's own CPU work counts; without FLOPs, the median CPU work."""
     model = FrequencyModel.default()
     low = model.clocks_mhz[-1]
-    clock = SimClock(model, dilation=4.0)
-    monkeypatch.setattr(clocks.time, "sleep", lambda s: None)
     monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
-    for cpu in (0.010, 0.012, 0.011):
-        clock.after_unit("F", 0.001, cpu)
-    clock.after_unit("B", 0.001, 0.030)
-    assert clock._busy_s == pytest.approx(4.0 * (0.010 + 0.012 + 0.011 + 0.030))
-    clock.fix_unit_costs()
-    assert clock.unit_work_s == {"F": pytest.approx(0.011), "B": pytest.approx(0.030)}
+    clock = SimClock(model)
+    for kind, cpu, flops in (("F", 0.010, 2e9), ("F", 0.012, 2e9), ("F", 0.011, 2e9), ("B", 0.030, 4e9)):
+        clock.unit_start()
+        clock.after_unit(kind, 0.001, cpu, flops)
+    assert clock.counting and clock.now() == pytest.approx(0.010 + 0.012 + 0.011 + 0.030)
+    assert clock.calibration_work() == (pytest.approx(0.063), pytest.approx(10e9))
+    clock.fix_unit_costs(1e11)  # 100 GFLOP/s, the job's rate
+    assert not clock.counting and clock.unit_work_s == {"F": pytest.approx(0.02), "B": pytest.approx(0.04)}
     clock.set(low)
-    before = clock._busy_s
+    before = clock.now()
+    clock.unit_start()
     clock.after_unit("F", 0.001, 0.500)  # a unit slowed by load: its CPU time no longer matters
-    assert clock._busy_s - before == pytest.approx(4.0 * 0.011 * model.time_scale(low))
+    assert clock.now() - before == pytest.approx(0.02 * model.time_scale(low))
+    no_flops = SimClock(model)
+    for kind, cpu in (("F", 0.010), ("F", 0.014), ("B", 0.030)):
+        no_flops.unit_start()
+        no_flops.after_unit(kind, 0.001, cpu)
+    no_flops.fix_unit_costs(0.0)
+    assert no_flops.unit_work_s == {"F": pytest.approx(0.012), "B": pytest.approx(0.030)}

@@ -46,7 +46,6 @@ def test_split_leaves_input_alone() -> None:
         ({"memory_headroom": -0.1}, {}, r"must be in \[0, 1\)"),
         ({"memory_limit_bytes": 1.5}, {}, r"must be an integer >= 1"),
         ({"compare_iterations": -1}, {}, r"must be an integer >= 0"),
-        ({"sim_dilation": 0.5}, {}, r"'envpipe.sim_dilation' must be >= 1"),
         ({"type": "envelope", "reconfig": "replan"}, {}, r"reconfig 'replan' re-plans with the optimal planner"),
     ],
 )

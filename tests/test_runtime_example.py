@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 from envpipe.plan.schedules import envpipe_schedule
+from envpipe.runtime.clocks import SimClock
 from tests.ports import free_port
 from tests.runtime_summary import iterations, read_summary
 
@@ -185,9 +186,11 @@ def test_online_profile_plan_reconfigure_and_predict(tmp_path: Path) -> None:
     cal = summary.calibration
     assert cal is not None and cal.transfer_s >= 0 and all(t > 0 for t in cal.tail_s) and all(f > 0 for f in cal.fwd_s)
     assert cal.idle_power_w == pytest.approx(83.64)  # the sim model's blocking power
-    for gpu in summary.gpus:  # the simulated counter interpolated at unit boundaries
+    busy = max(SimClock().model.busy_power_w)
+    for gpu in summary.gpus:  # the simulated counter at unit boundaries: waits at blocking power, the tail busy
         u = gpu.unit_energy
-        assert u is not None and u.fwd_j and u.bwd_j and u.wait_power_w == pytest.approx(83.64, rel=0.05)
+        assert u is not None and u.fwd_j and u.bwd_j and u.wait_power_w is not None
+        assert 83.64 <= u.wait_power_w < busy
     assert "reconfiguration (balanced, measured)" in (tmp_path / "rep" / "report.txt").read_text()
 
 

@@ -52,9 +52,8 @@ def test_optimal_policy_end_to_end_same_math_as_stock(stages: int, tmp_path: Pat
         assert tight.plan is not None and tight.plan.order == "1f1b" and tight.plan.memory is not None
         assert [m.max_in_flight for m in tight.plan.memory] == [0, 0]
         assert all(m.activation_bytes_per_microbatch > 0 for m in tight.plan.memory)
-        refused = tight.plan.refused_orders
-        assert any("on stage 0" in r and "exceed the 0 that fit" in r and "capped at 0" in r for r in refused)
-        assert any(r.startswith("stage 0: even 1F1B keeps 2 micro-batches in flight") for r in refused)
+        refused = tight.plan.refused_orders  # (a limit that only cuts EnvPipe's warm-ups: test_runtime_decide_report)
+        assert any(r.startswith("stage 0: even 1F1B keeps 2 micro-batches in flight") for r in refused), refused
 
 
 @pytest.mark.slow

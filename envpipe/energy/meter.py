@@ -155,17 +155,17 @@ class PolledMeter:
 
 
 class SimMeter:
-    """The simulated GPU's exact counter (knots at unit boundaries, idle power in between)."""
+    """The simulated GPU's exact counter in its virtual time (knots at unit boundaries, idle power between)."""
 
     label = "simulated"
 
-    def __init__(self, trace: CounterTrace, now_j: Callable[[], float]) -> None:
+    def __init__(self, trace: CounterTrace, energy_at: Callable[[float], float]) -> None:
         self.trace = trace
-        self._now_j = now_j
+        self._energy_at = energy_at
 
     def wait_until(self, t: float, timeout_s: float = 2.0) -> bool:
-        if (self.trace.last_time or -np.inf) < t:  # idle since the last unit: close the trace now
-            self.trace.add(time.perf_counter(), self._now_j())
+        if (self.trace.last_time or -np.inf) < t:  # idle since the last unit: the counter at t is known
+            self.trace.add(t, self._energy_at(t))
         return True
 
     def close(self) -> None:

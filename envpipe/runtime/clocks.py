@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,7 +26,11 @@ from envpipe.profile import FrequencyModel
 from envpipe.runtime.config import EnvPipeConfig
 
 log = logging.getLogger(__name__)
-GPU_UUID_ENV = "ENVPIPE_GPU_UUID"  # the clockd GPU a CPU rank leases (default: the daemon's GPU number LOCAL_RANK)
+GPU_UUID_ENV = "ENVPIPE_GPU_UUID"
+# The simulated GPUs' link: PCIe 4.0 x16-like (about 25 GB/s and 10 us a message), so that a stage that
+# waits for its input sees the wait a real one would, not none
+LINK_BYTES_PER_S = 25e9
+LINK_LATENCY_S = 10e-6  # the clockd GPU a CPU rank leases (default: the daemon's GPU number LOCAL_RANK)
 
 
 class ClockUnavailable(RuntimeError):
@@ -55,11 +58,9 @@ class Clock(Protocol):
     def set(self, mhz: int) -> None:
         """Request an SM clock; must return without waiting for it to apply."""
 
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
-        """Called on the training thread right after a forward/backward unit (its wall and CPU time)."""
-
-    def fix_unit_costs(self) -> None:
-        """Calibration is over: a simulated GPU fixes its unit costs (nothing to do on a real one)."""
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float | None:
+        """Called on the training thread right after a forward/backward unit (its wall and CPU time, and its
+        FLOPs while a simulated GPU counts them); a simulated GPU returns the unit's end in its virtual time."""
 
     def energy_j(self) -> float | None:
         """Cumulative energy of this GPU, or None when unknown."""
@@ -72,79 +73,130 @@ class Clock(Protocol):
 
 
 class SimClock:
-    """Emulates a GPU clock on CPU with a frequency model; energy is simulated.
+    """A simulated GPU on CPU: its clock, its own time and its energy (all simulated).
 
-    The simulated GPU runs a unit in ``dilation`` times the unit's CPU work, scaled by the model's
-    slowdown at the current clock; the clock sleeps until that much wall time has passed. Until
-    `fix_unit_costs` (the end of calibration) the work is each unit's own CPU time; from then on it is
-    fixed per kind (forward, backward) at the median the calibration saw, as a GPU's kernels are. Why:
-    on a loaded machine a unit's wall time, and even its CPU time (caches), swing with the neighbours'
-    load; a simulated GPU that follows them makes the plan and its baseline differ by noise. The
-    dilation makes the simulated GPU slower than the CPU's own work, so the sleeps, not the load, set
-    the units' times. With several intra-op threads the training thread's CPU time misses their work,
-    so there the wall time stands in for it.
-    ``slowdown`` > 1 makes every unit that many times longer, as a slower GPU would (a straggling replica
-    in tests): its wall time too, so that the straggler stands out on a loaded machine.
+    The simulated GPU keeps **virtual time**: a unit starts when the GPU is free and its input has
+    arrived (the sender's virtual time plus the simulated link's transfer time travel with every
+    activation and gradient, see envpipe.runtime.engine), and lasts its work scaled by the
+    frequency model's slowdown at the current clock; every iteration starts and ends at the same
+    virtual time on every rank (the job's collectives); its tail (all-reduce, optimizer step) is
+    work too. Until `fix_unit_costs` (after the first calibration iteration) a unit lasts its own CPU
+    time; from then on a unit of a kind lasts its FLOPs (torch's FLOP counter, the same in every run) at
+    the job's rate (its FLOPs over its CPU seconds in that iteration, one number for every rank: it scales
+    every unit alike). Why: on a shared machine wall time, and even CPU time, swing with the neighbours'
+    load; a simulated GPU that follows them turns the comparison of a plan with its baseline into noise.
+    So two runs of the same job plan alike and report alike, and no unit sleeps. With several intra-op
+    threads the training thread's CPU time misses their work, so there the wall time stands in for it.
+    ``slowdown`` > 1 makes every unit that many times longer, as a slower GPU would (a straggler in tests).
     """
 
     kind = "sim"
     energy_label = "simulated"
     controls_clocks = True
-    needs_unit_times = True  # it stretches every unit
+    needs_unit_times = True  # every unit advances the virtual time
     note: str | None = None
 
-    def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0, dilation: float = 1.0) -> None:
+    def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"a sim clock slowdown must be >= 1, got {slowdown}")
-        if not dilation >= 1.0:
-            raise ValueError(f"a sim clock dilation must be >= 1, got {dilation}")
-        self.slowdown, self.dilation = slowdown, dilation
+        self.slowdown = slowdown
         self.model = model or FrequencyModel.default()
         self.supported_mhz = list(self.model.clocks_mhz)
         self.mhz = self.model.max_mhz
         self.requested: list[int] = []
-        self._work: dict[str, list[float]] = {"F": [], "B": []}  # CPU work per unit, until the costs are fixed
-        self.unit_work_s: dict[str, float] | None = None
+        self._work: dict[str, list[tuple[float, float]]] = {"F": [], "B": []}  # per unit: (CPU s, FLOPs)
+        self.unit_work_s: dict[str, float] | None = None  # per kind, once fixed
+        self._tail_work: dict[str, list[float]] = {"reduce": [], "step": []}  # CPU s, until fixed
+        self.tail_work_s: dict[str, float] | None = None
+        self.vt = 0.0  # virtual time (s): the end of the GPU's last unit, or the iteration's start
+        self._ready = 0.0  # when the next unit's input arrives (the latest timestamp received)
+        self._start = 0.0  # the running unit's virtual start
         self._busy_j = 0.0
         self._busy_s = 0.0
-        self._t0 = time.perf_counter()
-        self.trace = CounterTrace()  # the exact simulated counter: knots at unit boundaries
-        self.trace.add(self._t0, 0.0)
+        self.trace = CounterTrace()  # the exact simulated counter in virtual time: knots at unit boundaries
+        self.trace.add(0.0, 0.0)
 
     def set(self, mhz: int) -> None:
         self.mhz = self.model.nearest_clock(mhz)
         self.requested.append(mhz)
 
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
-        start = time.perf_counter() - wall_s
-        at_start = self._energy_at(start)
+    def now(self) -> float:
+        return self.vt
+
+    @staticmethod
+    def transfer_s(nbytes: int) -> float:
+        """How long the simulated link takes to carry ``nbytes`` between neighbouring GPUs."""
+        return LINK_LATENCY_S + nbytes / LINK_BYTES_PER_S
+
+    def data_ready(self, t: float) -> None:
+        """An input of the next unit arrived: it was sent at the sender's virtual time ``t``."""
+        self._ready = max(self._ready, t)
+
+    def sync(self, t: float) -> None:
+        """Every GPU of the job waits for the last one (an iteration's start and end)."""
+        self.vt = max(self.vt, t)
+
+    def unit_start(self) -> float:
+        """The virtual start of the unit about to run: when the GPU is free and its input is there."""
+        self._start = max(self.vt, self._ready)
+        return self._start
+
+    @property
+    def counting(self) -> bool:
+        """Units still measure their own work (their FLOPs are counted)."""
+        return self.unit_work_s is None
+
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float:
+        """The unit's virtual end."""
         if self.unit_work_s is not None:
             work = self.unit_work_s[kind]
         else:
             work = cpu_s if torch.get_num_threads() == 1 else wall_s
-            self._work[kind].append(work)
-        gpu_s = work * self.dilation * self.model.time_scale(self.mhz) * self.slowdown
-        # a straggler takes `slowdown` times as long as the unit otherwise would, however loaded the machine
-        until = max(wall_s * self.slowdown, gpu_s)
-        if until > wall_s:
-            time.sleep(until - wall_s)
+            self._work[kind].append((work, flops or 0.0))
+        gpu_s = work * self.model.time_scale(self.mhz) * self.slowdown
+        if self._start > (self.trace.last_time or 0.0):
+            self.trace.add(self._start, self.energy_at(self._start))  # idle until the unit starts
         self._busy_s += gpu_s
         self._busy_j += gpu_s * self.model.busy_power(self.mhz)
-        if start >= (self.trace.last_time or start):
-            self.trace.add(start, at_start)
-        now = time.perf_counter()
-        self.trace.add(now, self._energy_at(now))
+        self.vt = self._start + gpu_s
+        self.trace.add(self.vt, self.energy_at(self.vt))
+        return self.vt
 
-    def fix_unit_costs(self) -> None:
-        """From now on every unit of a kind costs the median CPU work seen so far (calibration)."""
-        if self.unit_work_s is None and all(self._work.values()):
-            self.unit_work_s = {k: statistics.median(v) for k, v in self._work.items()}
+    def after_tail(self, part: str, cpu_s: float) -> float:
+        """The iteration's tail on this GPU (``reduce``: the gradient all-reduce, ``step``: the optimizer step)
+        lasts its CPU time until the costs are fixed, then the calibration's median: the virtual end."""
+        if self.tail_work_s is not None:
+            work = self.tail_work_s[part]
+        else:
+            work = cpu_s
+            self._tail_work[part].append(cpu_s)
+        self._busy_s += work
+        self._busy_j += work * self.model.busy_power(self.mhz)
+        self.vt += work
+        self.trace.add(self.vt, self.energy_at(self.vt))
+        return self.vt
 
-    def _energy_at(self, t: float) -> float:
-        return self._busy_j + max(0.0, t - self._t0 - self._busy_s) * self.model.idle_power_w
+    def calibration_work(self) -> tuple[float, float]:
+        """(CPU seconds, FLOPs) of every unit so far."""
+        units = [u for us in self._work.values() for u in us]
+        return sum(c for c, _ in units), sum(f for _, f in units)
+
+    def fix_unit_costs(self, flops_per_s: float) -> None:
+        """From now on a unit of a kind lasts its median FLOPs at ``flops_per_s`` (the job's rate); where no
+        FLOPs were counted, its median CPU work."""
+        if self.unit_work_s is not None or not all(self._work.values()):
+            return
+        counted = flops_per_s > 0 and all(f > 0 for us in self._work.values() for _, f in us)
+        self.unit_work_s = {k: statistics.median(f / flops_per_s if counted else c for c, f in us)
+                            for k, us in self._work.items()}
+        self.tail_work_s = {k: statistics.median(v) if v else 0.0 for k, v in self._tail_work.items()}
+
+    def energy_at(self, t: float) -> float:
+        """The counter at virtual time ``t`` (not before the last unit's end): blocking power when idle."""
+        return self._busy_j + max(0.0, t - self._busy_s) * self.model.idle_power_w
 
     def energy_j(self) -> float:
-        return self._energy_at(time.perf_counter())
+        return self.energy_at(self.vt)
 
     def refusals(self) -> list[Refusal]:
         return []
@@ -184,13 +236,8 @@ class DaemonClock:
         if self.emulated is not None:
             self.emulated.set(mhz)
 
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
-        if self.emulated is not None:
-            self.emulated.after_unit(kind, wall_s, cpu_s)
-
-    def fix_unit_costs(self) -> None:
-        if self.emulated is not None:
-            self.emulated.fix_unit_costs()
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float | None:
+        return None if self.emulated is None else self.emulated.after_unit(kind, wall_s, cpu_s, flops)
 
     def energy_j(self) -> float | None:
         if self.emulated is not None:
@@ -224,10 +271,7 @@ class NvmlEnergyClock:
     def set(self, mhz: int) -> None:
         self.requested.append(mhz)
 
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float) -> None:
-        return None
-
-    def fix_unit_costs(self) -> None:
+    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float | None:
         return None
 
     def energy_j(self) -> float:
@@ -250,6 +294,11 @@ def energy_label(clock: Clock | None) -> str:
     if clock is None:
         return "none"
     return "simulated (sim clock)" if simulated_gpu(clock) is not None else "measured (NVML counter)"
+
+
+def time_label(clock: Clock | None) -> str:
+    """What a rank's times are: the simulated GPU's virtual time on CPU, else the wall clock."""
+    return "simulated (sim clock's GPU time)" if simulated_gpu(clock) is not None else "measured (wall clock)"
 
 
 def supported_clocks(nvml: Any, handle: Any) -> list[int]:
@@ -282,9 +331,9 @@ def make_clock(
     if kind == "sim":
         if device.on_gpu:  # the sim clock stretches wall time between units, which GPU timing does not see
             raise ClockUnavailable("envpipe clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs")
-        return SimClock(slowdown=slowdown, dilation=cfg.sim_dilation)
+        return SimClock(slowdown=slowdown)
     if kind == "auto" and not device.on_gpu:
-        return SimClock(slowdown=slowdown, dilation=cfg.sim_dilation)
+        return SimClock(slowdown=slowdown)
     from envpipe.clock.client import SOCKET_ENV, ClockClient, ClockDaemonUnavailable
 
     socket_path = environ.get(SOCKET_ENV) or None
@@ -293,8 +342,7 @@ def make_clock(
             uuid, supported = _gpu_identity(device.local_rank)
             return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported,
                                device_index=device.local_rank)
-        return _emulated_daemon_clock(socket_path, device, SimClock(slowdown=slowdown, dilation=cfg.sim_dilation),
-                                      environ)
+        return _emulated_daemon_clock(socket_path, device, SimClock(slowdown=slowdown), environ)
     except ClockDaemonUnavailable as exc:
         if kind == "daemon":
             raise ClockUnavailable(f"clock control was asked for (envpipe clock 'daemon') but {exc}") from None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import summary as S
-from envpipe.runtime.clocks import Clock, energy_label
+from envpipe.runtime.clocks import Clock, energy_label, time_label
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.decide import Decision
@@ -130,7 +130,7 @@ def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | N
     info = None if chosen is None else replace(chosen.info, deployed=deployed)
     clock_info = S.ClockInfo(
         "none" if clock is None else clock.kind, bool(clock is not None and clock.controls_clocks), label,
-        None if clock is None else clock.note, [x for r in records for x in r.refusals])
+        time_label(clock), None if clock is None else clock.note, [x for r in records for x in r.refusals])
     sim_tails = [max(0.0, t - cal.head_s) for t in cal.tail_s] if cal is not None else []
     rule = chosen.straggler_rule if chosen is not None else None
     return S.RunSummary(

@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as tdist
 
 
@@ -57,6 +58,20 @@ def portable(exc: BaseException) -> BaseException:
     return exc
 
 
+
+
+def job_max(x: float) -> float:
+    """The largest of every rank's ``x`` (a collective call)."""
+    t = torch.tensor([x], dtype=torch.float64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return float(t)
+
+
+def job_sum(xs: list[float]) -> list[float]:
+    """Every rank's ``xs`` added up, element by element (a collective call)."""
+    t = torch.tensor(xs, dtype=torch.float64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+    return t.tolist()
 
 
 def progress(message: str) -> None:

@@ -33,7 +33,7 @@ _CHOICES = {"type": TYPES, "scheduling": SCHEDULINGS, "reconfig": (*RECONFIGS, R
 _STRINGS = ("gpu", "plan", "profile", "report_dir")
 _POSITIVE_INTS = ("pipeline_stages", "memory_limit_bytes", "profile_points", "reconfigure_rounds")
 _COUNTS = ("compare_iterations",)
-_POSITIVE = ("straggler_threshold", "time_budget_s", "sim_dilation")
+_POSITIVE = ("straggler_threshold", "time_budget_s")
 _FRACTIONS = ("max_slowdown", "memory_headroom")  # in [0, 1)
 
 
@@ -59,7 +59,6 @@ class EnvPipeConfig:
     memory_limit_bytes: int | None = None  # per GPU (CPU: the only limit); default on GPUs: the device's memory
     memory_headroom: float = 0.1  # the share of the limit that in-flight activations may not use
     compare_iterations: int = 10  # steady 1F1B all-max iterations interleaved with the plan's, for the report
-    sim_dilation: float = 4.0  # CPU: the simulated GPU takes this many times a unit's CPU time (load-proof timing)
     profile_points: int = 4  # clocks profiled online
     reconfigure_rounds: int = 5  # most reconfiguration rounds
 
@@ -115,8 +114,6 @@ def parse(block: Any, environ: Mapping[str, str] | None = None) -> EnvPipeConfig
         )
     if values.get("max_slowdown") is not None and values.get("time_budget_s") is not None:
         raise EnvPipeConfigError("give either 'max_slowdown' or 'time_budget_s', not both")
-    if values.get("sim_dilation", 1.0) < 1.0:
-        raise EnvPipeConfigError(f"{sources['sim_dilation']} must be >= 1, got {values['sim_dilation']!r}")
     policy = values.get("type", "optimal")
     if values.get("clock") == "none" and policy != "baseline" and not values.get("plan") and not values.get("profile"):
         raise EnvPipeConfigError(

@@ -20,12 +20,14 @@ from typing import Any, ClassVar
 import deepspeed
 import torch
 import torch.distributed as tdist
+from deepspeed.runtime.pipe import p2p
 from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
+from torch.utils.flop_counter import FlopCounterMode
 
 from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.runtime.clocks import Clock
+from envpipe.runtime.clocks import Clock, SimClock, simulated_gpu
 from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.schedule import (
     IRecvActivation,
@@ -70,6 +72,8 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_orders: list[list[Unit]] | None = None
         self.unit_clocks: list[list[int]] | None = None
         self.clock: Clock | None = None
+        self._sim: SimClock | None = None  # a simulated GPU keeps virtual time (CPU)
+        self._tail_cpu = 0.0  # the training thread's CPU time at the last tail mark (a simulated GPU's tail)
         self.units: list[UnitRecord] = []
         self.allreduce_s: float | None = None  # last timed iteration: ReduceTiedGrads + ReduceGrads (seconds)
         self._current_mhz: int | None = None
@@ -115,6 +119,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_orders = [list(o) for o in orders]
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
         self.clock = clock
+        self._sim = simulated_gpu(clock)
         self._timing = timing or clock is not None
 
     def time_units(self, on: bool) -> None:
@@ -141,11 +146,13 @@ class EnvPipeEngine(PipelineEngine):
         self.units = []
         self._gpu_units: list[tuple[str, int, Any, Any, int | None]] = []
         self._tail_marks: dict[str, Any] = {}
-        self._t0 = time.perf_counter()
+        self._t0 = self._now()
         if self._on_gpu:
             self._t0_event = self._event()
         super()._exec_schedule(pipe_schedule)
         self._wait_sends()  # every posted send is waited on and its tensor released each iteration
+        if self._sim is not None and self._tail_marks:  # the optimizer step after the all-reduce
+            self._sim.after_tail("step", time.thread_time() - self._tail_cpu)
         self.iteration_host_t0 = self._t0
         if self._gpu_units:  # resolve GPU unit times once per iteration, not per unit
             self._resolve_gpu_units()
@@ -171,6 +178,10 @@ class EnvPipeEngine(PipelineEngine):
     @property
     def _on_gpu(self) -> bool:
         return self.device.type == "cuda"
+
+    def _now(self) -> float:
+        """Host time, or on a simulated GPU its virtual time (CPU unit times are taken in it)."""
+        return self._sim.now() if self._sim is not None else time.perf_counter()
 
     @staticmethod
     def _event() -> Any:
@@ -200,6 +211,7 @@ class EnvPipeEngine(PipelineEngine):
             self._send_tensor_meta(outputs, self.next_stage)
         tensors = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
         self._isend(tensors, self.next_stage, self._fwd_group["next"])
+        self._virtual_time_out(lambda t: self._isend([t], self.next_stage, self._fwd_group["next"]), tensors)
 
     def _exec_isend_grads(self, buffer_id: int) -> None:
         inputs = self.pipe_buffers["inputs"][buffer_id]
@@ -213,6 +225,7 @@ class EnvPipeEngine(PipelineEngine):
         if len(sendable) != len(grads):
             raise RuntimeError(f"stage {self.stage_id}: an input has no gradient to send back")
         self._isend(sendable, self.prev_stage, self._bwd_group["prev"])
+        self._virtual_time_out(lambda t: self._isend([t], self.prev_stage, self._bwd_group["prev"]), sendable)
         self.pipe_buffers["inputs"][buffer_id] = None
 
     def _exec_irecv_activations(self, buffer_id: int) -> None:
@@ -234,6 +247,7 @@ class EnvPipeEngine(PipelineEngine):
                 t.requires_grad = t.is_floating_point()
             recvd = tuple(parts)
         self.pipe_buffers["inputs"][buffer_id] = recvd
+        self._virtual_time_in(lambda t: self._recv(t, self.prev_stage, group))
 
     def _exec_irecv_grads(self, buffer_id: int) -> None:
         outputs = self.pipe_buffers["outputs"][buffer_id]
@@ -248,6 +262,7 @@ class EnvPipeEngine(PipelineEngine):
         group = self._bwd_group["next"]
         for buf in [self.grad_layer] if isinstance(self.grad_layer, torch.Tensor) else self.grad_layer:
             self._recv(buf, self.next_stage, group)
+        self._virtual_time_in(lambda t: self._recv(t, self.next_stage, group))
 
     def _wait_sends(self) -> None:
         for handle, _ in self._pending:
@@ -265,6 +280,10 @@ class EnvPipeEngine(PipelineEngine):
             self._unit_event = self._event()
         if kind == "F" and self.saved_meter is not None:
             self.saved_meter.start()
+        self._unit_start = self._sim.unit_start() if self._sim is not None else 0.0
+        self._flops = FlopCounterMode(display=False) if self._sim is not None and self._sim.counting else None
+        if self._flops is not None:
+            self._flops.__enter__()
         self._unit_t = time.perf_counter()
         self._unit_cpu = time.thread_time()
 
@@ -274,17 +293,64 @@ class EnvPipeEngine(PipelineEngine):
         if self._on_gpu:
             self._gpu_units.append((kind, mb, self._unit_event, self._event(), self._current_mhz))
             return
-        end = time.perf_counter()
-        if self.clock is not None:
-            self.clock.after_unit(kind, end - self._unit_t, time.thread_time() - self._unit_cpu)
-            end = time.perf_counter()
-        self.units.append(UnitRecord(kind, mb, self._unit_t - self._t0, end - self._t0, self._current_mhz))
+        wall, cpu = time.perf_counter() - self._unit_t, time.thread_time() - self._unit_cpu
+        flops = None
+        if self._flops is not None:
+            self._flops.__exit__(None, None, None)
+            flops = float(self._flops.get_total_flops())
+        virtual_end = self.clock.after_unit(kind, wall, cpu, flops) if self.clock is not None else None
+        if virtual_end is not None:
+            start, end = self._unit_start, virtual_end
+        else:
+            start, end = self._unit_t, time.perf_counter()
+        self.units.append(UnitRecord(kind, mb, start - self._t0, end - self._t0, self._current_mhz))
 
     def _exec_tail_mark(self, at: str) -> None:
-        self._tail_marks[at] = self._event() if self._on_gpu else time.perf_counter() - self._t0
+        if self._sim is not None:  # the all-reduce's work on a simulated GPU (its marks in virtual time)
+            if at == "reduced":
+                self._sim.after_tail("reduce", time.thread_time() - self._tail_cpu)
+            self._tail_cpu = time.thread_time()
+        self._tail_marks[at] = self._event() if self._on_gpu else self._now() - self._t0
+
+    # --- a simulated GPU's virtual time travels with every activation and gradient ------------------
+    def _virtual_time_out(self, send: Any, tensors: Any) -> None:
+        """Send when the data arrives: the unit's end plus the simulated link's transfer of ``tensors``."""
+        if self._sim is not None:
+            parts = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+            nbytes = sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
+            send(torch.tensor([self._sim.now() + self._sim.transfer_s(nbytes)], dtype=torch.float64))
+
+    def _virtual_time_in(self, recv: Any) -> None:
+        if self._sim is not None:
+            stamp = torch.zeros(1, dtype=torch.float64)
+            recv(stamp)
+            self._sim.data_ready(float(stamp))
+
+    def _exec_send_activations(self, buffer_id: int) -> None:  # DeepSpeed's own (Stock1F1BSchedule)
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        super()._exec_send_activations(buffer_id)
+        self._virtual_time_out(lambda t: p2p.send(t, self.next_stage), outputs)
+
+    def _exec_send_grads(self, buffer_id: int) -> None:
+        inputs = self.pipe_buffers["inputs"][buffer_id]  # DeepSpeed drops them once their gradients are sent
+        grads = [t.grad for t in ([inputs] if isinstance(inputs, torch.Tensor) else inputs) if t.grad is not None]
+        super()._exec_send_grads(buffer_id)
+        self._virtual_time_out(lambda t: p2p.send(t, self.prev_stage), grads)
+
+    def _exec_recv_activations(self, buffer_id: int) -> None:
+        super()._exec_recv_activations(buffer_id)
+        self._virtual_time_in(lambda t: p2p.recv(t, self.prev_stage))
+
+    def _exec_recv_grads(self, buffer_id: int) -> None:
+        super()._exec_recv_grads(buffer_id)
+        self._virtual_time_in(lambda t: p2p.recv(t, self.next_stage))
 
     _INSTRUCTION_MAP: ClassVar[dict[type, Any]] = {
         **PipelineEngine._INSTRUCTION_MAP,  # DeepSpeed's own p2p for its own 1F1B steps (Stock1F1BSchedule)
+        ds.SendActivation: _exec_send_activations,
+        ds.SendGrad: _exec_send_grads,
+        ds.RecvActivation: _exec_recv_activations,
+        ds.RecvGrad: _exec_recv_grads,
         IRecvActivation: _exec_irecv_activations,
         IRecvGrad: _exec_irecv_grads,
         ISendActivation: _exec_isend_activations,

@@ -63,7 +63,7 @@ def make_meter(clock: Clock | None) -> EnergyMeter | None:
     """The simulated GPU's exact counter, or the clock's GPU's NVML counter (and SM clock) polled in the background."""
     sim = simulated_gpu(clock)
     if sim is not None:
-        return SimMeter(sim.trace, sim.energy_j)
+        return SimMeter(sim.trace, sim.energy_at)
     if clock is None:
         return None
     index = getattr(clock, "device_index", 0)
@@ -94,6 +94,7 @@ class Runner:
         self.place = collective.place(engine)
         self.controls = clock is not None and clock.controls_clocks
         self.meter = make_meter(clock)
+        self.sim = simulated_gpu(clock)  # CPU: times are the simulated GPU's virtual time
         self.log = IterationLog(cfg.report_dir, self.place.rank, engine.stage_id, self.meter, energy_label(clock))
         self.f_max = clock.supported_mhz[0] if clock is not None else 0
         self.baseline = all_max(one_f_one_b(self.P, self.M), self.f_max, "1f1b", "baseline")
@@ -109,11 +110,11 @@ class Runner:
         engine = self.engine
         engine.set_unit_orders(plan.orders(), plan.clocks() if self.controls else None, self.clock, timing=timed)
         requested = list(self.clock.requested) if self.clock is not None else []
-        t0 = time.perf_counter()
+        t0 = self._iteration_edge()
         loss = engine.train_batch(data)
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
-        t1 = time.perf_counter()
+        t1 = self._iteration_edge()
         asked = list(self.clock.requested[len(requested):]) if self.clock is not None else []
         value = float(loss) if loss is not None else None
         self.log.add(Iteration(len(self.log.done) + len(self.log._waiting), phase, runs, t0, t1, asked, value,
@@ -126,6 +127,14 @@ class Runner:
             units_end = max(u.end_s for u in engine.units)
             self._tails.append((runs, engine.allreduce_s or 0.0, t1 - (h + units_end)))
         return self.last_timing
+
+    def _iteration_edge(self) -> float:
+        """When an iteration starts or ends: host time, or a simulated GPU's virtual time, which every rank
+        then agrees on (the job's collectives make every GPU wait for the last one)."""
+        if self.sim is None:
+            return time.perf_counter()
+        self.sim.sync(collective.job_max(self.sim.now()))
+        return self.sim.now()
 
     def gather(self, mine: Any) -> list[tuple[collective.Place, Any]]:
         """Every rank's object with its place (stage, replica), in rank order (a collective call)."""
@@ -155,6 +164,9 @@ class Runner:
                 saved, self.engine.saved_meter = self.engine.saved_meter.per_unit or [0], None
             own.append(timing)
             gathered.append(self.gather((timing, self.unit_energy(timing))))
+            if i == 0 and self.sim is not None:  # a simulated GPU's units keep the same cost from here on
+                cpu_s, flops = collective.job_sum(list(self.sim.calibration_work()))
+                self.sim.fix_unit_costs(flops / cpu_s if cpu_s > 0 else 0.0)
         measured = gathered[1:] or gathered  # the first iteration warms up
         iterations = [[(w, t) for w, (t, _) in it] for it in measured]
         cals = replicas.calibrate_replicas(one_f_one_b(self.P, self.M), iterations)
@@ -164,8 +176,6 @@ class Runner:
         self.unit_energies = replicas.slowest_per_stage(
             [(w, {**st, "F_j": _nan(e[0]), "B_j": _nan(e[1])}) for (w, st), (_, (_, e)) in
              zip(entries, measured[-1], strict=True)], self.P)
-        if self.clock is not None:
-            self.clock.fix_unit_costs()
         effective = self._effective_clock(own[1:] or own)
         self.idle_power_w = self._idle_power()
         limit = device_limit(self.engine, self.cfg.memory_limit_bytes)

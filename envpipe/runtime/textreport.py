@@ -27,6 +27,12 @@ def _iterations(name: str, it: Iterations, energy: str) -> str:
     return line
 
 
+def m_label(s: RunSummary) -> str:
+    """What this run's own comparison is made of: measured, or on CPU the simulated GPU's numbers."""
+    sim = s.clock.energy.startswith("simulated")
+    return "the simulated GPU's, both sides" if sim else "measured against measured"
+
+
 def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
     """The run's headline numbers as (label, value) rows, each label saying measured or simulated (the
     CML notebook's table)."""
@@ -35,16 +41,16 @@ def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
     if plan is not None:
         rows += [("policy / order", f"{plan.policy} / {plan.order}"), ("plan from", plan.source),
                  ("plan deployed", "yes" if plan.deployed else "no: clocks cannot be changed here")]
-    rows += [("steady iterations (measured)", str(t.n)),
-             ("iteration time (measured, median)", f"{t.median:.3f} s"),
-             ("throughput (measured)", f"{s.steady.throughput_samples_per_s:.2f} samples/s")]
+    rows += [("steady iterations", str(t.n)),
+             (f"iteration time ({s.clock.time}, median)", f"{t.median:.3f} s"),
+             (f"throughput ({s.clock.time})", f"{s.steady.throughput_samples_per_s:.2f} samples/s")]
     if s.steady.energy_j is not None:
         rows.append((f"energy per iteration ({s.clock.energy})", f"{s.steady.energy_j.median:.1f} J"))
     if s.measured is not None:
         if s.measured.energy_saving is not None:
-            rows.append(("energy saving vs this run's 1F1B all-max (measured against measured)",
+            rows.append((f"energy saving vs this run's 1F1B all-max iterations ({m_label(s)})",
                          _pct(s.measured.energy_saving.median, sign=False)))
-        rows.append(("slowdown vs this run's 1F1B all-max (measured against measured)",
+        rows.append((f"slowdown vs this run's 1F1B all-max iterations ({m_label(s)})",
                      _pct(s.measured.slowdown.median)))
     if s.predicted is not None:
         rows += [("energy saving, the planner's prediction (simulated against simulated)",
@@ -65,15 +71,16 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
     if plan is not None:
         lines.append(f"  plan: policy {plan.policy}, order {plan.order}; from {plan.source}; digest {plan.digest}"
                      + ("" if plan.deployed else " (reported, not deployed: clocks cannot be changed here)"))
-    lines.append(f"  clocks: {s.clock.kind}, energy {s.clock.energy}" + (f"; {s.clock.note}" if s.clock.note else ""))
+    lines.append(f"  clocks: {s.clock.kind}; energy {s.clock.energy}; times {s.clock.time}"
+                 + (f"; {s.clock.note}" if s.clock.note else ""))
     if s.calibration is not None:
         c = s.calibration.time_s
-        lines.append(f"  calibration (measured, 1F1B, every clock at max): iteration {_ms(c.median)} "
-                     f"(median of {c.n})")
-    lines.append(f"  throughput (measured): {s.steady.throughput_samples_per_s:.2f} samples/s")
+        lines.append(f"  calibration (1F1B, every clock at max): iteration {_ms(c.median)} (median of {c.n})")
+    lines.append(f"  throughput: {s.steady.throughput_samples_per_s:.2f} samples/s")
     m = s.measured
     if m is not None:
-        lines.append(f"  measured, this run's plan vs its interleaved 1F1B all-max iterations ({m.energy}):")
+        lines.append(f"  this run, the plan's iterations vs its interleaved 1F1B all-max iterations "
+                     f"(energy {m.energy}, times {s.clock.time}):")
         if m.energy_saving is not None:
             lines.append(f"    energy saving {_spread_pct(m.energy_saving)}")
         lines.append(f"    slowdown {_spread_pct(m.slowdown)}")
