@@ -66,7 +66,7 @@ def main() -> None:
     print("# envpipe search: predicted vs measured (Aceso-style)\n")
     print(f"Command: `{args.command}`\n")
     print("Machine:\n```\n" + (out / "machine.txt").read_text().strip() + "\n```\n")
-    print(f"Links (measured by benchmarks/search_links.py, {links['backend']}, {links['date']}): p2p latency "
+    print(f"Links (benchmarks/search_links.py, {links['backend']}, {links['date']}; {links['label']}): p2p latency "
           f"{links['p2p_latency_us']:.0f} us, p2p {links['p2p_gbps']:.2f} GB/s, all-reduce bus "
           f"{links['allreduce_bus_gbps']:.2f} GB/s.\n")
     print("Predicted: simulated by `envpipe search` from the layer profile (per-layer times and memory, measured) "

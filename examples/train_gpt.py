@@ -440,9 +440,7 @@ def profile_layers(args: argparse.Namespace) -> None:
 
     target = Target([spec.build for spec in layer_specs(args)], batch, lm_loss, shape)
     dtype = args.dtype or ("bf16" if on_gpu else "fp32")
-    cfg = envpipe_config.split(read_config(args.config))[1] if args.config else envpipe_config.EnvPipeConfig()
-    profile = profile_layers(target, args.profile_micro_batches, device, dtype, progress=print,
-                             sim_dilation=cfg.sim_dilation)
+    profile = profile_layers(target, args.profile_micro_batches, device, dtype, progress=print)
     profile.save(args.profile_layers)
     print(f"layer profile ({profile.device}, {dtype}, micro-batch sizes {profile.micro_batch_sizes}) written to "
           f"{args.profile_layers}")

@@ -2,7 +2,8 @@
 
 Measures the layers exactly as the training job builds them (the caller hands over the same layer
 builders DeepSpeed's PipelineModule gets) and writes an `envpipe.search.layers.LayerProfile`. On CPU the
-device is the runtime's simulated GPU (``UnitTimer``): its unit times are the sim clock's. It lives
+device is the runtime's simulated GPU (``UnitTimer``, ``simulated_gpu_times``): its unit times are the sim
+clock's. It lives
 in envpipe.runtime, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
 importable where only the planner is installed.
 
@@ -24,14 +25,14 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from envpipe.profile import FrequencyModel
 from envpipe.profile.gpus import GPU_FILTERS
-from envpipe.runtime.config import EnvPipeConfig
 from envpipe.search.layers import Layer, LayerCost, LayerProfile, ModelShape
 
 _WINDOW = "envpipe.window."
@@ -104,52 +105,75 @@ class Target:
 
 def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: torch.device, dtype: str,
                    reps: int = 10, warmup: int = 3, idle_seconds: float = 2.0,
-                   progress: Callable[[str], None] | None = None,
-                   sim_dilation: float = EnvPipeConfig.sim_dilation) -> LayerProfile:
+                   progress: Callable[[str], None] | None = None) -> LayerProfile:
     """Measure every layer of ``target`` at every micro-batch size (clocks untouched). On CPU the times are the
-    runtime's simulated GPU's, with the job's ``sim_dilation`` (envpipe.sim_dilation)."""
+    runtime's simulated GPU's (``UnitTimer``)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if sim_dilation < 1:
-        raise ValueError(f"the sim dilation must be >= 1, got {sim_dilation}")
     sizes = sorted(set(micro_batch_sizes))
     if not sizes or sizes[0] < 1 or reps < 1 or warmup < 0:
         raise ValueError("micro-batch sizes must be positive, reps >= 1 and warm-up >= 0")
-    timer = UnitTimer(device, None if device.type == "cuda" else sim_dilation)
+    timer = UnitTimer(device)
     power = _PowerMeter(device, idle_seconds)
     batches = {b: target.batch(b, device) for b in sizes}
     # floating inputs in the training dtype, as DeepSpeed loads them on the first stage
     inputs = {b: x.to(DTYPES[dtype]) if x.is_floating_point() else x for b, (x, _) in batches.items()}
-    layers = []
+    layers, flops = [], []
     last = len(target.layers) - 1
     with power.busy():
         for i, build in enumerate(target.layers):
             module = build().to(device=device, dtype=DTYPES[dtype])
             loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
-            layer, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, timer)
+            layer, layer_flops, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, timer)
             layers.append(layer)
+            flops.append(layer_flops)
             if progress:
                 progress(f"layer {i + 1}/{len(target.layers)} ({layer.name}) measured")
             del module
+    if device.type == "cpu":
+        layers = simulated_gpu_times(layers, flops)
     busy_w, idle_w, power_label = power.result()
     gpu, measured_mhz, clock_label = _clocks(device)
     return LayerProfile(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        cpu_threads=None if device.type == "cuda" else torch.get_num_threads(), sim_dilation=timer.dilation,
-        dtype=dtype,
+        cpu_threads=None if device.type == "cuda" else torch.get_num_threads(), dtype=dtype,
         date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
         clock_model=FrequencyModel.default().name, clock_label=clock_label, busy_power_w=busy_w,
         idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers))
 
 
+Flops = dict[int, tuple[float, float]]  # micro-batch size -> (forward, backward) FLOPs of one layer
+
+
+def simulated_gpu_times(layers: Sequence[Layer], flops: Sequence[Flops]) -> list[Layer]:
+    """CPU: the runtime's simulated GPU runs a unit in its FLOPs at the job's rate, FLOPs over CPU seconds of
+    the units (envpipe.runtime.clocks.SimClock). Per micro-batch size that rate over all layers here; a layer
+    without FLOPs keeps its CPU time (the sim does the same where a stage counts none)."""
+    out = [dict(layer.per_micro_batch) for layer in layers]
+    for b in layers[0].per_micro_batch:
+        total_flops = sum(f[b][0] + f[b][1] for f in flops)
+        total_s = sum(layer.per_micro_batch[b].forward_s + layer.per_micro_batch[b].backward_s for layer in layers)
+        if total_flops <= 0:
+            continue
+        rate = total_flops / total_s
+        for per, f in zip(out, flops, strict=True):
+            cost = per[b]
+            per[b] = replace(cost, forward_s=f[b][0] / rate if f[b][0] > 0 else cost.forward_s,
+                             backward_s=f[b][1] / rate if f[b][1] > 0 else cost.backward_s)
+    return [replace(layer, per_micro_batch=per) for layer, per in zip(layers, out, strict=True)]
+
+
 def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
                    loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device, dtype: str,
-                   reps: int, warmup: int, timer: UnitTimer) -> tuple[Layer, dict[int, torch.Tensor]]:
-    """One layer at every micro-batch size (``inputs``: size -> its input); returns it and its outputs."""
+                   reps: int, warmup: int, timer: UnitTimer) -> tuple[Layer, Flops, dict[int, torch.Tensor]]:
+    """One layer at every micro-batch size (``inputs``: size -> its input); returns it, its FLOPs per unit
+    (CPU only, else 0) and its outputs."""
     units = {b: _Unit(module, x, b, loss, device, dtype == "bf16") for b, x in inputs.items()}
-    times = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
+    measured = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
+    times = {b: (f[0], bw[0]) for b, (f, bw) in measured.items()}
+    flops = {b: (f[1], bw[1]) for b, (f, bw) in measured.items()}
     optimizer = _Optimizer(module, dtype, device)
-    step_s = optimizer.time(reps)
+    step_s = optimizer.time(reps, timer)
     with AllocationWindows(device) as probe:  # one allocation probe per layer: all its windows
         outputs = {b: unit.probe(probe, str(b)) for b, unit in units.items()}
         with probe.window("step"):
@@ -159,7 +183,7 @@ def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
                         probe.peak(f"{b}.forward"), probe.peak(f"{b}.backward")) for b in inputs}
     layer = Layer(type(module).__name__, optimizer.parameters, optimizer.param_bytes, optimizer.state_bytes(),
                   step_s, probe.peak("step"), per)
-    return layer, {b: out.detach() for b, out in outputs.items()}
+    return layer, flops, {b: out.detach() for b, out in outputs.items()}
 
 
 def _sync(device: torch.device) -> None:
@@ -169,27 +193,28 @@ def _sync(device: torch.device) -> None:
 
 @dataclass(frozen=True)
 class UnitTimer:
-    """What a unit's time is on the device the job runs on. GPU: its wall time (synchronized). CPU: the
-    runtime's simulated GPU (envpipe.runtime.clocks.SimClock), which takes ``dilation`` times the unit's CPU
-    work (the thread's CPU time, which other processes on the cores do not inflate; the wall time when
-    torch computes with several threads), as the sim clock does in the job."""
+    """What a unit costs on the device the job runs on, as (seconds, FLOPs). GPU: its wall time (synchronized).
+    CPU: what the runtime's simulated GPU counts (envpipe.runtime.clocks.SimClock, envpipe.runtime.engine):
+    the training thread's CPU time (the wall time when torch computes with several threads) and, for units,
+    the FLOPs of torch's FLOP counter, which is active while the engine counts them."""
 
     device: torch.device
-    dilation: float | None  # CPU only
 
-    def __call__(self, fn: Callable[[], object]) -> float:
+    def __call__(self, fn: Callable[[], object], count_flops: bool = True) -> tuple[float, float]:
+        counter = FlopCounterMode(display=False) if self.device.type == "cpu" and count_flops else None
         _sync(self.device)
         t0, c0 = time.perf_counter(), time.thread_time()
-        fn()
+        if counter is not None:
+            with counter:
+                fn()
+        else:
+            fn()
         _sync(self.device)
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        if self.dilation is None:
-            return wall
-        return self.dilation * (cpu if torch.get_num_threads() == 1 else wall)
-
-
-def _wall(device: torch.device, fn: Callable[[], object]) -> float:
-    return UnitTimer(device, None)(fn)
+        if self.device.type == "cuda":
+            return wall, 0.0
+        flops = float(counter.get_total_flops()) if counter is not None else 0.0
+        return (cpu if torch.get_num_threads() == 1 else wall), flops
 
 
 class _Unit:
@@ -223,8 +248,8 @@ class _Unit:
             torch._foreach_add_(self.buffer, grads)
         self.x.grad = None
 
-    def time(self, reps: int, warmup: int, timer: UnitTimer) -> tuple[float, float]:
-        """Median forward and backward seconds of ``reps`` units after ``warmup`` units."""
+    def time(self, reps: int, warmup: int, timer: UnitTimer) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Forward and backward (median seconds, FLOPs) of ``reps`` units after ``warmup`` units."""
         for _ in range(warmup):
             self.backward(self.forward()[1])
         fwd, bwd = [], []
@@ -233,7 +258,8 @@ class _Unit:
             fwd.append(timer(lambda: held.extend(self.forward())))
             bwd.append(timer(lambda: self.backward(held[-1])))
             held.clear()
-        return statistics.median(fwd), statistics.median(bwd)
+        return ((statistics.median(t for t, _ in fwd), fwd[-1][1]),
+                (statistics.median(t for t, _ in bwd), bwd[-1][1]))
 
     def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
         """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""
@@ -272,9 +298,9 @@ class _Optimizer:
                 for m, p in zip(self.master, self.params, strict=True):
                     p.copy_(m)
 
-    def time(self, reps: int) -> float:
-        """Median wall seconds of a step: not a unit, the simulated GPU does not stretch it either."""
-        return statistics.median(_wall(self.device, self.step) for _ in range(reps)) if self.opt else 0.0
+    def time(self, reps: int, timer: UnitTimer) -> float:
+        """Median seconds of a step (on CPU its CPU time: the simulated GPU's tail is that work)."""
+        return statistics.median(timer(self.step, count_flops=False)[0] for _ in range(reps)) if self.opt else 0.0
 
     def state_bytes(self) -> int:
         """The optimizer's state (AdamW moments) and, for bf16, the fp32 master weights."""
@@ -329,7 +355,7 @@ def _clocks(device: torch.device) -> tuple[str, int | None, str]:
     """(candidate-clock rule, the clock the times stand for, label)."""
     model = FrequencyModel.default()
     if device.type != "cuda":
-        return ("a100", None, f"CPU: the runtime's simulated GPU (sim_dilation x each unit's CPU work) at its "
+        return ("a100", None, f"CPU: the runtime's simulated GPU (a unit lasts its FLOPs at the CPU's rate) at its "
                 f"highest clock ({model.max_mhz} MHz); other clocks simulated by the frequency model")
     name = torch.cuda.get_device_name(device).lower()
     gpu = next((key for key in GPU_FILTERS if key in name), "all")

@@ -47,8 +47,6 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
     if layers.dtype == "bf16":
         config["bf16"] = {"enabled": True}
     config["envpipe"] = {"pipeline_stages": shape.stages, "plan": plan_file}
-    if layers.sim_dilation is not None:  # CPU: the simulated GPU the profile measured
-        config["envpipe"]["sim_dilation"] = layers.sim_dilation
     config["envpipe_search"] = {
         "version": FOUND_VERSION,
         "model": {"family": layers.model.family, "layers": layers.model.layers, "hidden": layers.model.hidden,

@@ -3,8 +3,7 @@
 Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
 
     {"version": 1, "kind": "envpipe-layer-profile",
-     "device": "NVIDIA H200", "cpu_threads": null, "sim_dilation": null, "dtype": "bf16",
-     "date": "2026-11-23T10:00:00Z",
+     "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
      "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
      "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
      "model": {"family": "gpt2", "layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304},
@@ -16,10 +15,10 @@ Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by
                                            "backward_peak_bytes": ...}, ...}}, ...]}
 
 ``cpu_threads``: on CPU, the threads torch computed with (a job must run its processes with as many to see
-the same times); null on GPUs. ``sim_dilation``: on CPU the times are the runtime's simulated GPU's, this
-many times each unit's CPU work (the job must run with the same `envpipe.sim_dilation`); null on GPUs.
-Times are measured at the device's current clock (GPUs: clocks never changed); the other clocks of a
-stage profile built from this file come from the frequency model
+the same times); null on GPUs. On CPU the times are the runtime's simulated GPU's (a unit lasts its
+FLOPs at the CPU's rate, envpipe.runtime.clocks.SimClock). Times are measured at the device's current
+clock (GPUs: clocks never changed); the other clocks of a stage profile built from this file come from
+the frequency model
 (``clocks.model``) and are simulated.
 Memory per layer and micro-batch (bytes of the allocator: torch.cuda on GPUs, torch's CPU allocator
 through the profiler's memory events on CPU):
@@ -100,7 +99,6 @@ class ModelShape:
 class LayerProfile:
     device: str
     cpu_threads: int | None  # CPU: torch's threads during the measurement; None on GPUs
-    sim_dilation: float | None  # CPU: the simulated GPU's time per unit of CPU work; None on GPUs
     dtype: str
     date: str
     gpu: str  # candidate-clock rule (envpipe.profile.gpus): the GPU's own, or the simulated GPU's on CPU
@@ -128,7 +126,6 @@ class LayerProfile:
             "kind": KIND,
             "device": self.device,
             "cpu_threads": self.cpu_threads,
-            "sim_dilation": self.sim_dilation,
             "dtype": self.dtype,
             "date": self.date,
             "clocks": {"gpu": self.gpu, "measured_mhz": self.measured_mhz, "model": self.clock_model,
@@ -197,16 +194,11 @@ def _from_json(data: Any, source: str) -> LayerProfile:
     threads = top.get("cpu_threads")
     if threads is not None and (not _is_int(threads) or threads < 1):
         raise LayerProfileError(f"'cpu_threads' must be a positive integer or null, got {threads!r}")
-    dilation = top.get("sim_dilation")
-    if dilation is not None and (not isinstance(dilation, int | float) or isinstance(dilation, bool)
-                                 or not math.isfinite(dilation) or dilation < 1):
-        raise LayerProfileError(f"'sim_dilation' must be a number >= 1 or null, got {dilation!r}")
     measured = clocks.get("measured_mhz")
     if measured is not None and (not _is_int(measured) or measured < 1):
         raise LayerProfileError(f"'clocks.measured_mhz' must be a positive integer or null, got {measured!r}")
     return LayerProfile(
-        device=_string(top, "device", "'device'"), cpu_threads=threads,
-        sim_dilation=None if dilation is None else float(dilation), dtype=dtype,
+        device=_string(top, "device", "'device'"), cpu_threads=threads, dtype=dtype,
         date=_string(top, "date", "'date'"),
         gpu=_string(clocks, "gpu", "'clocks.gpu'"), measured_mhz=measured,
         clock_model=_string(clocks, "model", "'clocks.model'"), clock_label=_string(clocks, "label", "'clocks.label'"),

@@ -27,7 +27,7 @@ def layer_profile(times_ms: Sequence[float], act_mib: Sequence[float] | None = N
                             int(b * act * MIB / 2)) for b in sizes}
         layers.append(Layer("Embedding" if i == 0 else "Head" if i == n - 1 else "Block", count, count * width,
                             8 * count if dtype == "fp32" else 12 * count, 1e-3 * count / 1e6, 4 * count, per))
-    return LayerProfile(device="test", cpu_threads=None, sim_dilation=None, dtype=dtype, date="2026-11-23T00:00:00Z",
+    return LayerProfile(device="test", cpu_threads=None, dtype=dtype, date="2026-11-23T00:00:00Z",
                         gpu="a100", measured_mhz=None,
                         clock_model="sim-a100", clock_label="test", busy_power_w=300.0, idle_power_w=80.0,
                         power_label="test", model=ModelShape("gpt2", n - 2, 64, 2, 16, 128), layers=tuple(layers),
