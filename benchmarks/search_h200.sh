@@ -7,12 +7,14 @@
 #
 #   OUT=/tmp/sr bash benchmarks/search_h200.sh                  # 2 x H200: GPT-2 and Llama, bf16
 #   MODELS=llama OUT=/tmp/sr bash benchmarks/search_h200.sh     # one model (8 runs of about 40 s each)
+#   MODELS= PROFILE_48=1 OUT=/tmp/sr bash benchmarks/search_h200.sh  # only the 48-layer GPT-2 XL profile
 #   CPU=1 OUT=/tmp/sr bash benchmarks/search_h200.sh            # small models on 2 CPU processes (gloo, sim clock)
 #   CPU=1 TINY=1 MODELS=gpt2 SIZES=2 SHIFT=0 ...                 # the tests' quick check of the script's logic
 #
 # OUT gets few files (the device tool brings back at most 8): search_h200.md (the results), layers_<model>.json
-# (the layer profiles), layers_gpt2_48.json (GPU only: a 48-layer GPT-2 XL profile for the search-cost
-# benchmark), search_runs.tar.gz (everything else: configs, plans, run JSON, logs). Work files go to WORK.
+# (the layer profiles), layers_gpt2_48.json (PROFILE_48=1, GPU only: a 48-layer GPT-2 XL profile for the
+# search-cost benchmark), search_runs.tar.gz (everything else: configs, plans, run JSON, logs). Work files
+# go to WORK.
 # DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked first (deepspeed_whl.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,14 +27,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 declare -A ARGS
 if [ "${CPU:-0}" = 1 ]; then
   export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
-  MODELS=${MODELS:-"gpt2 llama"}
+  MODELS=${MODELS-"gpt2 llama"}
   ARGS[gpt2]="--model gpt2 --layers 6 --hidden 256 --heads 4 --seq 128 --vocab 2048"
   ARGS[llama]="--model llama --layers 6 --hidden 256 --heads 4 --seq 128 --vocab 2048"
   if [ "${TINY:-0}" = 1 ]; then ARGS[gpt2]="--tiny"; ARGS[llama]="--tiny --model llama"; fi
   SIZES=${SIZES:-1,2,4}; BATCH=${BATCH:-16}; MEMORY_GIB=${MEMORY_GIB:-4}
 else
   unset ENVPIPE_CLOCKD_SOCKET 2>/dev/null || true
-  MODELS=${MODELS:-"gpt2 llama"}
+  MODELS=${MODELS-"gpt2 llama"}
   ARGS[gpt2]="--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 50304"
   ARGS[llama]="--model llama --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 32000"
   SIZES=${SIZES:-2,4,8}; BATCH=${BATCH:-32}; MEMORY_GIB=${MEMORY_GIB:-130}
@@ -75,7 +77,7 @@ for model in $MODELS; do
     fi
   done < "$dir/configs/configs.txt"
 done
-if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-1}" = 1 ]; then
+if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-0}" = 1 ]; then
   echo "$(date -u +%T) 48-layer GPT-2 XL profile (for the search-cost benchmark)"
   $PY examples/train_gpt.py --model gpt2 --layers 48 --hidden 1600 --heads 25 --seq 1024 --vocab 50304 \
     --profile-layers "$OUT/layers_gpt2_48.json" --profile-micro-batches 1,2,4,8 > "$WORK/profile48.log" 2>&1 || tail -20 "$WORK/profile48.log"
