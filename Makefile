@@ -69,7 +69,7 @@ e2e: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy envpipe
+	$(VENV)/bin/mypy envpipe examples
 
 clean:
 	rm -rf $(VENV) $(OUTDIR) .pytest_cache .ruff_cache .mypy_cache

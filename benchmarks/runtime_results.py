@@ -68,10 +68,12 @@ def predictions(name: str, bench: dict[str, Any]) -> list[str]:
     for run in bench["runs"]:
         rt = [RunSummary.from_json(r["runtime_1f1b"]) for r in run["rounds"]]
         cases = [("1F1B, every clock at max (median over rounds)", rt)]
-        for key, what in (("runtime_envpipe", "EnvPipe's order, every clock at max"),
-                          ("runtime_optimal", "policy optimal (what ran in the steady phase)")):
-            if run.get(key):
-                cases.append((what, [RunSummary.from_json(run[key])]))
+        if run.get("runtime_envpipe"):
+            cases.append(("EnvPipe's order, every clock at max", [RunSummary.from_json(run["runtime_envpipe"])]))
+        if run.get("runtime_optimal"):
+            s = RunSummary.from_json(run["runtime_optimal"])
+            ran = "its plan" if s.plan is not None and s.plan.deployed else "1F1B at default clocks (plan not deployed)"
+            cases.append((f"policy optimal; the steady phase ran {ran}", [s]))
         for what, runs in cases:
             rows.append(_row(name, run["M"], what, _f(_median([s.predicted_iteration_time_s for s in runs])),
                              _f(_median([s.steady.time_s.median for s in runs])),
@@ -118,10 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     if not benches:
         print(f"{out}: no */bench.json (run benchmarks/runtime_h200.sh first)", file=sys.stderr)
         return 2
+    try:
+        return _render(out, benches, args.command)
+    except ValueError as e:  # a bench.json written by an older runtime (summary schema changed)
+        print(f"{out}: {e}", file=sys.stderr)
+        return 2
+
+
+def _render(out: Path, benches: dict[str, Any], command: str) -> int:
     first = next(iter(benches.values()))
     machine = (out / "machine.txt").read_text().strip() if (out / "machine.txt").is_file() else "?"
     lines = [f"# EnvPipe runtime vs stock DeepSpeed ({first['device']}, {first['started_utc']} UTC)", "",
-             f"Command: `{args.command}`. Clocks never changed (no clock daemon: the runtime ran at default "
+             f"Command: `{command}`. Clocks never changed (no clock daemon: the runtime ran at default "
              "clocks and read the NVML energy counter). Every number is measured unless it says simulated.", "",
              "```", machine, "```", "", "## Throughput: the runtime in 1F1B order, every clock at max, vs stock", "",
              f"Interleaved rounds, stock first in even rounds and last in odd ones; {first['steps']} steady iterations "

@@ -23,7 +23,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import deepspeed
 import torch
@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from envpipe.runtime import collective, distributed, replicas
 from envpipe.runtime import config as envpipe_config
-from envpipe.runtime.clocks import Clock, ClockUnavailable, Device, NvmlEnergyClock, make_clock
+from envpipe.runtime.clocks import Clock, ClockUnavailable, Device, NvmlEnergyClock, make_clock, make_meter
 from envpipe.runtime.collect import RankRecord, assemble
 from envpipe.runtime.engine import initialize
 from envpipe.runtime.iterations import BASELINE
 from envpipe.runtime.report import write_report
-from envpipe.runtime.runner import Runner, make_meter
+from envpipe.runtime.runner import Runner
 from envpipe.runtime.summary import RunSummary
 from envpipe.runtime.textreport import render
 
@@ -67,6 +67,7 @@ class Block(torch.nn.Module):
 
     def __init__(self, cfg, family: str, index: int) -> None:
         super().__init__()
+        self.block: torch.nn.Module
         if family == "gpt2":
             from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
@@ -101,11 +102,12 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
-def model_config(args: argparse.Namespace):
+def model_config(args: argparse.Namespace) -> Any:
+    """The Hugging Face config of the chosen family (GPT2Config or LlamaConfig)."""
     if args.model == "gpt2":
         from transformers import GPT2Config
 
-        cfg = GPT2Config(
+        cfg: Any = GPT2Config(
             n_embd=args.hidden,
             n_layer=args.layers,
             n_head=args.heads,

@@ -126,7 +126,7 @@ def test_spread() -> None:
 
 
 def test_profile_clocks_spread_over_supported() -> None:
-    from envpipe.runtime.runner import profile_clocks
+    from envpipe.runtime.profiling import profile_clocks
 
     assert profile_clocks([1410, 1395, 1380, 1365, 1350], 3) == [1410, 1380, 1350]
     assert profile_clocks([1005, 1410], 4) == [1410, 1005]

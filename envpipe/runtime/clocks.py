@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from envpipe.energy.meter import CounterTrace, nvml_reader
+from envpipe.energy.meter import CounterTrace, EnergyMeter, PolledMeter, SimMeter, nvml_reader, nvml_sm_clock
 from envpipe.profile import FrequencyModel
 from envpipe.runtime.config import EnvPipeConfig
 
@@ -385,3 +385,21 @@ def _emulated_daemon_clock(
     supported = sorted((int(f) for f in by_uuid[uuid]["supported_mhz"]), reverse=True)
     client = ClockClient(socket_path, gpu_uuids=[uuid])
     return DaemonClock(client, uuid, supported, emulated=emulated)
+
+
+def make_meter(clock: Clock | None) -> EnergyMeter | None:
+    """The simulated GPU's exact counter, or the clock's GPU's NVML counter (and SM clock) polled in the background."""
+    sim = simulated_gpu(clock)
+    if sim is not None:
+        return SimMeter(sim.trace, sim.energy_at)
+    if clock is None:
+        return None
+    index = getattr(clock, "device_index", 0)
+    read_j, close_j = nvml_reader(index)
+    read_mhz, close_mhz = nvml_sm_clock(index)
+
+    def close() -> None:
+        close_mhz()
+        close_j()
+
+    return PolledMeter(read_j, on_close=close, read_clock_mhz=read_mhz)

@@ -73,6 +73,15 @@ def slowest_per_stage(entries: Iterable[Entry], stages: int, exclude: Iterable[i
     return [dict(best[s]) for s in range(stages)]
 
 
+def slowest_with_energy(entries: Sequence[Entry], energies: Sequence[tuple[float | None, ...]],
+                        stages: int) -> list[dict[str, float]]:
+    """`slowest_per_stage` of ``entries`` with each rank's mean F and B unit energy (``energies``, rank order;
+    nan where unknown) as F_j and B_j."""
+    nan = float("nan")
+    return slowest_per_stage([(w, {**st, "F_j": nan if e[0] is None else e[0], "B_j": nan if e[1] is None else e[1]})
+                              for (w, st), e in zip(entries, energies, strict=True)], stages)
+
+
 def stage_tails(entries: Iterable[Entry], stages: int) -> list[float]:
     """Per stage, the shortest measured tail over its replicas (the last to arrive does not wait)."""
     tails: dict[int, float] = {}

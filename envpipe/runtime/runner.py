@@ -20,19 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as tdist
 
 from envpipe.energy.accounting import account
-from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, clock_under_load, nvml_reader, nvml_sm_clock
-from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.profile import Profile, load_profile
-from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
-from envpipe.runtime import collective, replicas
+from envpipe.profile import Profile
+from envpipe.runtime import collective
 from envpipe.runtime import summary as S
-from envpipe.runtime.clocks import Clock, energy_label, simulated_gpu
+from envpipe.runtime.calibrate import Calibrated, calibrate
+from envpipe.runtime.clocks import Clock, energy_label, make_meter, simulated_gpu
 from envpipe.runtime.collect import RankRecord, assemble
 from envpipe.runtime.collective import progress
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
@@ -47,7 +44,7 @@ from envpipe.runtime.decide import (
 )
 from envpipe.runtime.engine import EnvPipeEngine
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, IterationLog, comparison_pattern
-from envpipe.runtime.memory import SavedTensorMeter, device_limit, stage_memory, static_bytes
+from envpipe.runtime.profiling import stage_profile
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
 from envpipe.runtime.timing import Calibration, StageTiming
 
@@ -57,32 +54,6 @@ STEADY_ACCOUNTED = 50  # unit energy in the summary: over the last (up to) this 
 # Why: on 2 x H200 the runtime timing every iteration ran about 4 ms per iteration (1-2.5%) slower than
 # the same engine untimed (measured, benchmarks/results/runtime_h200.md).
 STEADY_TIMED_EVERY = 10
-
-
-def make_meter(clock: Clock | None) -> EnergyMeter | None:
-    """The simulated GPU's exact counter, or the clock's GPU's NVML counter (and SM clock) polled in the background."""
-    sim = simulated_gpu(clock)
-    if sim is not None:
-        return SimMeter(sim.trace, sim.energy_at)
-    if clock is None:
-        return None
-    index = getattr(clock, "device_index", 0)
-    read_j, close_j = nvml_reader(index)
-    read_mhz, close_mhz = nvml_sm_clock(index)
-
-    def close() -> None:
-        close_mhz()
-        close_j()
-
-    return PolledMeter(read_j, on_close=close, read_clock_mhz=read_mhz)
-
-
-def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
-    """`count` clocks spread evenly over the supported ones, from the highest to the lowest."""
-    clocks = sorted(set(supported_mhz), reverse=True)
-    if count < 2 or len(clocks) <= count:
-        return clocks[: max(1, count)]
-    return [clocks[round(i * (len(clocks) - 1) / (count - 1))] for i in range(count)]
 
 
 class Runner:
@@ -149,139 +120,35 @@ class Runner:
         return it.mean(kinds, "F"), it.mean(kinds, "B"), it.idle_power_w
 
     # --- phases -----------------------------------------------------------------------------------
-    def calibrate(self, data: Iterator[Any], steps: int) -> tuple[Calibration, S.Calibration, list[S.MemoryUse]]:
-        """1F1B at max clocks: simulator inputs, activation memory, clocks under load, blocking power."""
-        progress(f"calibrate: {steps} iteration(s) of 1F1B with every clock at max")
-        if isinstance(self.meter, PolledMeter):
-            self.meter.sample_clocks = True
-        gathered, own, saved = [], [], [0]
-        for i in range(max(1, steps)):
-            if i == 1 or steps == 1:  # after the first iteration every optimizer state exists
-                static = static_bytes(self.engine)
-                self.engine.saved_meter = SavedTensorMeter(self.engine.module.parameters())
-            timing = self.run(data, self.baseline, "calibrate", BASELINE)
-            if self.engine.saved_meter is not None:
-                saved, self.engine.saved_meter = self.engine.saved_meter.per_unit or [0], None
-            own.append(timing)
-            gathered.append(self.gather((timing, self.unit_energy(timing))))
-            if i == 0 and self.sim is not None:  # a simulated GPU's units keep the same cost from here on
-                cpu_s, flops = collective.job_sum(list(self.sim.calibration_work()))
-                self.sim.fix_unit_costs(flops / cpu_s if cpu_s > 0 else 0.0)
-        measured = gathered[1:] or gathered  # the first iteration warms up
-        iterations = [[(w, t) for w, (t, _) in it] for it in measured]
-        cals = replicas.calibrate_replicas(one_f_one_b(self.P, self.M), iterations)
-        entries = replicas.stage_entries(cals, iterations[-1])
-        cal = replicas.job_calibration(cals, entries, self.P)
-        self.straggler = replicas.find_straggler(replicas.replica_times(entries), self.cfg.straggler_threshold)
-        self.unit_energies = replicas.slowest_per_stage(
-            [(w, {**st, "F_j": _nan(e[0]), "B_j": _nan(e[1])}) for (w, st), (_, (_, e)) in
-             zip(entries, measured[-1], strict=True)], self.P)
-        effective = self._effective_clock(own[1:] or own)
-        self.idle_power_w = self._idle_power()
-        limit = device_limit(self.engine, self.cfg.memory_limit_bytes)
-        mine = stage_memory(int(np.median(saved)), static, limit, self.cfg.memory_headroom,
-                            peak_in_flight(self.baseline.orders())[self.engine.stage_id])
-        per_stage: dict[int, S.MemoryUse] = {}
-        for w, m in self.gather(mine):  # a stage's largest replica decides
-            cur = per_stage.get(w.stage)
-            if cur is None or m.activation_bytes_per_microbatch > cur.activation_bytes_per_microbatch:
-                per_stage[w.stage] = m
-        memory = [per_stage[s] for s in range(self.P)]
-        times = [max(t.step_end - t.step_start for _, t in it) for it in iterations]
-        spread = S.Spread.of(times)
-        assert spread is not None
-        cal_summary = S.Calibration(len(times), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
-                                    cal.head_s, effective, self.idle_power_w)
-        return cal, cal_summary, memory
-
-    def _effective_clock(self, timings: list[StageTiming]) -> list[float | None]:
-        """Per stage, the SM clock NVML saw during its units (the power cap's clock); None without NVML."""
-        mine = None
-        if isinstance(self.meter, PolledMeter):
-            self.meter.sample_clocks = False
-            busy = [(a, b) for t in timings for _, _, a, b in t.units]
-            mine = clock_under_load(self.meter.clock_samples, busy)
-            if mine is None:  # units shorter than the polling period: the iterations, which are mostly busy
-                mine = clock_under_load(self.meter.clock_samples, [(t.step_start, t.step_end) for t in timings])
-        per: dict[int, float] = {}
-        for w, mhz in self.gather(mine):  # a stage's slowest replica decides
-            if mhz is not None:
-                per[w.stage] = min(per.get(w.stage, mhz), mhz)
-        return [per.get(s) for s in range(self.P)]
-
-    def _idle_power(self) -> float | None:
-        """The blocking power the planner charges for waits: the model's on CPU, measured (0.5 s idle) on GPU."""
-        sim = simulated_gpu(self.clock)
-        if sim is not None:
-            return sim.model.idle_power_w
-        if self.meter is None:
-            return None
-        t0 = time.perf_counter()
-        time.sleep(0.5)
-        t1 = time.perf_counter()
-        self.meter.wait_until(t1)
-        return float(self.meter.trace.between(t0, t1)) / (t1 - t0)
-
-    def profile(self, data: Iterator[Any], cal: Calibration, effective: list[float | None]) -> Profile | None:
-        """The stage profile to plan on (every rank takes part), or None where nothing is to be planned."""
-        cfg = self.cfg
-        if cfg.plan or (cfg.type == "baseline" and not cfg.profile):
-            return None
-        if cfg.profile:
-            return load_profile(cfg.profile)
-        if self.clock is None or self.meter is None:  # config.parse refuses clock 'none' with such a policy
-            raise ValueError(f"policy '{cfg.type}' needs a profile: no clock and no energy counter to measure one")
-        if not self.controls:
-            u = self.unit_energies
-            if any(np.isnan(x["F_j"]) or np.isnan(x["B_j"]) for x in u):
-                raise ValueError("the energy counter gave no unit energies in calibration: nothing to plan from")
-            progress("profile: clocks cannot be changed here; lower clocks from the frequency model (simulated)")
-            return profile_from_measured([x["F"] for x in u], [x["B"] for x in u], [x["F_j"] for x in u],
-                                         [x["B_j"] for x in u], self.clock.supported_mhz, effective_mhz=effective)
-        clocks = profile_clocks(self.clock.supported_mhz, cfg.profile_points)
-        progress(f"profile: one 1F1B iteration at each of {', '.join(map(str, clocks))} MHz")
-        orders, rows = one_f_one_b(self.P, self.M), []
-        for mhz in clocks:
-            plan = all_max(orders, mhz, "1f1b", "profile")
-            timing = self.run(data, plan, f"profile@{mhz}", BASELINE)
-            gathered = self.gather((timing, self.unit_energy(timing)))
-            its = [[(w, t) for w, (t, _) in gathered]]
-            entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
-            rows.append(replicas.slowest_per_stage(
-                [(w, {**st, "F_j": _nan(e[0]), "B_j": _nan(e[1])}) for (w, st), (_, (_, e)) in
-                 zip(entries, gathered, strict=True)], self.P))
-        return profile_from_clocks(clocks, rows, "online")
-
-    def decide(self, data: Iterator[Any], cal: Calibration, effective: list[float | None],
-               memory: list[S.MemoryUse]) -> Decision:
-        profile = self.profile(data, cal, effective)
+    def decide(self, data: Iterator[Any], calibrated: Calibrated) -> Decision:
+        profile = stage_profile(self, data, calibrated)
         choice: Any = None
         if tdist.get_rank() == 0:
             try:
-                choice = self._choose(profile, cal, memory)
+                choice = self._choose(profile, calibrated)
             except Exception as exc:  # every rank raises it, none waits for a plan that never comes
                 choice = collective.portable(exc)
         chosen: Decision = collective.agree(choice)
         progress(f"decide: {chosen.info.policy}, order {chosen.info.order}; from {chosen.info.source}")
         return chosen
 
-    def _choose(self, profile: Profile | None, cal: Calibration, memory: list[S.MemoryUse]) -> Decision:
-        cfg = self.cfg
+    def _choose(self, profile: Profile | None, calibrated: Calibrated) -> Decision:
+        cfg, cal, memory = self.cfg, calibrated.timing, calibrated.memory
         if cfg.plan:
             return from_plan_file(cfg.plan, self.P, self.M, cal, self.dp)
         if profile is None:
             return envpipe_rule(cfg, self.P, self.M, cal, self.f_max, self.dp, memory)
         if profile.num_stages != self.P:
             raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {self.P}")
-        idle = self.idle_power_w if self.idle_power_w is not None else 0.0
+        idle = self.idle_power_w
         online = self.controls and cfg.reconfig_method != "default"
         chosen = with_planner(cfg, profile, self.M, cal, idle, self.dp, memory, self.controls, online)
-        if self.straggler is not None and cfg.straggler == "frontier" and self.dp > 1:
-            chosen = with_straggler_rule(chosen, profile, self.straggler, cal, idle, cfg.scheduling)
+        if calibrated.straggler is not None and cfg.straggler == "frontier" and self.dp > 1:
+            chosen = with_straggler_rule(chosen, profile, calibrated.straggler, cal, idle, cfg.scheduling)
         return chosen
 
-    def reconfigure(self, data: Iterator[Any], chosen: Decision, cal: Calibration,
-                    measured_cal: S.Calibration) -> tuple[Decision, S.Reconfiguration | None]:
+    def reconfigure(self, data: Iterator[Any], chosen: Decision, cal: Calibration
+                    ) -> tuple[Decision, S.Reconfiguration | None]:
         method = self.cfg.reconfig_method
         if not self.controls or method == "default" or chosen.info.source.startswith("plan file"):
             return chosen, None
@@ -313,14 +180,15 @@ class Runner:
                     self.meter.trace.trim(keep if oldest is None else min(keep, oldest))
 
     def train(self, data: Iterator[Any], steps: int, calibration_steps: int = 2) -> S.RunSummary | None:
-        cal, measured_cal, memory = self.calibrate(data, calibration_steps)
-        chosen = self.decide(data, cal, measured_cal.effective_clock_mhz, memory)
-        chosen, reconfiguration = self.reconfigure(data, chosen, cal, measured_cal)
+        calibrated = calibrate(self, data, calibration_steps)
+        self.idle_power_w = calibrated.idle_power_w or 0.0
+        chosen = self.decide(data, calibrated)
+        chosen, reconfiguration = self.reconfigure(data, chosen, calibrated.timing)
         self.steady(data, chosen, steps)
-        return self.finish(chosen, measured_cal, reconfiguration, cal)
+        return self.finish(chosen, calibrated, reconfiguration)
 
-    def finish(self, chosen: Decision, measured_cal: S.Calibration, reconfiguration: S.Reconfiguration | None,
-               cal: Calibration) -> S.RunSummary | None:
+    def finish(self, chosen: Decision, calibrated: Calibrated, reconfiguration: S.Reconfiguration | None
+               ) -> S.RunSummary | None:
         """Gather every rank's record; rank 0 assembles and writes the summary (a collective call)."""
         self.log.close()
         engine = self.engine
@@ -339,17 +207,14 @@ class Runner:
         everyone = collective.gather(record)
         if tdist.get_rank() != 0:
             return None
-        summary = assemble(everyone, self.cfg, self.clock, chosen, measured_cal, reconfiguration, cal,
-                           self.samples, self.M, self.straggler)
+        summary = assemble(everyone, self.cfg, self.clock, chosen, calibrated.report, reconfiguration,
+                           calibrated.timing, self.samples, self.M, calibrated.straggler)
         from envpipe.runtime.report import write_report
 
         write_report(self.cfg.report_dir, summary)
         chosen.plan_for(0).save(Path(self.cfg.report_dir) / "plan.json")  # run it again with --plan
         return summary
 
-
-def _nan(x: float | None) -> float:
-    return float("nan") if x is None else x
 
 
 def _mean(xs: list[float | None]) -> float | None:

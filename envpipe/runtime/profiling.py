@@ -1,0 +1,66 @@
+"""The profile phase: the stage profile the planner plans on (every rank takes part).
+
+Where clocks can be changed: one 1F1B iteration at each of `profile_points` clocks spread over the supported
+ones, per stage its slowest replica's unit times and energies (the energy from the meter at unit
+boundaries). Where they cannot (a GPU without the clock daemon): the calibration's units at default clocks
+become each stage's column at its effective clock, lower clocks from the frequency model (simulated,
+envpipe.profile.from_measured, power-cap aware). A profile file skips this; a plan file and EnvPipe's
+`baseline` need none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from envpipe.plan.schedules import one_f_one_b
+from envpipe.profile import Profile, load_profile
+from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
+from envpipe.runtime import replicas
+from envpipe.runtime.calibrate import Calibrated
+from envpipe.runtime.collective import progress
+from envpipe.runtime.decide import all_max
+from envpipe.runtime.iterations import BASELINE
+
+if TYPE_CHECKING:
+    from envpipe.runtime.runner import Runner
+
+
+def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
+    """`count` clocks spread evenly over the supported ones, from the highest to the lowest."""
+    clocks = sorted(set(supported_mhz), reverse=True)
+    if count < 2 or len(clocks) <= count:
+        return clocks[: max(1, count)]
+    return [clocks[round(i * (len(clocks) - 1) / (count - 1))] for i in range(count)]
+
+
+def stage_profile(runner: Runner, data: Iterator[Any], calibrated: Calibrated) -> Profile | None:
+    """The profile to plan on, or None where nothing is to be planned."""
+    cfg, clock = runner.cfg, runner.clock
+    if cfg.plan or (cfg.type == "baseline" and not cfg.profile):
+        return None
+    if cfg.profile:
+        return load_profile(cfg.profile)
+    if clock is None or runner.meter is None:  # config.parse refuses clock 'none' with such a policy
+        raise ValueError(f"policy '{cfg.type}' needs a profile: no clock and no energy counter to measure one")
+    if not runner.controls:
+        u = calibrated.unit_energies
+        if any(np.isnan(x["F_j"]) or np.isnan(x["B_j"]) for x in u):
+            raise ValueError("the energy counter gave no unit energies in calibration: nothing to plan from")
+        progress("profile: clocks cannot be changed here; lower clocks from the frequency model (simulated)")
+        return profile_from_measured([x["F"] for x in u], [x["B"] for x in u], [x["F_j"] for x in u],
+                                     [x["B_j"] for x in u], clock.supported_mhz,
+                                     effective_mhz=calibrated.report.effective_clock_mhz)
+    clocks = profile_clocks(clock.supported_mhz, cfg.profile_points)
+    progress(f"profile: one 1F1B iteration at each of {', '.join(map(str, clocks))} MHz")
+    orders, rows = one_f_one_b(runner.P, runner.M), []
+    for mhz in clocks:
+        timing = runner.run(data, all_max(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
+        gathered = runner.gather((timing, runner.unit_energy(timing)))
+        its = [[(w, t) for w, (t, _) in gathered]]
+        entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
+        rows.append(replicas.slowest_with_energy(entries, [e for _, (_, e) in gathered], runner.P))
+    return profile_from_clocks(clocks, rows, "online")
+
