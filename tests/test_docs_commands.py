@@ -56,10 +56,9 @@ class Block:
         return f"{self.doc}:{self.line}"
 
 
-def parse(path: Path) -> tuple[list[Block], list[str]]:
-    """The fenced blocks of one Markdown file, and what is wrong with its fences and markers."""
-    doc = path.relative_to(ROOT).as_posix()
-    lines = path.read_text(encoding="utf-8").splitlines()
+def parse(text: str, doc: str) -> tuple[list[Block], list[str]]:
+    """The fenced blocks of one Markdown text (named `doc`), and what is wrong with its fences and markers."""
+    lines = text.splitlines()
     blocks: list[Block] = []
     problems: list[str] = []
     used_markers: set[int] = set()
@@ -100,10 +99,14 @@ def parse(path: Path) -> tuple[list[Block], list[str]]:
     return blocks, problems
 
 
+def parse_doc(path: Path) -> tuple[list[Block], list[str]]:
+    return parse(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+
+
 def shell_blocks() -> list:
     params = []
     for path in DOCS:
-        for block in parse(path)[0]:
+        for block in parse_doc(path)[0]:
             if block.lang not in SHELLS:
                 continue
             marks = []
@@ -133,12 +136,6 @@ def tail(text: str, n: int = 40) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_fences_name_their_language(path: Path) -> None:
-    problems = parse(path)[1]
-    assert not problems, "\n".join(problems)
-
-
 def tagged_processes(tag: str) -> list[psutil.Process]:
     """Processes started by one block: they inherit its tag, also those that left its process group."""
     found = []
@@ -158,15 +155,23 @@ def kill_all(procs: list[psutil.Process]) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-@pytest.mark.parametrize("block", shell_blocks())
-def test_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    timed_out: bool
+    left_running: int  # processes of the block still running after it ended (now killed)
+    stdout: str
+    stderr: str
+
+
+def run_block(block: Block, tmp_path: Path, timeout_s: float) -> Run:
+    """Run a block as a user would from a fresh clone's root; stop whatever it leaves behind."""
     root = tmp_path / "root"
-    root.mkdir()
+    root.mkdir(parents=True)
     fresh_clone_view(root)
     tag = uuid.uuid4().hex
     env = {**os.environ, "PATH": f"{Path(sys.prefix) / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", TAG: tag}
     env.pop("PYTHONPATH", None)  # a user's shell has none; the venv's editable install finds the package
-    timeout = TIMEOUT_S["slow" if block.marker == "slow test" else "fast"]
     # Output goes to files, not pipes: a process that outlives the block cannot hold the test up.
     with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err:
         proc = subprocess.Popen(
@@ -174,7 +179,7 @@ def test_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
             cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
         )
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=timeout_s)
             timed_out = False
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
@@ -185,9 +190,79 @@ def test_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
         kill_all(left)
         out.seek(0)
         err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    report = f"\n--- commands\n{block.code}\n--- stdout (end)\n{tail(stdout)}\n--- stderr (end)\n{tail(stderr)}"
-    assert not timed_out, f"{block.where}: still running after {timeout} s (killed){report}"
-    assert proc.returncode == 0, f"{block.where}: exit status {proc.returncode}{report}"
-    assert "Traceback (most recent call last)" not in stdout + stderr, f"{block.where}: printed a traceback{report}"
-    assert not left, f"{block.where}: left {len(left)} process(es) running (killed): {left}{report}"
+        return Run(proc.returncode, timed_out, len(left), out.read(), err.read())
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_fences_name_their_language(path: Path) -> None:
+    problems = parse_doc(path)[1]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("block", shell_blocks())
+def test_shell_block_runs_as_written(block: Block, tmp_path: Path) -> None:
+    timeout = TIMEOUT_S["slow" if block.marker == "slow test" else "fast"]
+    run = run_block(block, tmp_path, timeout)
+    report = f"\n--- commands\n{block.code}\n--- stdout (end)\n{tail(run.stdout)}\n--- stderr (end)\n{tail(run.stderr)}"
+    assert not run.timed_out, f"{block.where}: still running after {timeout} s (killed){report}"
+    assert run.returncode == 0, f"{block.where}: exit status {run.returncode}{report}"
+    traceback = "Traceback (most recent call last)" in run.stdout + run.stderr
+    assert not traceback, f"{block.where}: printed a traceback{report}"
+    assert not run.left_running, f"{block.where}: left {run.left_running} process(es) running (killed){report}"
+
+
+# The checker itself, on made-up docs: what it finds, and that nothing a block starts escapes it.
+
+SAMPLE = """# doc
+```
+unlabelled
+```
+<!-- not run by tests: needs a cluster -->
+```sh
+kubectl apply -f job.yaml
+```
+<!-- slow test: about a minute -->
+```bash
+echo slow
+```
+<!-- not run by tests: not a shell block -->
+```python
+print(1)
+```
+- a list item:
+  ~~~sh
+  echo "indented" \\
+    --flag
+  ~~~
+<!-- not run by tests: nothing below -->
+
+text `<!-- not run by tests: x -->` in prose is no marker
+"""
+
+
+def test_parser_on_a_sample() -> None:
+    blocks, problems = parse(SAMPLE, "s.md")
+    assert [(b.line, b.lang, b.marker, b.why) for b in blocks] == [
+        (2, "", None, ""),
+        (6, "sh", "not run by tests", "needs a cluster"),
+        (10, "bash", "slow test", "about a minute"),
+        (14, "python", "not run by tests", "not a shell block"),
+        (18, "sh", None, ""),
+    ]
+    assert blocks[4].code == 'echo "indented" \\\n  --flag'
+    assert [p.split(": ", 1)[0] for p in problems] == ["s.md:2", "s.md:13", "s.md:22"]
+
+
+def test_runner_stops_what_a_block_leaves_behind(tmp_path: Path) -> None:
+    escaped = Block("s.md", 1, "sh", "setsid sleep 60 > /dev/null 2>&1 < /dev/null &\necho started", None, "")
+    run = run_block(escaped, tmp_path / "a", timeout_s=60)
+    assert (run.returncode, run.timed_out, run.left_running, run.stdout) == (0, False, 1, "started\n")
+    assert not tagged_processes_named("sleep 60")
+    hung = Block("s.md", 1, "sh", "sleep 60", None, "")
+    run = run_block(hung, tmp_path / "b", timeout_s=0.5)
+    assert run.timed_out and not run.left_running
+
+
+def tagged_processes_named(cmdline: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline", "environ"])
+            if " ".join(p.info["cmdline"] or []) == cmdline and TAG in (p.info["environ"] or {})]
