@@ -3,9 +3,10 @@
 Measured (not simulated): the real kube backend code and the real `kubernetes` client over real HTTP
 on 127.0.0.1, against tests/fakes/kube_api.py (which also plays the kubelet). The fake validates every
 object with kubernetes-validate, as in the tests; that cost is part of the time and is reported
-separately as a second run without validation. Writes benchmarks/results/launch.md.
+separately as a second run without validation. Writes a new dated file beside benchmarks/results/launch.md
+(`--update` overwrites that one).
 
-Usage: PYTHONPATH=.:launcher python benchmarks/bench_launch.py [--sizes 32,64,128,256]
+Usage: PYTHONPATH=.:launcher python benchmarks/bench_launch.py [--sizes 32,64,128,256] [--update | --out FILE]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from envpipe_launch.backends import kube
 from envpipe_launch.job import JobSpec
 from kubernetes import client
 
+from benchmarks.common import add_output_options, write_results
 from tests.fakes.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +62,7 @@ def one(nodes: int, validate: bool) -> tuple[float, int, dict[str, int]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="32,64,128,256")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "launch.md"))
+    add_output_options(ap, "launch.md")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
@@ -106,8 +108,8 @@ def main() -> None:
         "other jobs; with validation on, most of the time is the fake's kubernetes-validate call "
         "(~37 ms per object measured alone), not the launcher.",
     ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    write_results(args, "\n".join(lines))
 
 
 if __name__ == "__main__":

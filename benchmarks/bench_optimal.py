@@ -1,10 +1,11 @@
 """Benchmark of the optimal planner: savings against Perseus and EnvPipe, MILP gap, speed and scaling.
 
-Writes benchmarks/results/optimal.md. Every energy/time number is *simulated on the measured
-profile* (the plan is saved as JSON, loaded back and re-simulated with envpipe.plan.evaluate_plan,
-which is what `envpipe simulate` runs); planner run times are *measured* on this machine.
+Writes a new dated file beside benchmarks/results/optimal.md (`--update` overwrites that one). Every
+energy/time number is *simulated on the measured profile* (the plan is saved as JSON, loaded back and
+re-simulated with envpipe.plan.evaluate_plan, which is what `envpipe simulate` runs); planner run times
+are *measured* on this machine.
 
-    PYTHONPATH=$PWD python benchmarks/bench_optimal.py [--quick]
+    PYTHONPATH=$PWD python benchmarks/bench_optimal.py [--quick] [--update | --out FILE]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the cases shared with the tests (tests/plan/optimal_cases.py)
 
+from benchmarks.common import add_output_options, write_results  # noqa: E402
 from envpipe.plan.fold import identity_fold  # noqa: E402
 from envpipe.plan.frontier import frontier  # noqa: E402
 from envpipe.plan.lp import InfeasibleBudget, solve_relaxation  # noqa: E402
@@ -258,7 +260,7 @@ def speed_table(lines: list[str], quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the largest cases")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "optimal.md"))
+    add_output_options(ap, "optimal.md")
     args = ap.parse_args()
     uname = subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
@@ -274,10 +276,8 @@ def main() -> None:
     speed_table(lines, args.quick)
     lines.insert(5, f"- load average (1, 5, 15 min) at the start: {load_start}; at the end: "
                     f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share this machine's CPUs)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    write_results(args, "\n".join(lines))
 
 
 if __name__ == "__main__":

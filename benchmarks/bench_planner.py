@@ -2,14 +2,16 @@
 
 All times and energies here are SIMULATED on real measured stage profiles (Perseus artifact):
 the planner's simulator, not a GPU run. Planning wall time is measured on this machine.
-Run from the repository root: `python -m benchmarks.bench_planner` (writes benchmarks/results/planner.md).
+Run from the repository root: `python -m benchmarks.bench_planner [--update | --out FILE]` (writes a new dated
+file beside benchmarks/results/planner.md; `--update` overwrites that one).
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
-from benchmarks.common import header, write_result
+from benchmarks.common import add_output_options, header, write_results
 from envpipe.plan.planner import make_plan
 from envpipe.profile import embedded_profile_path, load_profile
 
@@ -58,6 +60,9 @@ def speed_table() -> str:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_output_options(ap, "planner.md")
+    args = ap.parse_args()
     text = header("Planner benchmark: EnvPipe policies on real profiles (simulated) and planning speed (measured)")
     text += ("\nEnergies and times are **simulated** by envpipe's simulator on the real measured profiles in "
              "envpipe/profile/data (Perseus artifact), with Perseus's blocking power (83.64 W A100, 70.38 W A40); "
@@ -70,7 +75,7 @@ def main() -> None:
              "runs one training iteration per round; their cost grows with the number of rounds (greedy is not run at "
              "S=64: one 90 MHz raise per round needs tens of thousands of rounds there).\n\n")
     text += speed_table() + "\n"
-    print(write_result("planner.md", text))
+    write_results(args, text)
 
 
 if __name__ == "__main__":

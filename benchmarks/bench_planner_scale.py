@@ -1,12 +1,13 @@
 """The optimal planner at the scale of real jobs: where its time goes, its speed against an older version
 side by side, its scaling, the CLI's start-up, and that its savings did not change.
 
-Writes benchmarks/results/planner_scale.md. Run times are *measured* on this machine (with its load noted);
-energies are *simulated* on the measured profiles. A reference checkout (an older commit) is timed in the
-same run, case by case alternating with this tree, each case in a fresh process, so both see the same load:
+Writes a new dated file beside benchmarks/results/planner_scale.md (`--update` overwrites that one). Run
+times are *measured* on this machine (with its load noted); energies are *simulated* on the measured
+profiles. A reference checkout (an older commit) is timed in the same run, case by case alternating with
+this tree, each case in a fresh process, so both see the same load:
 
     git archive <old-commit> envpipe tests/plan | tar -x -C /tmp/planner_ref
-    PYTHONPATH=$PWD python benchmarks/bench_planner_scale.py --reference /tmp/planner_ref [--quick]
+    PYTHONPATH=$PWD python benchmarks/bench_planner_scale.py --reference /tmp/planner_ref [--quick] [--update]
 """
 
 from __future__ import annotations
@@ -219,14 +220,15 @@ def savings() -> dict[str, float]:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import add_output_options, header, write_results
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--reference", type=Path, default=None, help="an older checkout to time side by side")
     ap.add_argument("--reference-timeout", type=float, default=300.0, help="seconds before a reference case is cut")
     ap.add_argument("--quick", action="store_true", help="skip the two largest cases and the scaling table")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "planner_scale.md")
+    add_output_options(ap, "planner_scale.md")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.common import header
 
     cases = SPEED[:-2] if args.quick else SPEED
     lines = [header("Optimal planner at scale").rstrip(), "", f"- load average (1, 5, 15 min) at the start: {load()}",
@@ -240,8 +242,8 @@ def main() -> None:
     if args.reference is not None:
         savings_table(lines, args.reference)
     lines.insert(4, f"- load average at the end: {load()} (other jobs share this machine's 2 CPUs)")
-    args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    write_results(args, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """Pipeline schedules side by side: iteration time, bubble share, peak in-flight activations and the energy the
 optimal planner saves at no slowdown, on the two shared profiles.
 
-Writes benchmarks/results/schedules.md. Every number is *simulated* on the measured profile (8 stages);
-interleaved 1F1B and DualPipeV split each measured stage evenly over its chunks (docs/planner.md), so all
-schedules run the same model and the same total work, and energies compare across rows. Planner run
-times are measured.
+Writes a new dated file beside benchmarks/results/schedules.md (`--update` overwrites that one). Every
+number is *simulated* on the measured profile (8 stages); interleaved 1F1B and DualPipeV split each
+measured stage evenly over its chunks (docs/planner.md), so all schedules run the same model and the same
+total work, and energies compare across rows. Planner run times are measured.
 
-    PYTHONPATH=$PWD python benchmarks/bench_schedules.py [--microbatches 32]
+    PYTHONPATH=$PWD python benchmarks/bench_schedules.py [--microbatches 32] [--update | --out FILE]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import header  # noqa: E402
+from benchmarks.common import add_output_options, header, write_results  # noqa: E402
 from envpipe.plan.memory import peak_in_flight  # noqa: E402
 from envpipe.plan.optimal import build_problem, optimal_plan  # noqa: E402
 from envpipe.plan.planner import make_plan  # noqa: E402
@@ -77,14 +77,14 @@ def table(name: str, watts: float, M: int) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--microbatches", type=int, default=32, help="M (a multiple of P, at least 2P)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "schedules.md")
+    add_output_options(ap, "schedules.md")
     args = ap.parse_args()
     lines = [header("Pipeline schedules: time, bubble, memory, energy (simulated)").rstrip(), "",
              f"- load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", ""]
     for name, watts in PROFILES.items():
         lines += table(name, watts, args.microbatches)
-    args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    write_results(args, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """What the launcher's supervisor costs: time to run a command under it against running it directly,
-and time from SIGTERM to none of a job's processes running. Writes benchmarks/results/supervise.md.
+and time from SIGTERM to none of a job's processes running. Writes a new dated file beside
+benchmarks/results/supervise.md (`--update` overwrites that one).
 
 Measured (not simulated), side by side in one run, medians of --repeat runs each: real processes on
 this machine (`envpipe_launch.supervise.Supervised`, `subprocess`), no DeepSpeed (whose runner alone
 starts in seconds, so the supervisor's share of a real launch is smaller still).
 
-Usage: PYTHONPATH=.:launcher python benchmarks/bench_supervise.py [--repeat 20]
+Usage: PYTHONPATH=.:launcher python benchmarks/bench_supervise.py [--repeat 20] [--update | --out FILE]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import psutil
 from envpipe_launch.supervise import Supervised
 
-from benchmarks.common import header, write_result
+from benchmarks.common import add_output_options, header, write_results
 
 SLEEPERS = 8
 
@@ -53,6 +54,7 @@ def stop_s() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=20)
+    add_output_options(ap, "supervise.md")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     rows = {}
@@ -73,8 +75,7 @@ def main() -> None:
         "The supervisor's start is a Python interpreter with psutil; the stop is "
         "bounded by its 50 ms poll while processes exit.",
     ]
-    path = write_result("supervise.md", "\n".join(lines) + "\n")
-    print(path)
+    write_results(args, "\n".join(lines))
 
 
 if __name__ == "__main__":

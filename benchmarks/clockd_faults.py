@@ -4,11 +4,13 @@ lease expiry next to a hung GPU, and the reset after a daemon SIGKILL and restar
 Real daemon processes, real HTTP over the Unix socket, real client processes. GPUs are the `sim`
 backend, or tests/fake_pynvml.py behind the `nvml` backend where a driver call must hang or the GPUs'
 state must outlive the daemon. Comparisons are side by side in one run.
-Usage: python -m benchmarks.clockd_faults [OUT.md]   (default benchmarks/results/clockd_faults.md)
+Usage: python -m benchmarks.clockd_faults [OUT.md | --update]   (default: a new dated file beside
+benchmarks/results/clockd_faults.md; --update overwrites that one)
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import os
@@ -22,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from benchmarks.common import RESULTS, header
+from benchmarks.common import add_output_options, header, write_results
 from tests.clockd_helpers import ROOT, UnixHTTPConnection, call, daemon_process
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
@@ -253,7 +255,10 @@ def restart_after_daemon_kill(workdir: str) -> list[str]:
     ]
 
 
-def main(out_path: str) -> None:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_output_options(ap, "clockd_faults.md", positional=True)
+    args = ap.parse_args()
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as workdir:
         rows = [
@@ -282,11 +287,9 @@ def main(out_path: str) -> None:
             "restart rows include the Python start-up).",
         ]
     )
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        f.write(text + "\n")
     print(text)
+    write_results(args, text)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(RESULTS / "clockd_faults.md"))
+    main()

@@ -2,11 +2,13 @@
 
 Measures p50/p99 latency of one client's sequential lock requests, then the sustained rate of 8
 concurrent client processes, each with its own lease and GPU, counting errors.
-Usage: python -m benchmarks.clockd_latency [OUT.md]   (default benchmarks/results/clockd_latency.md)
+Usage: python -m benchmarks.clockd_latency [OUT.md | --update]   (default: a new dated file beside
+benchmarks/results/clockd_latency.md; --update overwrites that one)
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import multiprocessing as mp
@@ -14,12 +16,11 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 
-from benchmarks.common import RESULTS, start_clockd
+from benchmarks.common import add_output_options, start_clockd, write_results
 
 CLIENTS, SECONDS, SEQ_N = 8, 5.0, 2000
 DAEMON_ARGS = ("--backend", "sim", "--sim-gpus", str(CLIENTS), "--max-rps", "100000")
@@ -100,7 +101,10 @@ def concurrent(sock: str) -> tuple[int, int, list[float], float]:
     return sum(r[0] for r in results), sum(r[1] for r in results), [x for r in results for x in r[2]], wall
 
 
-def main(out_path: str) -> None:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_output_options(ap, "clockd_latency.md", positional=True)
+    args = ap.parse_args()
     load = os.getloadavg()
     logs = tempfile.mkdtemp()
     quiet, quiet_sock = start_clockd(*DAEMON_ARGS, "--log-level", "warning", stderr=subprocess.DEVNULL)
@@ -145,11 +149,9 @@ def main(out_path: str) -> None:
         "Note: the machine's CPUs are shared with other jobs; a busy machine (load average above the "
         "2 cores) shows a p99 several times higher, so compare runs by their load average.",
     ]
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    write_results(args, "\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(RESULTS / "clockd_latency.md"))
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import os
 import platform
@@ -41,10 +42,47 @@ def header(title: str) -> str:
     return f"# {title}\n\nRun {now} on {machine_line()}.\n"
 
 
-def write_result(name: str, text: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / name
-    path.write_text(text)
+def add_output_options(parser: argparse.ArgumentParser, name: str, *, positional: bool = False) -> None:
+    """`--update` (overwrite the committed benchmarks/results/NAME) or an explicit output path.
+
+    Without either, a run writes a new dated file beside the committed one (`dated_path`), so a run on a
+    busy or different machine never silently replaces the numbers the docs quote. `positional` keeps the
+    scripts whose usage has always been `script [OUT.md]`.
+    """
+    group = parser.add_mutually_exclusive_group()
+    where = f"instead of a new dated file beside benchmarks/results/{name}"
+    if positional:
+        group.add_argument("out", nargs="?", type=Path, default=None, help=f"write the results here, {where}")
+    else:
+        group.add_argument("--out", type=Path, default=None, help=f"write the results here, {where}")
+    group.add_argument("--update", action="store_true", help=f"overwrite the committed benchmarks/results/{name}")
+    parser.set_defaults(results_name=name)
+
+
+def dated_path(name: str, now: _dt.datetime | None = None) -> Path:
+    """benchmarks/results/<stem>_<UTC time><suffix>, e.g. planner_2026-11-24T103015Z.md (git ignores these)."""
+    now = now or _dt.datetime.now(_dt.UTC)
+    committed = Path(name)
+    return RESULTS / f"{committed.stem}_{now:%Y-%m-%dT%H%M%SZ}{committed.suffix}"
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where this run writes, from the options `add_output_options` added."""
+    if args.out is not None:
+        return Path(args.out)
+    return RESULTS / args.results_name if args.update else dated_path(args.results_name)
+
+
+def write_results(args: argparse.Namespace, text: str) -> Path:
+    """Write a benchmark's results where its options say (`output_path`) and say where they went."""
+    path = output_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    committed = RESULTS / args.results_name
+    if path.resolve() == committed.resolve():
+        print(f"results written to {path}")
+    else:
+        print(f"results written to {path}; {committed.relative_to(ROOT)} unchanged (--update overwrites it)")
     return path
 
 
