@@ -9,10 +9,14 @@ importable where only the planner is installed.
 
 One layer is built at a time (a model larger than one device can still be profiled); each layer's input
 is the previous layer's real output, so shapes and dtypes are the training job's. Per micro-batch size:
-warm-up units, then ``reps`` timed forward and backward units (their median; the device is synchronized
-around each), then one unit under the allocation probe (``AllocationWindows``). Per layer also one
-optimizer step as DeepSpeed takes it: torch AdamW on the fp32 weights (fp32), or on fp32 master
-copies with the gradient cast and the weights copied back (bf16, DeepSpeed's BF16_Optimizer).
+warm-up units, then ``reps`` timed rounds of forward and backward units (their median). On GPUs a round
+issues ``_QUEUE`` units back to back between two synchronizations, as the pipeline engine issues a
+stage's layers: a unit's launch overhead hides behind the previous unit's kernels. A synchronization
+around every unit exposes it (H200, 2026-11-23: such a profile put a 16-block GPT-2 stage's unit at
+micro-batch 2 a third above the training run's). On CPU a round is one unit (the simulated GPU counts CPU
+time; there is nothing to hide). Then one unit under the allocation probe (``AllocationWindows``). Per
+layer also one optimizer step as DeepSpeed takes it: torch AdamW on the fp32 weights (fp32), or on fp32
+master copies with the gradient cast and the weights copied back (bf16, DeepSpeed's BF16_Optimizer).
 
 Clocks are never changed. On GPUs the busy power is the NVML energy counter over the timed units and
 the idle power the counter over ``idle_seconds`` before any work (both measured); on CPU both come
@@ -36,6 +40,7 @@ from envpipe.profile.gpus import GPU_FILTERS
 from envpipe.search.layers import Layer, LayerCost, LayerProfile, ModelShape
 
 _WINDOW = "envpipe.window."
+_QUEUE = 4  # GPU units per timed round (see the module's docstring)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -249,17 +254,18 @@ class _Unit:
         self.x.grad = None
 
     def time(self, reps: int, warmup: int, timer: UnitTimer) -> tuple[tuple[float, float], tuple[float, float]]:
-        """Forward and backward (median seconds, FLOPs) of ``reps`` units after ``warmup`` units."""
+        """Forward and backward (seconds, FLOPs) per unit: the median of ``reps`` rounds after ``warmup`` units."""
         for _ in range(warmup):
             self.backward(self.forward()[1])
+        queue = _QUEUE if self.device.type == "cuda" else 1
         fwd, bwd = [], []
-        held: list[torch.Tensor] = []  # the forward's (output, root), for the backward
+        held: list[torch.Tensor] = []  # the forwards' roots, for the backwards
         for _ in range(reps):
-            fwd.append(timer(lambda: held.extend(self.forward())))
-            bwd.append(timer(lambda: self.backward(held[-1])))
+            fwd.append(timer(lambda: held.extend(self.forward()[1] for _ in range(queue))))
+            bwd.append(timer(lambda: [self.backward(root) for root in held]))
             held.clear()
-        return ((statistics.median(t for t, _ in fwd), fwd[-1][1]),
-                (statistics.median(t for t, _ in bwd), bwd[-1][1]))
+        return ((statistics.median(t for t, _ in fwd) / queue, fwd[-1][1] / queue),
+                (statistics.median(t for t, _ in bwd) / queue, bwd[-1][1] / queue))
 
     def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
         """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""

@@ -82,14 +82,17 @@ def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cu
 
 
 def _tail_s(layers: LayerProfile, cluster: Cluster, replicas: int, stage: int, lo: int, hi: int) -> float:
-    """After a stage's last unit: its optimizer step, the gradient all-reduce, (bf16) the weights' all-gather."""
+    """After a stage's last unit: its optimizer step, the gradient all-reduce, (bf16) the weights' all-gather.
+    bf16: DeepSpeed's BF16_Optimizer steps only the replica's partition of the fp32 master weights (the
+    profile times the whole layer's step), then all-gathers the weights."""
     own = layers.layers[lo:hi]
     weights = sum(layer.param_bytes for layer in own)
     crosses = cluster.group_crosses_nodes(replicas, stage)
-    tail = sum(layer.optimizer_step_s for layer in own) + cluster.allreduce_s(weights, replicas, crosses)
+    step = sum(layer.optimizer_step_s for layer in own)
+    tail = cluster.allreduce_s(weights, replicas, crosses)
     if layers.dtype == "bf16":
-        tail += cluster.allgather_s(weights, replicas, crosses)
-    return tail
+        return tail + step / replicas + cluster.allgather_s(weights, replicas, crosses)
+    return tail + step
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,24 @@ def test_envpipe_order_only_with_memory_for_it() -> None:
         assert max(candidate.peak_bytes) <= capacity
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_stage_tail_per_dtype(dtype: str) -> None:
+    """After its last unit a stage steps its optimizer and all-reduces its gradients; bf16 (DeepSpeed's
+    BF16_Optimizer) steps only the replica's partition and all-gathers the weights (H200: P=1, D=2 took
+    half the profiled step). Worked out by hand from the profile's numbers and the cluster's links."""
+    profile = layer_profile([2.0, 2.0, 2.0, 6.0], params=[2_000_000] * 4, dtype=dtype)
+    hw = cluster(1, 2)
+    cut = Cut((4,), 0.0)
+    step = 4 * 2e-3  # 1 ms per million parameters and layer
+    weights = 4 * 2_000_000 * (4 if dtype == "fp32" else 2)
+    allreduce = 2 * (20e-6 + weights / (2 * 100e9))  # ring, D = 2
+    expected = {"fp32": step + allreduce, "bf16": step / 2 + allreduce + allreduce / 2}[dtype]
+    pipeline = build_pipeline(profile, hw, Shape(1, 2, 1, 4), cut, MemoryTables(profile, 1, 2))
+    assert pipeline.tail_s[0] == pytest.approx(expected)
+    alone = build_pipeline(profile, hw, Shape(1, 1, 1, 4), cut, MemoryTables(profile, 1, 1))
+    assert alone.tail_s[0] == pytest.approx(step)  # one replica: no collective, the whole step
+
+
 def test_no_configuration_fits() -> None:
     with pytest.raises(SearchError) as err:
         search(layer_profile([1.0] * 5), cluster(1, 2, 1.0), 8, Objective())
