@@ -253,6 +253,10 @@ class _Unit:
             torch._foreach_add_(self.buffer, grads)
         self.x.grad = None
 
+    def backward_all(self, roots: Sequence[torch.Tensor]) -> None:
+        for root in roots:
+            self.backward(root)
+
     def time(self, reps: int, warmup: int, timer: UnitTimer) -> tuple[tuple[float, float], tuple[float, float]]:
         """Forward and backward (seconds, FLOPs) per unit: the median of ``reps`` rounds after ``warmup`` units."""
         for _ in range(warmup):
@@ -262,7 +266,7 @@ class _Unit:
         held: list[torch.Tensor] = []  # the forwards' roots, for the backwards
         for _ in range(reps):
             fwd.append(timer(lambda: held.extend(self.forward()[1] for _ in range(queue))))
-            bwd.append(timer(lambda: [self.backward(root) for root in held]))
+            bwd.append(timer(lambda: self.backward_all(held)))
             held.clear()
         return ((statistics.median(t for t, _ in fwd) / queue, fwd[-1][1] / queue),
                 (statistics.median(t for t, _ in bwd) / queue, bwd[-1][1] / queue))
