@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.layers import load_layer_profile
-from envpipe.search.search import MAX_PLAN_UNITS, Objective, search
+from envpipe.search.search import Objective, search
+from envpipe.search.space import MAX_PLAN_UNITS
 
 
 def main() -> None:

@@ -13,11 +13,8 @@ from typing import Any
 import click
 
 from envpipe.search.cluster import GIB, Cluster
-from envpipe.search.found import found_config, launch_command
 from envpipe.search.layers import LayerProfileError, load_layer_profile
-from envpipe.search.report import draw_frontier, result_json, table
-from envpipe.search.search import MAX_PLAN_UNITS, OBJECTIVES, Objective, search
-from envpipe.search.space import SearchError
+from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError
 
 _PROGRESS_EVERY_S = 1.0
 
@@ -69,6 +66,11 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
                    intra_node_gbps: float, inter_node_gbps: float, allreduce_gbps: float | None, latency_us: float,
                    max_plan_units: int, out_dir: str, launch_args: str) -> None:
     """Search stages, stage cut, replicas, micro-batch size and count, order and clocks (Aceso-style)."""
+    # the search plans with the optimal planner (scipy): imported here, so that `envpipe --help` starts fast
+    from envpipe.search.found import found_config, launch_command
+    from envpipe.search.report import draw_frontier, result_json, table
+    from envpipe.search.search import Objective, search
+
     cluster = Cluster(nodes, gpus_per_node, int(memory_gib * GIB), intra_node_gbps * 1e9, inter_node_gbps * 1e9,
                       latency_us * 1e-6, (allreduce_gbps or intra_node_gbps) * 1e9)
     try:

@@ -33,10 +33,8 @@ from envpipe.search.cut import bottleneck_cut, segment_sums
 from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, plan_pipeline
 from envpipe.search.layers import LayerProfile
 from envpipe.search.memory import MemoryTables
-from envpipe.search.space import SearchError, Shape, shapes
+from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError, Shape, shapes
 
-OBJECTIVES = ("throughput", "energy", "frontier")
-MAX_PLAN_UNITS = 65536  # larger iterations keep their 1F1B all-max plan (about 10 s to plan one this size here)
 Progress = Callable[[int, int, str], None]  # (done, total, what)
 Planner = Callable[[Pipeline, float | None], Candidate]  # (pipeline, time budget or None) -> planned
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+OBJECTIVES = ("throughput", "energy", "frontier")
+MAX_PLAN_UNITS = 65536  # larger iterations keep their 1F1B all-max plan (about 10 s to plan one this size here)
+
 
 class SearchError(ValueError):
     """The search cannot answer: inputs no configuration can satisfy; the message says which and why."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -301,3 +303,13 @@ def test_frontier_rows_tell_points_apart_and_progress_is_counted(tmp_path):
         same = all(points[i][k] == points[i - 1][k] for k in ("time_s", "energy_j"))
         assert rows[i].endswith("same plan as above") == same
         assert Plan.load(points[i]["plan"]).profile_digest == profile.digest
+
+
+def test_cli_start_up_imports_no_solver() -> None:
+    """`envpipe --help` and every subcommand's option parsing load no scipy (the optimal planner's LP,
+    which the search uses too): it is imported when a command plans, so the CLI starts in a fraction of a
+    second (benchmarks/results/planner_scale.md times it)."""
+    code = ("import sys; import envpipe.cli; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'torch', 'matplotlib')); "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
