@@ -19,7 +19,7 @@ from typing import Any
 
 from envpipe.search.cluster import Cluster
 from envpipe.search.evaluate import Candidate
-from envpipe.search.layers import DTYPES, FAMILIES, LayerProfile
+from envpipe.search.layers import DTYPES, FAMILIES, MODEL_KEYS, LayerProfile
 
 FOUND_VERSION = 1
 TRAIN_SCRIPT = "examples/train_gpt.py"
@@ -49,8 +49,7 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
     config["envpipe"] = {"pipeline_stages": shape.stages, "plan": plan_file}
     config["envpipe_search"] = {
         "version": FOUND_VERSION,
-        "model": {"family": layers.model.family, "layers": layers.model.layers, "hidden": layers.model.hidden,
-                  "heads": layers.model.heads, "seq": layers.model.seq, "vocab": layers.model.vocab},
+        "model": layers.model.to_json(),
         "dtype": layers.dtype,
         "micro_batch": shape.micro_batch,
         "microbatches": shape.microbatches,
@@ -93,7 +92,7 @@ def train_settings(block: Any, ds_config: dict[str, Any]) -> tuple[dict[str, Any
     if not isinstance(block, dict) or block.get("version") != FOUND_VERSION:
         raise FoundConfigError(f"'envpipe_search' must be an object with \"version\": {FOUND_VERSION}")
     model = block.get("model")
-    keys = ("family", "layers", "hidden", "heads", "seq", "vocab")
+    keys = MODEL_KEYS
     if not isinstance(model, dict) or set(model) != set(keys) or model["family"] not in FAMILIES or any(
             not _positive(model[k]) for k in keys[1:]):
         raise FoundConfigError(f"'envpipe_search.model' must give {', '.join(keys)} (family one of "

@@ -45,7 +45,7 @@ LAYER_PROFILE_VERSION = 1
 KIND = "envpipe-layer-profile"
 DTYPES = ("fp32", "bf16")
 FAMILIES = ("gpt2", "llama")
-_MODEL_KEYS = ("family", "layers", "hidden", "heads", "seq", "vocab")
+MODEL_KEYS = ("family", "layers", "hidden", "heads", "seq", "vocab")  # ModelShape's fields, as JSON keys
 _PER_MB_KEYS = ("forward_s", "backward_s", "activation_bytes", "output_bytes", "forward_peak_bytes",
                 "backward_peak_bytes")
 _LAYER_KEYS = ("parameters", "param_bytes", "optimizer_state_bytes", "optimizer_step_s", "optimizer_step_peak_bytes")
@@ -89,6 +89,9 @@ class ModelShape:
     seq: int
     vocab: int
 
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in MODEL_KEYS}
+
     def train_args(self) -> list[str]:
         """The example's arguments that build this model."""
         return ["--model", self.family, "--layers", str(self.layers), "--hidden", str(self.hidden),
@@ -131,7 +134,7 @@ class LayerProfile:
             "clocks": {"gpu": self.gpu, "measured_mhz": self.measured_mhz, "model": self.clock_model,
                        "label": self.clock_label},
             "power": {"busy_w": self.busy_power_w, "idle_w": self.idle_power_w, "label": self.power_label},
-            "model": {k: getattr(self.model, k) for k in _MODEL_KEYS},
+            "model": self.model.to_json(),
             "micro_batch_sizes": list(self.micro_batch_sizes),
             "layers": [
                 {"name": layer.name, **{k: getattr(layer, k) for k in _LAYER_KEYS},
@@ -180,7 +183,7 @@ def _from_json(data: Any, source: str) -> LayerProfile:
     family = _string(model, "family", "'model.family'")
     if family not in FAMILIES:
         raise LayerProfileError(f"'model.family' must be one of {', '.join(FAMILIES)}, got {family!r}")
-    shape = ModelShape(family, *(_count(model, k, f"'model.{k}'", minimum=1) for k in _MODEL_KEYS[1:]))
+    shape = ModelShape(family, *(_count(model, k, f"'model.{k}'", minimum=1) for k in MODEL_KEYS[1:]))
     sizes = top.get("micro_batch_sizes")
     if not isinstance(sizes, list) or not sizes or any(not _is_int(b) or b < 1 for b in sizes):
         raise LayerProfileError("'micro_batch_sizes' must be a non-empty list of positive integers")
