@@ -52,6 +52,12 @@ def container(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return next(c for c in pod_spec(objs)["containers"] if c["name"] == "clockd")
 
 
+def volumes_and_mounts(objs: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's volumes and the daemon container's mounts, by name."""
+    return ({v["name"]: v for v in pod_spec(objs)["volumes"]},
+            {m["name"]: m for m in container(objs)["volumeMounts"]})
+
+
 def test_helm_lint(helm: Path) -> None:
     result = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -117,8 +123,7 @@ def test_backends_that_never_write_get_no_capability(helm: Path, backend: str) -
 
 def test_sockets_on_host_paths(helm: Path) -> None:
     objs = objects(helm)
-    volumes = {v["name"]: v for v in pod_spec(objs)["volumes"]}
-    mounts = {m["name"]: m for m in container(objs)["volumeMounts"]}
+    volumes, mounts = volumes_and_mounts(objs)
     assert volumes["socket-dir"]["hostPath"] == {"path": "/run/envpipe", "type": "DirectoryOrCreate"}
     assert mounts["socket-dir"]["mountPath"] == "/run/envpipe" and not mounts["socket-dir"].get("readOnly")
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
@@ -251,8 +256,7 @@ def test_notes_tell_the_launcher_flags_for_a_non_default_socket(helm: Path) -> N
 
 def test_the_state_file_lives_on_the_node(helm: Path) -> None:
     objs = objects(helm)
-    volumes = {v["name"]: v for v in pod_spec(objs)["volumes"]}
-    mounts = {m["name"]: m for m in container(objs)["volumeMounts"]}
+    volumes, mounts = volumes_and_mounts(objs)
     assert volumes["state-dir"]["hostPath"] == {"path": "/var/lib/envpipe-clockd", "type": "DirectoryOrCreate"}
     assert mounts["state-dir"]["mountPath"] == "/var/lib/envpipe-clockd" and not mounts["state-dir"].get("readOnly")
     assert "--state-file=/var/lib/envpipe-clockd/state.json" in container(objs)["args"]
