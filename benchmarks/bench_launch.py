@@ -1,7 +1,7 @@
 """Launch N worker pods against the fake API server: time from command to hostfile, and API requests.
 
 Measured (not simulated): the real kube backend code and the real `kubernetes` client over real HTTP
-on 127.0.0.1, against tests/fakes/kube_api.py (which also plays the kubelet). The fake validates every
+on 127.0.0.1, against tests/support/fakes/kube_api.py (which also plays the kubelet). The fake validates every
 object with kubernetes-validate, as in the tests; that cost is part of the time and is reported
 separately as a second run without validation. Writes a new dated file beside benchmarks/results/launch.md
 (`--update` overwrites that one).
@@ -28,7 +28,7 @@ from envpipe_launch.job import JobSpec
 from kubernetes import client
 
 from benchmarks.common import add_output_options, write_results
-from tests.fakes.kube_api import FakeKubeAPI
+from tests.support.fakes.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ def main() -> None:
         "What is measured: the real kube backend (`KubeRun.create_workers` + `wait_workers`, i.e. job "
         "object, ssh Secret, headless Service, N worker pods, watch until all are Ready) and hostfile "
         "rendering, with the real `kubernetes` client over real HTTP, against the fake API server of the "
-        "tests (`tests/fakes/kube_api.py`, kubelet start delay 50 ms per pod, so readiness arrives "
+        "tests (`tests/support/fakes/kube_api.py`, kubelet start delay 50 ms per pod, so readiness arrives "
         "over the watch). Time = command start to hostfile. Requests = "
         "every HTTP request the fake received (a watch stream counts once). Not a real cluster: real "
         "API-server latency, admission and scheduling are absent.",

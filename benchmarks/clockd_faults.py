@@ -2,7 +2,7 @@
 lease expiry next to a hung GPU, and the reset after a daemon SIGKILL and restart.
 
 Real daemon processes, real HTTP over the Unix socket, real client processes. GPUs are the `sim`
-backend, or tests/fake_pynvml.py behind the `nvml` backend where a driver call must hang or the GPUs'
+backend, or tests/support/fake_pynvml.py behind the `nvml` backend where a driver call must hang or the GPUs'
 state must outlive the daemon. Comparisons are side by side in one run.
 Usage: python -m benchmarks.clockd_faults [OUT.md | --update]   (default: a new dated file beside
 benchmarks/results/clockd_faults.md; --update overwrites that one)
@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 
 from benchmarks.common import add_output_options, header, write_results
-from tests.clockd_helpers import ROOT, UnixHTTPConnection, call, daemon_process
-from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.support.clockd_helpers import ROOT, UnixHTTPConnection, call, daemon_process
+from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 LOCKS, SLOW, KILLS, EXPIRIES, RESTARTS = 2000, 100, 20, 30, 5
 JSON = {"Content-Type": "application/json"}
@@ -274,7 +274,7 @@ def main() -> None:
             f"Load average before the run: {' '.join(f'{x:.1f}' for x in load)} (CPUs shared with other jobs; "
             "compare runs by it). Daemons are real processes (`python -m envpipe.clock.daemon`), clients talk "
             "HTTP/1.1 over the real Unix socket, killed clients are real processes. GPUs: the `sim` backend for "
-            "the first two groups; `nvml` on tests/fake_pynvml.py (a driver call that hangs; clocks that outlive "
+            "the first two groups; `nvml` on tests/support/fake_pynvml.py (a driver call that hangs; clocks that outlive "
             "the daemon) for the last two. Slow connections each hold a half-sent request head.",
             "",
             "| measurement | value |",

@@ -1,5 +1,5 @@
 """What the runtime image, the envpipe-clockd chart and the launcher's pods agree on: the one source of
-these defaults. tests/test_pod_contract.py compares it with charts/envpipe-clockd/values.yaml (the
+these defaults. tests/deploy/test_pod_contract.py compares it with charts/envpipe-clockd/values.yaml (the
 `socket` block), with images/runtime/Dockerfile (ARG CLOCKD_GID, USER) and with envpipe.clock's
 default socket path, and renders the chart to check that the launcher's pods match it.
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.podman import Podman
-from tests.fakes.kubelet import kubelet_expand
+from tests.support.fakes.kubelet import kubelet_expand
 
 Obj = dict[str, Any]
 

@@ -1,1 +1,0 @@
-"""Fake `cml` package for tests (only `cml.workers_v1`); put tests/fakes on sys.path to use it."""

@@ -1,0 +1,109 @@
+"""The supervisor (envpipe_launch.supervise) with real processes: whatever the job starts ends with it.
+
+Each job carries a directory of its test in the command lines of its processes (tests/support/stubborn.py),
+so a test finds every one of them (a setsid, double-forked grandchild included) without trusting the
+code under test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from envpipe_launch import deepspeed_cmd, supervise
+from envpipe_launch.errors import Stopped
+
+from tests.support.clockd_helpers import wait_for
+from tests.support.stubborn import marked, wait_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'launcher'}")
+STUBBORN = [sys.executable, str(ROOT / "tests" / "support" / "stubborn.py"), "all"]  # + a directory
+
+
+def _stubborn_job(tmp_path: Path, stop_timeout_s: float) -> tuple[supervise.Supervised, Path]:
+    job = supervise.Supervised([*STUBBORN, str(tmp_path)], stop_timeout_s=stop_timeout_s)
+    wait_ready(tmp_path)
+    return job, tmp_path
+
+
+def test_exit_status_passes_through() -> None:
+    assert supervise.Supervised(["bash", "-c", "exit 7"]).wait() == 7
+    assert supervise.Supervised(["bash", "-c", "kill -TERM $$"]).wait() == 128 + signal.SIGTERM
+
+
+def test_sigterm_stops_what_ignores_it_handles_it_slowly_or_left_the_tree(tmp_path: Path) -> None:
+    job, mark = _stubborn_job(tmp_path, stop_timeout_s=1.0)
+    assert any(os.getsid(p.pid) != os.getsid(job.pid) for p in marked(mark))  # the premise: one left the session
+    t0 = time.monotonic()
+    job.signal(signal.SIGTERM)
+    job.wait()
+    assert time.monotonic() - t0 >= 1.0  # the stubborn ones waited for the stop timeout, then SIGKILL
+    assert marked(mark) == []
+
+
+def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
+    job, mark = _stubborn_job(tmp_path, stop_timeout_s=60.0)
+    t0 = time.monotonic()
+    job.signal(signal.SIGINT)
+    time.sleep(0.3)
+    job.signal(signal.SIGINT)
+    job.wait()
+    assert time.monotonic() - t0 < 10 and marked(mark) == []
+
+
+def test_what_the_job_leaves_behind_is_stopped_when_it_ends(tmp_path: Path, capfd) -> None:
+    script = "(setsid python3 -c 'import time; time.sleep(60)' $1 &); sleep 0.3; exit 3"  # a daemon
+    assert supervise.Supervised(["bash", "-c", script, "job", str(tmp_path)], stop_timeout_s=1.0).wait() == 3
+    assert marked(tmp_path) == []
+    assert "the job ended and left 1 process(es) running" in capfd.readouterr().err
+
+
+def test_sigkill_of_the_launcher_stops_the_job(tmp_path: Path) -> None:
+    """The launcher here is a real process that we SIGKILL: no handler of its runs, the pipe closes."""
+    mark = tmp_path
+    code = (
+        "import sys, time; from envpipe_launch import supervise; "
+        f"supervise.Supervised({[*STUBBORN, str(mark)]!r}, stop_timeout_s=1.0); "
+        "time.sleep(600)"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=ENV)
+    wait_ready(mark)
+    launcher.kill()
+    launcher.wait()
+    wait_for(lambda: marked(mark) == [], timeout=1.0 + supervise.KILL_WAIT_S)
+
+
+def test_run_forwards_the_signal_and_raises_stopped_once_the_job_is_gone(tmp_path: Path) -> None:
+    mark = tmp_path
+    code = (
+        "import sys; from envpipe_launch import supervise; from envpipe_launch.errors import Stopped\n"
+        "try:\n"
+        f"    supervise.run({[*STUBBORN, str(mark)]!r}, stop_timeout_s=1.0)\n"
+        "except Stopped as e:\n"
+        "    sys.exit(e.exit_status)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=ENV)
+    wait_ready(mark)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=30) == 130
+    assert marked(mark) == []  # gone before the launcher returned
+    assert issubclass(Stopped, BaseException) and not issubclass(Stopped, Exception)
+
+
+def test_a_missing_command_is_one_line(capfd) -> None:
+    assert supervise.Supervised(["envpipe-no-such-command"]).wait() == 127
+    err = capfd.readouterr().err
+    assert err == "envpipe-launch: error: cannot run envpipe-no-such-command: No such file or directory\n"
+
+
+@pytest.mark.parametrize(("status", "code"), [(241, 143), (254, 130), (247, 137), (255, 255), (7, 7)])
+def test_deepspeeds_status_for_a_rank_killed_by_a_signal_reads_as_the_shells(status: int, code: int) -> None:
+    # DeepSpeed's launch.py does sys.exit(-N) for a rank killed by signal N: status 256 - N (old: passed on)
+    argv = [sys.executable, "-c", f"import sys; sys.exit({status})"]
+    assert deepspeed_cmd.run(argv, dict(os.environ), stop_timeout_s=1.0) == code

@@ -1,0 +1,133 @@
+"""Rank 0's decision (plan files, EnvPipe's rule, the memory limit), and the typed summary and its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from envpipe.plan.planfile import PlanError
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
+from envpipe.runtime import decide
+from envpipe.runtime import summary as S
+from envpipe.runtime.config import parse
+from envpipe.runtime.report import write_report
+from envpipe.runtime.timing import Calibration
+from tests.support.runtime_summary import read_summary, sample_summary
+
+CAL = Calibration([0.01, 0.01], [0.02, 0.02], [0.0, 0.0], 0.0, [0.001, 0.001], 0.0)
+
+
+def plan_json(orders, clocks=1410, **extra) -> dict:
+    return {
+        "version": 1,
+        "num_stages": len(orders),
+        "num_microbatches": len(orders[0]) // 2,
+        "schedule": "envpipe",
+        "policy": "envelope",
+        "stages": [[{"kind": k, "mb": m, "freq_mhz": clocks} for k, m in o] for o in orders],
+        "predicted": {"iteration_time_s": 1.5, "energy_j": 10.0, "baseline_time_s": 1.4, "baseline_energy_j": 12.0},
+        "critical_path": [],
+        **extra,
+    }
+
+
+def test_plan_file_decision_names_the_file_and_its_digest(tmp_path: Path) -> None:
+    orders = envpipe_schedule(2, 4, [2, 0])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_json(orders, 1200)))
+    d = decide.from_plan_file(str(path), 2, 4, CAL, replicas=2)
+    assert d.plan_for(1).orders() == orders and d.plan_for(0).clocks() == [[1200] * 8, [1200] * 8]
+    assert d.info.source.startswith(f"plan file {path} (sha256 ") and d.info.policy == "envelope"
+    p = d.predicted
+    assert p is not None and p.profile.startswith("the plan file's own prediction (simulated")
+    assert p.energy_j == 20.0 and p.energy_saving == pytest.approx(1 - 10 / 12)  # two replicas, one ratio
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read"),
+        ("{nope", "not JSON"),
+        (json.dumps({"version": 2}), "unsupported plan version"),
+        (json.dumps(plan_json(one_f_one_b(4, 4))), "plan is for 4 stages x 4 micro-batches, this run has 2 x 4"),
+        (json.dumps(plan_json([one_f_one_b(2, 2)[0], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]])), "directly follow"),
+    ],
+)
+def test_bad_plan_files_are_one_line(tmp_path: Path, content, message) -> None:
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    M = 2 if "directly" in message else 4
+    with pytest.raises(PlanError, match=message) as exc:
+        decide.from_plan_file(str(path), 2, M, CAL, 1)
+    assert "\n" not in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_envpipe_rule_and_the_memory_limit() -> None:
+    # Tb = 2 Tf: stage s can fill 2 (P-s-1) forwards, capped at M-(P-s); last stage 0
+    assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 16) == [6, 4, 2, 0]
+    assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 4) == [0, 1, 2, 0]
+    cal = Calibration([1.0] * 4, [2.0] * 4, [0.0] * 4, 0.0, [0.0] * 4, 0.0)
+    cfg = parse({"type": "baseline"}, {})
+    free = decide.envpipe_rule(cfg, 4, 16, cal, 1410, 1, None)
+    assert free.plan_for(0).orders() == envpipe_schedule(4, 16, [6, 4, 2, 0]) and not free.info.refused_orders
+    # stage 0 may keep 5 micro-batches in flight (1F1B needs 4): one extra warm-up forward, not six
+    tight = [S.MemoryUse(2**20, 0, 6 * 2**20, 5 * 2**20, 5, 4)] + [
+        S.MemoryUse(2**20, 0, 2**30, 2**30, 1024, 4 - s) for s in (1, 2, 3)]
+    capped = decide.envpipe_rule(cfg, 4, 16, cal, 1410, 1, tight)
+    assert capped.plan_for(0).orders() == envpipe_schedule(4, 16, [1, 1, 1, 0])
+    assert len(capped.info.refused_orders) == 1 and "on stage 0: 10 micro-batches in flight" in \
+        capped.info.refused_orders[0] and "capped at 1" in capped.info.refused_orders[0]
+    assert decide.envpipe_rule(parse({"type": "baseline", "scheduling": "1f1b"}, {}), 4, 16, cal, 1410, 1,
+                               None).plan_for(0).orders() == one_f_one_b(4, 16)
+
+
+def test_the_planners_memory_model_from_measured_stages() -> None:
+    mem = [S.MemoryUse(100, 0, 1000, 600, 6, 2), S.MemoryUse(100, 0, 1000, 900, 9, 1)]
+    model, only_1f1b = decide.usable_memory(mem)
+    assert model is not None and model.capacity() == [6, 9] and not only_1f1b
+    assert decide.usable_memory([S.MemoryUse(100, 0, None, None, None, 2)] * 2) == (None, False)  # CPU: no limit
+    starved = [S.MemoryUse(100, 0, 1000, 100, 1, 2), S.MemoryUse(100, 0, 1000, 900, 9, 1)]  # 1F1B keeps 2 > 1
+    assert decide.usable_memory(starved) == (None, True)
+    assert decide.over_memory(starved, 8) == [
+        "stage 0: even 1F1B keeps 2 micro-batches in flight, above the 1 that fit under the memory limit; "
+        "the order stays 1F1B there"]
+
+
+def test_summary_round_trip_and_schema(tmp_path: Path) -> None:
+    s = sample_summary()
+    write_report(tmp_path, s)
+    assert read_summary(tmp_path) == s  # validated against the committed schema, read back as the type
+    assert (tmp_path / "report.txt").read_text().startswith("EnvPipe run: 2 stages x 8 micro-batches")
+    assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "summary.json").read_text())
+    schema = json.loads(S.SCHEMA_PATH.read_text())
+    for broken in ({**data, "surprise": 1}, {**data, "steady": None}, {**data, "schema_version": 2}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schema)
+    with pytest.raises(ValueError, match=r"summary\.steady: expected an object"):
+        S.RunSummary.from_json({**data, "steady": None})
+    with pytest.raises(ValueError, match="not a version 1 EnvPipe run summary"):
+        S.RunSummary.from_json({**data, "schema_version": 2})
+
+
+def test_committed_schema_is_the_generated_one() -> None:
+    """`python -m envpipe.runtime.summary` regenerates it; a field added without it fails here."""
+    assert json.loads(S.SCHEMA_PATH.read_text()) == S.schema()
+
+
+def test_spread() -> None:
+    s = S.Spread.of([3.0, 1.0, 2.0, 4.0])
+    assert s is not None and (s.median, s.min, s.max, s.n) == (2.5, 1.0, 4.0, 4) and s.q1 < s.median < s.q3
+    assert S.Spread.of([]) is None and S.Spread.of([2.0]) == S.Spread(2.0, 2.0, 2.0, 2.0, 2.0, 1)
+
+
+def test_profile_clocks_spread_over_supported() -> None:
+    from envpipe.runtime.profiling import profile_clocks
+
+    assert profile_clocks([1410, 1395, 1380, 1365, 1350], 3) == [1410, 1380, 1350]
+    assert profile_clocks([1005, 1410], 4) == [1410, 1005]
+    assert profile_clocks([1410, 1200], 1) == [1410]

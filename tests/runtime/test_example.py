@@ -1,0 +1,222 @@
+"""examples/train_gpt.py end to end on CPU: two real processes (gloo), a plan file with clocks, sim clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from envpipe.plan.schedules import envpipe_schedule
+from envpipe.runtime.clocks import SimClock
+from tests.support.ports import free_port
+from tests.support.runtime_summary import iterations, read_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train_gpt.py"
+
+
+def _import_example() -> ModuleType:
+    """examples/train_gpt.py as the module `train_gpt`; sys.path is left as it was."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    return train_gpt
+
+
+def _torchrun(
+    args: list[str], env_extra: dict[str, str], cwd: Path, size: tuple[str, ...] = ("--tiny",)
+) -> subprocess.CompletedProcess:
+    # PYTHONFAULTHANDLER: a rank killed by a signal (SIGABRT, SIGSEGV) prints its Python stack
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env_extra}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(EXAMPLE),
+        *size,
+        *args,
+    ]
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_example_runs_a_plan_with_simulated_clocks(model: str, tmp_path: Path) -> None:
+    M = 4
+    orders = envpipe_schedule(2, M, [2, 0])
+    clocks = [[1005 if k == "F" else 1410 for k, _ in o] for o in orders]  # slow forwards on every stage
+    plan = {
+        "version": 1,
+        "num_stages": 2,
+        "num_microbatches": M,
+        "schedule": "envpipe",
+        "policy": "envelope",
+        "stages": [
+            [{"kind": k, "mb": m, "freq_mhz": c} for (k, m), c in zip(o, cs, strict=True)]
+            for o, cs in zip(orders, clocks, strict=True)
+        ],
+        "predicted": {"iteration_time_s": 0.5},
+        "critical_path": [],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    proc = _torchrun(
+        [
+            "--model",
+            model,
+            "--microbatches",
+            str(M),
+            "--steps",
+            "2",
+            "--calibration-steps",
+            "1",
+            "--plan",
+            "plan.json",
+            "--compare-iterations",
+            "0",
+            "--report-dir",
+            "rep",
+        ],
+        {"ENVPIPE_TYPE": "envelope"},
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summary = read_summary(tmp_path / "rep")
+    assert summary.clock.energy == "simulated (sim clock)" and summary.steady.energy_j is not None
+    assert summary.plan is not None and summary.plan.source.startswith("plan file plan.json (sha256 ")
+    assert summary.plan.orders[0] == ["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"]
+    assert summary.predicted_iteration_time_s == 0.5 and summary.steady.time_s.n == 2
+    assert summary.measured is None and summary.baseline is None  # no comparison iterations asked for
+    lines = iterations(tmp_path / "rep", 0)
+    assert [x["phase"] for x in lines] == ["calibrate", "steady", "steady"]
+    assert lines[1]["clocks_requested_mhz"] == [1005, 1410]  # stage 0: Fs at 1005, then Bs at 1410
+    assert lines[2]["clocks_requested_mhz"] == [1005, 1410]
+    assert all(x["loss"] > 0 for x in iterations(tmp_path / "rep", 1))  # every rank has the loss
+    units = summary.units_last_iteration[0]
+    assert {u.mhz for u in units if u.kind == "F"} == {1005}
+    assert (tmp_path / "rep" / "gantt.png").stat().st_size > 1000
+    assert "[envpipe] steady       plan     loss" in proc.stdout  # the loss of every iteration, on rank 0
+
+
+def test_example_refuses_bad_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """One line on stderr and exit 2, before any process group or model exists; nothing left behind."""
+    train_gpt = _import_example()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ENVPIPE_SCHEDULING", "gpipe")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+    def refused(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exc:
+            train_gpt.main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and len(err.splitlines()) == 1
+        return err
+
+    assert "ENVPIPE_SCHEDULING is 'gpipe'; choose one of 1f1b, envpipe" in refused(["--tiny"])
+    monkeypatch.delenv("ENVPIPE_SCHEDULING")
+    (tmp_path / "ds.json").write_text(json.dumps({"envpipe": {"type": "fastest"}}))
+    assert "'envpipe.type' is 'fastest'" in refused(["--tiny", "--config", "ds.json"])
+    missing = refused(["--tiny", "--config", "missing.json"])
+    assert "--config missing.json: cannot read: No such file or directory" in missing
+    (tmp_path / "bad.json").write_text("{")
+    assert "--config bad.json: not JSON" in refused(["--tiny", "--config", "bad.json"])
+    (tmp_path / "bad.json").unlink()
+    monkeypatch.setenv("ENVPIPE_CLOCKD_SOCKET", str(tmp_path / "absent.sock"))
+    assert "clock control was asked for" in refused(["--tiny", "--clock", "daemon"])
+    assert "--steps must be >= 1" in refused(["--tiny", "--steps", "0"])
+    assert "which clock 'none' cannot measure" in refused(["--tiny", "--clock", "none", "--policy", "envelope"])
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
+
+
+# units of tens of milliseconds on CPU, so that simulated clocks and waits are larger than CPU noise
+SMALL = ("--layers", "2", "--hidden", "128", "--heads", "2", "--seq", "64", "--vocab", "512", "--micro-batch", "4")
+
+
+@pytest.mark.slow
+def test_online_profile_plan_reconfigure_and_predict(tmp_path: Path) -> None:
+    """All online phases on CPU with the sim clock: calibrate, profile, plan, reconfigure, steady."""
+    proc = _torchrun(
+        ["--microbatches", "8", "--steps", "3", "--calibration-steps", "3", "--report-dir", "rep"],
+        {"ENVPIPE_TYPE": "envelope", "ENVPIPE_SCHEDULING": "envpipe", "ENVPIPE_RECONFIGURE": "balanced"},
+        tmp_path,
+        (*SMALL, "--reconfigure-rounds", "20"),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = iterations(tmp_path / "rep", 0)
+    phases = [x["phase"] for x in lines]
+    assert phases[:3] == ["calibrate"] * 3 and phases[-3:] == ["steady"] * 3
+    assert [p for p in phases if p.startswith("profile@")] == [
+        "profile@1410",
+        "profile@1230",
+        "profile@1035",
+        "profile@855",
+    ]
+    rounds = [x["round"] for x in lines if x["phase"] == "reconfigure"]
+    summary = read_summary(tmp_path / "rep")
+    rec = summary.reconfiguration
+    assert rec is not None and rounds == list(range(len(rec.rounds))) and rec.method == "balanced"
+    # usually 8-12 rounds; on a loaded 2-core machine noisy waits can keep the path off the envelope until
+    # the round guard (--reconfigure-rounds) ends the phase, which is a designed stop too
+    stops = ("critical path is the envelope", "every critical unit is at the highest clock")
+    assert rec.stop_reason.startswith("stopped after") or rec.stop_reason in stops
+    assert rec.raises is not None and len(rec.rounds) == rec.raises + 1  # one measured iteration per round
+    p = summary.predicted
+    assert p is not None and p.energy_j > 0 and -1 < p.energy_saving < 1 and p.profile.startswith("online")
+    plan = json.loads((tmp_path / "rep" / "plan.json").read_text())
+    assert summary.plan is not None
+    assert [[u["freq_mhz"] for u in st] for st in plan["stages"]] == summary.plan.clocks  # the raised plan
+    # envelope units stay at the top clock; the plan slows some others down
+    assert summary.plan.clocks[1] == [1410] * 16 and min(summary.plan.clocks[0]) < 1410
+    # the simulator, fed with the calibrated unit, transfer and tail times, predicts the measured time
+    # (CPU noise from other processes on a small machine: a loose bound)
+    assert summary.prediction_error is not None and abs(summary.prediction_error) < 0.5, summary.prediction_error
+    cal = summary.calibration
+    assert cal is not None and cal.transfer_s >= 0 and all(t > 0 for t in cal.tail_s) and all(f > 0 for f in cal.fwd_s)
+    assert cal.idle_power_w == pytest.approx(83.64)  # the sim model's blocking power
+    busy = max(SimClock().model.busy_power_w)
+    for gpu in summary.gpus:  # the simulated counter at unit boundaries: waits at blocking power, the tail busy
+        u = gpu.unit_energy
+        assert u is not None and u.fwd_j and u.bwd_j and u.wait_power_w is not None
+        assert 83.64 <= u.wait_power_w < busy
+    assert "reconfiguration (balanced, measured)" in (tmp_path / "rep" / "report.txt").read_text()
+
+
+def test_example_takes_the_local_rank_deepspeeds_launcher_adds() -> None:
+    train_gpt = _import_example()
+    # `deepspeed` / `envpipe-launch` run `train_gpt.py --local_rank=N <user args>`
+    assert train_gpt.parse_args(["--local_rank=1", "--tiny"]).layers == 4
+    assert train_gpt.parse_args(["--local-rank", "0", "--steps", "3"]).steps == 3
+
+
+@pytest.mark.slow
+def test_steady_iterations_time_units_every_tenth_and_the_last(tmp_path: Path) -> None:
+    """Without the sim clock (which must see every unit), steady iterations time their units only now
+    and then; every iteration still has its line, and the summary's units are a timed iteration's."""
+    proc = _torchrun(
+        ["--microbatches", "4", "--steps", "12", "--calibration-steps", "2", "--clock", "none", "--report-dir", "rep"],
+        {"ENVPIPE_TYPE": "baseline", "ENVPIPE_SCHEDULING": "1f1b"},
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for rank in (0, 1):
+        lines = iterations(tmp_path / "rep", rank)
+        steady = [x for x in lines if x["phase"] == "steady"]
+        assert len(steady) == 12 and all(x["time_s"] > 0 for x in steady)
+        assert [i for i, x in enumerate(steady) if x["units_timed"]] == [0, 10, 11]
+        assert all(x["units_timed"] for x in lines if x["phase"] == "calibrate")
+    summary = read_summary(tmp_path / "rep")
+    assert summary.steady.time_s.n == 12 and summary.steady.energy_j is None  # no clock: no energy counter
+    assert [len(units) for units in summary.units_last_iteration] == [8, 8]  # the last one is timed
