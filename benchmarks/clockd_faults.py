@@ -274,8 +274,8 @@ def main() -> None:
             f"Load average before the run: {' '.join(f'{x:.1f}' for x in load)} (CPUs shared with other jobs; "
             "compare runs by it). Daemons are real processes (`python -m envpipe.clock.daemon`), clients talk "
             "HTTP/1.1 over the real Unix socket, killed clients are real processes. GPUs: the `sim` backend for "
-            "the first two groups; `nvml` on tests/support/fake_pynvml.py (a driver call that hangs; clocks that outlive "
-            "the daemon) for the last two. Slow connections each hold a half-sent request head.",
+            "the first two groups; `nvml` on tests/support/fake_pynvml.py (a driver call that hangs; clocks "
+            "that outlive the daemon) for the last two. Slow connections each hold a half-sent request head.",
             "",
             "| measurement | value |",
             "|---|---|",

@@ -31,10 +31,10 @@ from envpipe_launch.kube_manifests import KubeJob
 from envpipe_launch.kube_syntax import escape_expansion
 
 from envpipe.runtime.summary import RunSummary
-from tests.support.clockd_helpers import call
 from tests.e2e import images as image_build
 from tests.e2e.node import Node
 from tests.e2e.podman import Podman, Stopwatch, unavailable
+from tests.support.clockd_helpers import call
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))

@@ -34,7 +34,8 @@ def _launch(*args: str, cwd: Path) -> subprocess.Popen:
     ("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)]
 )
 def test_a_signal_to_the_launcher_leaves_nothing_running(tmp_path: Path, signum: int, status: int) -> None:
-    launcher = _launch("--gpus-per-node", "3", str(ROOT / "tests" / "support" / "stubborn.py"), "rank", str(tmp_path), cwd=tmp_path)
+    stubborn = str(ROOT / "tests" / "support" / "stubborn.py")
+    launcher = _launch("--gpus-per-node", "3", stubborn, "rank", str(tmp_path), cwd=tmp_path)
     wait_ready(tmp_path)
     launcher.send_signal(signum)
     _, err = launcher.communicate(timeout=60)  # stderr closes once the supervisor is gone too

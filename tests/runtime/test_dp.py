@@ -17,10 +17,10 @@ from envpipe.runtime.collect import RankRecord, job_summary
 from envpipe.runtime.collective import Place, portable
 from envpipe.runtime.config import EnvPipeConfigError, parse
 from envpipe.runtime.iterations import BASELINE, PLAN
-from tests.support import netns_hosts
-from tests.support.runtime_summary import iterations, read_summary, sample_summary
 from tests.launch.test_ssh import _launch as launch_ssh
 from tests.runtime.test_pipeline import WORKER, _orders, run_pipeline
+from tests.support import netns_hosts
+from tests.support.runtime_summary import iterations, read_summary, sample_summary
 
 M = 4
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from envpipe.clock.service import ServiceConfig
-from tests.support.clockd_helpers import daemon_thread
-from tests.support.runtime_summary import iterations, read_summary
 from tests.runtime.test_dp import assert_same_math
 from tests.runtime.test_pipeline import ROOT, run_pipeline
+from tests.support.clockd_helpers import daemon_thread
+from tests.support.runtime_summary import iterations, read_summary
 
 M = 4
 SIM = {"clock": "sim", "compare_iterations": 2, "reconfigure_rounds": 2}
