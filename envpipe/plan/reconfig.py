@@ -21,7 +21,7 @@ to the nearest *profiled* clock at or above the target (NVML snaps the same way)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +85,30 @@ def reconfigure(
     threshold_scale: float = 4.0,
     max_rounds: int = 100_000,
 ) -> ReconfigResult:
+    """`reconfigure_rounds` with every round's timeline from ``simulate_freqs(freqs, previous, changed)``."""
+    rounds = reconfigure_rounds(dag, freqs_mhz, profile_clocks, method, threshold_scale, max_rounds)
+    request = next(rounds)
+    while True:
+        try:
+            request = rounds.send(simulate_freqs(*request))
+        except StopIteration as done:
+            return done.value
+
+
+Request = tuple[np.ndarray, Timeline | None, np.ndarray | None]  # (clocks to run, previous timeline, changed units)
+
+
+def reconfigure_rounds(
+    dag: PipelineDag,
+    freqs_mhz: np.ndarray,
+    profile_clocks: np.ndarray,
+    method: str,
+    threshold_scale: float = 4.0,
+    max_rounds: int = 100_000,
+) -> Generator[Request, Timeline, ReconfigResult]:
+    """EnvPipe's rounds as a generator: it yields the clocks of each round to run (with the previous timeline
+    and the units that changed, for an incremental simulation) and is sent back that round's timeline,
+    simulated (the planner) or measured (the runtime, one training iteration per round)."""
     if method not in RECONFIGS:
         raise ValueError(f"unknown reconfiguration {method!r}; choose one of {', '.join(RECONFIGS)}")
     if threshold_scale <= 0:
@@ -93,7 +117,7 @@ def reconfigure(
     ascending = np.sort(np.asarray(profile_clocks))
     f_max = int(ascending[-1])
     envelope = is_envelope(dag)
-    tl = simulate_freqs(freqs, None, None)
+    tl = yield freqs.copy(), None, None
     if method == "default":
         return ReconfigResult(freqs, tl, 0, 0, "reconfiguration off (default)")
     raises = 0
@@ -113,5 +137,5 @@ def reconfigure(
             targets = below[freqs[below] == lowest]
             freqs[targets] = _raise_to(ascending, lowest + RECONFIGURE_GRANULARITY_MHZ)
         raises += 1
-        tl = simulate_freqs(freqs, tl, targets)
+        tl = yield freqs.copy(), tl, targets
     return ReconfigResult(freqs, tl, max_rounds, raises, f"stopped after {max_rounds} rounds (guard)")

@@ -1,17 +1,17 @@
 """The calibration phase: 1F1B with every clock at max, every unit timed, on every rank.
 
 From it: the simulator's inputs (envpipe.runtime.timing: unit, overhead, transfer and tail times, per stage
-its slowest replica), the straggler, every stage's unit energies, the activation bytes each forward keeps
-and the stage's static memory (envpipe.runtime.memory), each stage's SM clock under load (NVML: the power
-cap's clock) and the GPU's blocking power. A simulated GPU fixes its unit costs after the first iteration.
+its slowest replica), the straggler, every stage's unit energies and the power it draws while blocked on a
+neighbour and in its tail (all-reduce, optimizer step) — each phase of an iteration is charged at its own
+measured power —, the activation bytes each forward keeps and the stage's static memory
+(envpipe.runtime.memory), each stage's SM clock under load (NVML: the power cap's clock) and the GPU's idle
+power. The first iteration warms up; a simulated GPU fixes its unit costs after it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,11 +22,9 @@ from envpipe.runtime import collective, replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
 from envpipe.runtime.iterations import BASELINE
-from envpipe.runtime.memory import SavedTensorMeter, device_limit, stage_memory, static_bytes
+from envpipe.runtime.memory import stage_memory
+from envpipe.runtime.rig import EnergySplit, Measured, Phase, Rig, Step
 from envpipe.runtime.timing import Calibration, StageTiming
-
-if TYPE_CHECKING:
-    from envpipe.runtime.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -36,77 +34,108 @@ class Calibrated:
     memory: list[S.MemoryUse]  # per stage
     unit_energies: list[dict[str, float]]  # per stage, its slowest replica's F, B (s) and F_j, B_j (J; nan: none)
     straggler: int | None  # a replica slower than the others' median by the threshold
-    idle_power_w: float | None
+    idle_power_w: float | None  # the idle GPU's power
+    blocking_power_w: list[float] | None  # per stage: power while waiting for a neighbour (measured)
+    tail_power_w: list[float] | None  # per stage: power in the tail (measured)
 
 
-def calibrate(runner: Runner, data: Iterator[Any], steps: int) -> Calibrated:
-    engine, P = runner.engine, runner.P
+def calibrate(rig: Rig) -> Phase[Calibrated]:
+    steps = rig.cfg.calibration_iterations
     progress(f"calibrate: {steps} iteration(s) of 1F1B with every clock at max")
-    if isinstance(runner.meter, PolledMeter):
-        runner.meter.sample_clocks = True
+    if isinstance(rig.meter, PolledMeter):
+        rig.meter.sample_clocks = True
     gathered, own, saved, static = [], [], [0], 0
-    for i in range(max(1, steps)):
-        if i == 1 or steps == 1:  # after the first iteration every optimizer state exists
-            static = static_bytes(engine)
-            engine.saved_meter = SavedTensorMeter(engine.module.parameters())
-        timing = runner.run(data, runner.baseline, "calibrate", BASELINE)
-        if engine.saved_meter is not None:
-            saved, engine.saved_meter = engine.saved_meter.per_unit or [0], None
-        own.append(timing)
-        gathered.append(runner.gather((timing, runner.unit_energy(timing))))
-        if i == 0 and runner.sim is not None:  # a simulated GPU's units keep the same cost from here on
-            cpu_s, flops = collective.job_sum(list(runner.sim.calibration_work()))
-            runner.sim.fix_unit_costs(flops / cpu_s if cpu_s > 0 else 0.0)
-    measured = gathered[1:] or gathered  # the first iteration warms up
+    splits: list[EnergySplit] = []
+    for i in range(steps):
+        metering = i == 1 or steps == 1  # after the first iteration every optimizer state exists
+        if metering:
+            static = rig.static_bytes()
+        m: Measured = yield Step(rig.baseline, "calibrate", BASELINE, measure_memory=metering)
+        if m.saved_bytes is not None:
+            saved = m.saved_bytes or [0]
+        own.append(m.timing)
+        split = rig.energy(m.timing)
+        if split is not None and (i > 0 or steps == 1):
+            splits.append(split)
+        gathered.append(rig.gather((m.timing, None if split is None else (split.fwd_j, split.bwd_j))))
+        if i == 0 and rig.sim is not None:  # a simulated GPU's units keep the same cost from here on
+            cpu_s, flops = collective.job_sum(list(rig.sim.calibration_work()))
+            rig.sim.fix_unit_costs(flops / cpu_s if cpu_s > 0 else 0.0)
+    measured = gathered[1:] or gathered
     iterations = [[(w, t) for w, (t, _) in it] for it in measured]
-    cals = replicas.calibrate_replicas(one_f_one_b(P, runner.M), iterations)
+    cals = replicas.calibrate_replicas(one_f_one_b(rig.P, rig.M), iterations)
     entries = replicas.stage_entries(cals, iterations[-1])
-    cal = replicas.job_calibration(cals, entries, P)
-    energies = replicas.slowest_with_energy(entries, [e for _, (_, e) in measured[-1]], P)
-    effective = _effective_clock(runner, own[1:] or own)
-    idle = _idle_power(runner)
-    limit = device_limit(engine, runner.cfg.memory_limit_bytes)
-    mine = stage_memory(int(np.median(saved)), static, limit, runner.cfg.memory_headroom,
-                        peak_in_flight(runner.baseline.orders())[engine.stage_id])
+    cal = replicas.job_calibration(cals, entries, rig.P)
+    nan = (float("nan"), float("nan"))
+    energies = replicas.slowest_with_energy(entries, [e or nan for _, (_, e) in measured[-1]], rig.P)
+    effective = _effective_clock(rig, own[1:] or own)
+    idle = _idle_power(rig)
+    blocking, tail = _phase_powers(rig, splits, idle)
+    limit = rig.memory_limit()
+    mine = stage_memory(int(np.median(saved)), static, limit, rig.cfg.memory_headroom,
+                        peak_in_flight(rig.baseline.orders())[rig.place.stage])
     per_stage: dict[int, S.MemoryUse] = {}
-    for w, m in runner.gather(mine):  # a stage's largest replica decides
+    for w, mem in rig.gather(mine):  # a stage's largest replica decides
         cur = per_stage.get(w.stage)
-        if cur is None or m.activation_bytes_per_microbatch > cur.activation_bytes_per_microbatch:
-            per_stage[w.stage] = m
+        if cur is None or mem.activation_bytes_per_microbatch > cur.activation_bytes_per_microbatch:
+            per_stage[w.stage] = mem
     times = [max(t.step_end - t.step_start for _, t in it) for it in iterations]
     spread = S.Spread.of(times)
     assert spread is not None
     report = S.Calibration(len(times), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
-                           cal.head_s, effective, idle)
-    straggler = replicas.find_straggler(replicas.replica_times(entries), runner.cfg.straggler_threshold)
-    return Calibrated(cal, report, [per_stage[s] for s in range(P)], energies, straggler, idle)
+                           cal.head_s, effective, idle, blocking, tail)
+    straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
+    return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail)
 
 
-def _effective_clock(runner: Runner, timings: list[StageTiming]) -> list[float | None]:
+def _phase_powers(rig: Rig, splits: list[EnergySplit], idle_w: float | None
+                  ) -> tuple[list[float] | None, list[float] | None]:
+    """Per stage, the measured power while blocked and in the tail (a collective call).
+
+    Pooled over the calibration's measured iterations and over the stage's replicas. Where a stage never
+    waited (one stage: no bubbles) its blocking power is the idle GPU's."""
+    mine = (sum(x.wait_j for x in splits), sum(x.wait_s for x in splits), sum(x.tail_j for x in splits),
+            sum(x.tail_s for x in splits)) if splits else None
+    pooled: dict[int, list[float]] = {}
+    for w, sums in rig.gather(mine):
+        if sums is None:
+            return None, None  # no energy counter on some rank: nothing measured
+        acc = pooled.setdefault(w.stage, [0.0, 0.0, 0.0, 0.0])
+        for k in range(4):
+            acc[k] += sums[k]
+    blocking, tail = [], []
+    for s in range(rig.P):
+        wait_j, wait_s, tail_j, tail_s = pooled[s]
+        fallback = idle_w if idle_w is not None else 0.0
+        blocking.append(wait_j / wait_s if wait_s > 1e-6 else fallback)
+        tail.append(tail_j / tail_s if tail_s > 1e-6 else fallback)
+    return blocking, tail
+
+
+def _effective_clock(rig: Rig, timings: list[StageTiming]) -> list[float | None]:
     """Per stage, the SM clock NVML saw during its units (the power cap's clock); None without NVML."""
     mine = None
-    if isinstance(runner.meter, PolledMeter):
-        runner.meter.sample_clocks = False
+    if isinstance(rig.meter, PolledMeter):
+        rig.meter.sample_clocks = False
         busy = [(a, b) for t in timings for _, _, a, b in t.units]
-        mine = clock_under_load(runner.meter.clock_samples, busy)
+        mine = clock_under_load(rig.meter.clock_samples, busy)
         if mine is None:  # units shorter than the polling period: the iterations, which are mostly busy
-            mine = clock_under_load(runner.meter.clock_samples, [(t.step_start, t.step_end) for t in timings])
+            mine = clock_under_load(rig.meter.clock_samples, [(t.step_start, t.step_end) for t in timings])
     per: dict[int, float] = {}
-    for w, mhz in runner.gather(mine):  # a stage's slowest replica decides
+    for w, mhz in rig.gather(mine):  # a stage's slowest replica decides
         if mhz is not None:
             per[w.stage] = min(per.get(w.stage, mhz), mhz)
-    return [per.get(s) for s in range(runner.P)]
+    return [per.get(s) for s in range(rig.P)]
 
 
-def _idle_power(runner: Runner) -> float | None:
-    """The blocking power the planner charges for waits: the model's on CPU, measured (0.5 s idle) on GPU."""
-    if runner.sim is not None:
-        return runner.sim.model.idle_power_w
-    if runner.meter is None:
+def _idle_power(rig: Rig) -> float | None:
+    """The idle GPU's power: the model's on a simulated GPU, measured (0.5 s idle) on a real one."""
+    if rig.sim is not None:
+        return rig.sim.model.idle_power_w
+    if rig.meter is None:
         return None
     t0 = time.perf_counter()
     time.sleep(0.5)
     t1 = time.perf_counter()
-    runner.meter.wait_until(t1)
-    return float(runner.meter.trace.between(t0, t1)) / (t1 - t0)
-
+    rig.meter.wait_until(t1)
+    return float(rig.meter.trace.between(t0, t1)) / (t1 - t0)

@@ -328,6 +328,9 @@ def make_clock(
     kind = cfg.clock
     if kind == "none":
         return None
+    if kind == "readonly":  # energy only: NVML's counter, clocks left as they are
+        return NvmlEnergyClock(device.local_rank, "clock 'readonly': clocks are left as they are; every number is "
+                               "measured, and the plan's saving is predicted (simulated)")
     if kind == "sim":
         if device.on_gpu:  # the sim clock stretches wall time between units, which GPU timing does not see
             raise ClockUnavailable("envpipe clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs")

@@ -114,31 +114,40 @@ def job_summary(records: Sequence[RankRecord], sim_tails: Sequence[float], thres
 def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | None, chosen: Decision | None,
              measured_cal: S.Calibration | None, reconfiguration: S.Reconfiguration | None,
              cal: Calibration | None, samples: int, microbatches: int, straggler: int | None,
-             engine: str = "envpipe") -> S.RunSummary:
-    """The summary of a run; for stock DeepSpeed (``engine``) there is no decision and no calibration."""
+             engine: str = "envpipe", steady_main: str = BASELINE, wall_times: Sequence[float] = ()
+             ) -> S.RunSummary:
+    """The summary of a run; for stock DeepSpeed (``engine``) there is no decision and no calibration.
+
+    ``steady_main``: what the steady phase ran (PLAN: the plan, its clocks where they can be set; BASELINE:
+    1F1B at default clocks); ``wall_times``: when rank 0's steady iterations ended (host wall clock)."""
     records = sorted(records, key=lambda r: (r.place.replica, r.place.stage))
     stages = len({r.place.stage for r in records})
     label = energy_label(clock)
     job = job_iterations([r.steady for r in records])
-    deployed = chosen is not None and chosen.info.deployed and clock is not None and clock.controls_clocks
-    runs = PLAN if deployed else BASELINE  # what the steady phase ran: the plan, or 1F1B at default clocks
-    steady = iterations(job, runs, samples)
+    controls = clock is not None and clock.controls_clocks
+    order_ran = chosen is not None and steady_main == PLAN
+    steady = iterations(job, steady_main, samples)
     assert steady is not None
     predicted_s = None
     if chosen is not None and cal is not None:
-        predicted_s = chosen.predicted_time_s if deployed else predict_time(one_f_one_b(stages, microbatches), cal)
-    info = None if chosen is None else replace(chosen.info, deployed=deployed)
+        predicted_s = chosen.predicted_time_s if order_ran and controls else predict_time(
+            chosen.plans[0].orders() if order_ran else one_f_one_b(stages, microbatches), cal)
+    info = None if chosen is None else replace(chosen.info, deployed=order_ran and controls, order_deployed=order_ran)
     clock_info = S.ClockInfo(
-        "none" if clock is None else clock.kind, bool(clock is not None and clock.controls_clocks), label,
-        time_label(clock), None if clock is None else clock.note, [x for r in records for x in r.refusals])
+        "none" if clock is None else clock.kind, controls, label, time_label(clock),
+        None if clock is None else clock.note, [x for r in records for x in r.refusals])
     sim_tails = [max(0.0, t - cal.head_s) for t in cal.tail_s] if cal is not None else []
     rule = chosen.straggler_rule if chosen is not None else None
+    measured = steady.time_s.median
+    wall = None
+    if len(wall_times) > 1 and wall_times[-1] > wall_times[0]:
+        wall = samples * (len(wall_times) - 1) / (wall_times[-1] - wall_times[0])
     return S.RunSummary(
         S.SCHEMA_VERSION, engine, stages, microbatches, len({r.place.replica for r in records}), samples, clock_info,
-        info, steady, iterations(job, BASELINE, samples) if deployed else None, measured_comparison(job, label),
+        info, steady, iterations(job, BASELINE, samples) if order_ran else None, measured_comparison(job, label),
         chosen.predicted if chosen is not None else None, predicted_s,
-        steady.time_s.median / predicted_s - 1.0 if predicted_s else None, measured_cal, reconfiguration,
-        [S.GpuSummary(r.place.rank, r.place.replica, r.place.stage, r.place.host, r.energy(runs),
+        (predicted_s - measured) / measured if predicted_s else None, measured_cal, reconfiguration,
+        [S.GpuSummary(r.place.rank, r.place.replica, r.place.stage, r.place.host, r.energy(steady_main),
                       r.peak_memory_bytes, r.unit_energy) for r in records],
-        job_summary(records, sim_tails, cfg.straggler_threshold, straggler, rule, runs),
-        [r.units for r in records if r.place.replica == 0])
+        job_summary(records, sim_tails, cfg.straggler_threshold, straggler, rule, steady_main),
+        [r.units for r in records if r.place.replica == 0], wall_throughput_samples_per_s=wall)

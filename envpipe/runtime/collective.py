@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as tdist
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,14 @@ def place(engine: Any) -> Place:
     return Place(rank, engine.stage_id, engine.grid.get_data_parallel_id(), socket.gethostname(), rank - local)
 
 
+def rank() -> int:
+    return tdist.get_rank()
+
+
+def world_size() -> int:
+    return tdist.get_world_size()
+
+
 def gather(obj: Any) -> list[Any]:
     """Every rank's `obj`, in rank order (a collective call)."""
     everyone: list[Any] = [None] * tdist.get_world_size()
@@ -49,6 +60,18 @@ def agree(obj: Any) -> Any:
     return box[0]
 
 
+def decided(choose: Callable[[], T]) -> T:
+    """Rank 0's ``choose()`` on every rank (a collective call); an error on rank 0 is raised on every rank,
+    so none waits for a decision that never comes."""
+    choice: Any = None
+    if tdist.get_rank() == 0:
+        try:
+            choice = choose()
+        except Exception as exc:
+            choice = portable(exc)
+    return agree(choice)  # type: ignore[no-any-return]
+
+
 def portable(exc: BaseException) -> BaseException:
     """`exc` if it survives pickling (to be broadcast with `agree`), else a ValueError with its message."""
     try:
@@ -56,7 +79,6 @@ def portable(exc: BaseException) -> BaseException:
     except Exception:
         return ValueError(f"{type(exc).__name__}: {exc}")
     return exc
-
 
 
 

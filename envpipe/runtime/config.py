@@ -1,72 +1,89 @@
 """The `envpipe` block of a DeepSpeed config and the ENVPIPE_* environment variables.
 
     "envpipe": {"type": "optimal", "scheduling": "envpipe", "max_slowdown": 0.0, "clock": "auto",
-                "report_dir": "envpipe-report", "pipeline_stages": 2, "memory_headroom": 0.1, ...}
+                "report_dir": "envpipe-report", "memory_headroom": 0.1, ...}
 
 `type` is the policy: `optimal` (the default: least energy within the time budget, the order chosen
 within memory) or EnvPipe's `baseline`, `uniform`, `envelope` (kept for comparison). ENVPIPE_TYPE,
 ENVPIPE_SCHEDULING and ENVPIPE_RECONFIGURE override the block, as in EnvPipe; ENVPIPE_CLOCK overrides
-`clock` (the launcher's worker pods set it to `daemon` where clockd runs).
+`clock` (the launcher's worker pods set it to `daemon` where clockd runs). The block is a pydantic
+model, as DeepSpeed's own config blocks are; every mistake is one line naming the key or variable.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from envpipe.plan.policies import POLICIES
-from envpipe.plan.reconfig import RECONFIGS
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-TYPES = ("optimal", *POLICIES)
-SCHEDULINGS = ("1f1b", "envpipe")
+Policy = Literal["optimal", "baseline", "uniform", "envelope"]
+Scheduling = Literal["1f1b", "envpipe"]
+Reconfig = Literal["default", "greedy", "balanced", "replan"]
+ClockKind = Literal["auto", "sim", "daemon", "readonly", "none"]
+Straggler = Literal["report", "frontier"]
 REPLAN = "replan"  # the optimal policy's reconfiguration: re-plan from measured units until within budget
-CLOCKS = ("auto", "sim", "daemon", "none")
-STRAGGLERS = ("report", "frontier")
-_ENV = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reconfig": "ENVPIPE_RECONFIGURE",
-        "clock": "ENVPIPE_CLOCK"}
-_CHOICES = {"type": TYPES, "scheduling": SCHEDULINGS, "reconfig": (*RECONFIGS, REPLAN), "clock": CLOCKS,
-            "straggler": STRAGGLERS}
-_STRINGS = ("gpu", "plan", "profile", "report_dir")
-_POSITIVE_INTS = ("pipeline_stages", "memory_limit_bytes", "profile_points", "reconfigure_rounds")
-_COUNTS = ("compare_iterations",)
-_POSITIVE = ("straggler_threshold", "time_budget_s")
-_FRACTIONS = ("max_slowdown", "memory_headroom")  # in [0, 1)
+ENVIRONMENT = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reconfig": "ENVPIPE_RECONFIGURE",
+               "clock": "ENVPIPE_CLOCK"}
+
+Text = Annotated[str, Field(min_length=1)]
+Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # [0, 1)
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class EnvPipeConfigError(ValueError):
-    """An invalid `envpipe` block or ENVPIPE_* variable."""
+    """An invalid `envpipe` block or ENVPIPE_* variable (its message is one line)."""
 
 
-@dataclass(frozen=True)
-class EnvPipeConfig:
-    type: str = "optimal"
-    scheduling: str = "envpipe"  # optimal: may choose EnvPipe's extra warm-up forwards (or 1F1B) within memory
-    reconfig: str | None = None  # None: 'replan' for optimal, EnvPipe's 'default' (none) for its policies
-    clock: str = "auto"  # sim on CPU; on GPUs the daemon when it answers, else default clocks (said in one line)
-    gpu: str | None = None
-    plan: str | None = None  # skip profiling and planning: run this plan file
-    profile: str | None = None  # skip profiling: plan from this profile CSV
-    report_dir: str = "envpipe-report"
-    pipeline_stages: int | None = None  # None: one stage per process (no data parallelism)
-    straggler: str = "report"  # "frontier": replicas waiting for a straggler take a cheaper plan
-    straggler_threshold: float = 0.05  # a replica this much slower than the others' median straggles
-    max_slowdown: float | None = None  # budget: the run's own 1F1B all-max iteration times (1 + this)
-    time_budget_s: float | None = None  # or an absolute iteration-time budget
-    memory_limit_bytes: int | None = None  # per GPU (CPU: the only limit); default on GPUs: the device's memory
-    memory_headroom: float = 0.1  # the share of the limit that in-flight activations may not use
-    compare_iterations: int = 10  # steady 1F1B all-max iterations interleaved with the plan's, for the report
-    profile_points: int = 4  # clocks profiled online
-    reconfigure_rounds: int = 5  # most reconfiguration rounds
+class EnvPipeConfig(BaseModel):
+    """What the runtime does; every field has a default, so an empty block is a complete configuration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    type: Policy = "optimal"
+    scheduling: Scheduling = "envpipe"  # optimal: may choose EnvPipe's extra warm-up forwards (or 1F1B) within memory
+    reconfig: Reconfig | None = None  # None: 'replan' for optimal, EnvPipe's 'default' (none) for its policies
+    # auto: sim on CPU; on GPUs the daemon when it answers, else default clocks (one line). readonly: the NVML
+    # energy counter, clocks never changed (what auto falls back to). none: no clock, no energy.
+    clock: ClockKind = "auto"
+    gpu: Text | None = None  # EnvPipe's clock candidate rule (its policies)
+    plan: Text | None = None  # skip profiling and planning: run this plan file
+    profile: Text | None = None  # skip profiling: plan from this profile CSV
+    report_dir: Text = "envpipe-report"
+    pipeline_stages: Annotated[int, Field(ge=1)] | None = None  # checked against the model's (a found config's)
+    straggler: Straggler = "report"  # "frontier": replicas waiting for a straggler take a cheaper plan
+    straggler_threshold: Positive = 0.05  # a replica this much slower than the others' median straggles
+    max_slowdown: Fraction | None = None  # budget: the run's own 1F1B all-max iteration times (1 + this)
+    time_budget_s: Positive | None = None  # or an absolute iteration-time budget
+    memory_limit_bytes: Annotated[int, Field(ge=1)] | None = None  # per GPU; default on GPUs: the device's memory
+    memory_headroom: Fraction = 0.1  # the share of the limit that in-flight activations may not use
+    calibration_iterations: Annotated[int, Field(ge=1)] = 2  # 1F1B all-max iterations before planning
+    compare_iterations: Annotated[int, Field(ge=0)] = 10  # steady 1F1B all-max iterations interleaved with the plan's
+    profile_points: Annotated[int, Field(ge=1)] = 4  # clocks profiled online
+    reconfigure_rounds: Annotated[int, Field(ge=1)] = 5  # most reconfiguration rounds
+    monitor_interval: Annotated[int, Field(ge=1)] = 10  # iterations between the job's monitor events (a gather)
+    summary_interval: Annotated[int, Field(ge=1)] = 50  # steady iterations between rewrites of the report
 
     @property
     def reconfig_method(self) -> str:
         if self.reconfig is not None:
             return self.reconfig
         return REPLAN if self.type == "optimal" else "default"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EnvPipeConfig:
+        if self.plan and self.profile:
+            raise ValueError("give either 'plan' (skip profiling and planning) or 'profile' (skip profiling), not both")
+        if self.max_slowdown is not None and self.time_budget_s is not None:
+            raise ValueError("give either 'max_slowdown' or 'time_budget_s', not both")
+        if self.clock == "none" and self.type != "baseline" and not self.plan and not self.profile:
+            raise ValueError(f"policy '{self.type}' plans clocks from a profile, which clock 'none' cannot measure: "
+                             "use clock 'auto', give 'profile' or 'plan', or use type 'baseline'")
+        if self.reconfig == REPLAN and self.type != "optimal":
+            raise ValueError(f"reconfig '{REPLAN}' re-plans with the optimal planner: it needs type 'optimal'")
+        return self
 
 
 def parse(block: Any, environ: Mapping[str, str] | None = None) -> EnvPipeConfig:
@@ -76,57 +93,36 @@ def parse(block: Any, environ: Mapping[str, str] | None = None) -> EnvPipeConfig
         block = {}
     if not isinstance(block, Mapping):
         raise EnvPipeConfigError(f"the 'envpipe' config block must be an object, got {type(block).__name__}")
-    known = {f.name for f in fields(EnvPipeConfig)}
-    unknown = sorted(set(block) - known)
-    if unknown:
-        raise EnvPipeConfigError(
-            f"unknown key(s) in 'envpipe' block: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
-        )
-    values: dict[str, Any] = {k: v for k, v in block.items() if v is not None}
+    values = {k: v for k, v in block.items() if v is not None}
     sources = {k: f"'envpipe.{k}'" for k in values}
-    for key, var in _ENV.items():
+    for key, var in ENVIRONMENT.items():
         if environ.get(var):
             values[key], sources[key] = environ[var], var
-    for key, choices in _CHOICES.items():
-        if key in values and values[key] not in choices:
-            raise EnvPipeConfigError(f"{sources[key]} is {values[key]!r}; choose one of {', '.join(choices)}")
-    for key in _STRINGS:
-        if key in values and (not isinstance(values[key], str) or not values[key]):
-            raise EnvPipeConfigError(f"{sources[key]} must be a non-empty string")
-    for key in (*_POSITIVE_INTS, *_COUNTS):
-        value = values.get(key)
-        low = 1 if key in _POSITIVE_INTS else 0
-        if key in values and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise EnvPipeConfigError(f"{sources[key]} must be an integer >= {low}, got {value!r}")
-    for key in (*_POSITIVE, *_FRACTIONS):
-        value = values.get(key)
-        if key not in values:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise EnvPipeConfigError(f"{sources[key]} must be a finite number, got {value!r}")
-        if key in _POSITIVE and not value > 0:
-            raise EnvPipeConfigError(f"{sources[key]} must be positive, got {value!r}")
-        if key in _FRACTIONS and not 0 <= value < 1:
-            raise EnvPipeConfigError(f"{sources[key]} must be in [0, 1), got {value!r}")
-    if values.get("plan") and values.get("profile"):
-        raise EnvPipeConfigError(
-            "give either 'plan' (skip profiling and planning) or 'profile' (skip profiling), not both"
-        )
-    if values.get("max_slowdown") is not None and values.get("time_budget_s") is not None:
-        raise EnvPipeConfigError("give either 'max_slowdown' or 'time_budget_s', not both")
-    policy = values.get("type", "optimal")
-    if values.get("clock") == "none" and policy != "baseline" and not values.get("plan") and not values.get("profile"):
-        raise EnvPipeConfigError(
-            f"policy '{policy}' plans clocks from a profile, which clock 'none' cannot measure: use clock 'auto', "
-            "give 'profile' or 'plan', or use type 'baseline'")
-    if values.get("reconfig") == REPLAN and values.get("type", "optimal") != "optimal":
-        raise EnvPipeConfigError(f"reconfig '{REPLAN}' re-plans with the optimal planner: it needs type 'optimal'")
-    return EnvPipeConfig(**values)
+    try:
+        return EnvPipeConfig(**values)
+    except ValidationError as exc:
+        raise EnvPipeConfigError(_one_line(exc, values, sources)) from None
 
 
-def split(
-    ds_config: Mapping[str, Any], environ: Mapping[str, str] | None = None
-) -> tuple[dict, EnvPipeConfig]:
+def _one_line(exc: ValidationError, values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """The first validation error as one line naming where the value came from."""
+    err = exc.errors(include_url=False)[0]
+    key = str(err["loc"][0]) if err["loc"] else ""
+    if err["type"] == "extra_forbidden":
+        known = ", ".join(sorted(EnvPipeConfig.model_fields))
+        unknown = ", ".join(sorted(set(values) - set(EnvPipeConfig.model_fields)))
+        return f"unknown key(s) in 'envpipe' block: {unknown} (known: {known})"
+    if not key:  # a rule across fields
+        return str(err["msg"]).removeprefix("Value error, ")
+    where, value = sources.get(key, f"'envpipe.{key}'"), repr(values[key])
+    value = value if len(value) <= 40 else value[:37] + "..."
+    if err["type"] == "literal_error":
+        choices = str(err["ctx"]["expected"]).replace("'", "").replace(" or ", ", ")
+        return f"{where} is {value}; choose one of {choices}"
+    return f"{where} is {value}: {str(err['msg']).lower()}"
+
+
+def split(ds_config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[dict, EnvPipeConfig]:
     """(DeepSpeed config without the `envpipe` block, parsed block); the input is not modified."""
     rest = copy.deepcopy(dict(ds_config))
     return rest, parse(rest.pop("envpipe", None), environ)

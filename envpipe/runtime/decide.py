@@ -10,10 +10,11 @@ straggler get the least-energy frontier plan that fits its time (`envpipe.runtim
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,19 @@ from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.timing import Calibration, predict_time
 
 
+class Origin(enum.Enum):
+    """Where a decision's plan came from."""
+
+    PLAN_FILE = "plan file"
+    RULE = "EnvPipe's rule"
+    PLANNER = "planner"
+
+
 @dataclass(frozen=True)
 class Decision:
     """What every replica runs, where it came from, and the planner's prediction (simulated)."""
 
+    origin: Origin
     plans: dict[int, Plan]  # per data-parallel replica
     info: S.PlanInfo  # replica 0's plan, as the report names it
     predicted: S.PredictedComparison | None
@@ -134,7 +144,7 @@ def from_plan_file(path: str, num_stages: int, num_microbatches: int, cal: Calib
     info = S.PlanInfo(plan.policy, plan.schedule, f"plan file {path} (sha256 {file_digest})", plan_digest(plan), None,
                       _unit_names(plan), plan.clocks(), None, [], True)
     own = p.get("iteration_time_s")  # the plan file's prediction knows its clocks; the calibrated one assumes max
-    return Decision({d: plan for d in range(replicas)}, info, predicted,
+    return Decision(Origin.PLAN_FILE, {d: plan for d in range(replicas)}, info, predicted,
                     own if own is not None else predict_time(plan.orders(), cal), None, None)
 
 
@@ -157,7 +167,8 @@ def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal
     info = S.PlanInfo("baseline", order_name(r), "EnvPipe's rule on the calibration's measured unit times",
                       plan_digest(plan), None, _unit_names(plan), plan.clocks(), list(memory or []) or None, refused,
                       True)
-    return Decision({d: plan for d in range(replicas)}, info, None, predict_time(orders, cal), None, None)
+    return Decision(Origin.RULE, {d: plan for d in range(replicas)}, info, None, predict_time(orders, cal), None,
+                    None)
 
 
 def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, cal: Calibration, idle_power_w: float,
@@ -199,7 +210,8 @@ def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, ca
     info = S.PlanInfo(plan.policy, order_name(r), f"planner ({cfg.type}) on the {profile.source} profile",
                       plan_digest(plan), budget, _unit_names(plan), plan.clocks(), list(memory or []) or None,
                       refused, deployed)
-    return Decision({d: plan for d in range(replicas)}, info, predicted, timeline.iteration_time, profile, None)
+    return Decision(Origin.PLANNER, {d: plan for d in range(replicas)}, info, predicted, timeline.iteration_time,
+                    profile, None)
 
 
 def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: int, cal: Calibration,
@@ -213,12 +225,11 @@ def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: in
     if found is None:
         rule = S.StragglerRule(straggler, False, "no frontier plan of the other replicas fits the straggler's time",
                                decision.predicted_time_s, None, None)
-        return Decision(decision.plans, decision.info, decision.predicted, decision.predicted_time_s,
-                        decision.profile, rule)
+        return replace(decision, straggler_rule=rule)
     plans = {d: (p if d == straggler else found.plan) for d, p in decision.plans.items()}  # simulated, both
     rule = S.StragglerRule(straggler, True, None, decision.predicted_time_s, found.timeline.iteration_time,
                            found.timeline.energy)
-    return Decision(plans, decision.info, decision.predicted, decision.predicted_time_s, decision.profile, rule)
+    return replace(decision, plans=plans, straggler_rule=rule)
 
 
 def replanned(decision: Decision, plan: Plan, order: str, profile: Profile, cal: Calibration, idle_power_w: float,
@@ -229,9 +240,29 @@ def replanned(decision: Decision, plan: Plan, order: str, profile: Profile, cal:
     info = S.PlanInfo(decision.info.policy, order, decision.info.source, plan_digest(plan), budget_s,
                       _unit_names(plan), plan.clocks(), decision.info.memory, decision.info.refused_orders,
                       decision.info.deployed)
-    return Decision({d: plan for d in decision.plans}, info, _predicted(tl, base, replicas, profile.source),
-                    tl.iteration_time, profile, decision.straggler_rule)
+    return replace(decision, plans={d: plan for d in decision.plans}, info=info,
+                   predicted=_predicted(tl, base, replicas, profile.source), predicted_time_s=tl.iteration_time,
+                   profile=profile)
 
 
 def _unit_names(plan: Plan) -> list[list[str]]:
     return [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages]
+
+
+def choose(cfg: EnvPipeConfig, shape: tuple[int, int, int], profile: Profile | None, cal: Calibration,
+           memory: Sequence[S.MemoryUse], idle_power_w: float, straggler: int | None, controls: bool,
+           f_max: int) -> Decision:
+    """Rank 0's decision: a plan file, EnvPipe's rule, or the planner on ``profile`` (``shape``: stages,
+    micro-batches, data-parallel replicas)."""
+    P, M, dp = shape
+    if cfg.plan:
+        return from_plan_file(cfg.plan, P, M, cal, dp)
+    if profile is None:
+        return envpipe_rule(cfg, P, M, cal, f_max, dp, memory)
+    if profile.num_stages != P:
+        raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {P}")
+    online = controls and cfg.reconfig_method != "default"
+    chosen = with_planner(cfg, profile, M, cal, idle_power_w, dp, memory, controls, online)
+    if straggler is not None and cfg.straggler == "frontier" and dp > 1:
+        chosen = with_straggler_rule(chosen, profile, straggler, cal, idle_power_w, cfg.scheduling)
+    return chosen

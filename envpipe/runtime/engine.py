@@ -15,7 +15,8 @@ import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import deepspeed
 import torch
@@ -29,6 +30,9 @@ from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock, SimClock, simulated_gpu
 from envpipe.runtime.memory import SavedTensorMeter
+
+if TYPE_CHECKING:
+    from envpipe.runtime.run import EnvPipeRun
 from envpipe.runtime.schedule import (
     IRecvActivation,
     IRecvGrad,
@@ -81,6 +85,43 @@ class EnvPipeEngine(PipelineEngine):
         self._valid_orders: set[tuple[tuple[Unit, ...], ...]] = set()  # checked once, run many times
         self.saved_meter: SavedTensorMeter | None = None  # set for one iteration: activation bytes per forward
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
+        self.clocks_requested: list[int] = []  # the clocks this iteration asked for, in order
+        self.envpipe: EnvPipeRun | None = None  # the phases, attached by envpipe.initialize
+
+    # --- what the user's script calls: DeepSpeed's API, with EnvPipe's phases inside ---------------------
+    def train_batch(self, data_iter: Any = None) -> Any:
+        """DeepSpeed's `train_batch`; with EnvPipe attached, the iteration its current phase asks for."""
+        if self.envpipe is None:
+            return super().train_batch(data_iter)
+        return self.envpipe.train_batch(lambda: super(EnvPipeEngine, self).train_batch(data_iter))
+
+    def eval_batch(self, *args: Any, **kwargs: Any) -> Any:
+        """DeepSpeed's `eval_batch`, at the highest clock (evaluation is not planned)."""
+        if self.clock is not None and self.clock.controls_clocks and self._current_mhz != self.clock.supported_mhz[0]:
+            self._exec_set_clock(self.clock.supported_mhz[0])
+        return super().eval_batch(*args, **kwargs)
+
+    def save_checkpoint(self, save_dir: Any, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """DeepSpeed's checkpoint, with what EnvPipe decided (`envpipe_state.json` in the tag's folder)."""
+        tag = f"global_step{self.global_steps}" if tag is None else tag  # DeepSpeed's default, resolved here
+        saved = super().save_checkpoint(save_dir, tag, *args, **kwargs)
+        if self.envpipe is not None:
+            self.envpipe.save_state(Path(save_dir) / str(tag))
+        return saved
+
+    def load_checkpoint(self, load_dir: Any, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """DeepSpeed's `load_checkpoint`; a checkpoint with EnvPipe's state resumes in its steady plan."""
+        loaded = super().load_checkpoint(load_dir, tag, *args, **kwargs)
+        if self.envpipe is not None and loaded[0] is not None:
+            if tag is None:  # what DeepSpeed read: the `latest` file names the tag
+                tag = (Path(load_dir) / "latest").read_text().strip()
+            self.envpipe.load_state(Path(load_dir) / str(tag))
+        return loaded
+
+    def destroy(self) -> None:
+        if self.envpipe is not None:
+            self.envpipe.close()
+        super().destroy()
 
     def _direction_groups(self) -> tuple[Any, Any]:
         """Create (collectively, on every rank) a forward and a backward group per adjacent pair."""
@@ -144,6 +185,7 @@ class EnvPipeEngine(PipelineEngine):
 
     def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
         self.units = []
+        self.clocks_requested = []
         self._gpu_units: list[tuple[str, int, Any, Any, int | None]] = []
         self._tail_marks: dict[str, Any] = {}
         self._t0 = self._now()
@@ -272,6 +314,7 @@ class EnvPipeEngine(PipelineEngine):
     # --- clocks and unit timing -------------------------------------------------------------------
     def _exec_set_clock(self, mhz: int) -> None:
         self._current_mhz = mhz
+        self.clocks_requested.append(mhz)
         if self.clock is not None:
             self.clock.set(mhz)
 
@@ -363,7 +406,7 @@ class EnvPipeEngine(PipelineEngine):
 
 
 @contextlib.contextmanager
-def _engine_class() -> Iterator[None]:
+def engine_class() -> Iterator[None]:
     saved = deepspeed.PipelineEngine
     deepspeed.PipelineEngine = EnvPipeEngine  # deepspeed.initialize resolves this name at call time
     try:
@@ -372,10 +415,11 @@ def _engine_class() -> Iterator[None]:
         deepspeed.PipelineEngine = saved
 
 
-def initialize(**kwargs: Any) -> tuple[Any, ...]:
-    """`deepspeed.initialize` for a PipelineModule, returning an EnvPipeEngine."""
-    with _engine_class():
-        result = deepspeed.initialize(**kwargs)
-    if not isinstance(result[0], EnvPipeEngine):
-        raise TypeError("envpipe.runtime.initialize needs a deepspeed.pipe.PipelineModule as model")
-    return result
+def build(**kwargs: Any) -> EnvPipeEngine:
+    """`deepspeed.initialize(**kwargs)`'s engine as a bare EnvPipeEngine: no phases (tests and benchmarks that
+    run given unit orders; scripts use envpipe.initialize)."""
+    with engine_class():
+        engine = deepspeed.initialize(**kwargs)[0]
+    if not isinstance(engine, EnvPipeEngine):
+        raise TypeError("an EnvPipeEngine needs a deepspeed.pipe.PipelineModule as model")
+    return engine

@@ -5,14 +5,15 @@ times), once the trace covers the end. The training thread never waits for that:
 soon as its energy is known (usually one iteration later), and the rest when the log closes.
 
 `iterations.rank<r>.jsonl`, one line per iteration: phase (calibrate, profile@MHz, reconfigure, steady),
-what ran (`plan`, or `baseline`: 1F1B with every clock at max), time, this GPU's energy and its label,
-clocks requested, loss, whether units were timed.
+what ran (`plan`, or `baseline`: 1F1B with every clock at max), when it ended (wall clock), its time and the
+job's samples per second (with what kind of time it is), this GPU's energy and its label, clocks requested,
+loss, whether units were timed. A resumed run appends to the same file.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,14 @@ PLAN, BASELINE = "plan", "baseline"
 
 @dataclass
 class Iteration:
-    index: int
+    index: int  # this run's iteration count (the same on every rank)
     phase: str
     runs: str  # PLAN or BASELINE
-    start: float  # host time (time.perf_counter)
+    start: float  # host time (time.perf_counter), or a simulated GPU's virtual time
     end: float
+    wall_time: float  # when it ended, seconds since the epoch (time.time)
+    samples: int  # samples the job trained in it (every replica)
+    global_samples: int  # DeepSpeed's count after it (the monitors' step)
     clocks_requested: list[int]
     loss: float | None
     units_timed: bool
@@ -41,35 +45,39 @@ class Iteration:
 
 
 class IterationLog:
-    """This rank's iterations, written as JSON lines once their energy is known."""
+    """This rank's iterations, written as JSON lines once their energy is known, then handed to ``on_done``
+    in order (the steady phase's record and the monitor keep what they need; the log keeps nothing)."""
 
-    def __init__(self, out_dir: str | Path, rank: int, stage: int, meter: EnergyMeter | None, energy: str) -> None:
+    def __init__(self, out_dir: str | Path, rank: int, stage: int, meter: EnergyMeter | None, energy: str,
+                 time_label: str, on_done: Callable[[Iteration], None]) -> None:
         path = Path(out_dir)
         path.mkdir(parents=True, exist_ok=True)
-        self.stage, self.meter, self.energy = stage, meter, energy
-        self.done: list[Iteration] = []
+        self.stage, self.meter, self.energy, self.time_label = stage, meter, energy, time_label
+        self._on_done = on_done
         self._waiting: list[Iteration] = []
-        self._file = (path / f"iterations.rank{rank}.jsonl").open("w")
+        self._file = (path / f"iterations.rank{rank}.jsonl").open("a")
 
     def add(self, it: Iteration) -> None:
         self._waiting.append(it)
-        self._write_known(wait=False)
+        self.write_known(wait=False)
 
-    def _write_known(self, wait: bool) -> None:
+    def write_known(self, wait: bool) -> None:
+        """Write every iteration whose energy the meter knows (``wait``: block until it knows them all)."""
         while self._waiting:
             it = self._waiting[0]
             if self.meter is not None:
                 covered = self.meter.wait_until(it.end) if wait else (self.meter.trace.last_time or 0.0) >= it.end
                 if not covered:
-                    return
+                    break
                 it.energy_j = float(self.meter.trace.between(it.start, it.end))
             self._waiting.pop(0)
-            self.done.append(it)
             line = {"iteration": it.index, "phase": it.phase, "runs": it.runs, "stage": self.stage,
-                    "time_s": it.time_s, "energy_j": it.energy_j, "energy": self.energy,
-                    "clocks_requested_mhz": it.clocks_requested, "loss": it.loss, "units_timed": it.units_timed,
-                    **it.extra}
+                    "wall_time": it.wall_time, "time_s": it.time_s, "time": self.time_label,
+                    "samples_per_s": it.samples / it.time_s if it.time_s > 0 else None,
+                    "energy_j": it.energy_j, "energy": self.energy, "clocks_requested_mhz": it.clocks_requested,
+                    "loss": it.loss, "units_timed": it.units_timed, **it.extra}
             self._file.write(json.dumps(line) + "\n")
+            self._on_done(it)
         self._file.flush()
 
     def oldest_unwritten_start(self) -> float | None:
@@ -77,12 +85,9 @@ class IterationLog:
         return self._waiting[0].start if self._waiting else None
 
     def close(self) -> None:
-        self._write_known(wait=True)
-        self._file.close()
-
-    def steady(self) -> list[tuple[str, float, float | None]]:
-        """(what ran, time, energy) of every steady iteration, in order."""
-        return [(it.runs, it.time_s, it.energy_j) for it in self.done if it.phase == "steady"]
+        if not self._file.closed:
+            self.write_known(wait=True)
+            self._file.close()
 
 
 def job_iterations(

@@ -2,16 +2,13 @@
 
 Where clocks can be changed: one 1F1B iteration at each of `profile_points` clocks spread over the supported
 ones, per stage its slowest replica's unit times and energies (the energy from the meter at unit
-boundaries). Where they cannot (a GPU without the clock daemon): the calibration's units at default clocks
-become each stage's column at its effective clock, lower clocks from the frequency model (simulated,
+boundaries). Where they cannot (a GPU without the clock daemon): the calibration's units at default
+clocks become each stage's column at its effective clock, lower clocks from the frequency model (simulated,
 envpipe.profile.from_measured, power-cap aware). A profile file skips this; a plan file and EnvPipe's
 `baseline` need none.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,9 +20,7 @@ from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.collective import progress
 from envpipe.runtime.decide import all_max
 from envpipe.runtime.iterations import BASELINE
-
-if TYPE_CHECKING:
-    from envpipe.runtime.runner import Runner
+from envpipe.runtime.rig import Phase, Rig, Step
 
 
 def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
@@ -36,16 +31,16 @@ def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
     return [clocks[round(i * (len(clocks) - 1) / (count - 1))] for i in range(count)]
 
 
-def stage_profile(runner: Runner, data: Iterator[Any], calibrated: Calibrated) -> Profile | None:
+def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
     """The profile to plan on, or None where nothing is to be planned."""
-    cfg, clock = runner.cfg, runner.clock
+    cfg, clock = rig.cfg, rig.clock
     if cfg.plan or (cfg.type == "baseline" and not cfg.profile):
         return None
     if cfg.profile:
         return load_profile(cfg.profile)
-    if clock is None or runner.meter is None:  # config.parse refuses clock 'none' with such a policy
+    if clock is None or rig.meter is None:  # config.parse refuses clock 'none' with such a policy
         raise ValueError(f"policy '{cfg.type}' needs a profile: no clock and no energy counter to measure one")
-    if not runner.controls:
+    if not rig.controls:
         u = calibrated.unit_energies
         if any(np.isnan(x["F_j"]) or np.isnan(x["B_j"]) for x in u):
             raise ValueError("the energy counter gave no unit energies in calibration: nothing to plan from")
@@ -55,12 +50,12 @@ def stage_profile(runner: Runner, data: Iterator[Any], calibrated: Calibrated) -
                                      effective_mhz=calibrated.report.effective_clock_mhz)
     clocks = profile_clocks(clock.supported_mhz, cfg.profile_points)
     progress(f"profile: one 1F1B iteration at each of {', '.join(map(str, clocks))} MHz")
-    orders, rows = one_f_one_b(runner.P, runner.M), []
+    orders, rows = one_f_one_b(rig.P, rig.M), []
     for mhz in clocks:
-        timing = runner.run(data, all_max(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
-        gathered = runner.gather((timing, runner.unit_energy(timing)))
+        m = yield Step(all_max(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
+        split = rig.energy(m.timing)
+        gathered = rig.gather((m.timing, None if split is None else (split.fwd_j, split.bwd_j)))
         its = [[(w, t) for w, (t, _) in gathered]]
         entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
-        rows.append(replicas.slowest_with_energy(entries, [e for _, (_, e) in gathered], runner.P))
+        rows.append(replicas.slowest_with_energy(entries, [e or (np.nan, np.nan) for _, (_, e) in gathered], rig.P))
     return profile_from_clocks(clocks, rows, "online")
-

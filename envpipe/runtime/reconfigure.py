@@ -16,36 +16,36 @@ be raised, or the round limit is reached. Every rank sees the same gathered meas
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.planfile import Plan
-from envpipe.plan.reconfig import reconfigure
+from envpipe.plan.reconfig import reconfigure_rounds
 from envpipe.plan.simulate import Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import collective, decide, replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.iterations import PLAN, comparison_pattern, paired
+from envpipe.runtime.rig import Phase, Rig, Step
 from envpipe.runtime.timing import Calibration, StageTiming, measured_timeline
-
-if TYPE_CHECKING:
-    from envpipe.runtime.runner import Runner
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
 TOLERANCE = 0.005  # a slowdown this far over budget counts as noise even when the round's pairs agree closely
 
 
-def _round(runner: Runner, data: Iterator[Any], plan: Any, rnd: int) -> list[list[tuple[collective.Place, Any]]]:
+def _round(rig: Rig, plan: Plan, rnd: int) -> Phase[list[list[tuple[collective.Place, Any]]]]:
     """Run one round's pairs; every rank gets every rank's (what ran, time, timing) of each iteration."""
     mine = []
     for runs in comparison_pattern(2 * ROUND_PAIRS, ROUND_PAIRS):
-        t = runner.run(data, plan if runs == PLAN else runner.baseline, "reconfigure", runs, extra={"round": rnd})
+        m = yield Step(plan if runs == PLAN else rig.baseline, "reconfigure", runs, extra={"round": rnd})
+        t = m.timing
         mine.append((runs, t.step_end - t.step_start, t))
-    gathered = runner.gather(mine)
+    gathered = rig.gather(mine)
     return [[(w, its[i]) for w, its in gathered] for i in range(len(mine))]
 
 
@@ -76,15 +76,15 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
     return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by measured units")
 
 
-def replan_until_within_budget(runner: Runner, data: Iterator[Any], chosen: decide.Decision, cal: Calibration
-                               ) -> tuple[decide.Decision, S.Reconfiguration]:
-    cfg = runner.cfg
+def replan_until_within_budget(rig: Rig, chosen: decide.Decision, cal: Calibration, idle_power_w: float
+                               ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
+    cfg = rig.cfg
     allowed = cfg.max_slowdown or 0.0
     rounds: list[S.ReconfigRound] = []
     reason = f"round limit ({cfg.reconfigure_rounds}): still over budget; fell back to 1F1B all-max"
     for rnd in range(cfg.reconfigure_rounds):
-        plan = chosen.plan_for(runner.place.replica)
-        iterations = _round(runner, data, plan, rnd)
+        plan = chosen.plan_for(rig.place.replica)
+        iterations = yield from _round(rig, plan, rnd)
         slowdown, noise = measured_slowdown(iterations)
         plan_times = [max(x[1] for _, x in its) for its in iterations if its[0][1][0] == PLAN]
         rounds.append(S.ReconfigRound(rnd, statistics.median(plan_times), plan.clocks()))
@@ -94,25 +94,19 @@ def replan_until_within_budget(runner: Runner, data: Iterator[Any], chosen: deci
         if over <= max(TOLERANCE, noise):
             reason = f"within budget: {runner_note}"
             break
-        choice: Any = None
-        if runner.place.rank == 0:
-            try:
-                choice = _replan(runner, chosen, cal, iterations, plan, over)
-            except Exception as exc:
-                choice = collective.portable(exc)
-        chosen = collective.agree(choice)
+        chosen = collective.decided(partial(_replan, rig, chosen, cal, iterations, plan, over, idle_power_w))
         collective.progress(f"reconfigure: {runner_note} over the budget; re-planned ({chosen.info.order})")
     else:
-        idle = runner.idle_power_w or 0.0
         profile = chosen.profile
         assert profile is not None
-        chosen = decide.replanned(chosen, runner.baseline, "1f1b", profile, cal, idle, runner.dp, chosen.info.budget_s)
+        chosen = decide.replanned(chosen, rig.baseline, "1f1b", profile, cal, idle_power_w, rig.dp,
+                                  chosen.info.budget_s)
     target = cfg.time_budget_s
     return chosen, S.Reconfiguration("replan", rounds, target, reason, None)
 
 
-def _replan(runner: Runner, chosen: decide.Decision, cal: Calibration, iterations: list[list[Any]], plan: Any,
-            over: float) -> decide.Decision:
+def _replan(rig: Rig, chosen: decide.Decision, cal: Calibration, iterations: list[list[Any]], plan: Plan,
+            over: float, idle: float) -> decide.Decision:
     """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess."""
     from envpipe.plan.lp import InfeasibleBudget
     from envpipe.plan.optimal import optimal_plan
@@ -121,62 +115,65 @@ def _replan(runner: Runner, chosen: decide.Decision, cal: Calibration, iteration
     timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == PLAN]
     profile = corrected_profile(chosen.profile, plan, timings)
     budget = chosen.info.budget_s / (1.0 + over)
-    idle = runner.idle_power_w or 0.0
     model, only_1f1b = decide.usable_memory(chosen.info.memory)
     try:
-        result = optimal_plan(profile, runner.M, idle_power_w=idle, schedule="1f1b" if only_1f1b else
-                              runner.cfg.scheduling, time_budget_s=budget, transfer_s=cal.transfer_s, memory=model,
+        result = optimal_plan(profile, rig.M, idle_power_w=idle, schedule="1f1b" if only_1f1b else
+                              rig.cfg.scheduling, time_budget_s=budget, transfer_s=cal.transfer_s, memory=model,
                               tail_s=np.asarray(cal.tail_s))
     except InfeasibleBudget:  # faster than the fastest plan: nothing to save within this budget
-        return decide.replanned(chosen, runner.baseline, "1f1b", profile, cal, idle, runner.dp, budget)
+        return decide.replanned(chosen, rig.baseline, "1f1b", profile, cal, idle, rig.dp, budget)
     return decide.replanned(chosen, result.plan, decide.order_name(result.reschedule), profile, cal, idle,
-                            runner.dp, budget)
+                            rig.dp, budget)
 
 
-def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_rounds: int,
-                 run_iteration: Callable[[Plan, int], Timeline]) -> tuple[Plan, S.Reconfiguration]:
-    """EnvPipe's reconfiguration (greedy, balanced) from measured waits: the plan with its clocks raised.
-
-    ``run_iteration(plan, round)`` runs one iteration of ``plan`` and returns it measured as a Timeline.
-    """
+def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_rounds: int
+                 ) -> Generator[Plan, Timeline, tuple[Plan, S.Reconfiguration]]:
+    """EnvPipe's reconfiguration (greedy, balanced) from measured waits: yields the plan of each round to run
+    and is sent back that iteration measured as a Timeline; returns the plan with its clocks raised."""
     if max_rounds < 1:
         raise ValueError("the reconfiguration round limit must be at least 1")
     dag = PipelineDag.from_orders(plan.orders(), plan.num_microbatches)
     top = max(max(c) for c in plan.clocks())
     candidates = np.asarray(sorted({int(f) for f in supported_mhz if f <= top} | {top}))
     rounds: list[S.ReconfigRound] = []
-
-    def measure(freqs: np.ndarray, _previous: Timeline | None, _changed: np.ndarray | None) -> Timeline:
+    walk = reconfigure_rounds(dag, dag.scatter(plan.clocks()), candidates, method, max_rounds=max_rounds)
+    freqs, _, _ = next(walk)
+    while True:
         clocks = dag.per_stage(freqs)
-        tl = run_iteration(plan.with_clocks(clocks), len(rounds))
+        tl = yield plan.with_clocks(clocks)
         rounds.append(S.ReconfigRound(len(rounds), float(tl.stage_end.max()), clocks))
-        return tl
-
-    result = reconfigure(dag, dag.scatter(plan.clocks()), candidates, measure, method, max_rounds=max_rounds)
+        try:
+            freqs, _, _ = walk.send(tl)
+        except StopIteration as done:
+            result = done.value
+            break
     raised = plan.with_clocks(dag.per_stage(result.freqs_mhz))
     return raised, S.Reconfiguration(method, rounds, None, result.stop_reason, result.raises)
 
 
-def raise_measured(runner: Runner, data: Iterator[Any], chosen: decide.Decision, cal: Calibration, method: str
-                   ) -> tuple[decide.Decision, S.Reconfiguration]:
+def raise_measured(rig: Rig, chosen: decide.Decision, cal: Calibration, method: str, idle_power_w: float
+                   ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
     """`raise_clocks` on the job's measured iterations (the waits of the replica that ended last)."""
-    idle = runner.idle_power_w or 0.0
-    plan = chosen.plan_for(runner.place.replica)
-
-    def run_iteration(now: Plan, rnd: int) -> Timeline:
-        timing = runner.run(data, now, "reconfigure", PLAN, extra={"round": rnd})
-        gathered = runner.gather(timing)  # every replica waits for the one that ended last
+    plan = chosen.plan_for(rig.place.replica)
+    assert rig.clock is not None
+    walk = raise_clocks(plan, rig.clock.supported_mhz, method, rig.cfg.reconfigure_rounds)
+    now, rnd = next(walk), 0
+    while True:
+        m = yield Step(now, "reconfigure", PLAN, extra={"round": rnd})
+        rnd += 1
+        gathered = rig.gather(m.timing)  # every replica waits for the one that ended last
         slowest = replicas.slowest_replica(gathered)
-        return measured_timeline(plan.orders(), [t for w, t in gathered if w.replica == slowest], cal,
-                                 idle_power_w=idle)
-
-    assert runner.clock is not None
-    raised, record = raise_clocks(plan, runner.clock.supported_mhz, method, runner.cfg.reconfigure_rounds,
-                                  run_iteration)
+        tl = measured_timeline(plan.orders(), [t for w, t in gathered if w.replica == slowest], cal,
+                               idle_power_w=idle_power_w)
+        try:
+            now = walk.send(tl)
+        except StopIteration as done:
+            raised, record = done.value
+            break
     chosen = replace(chosen, plans={d: raised for d in chosen.plans})
-    if runner.place.rank == 0 and chosen.profile is not None:  # re-predict the raised plan on the profile
+    if rig.place.rank == 0 and chosen.profile is not None:  # re-predict the raised plan on the profile
         chosen = decide.replanned(chosen, raised, chosen.info.order, _with_clocks_of(chosen.profile, raised), cal,
-                                  idle, runner.dp, None)
+                                  idle_power_w, rig.dp, None)
     return chosen, record
 
 

@@ -14,19 +14,22 @@ from envpipe.runtime.textreport import render
 log = logging.getLogger(__name__)
 
 
-def write_report(out_dir: str | Path, summary: RunSummary) -> None:
+def write_report(out_dir: str | Path, summary: RunSummary, gantt: bool = True) -> None:
+    """summary.json and report.txt; gantt.png too unless ``gantt`` is False (the plan it shows is unchanged)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary.save(out / "summary.json")
     with atomic_write(out / "report.txt") as fh:
         fh.write(render(summary, out) + "\n")
+    if not gantt:
+        return
     try:
-        gantt(summary, out / "gantt.png")
+        draw_gantt(summary, out / "gantt.png")
     except ImportError as exc:  # matplotlib is optional where only numbers are wanted
         log.warning("no Gantt picture (%s)", exc)
 
 
-def gantt(summary: RunSummary, path: str | Path) -> None:
+def draw_gantt(summary: RunSummary, path: str | Path) -> None:
     """Measured units of the last timed iteration, coloured by the clock each ran at (the planner's drawing)."""
     from envpipe.plan.gantt import GanttBar, draw_bars
 

@@ -58,8 +58,8 @@ def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
                  ("slowdown, the planner's prediction (simulated)", _pct(s.predicted.slowdown))]
     if s.predicted_iteration_time_s is not None:
         rows.append(("iteration time predicted (calibrated simulator)", f"{s.predicted_iteration_time_s:.3f} s"))
-    if s.prediction_error is not None:
-        rows.append(("measured vs predicted iteration time", _pct(s.prediction_error)))
+    if s.time_error is not None:
+        rows.append(("iteration time error, (predicted - measured) / measured", _pct(s.time_error)))
     return rows
 
 
@@ -92,8 +92,8 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
         lines.append(f"  simulated, the planner's prediction vs its own 1F1B all-max baseline ({p.profile}): "
                      f"energy saving {_pct(p.energy_saving, sign=False)}, slowdown {_pct(p.slowdown)}")
     if s.predicted_iteration_time_s is not None:
-        err = "" if s.prediction_error is None else \
-            f"; measured {_ms(s.steady.time_s.median)} ({_pct(s.prediction_error)})"
+        err = "" if s.time_error is None else \
+            f"; measured {_ms(s.steady.time_s.median)} (error {_pct(s.time_error)})"
         lines.append(f"  predicted iteration (calibrated simulator): {_ms(s.predicted_iteration_time_s)}{err}")
     r = s.reconfiguration
     if r is not None:

@@ -3,12 +3,12 @@
 Usage: python pipe_worker.py SPEC OUT_DIR  (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; DeepSpeed's
 launcher may add --local_rank=N, which is ignored). SPEC is JSON, or @FILE holding it:
 {"stages": P, "runs": [{"name": str, "engine": "stock"|"envpipe"|"runtime", "M": int,
-  "steps": int | "as:NAME" (as many iterations as run NAME trained: a runtime run's count varies),
-  "orders": [[["F",0],...],...] | null, "zero": 0|1, "bf16": bool (optional),
-  "device": "fake-gpu" (runtime only: the clock is chosen as on a GPU node; with tests/support/fakes/nvml_module first
-  on PYTHONPATH, NVML is the fake's),
-  "envpipe": {envpipe block}, "calibration": int (runtime only: envpipe.runtime.runner.Runner, where
-  "steps" counts the steady iterations after calibration and profiling)}]}.
+  "steps": int | "as:NAME" (as many iterations as run NAME trained), "orders": [[["F",0],...],...] | null,
+  "zero": 0|1, "bf16": bool (optional), "envpipe": {envpipe block} (runtime only: envpipe.initialize, the
+  report in OUT_DIR/NAME)}]}. "stock": deepspeed.initialize; "envpipe": a bare EnvPipeEngine running "orders";
+"runtime": envpipe.initialize, the runtime's phases inside the same plain loop of train_batch() calls.
+With ENVPIPE_TEST_DEVICE=fake-gpu the runtime chooses its clock as on a GPU node (tests/support/fakes/nvml_module
+first on PYTHONPATH makes NVML the fake's).
 Each data-parallel replica draws its own batches. Writes OUT_DIR/rank<r>.json with losses and parameters;
 runtime runs also write their report to OUT_DIR/<name>/.
 """
@@ -26,12 +26,9 @@ import deepspeed
 import torch
 from deepspeed.pipe import PipelineModule
 
-from envpipe.runtime import config as envpipe_config
+import envpipe
 from envpipe.runtime import distributed
-from envpipe.runtime.clocks import Device, make_clock
-from envpipe.runtime.engine import initialize
-from envpipe.runtime.replicas import sim_slowdown
-from envpipe.runtime.runner import Runner
+from envpipe.runtime.engine import build
 
 HIDDEN, MICRO = 8, 2
 
@@ -43,7 +40,7 @@ def batches(seed: int, dtype: torch.dtype = torch.float32):
         yield x.to(dtype), (x.sum(dim=1, keepdim=True).expand(-1, HIDDEN) * 0.1).to(dtype)
 
 
-def make_engine(kind: str, stages: int, M: int, zero: int = 0, bf16: bool = False):
+def make_engine(kind: str, stages: int, M: int, zero: int = 0, bf16: bool = False, block: dict | None = None):
     torch.manual_seed(1234)
     layers = [
         torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()) for _ in range(2 * stages)
@@ -63,30 +60,17 @@ def make_engine(kind: str, stages: int, M: int, zero: int = 0, bf16: bool = Fals
     if bf16:
         config["bf16"] = {"enabled": True}
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    init = deepspeed.initialize if kind == "stock" else initialize
-    engine, *_ = init(model=model, optimizer=opt, config=config)
-    return engine
+    if kind == "stock":
+        return deepspeed.initialize(model=model, optimizer=opt, config=config)[0]
+    if kind == "envpipe":
+        return build(model=model, optimizer=opt, config=config)
+    return envpipe.initialize(model=model, optimizer=opt, config={**config, "envpipe": block})[0]
 
 
-def train(engine, run: dict, out: Path) -> list[float]:
-    """Every iteration's loss (DeepSpeed broadcasts it to every stage)."""
+def train(engine, run: dict) -> list[float]:
+    """Every iteration's loss (DeepSpeed broadcasts it to every stage): the user's plain loop."""
     it = batches(7 + engine.grid.get_data_parallel_id(), torch.bfloat16 if run.get("bf16") else torch.float32)
-    if run["engine"] != "runtime":
-        return [float(engine.train_batch(it)) for _ in range(run["steps"])]  # "as:NAME" is resolved by main
-    losses: list[float] = []
-    train_batch = engine.train_batch
-    engine.train_batch = lambda data_iter: losses.append(float(train_batch(data_iter))) or losses[-1]
-    cfg = envpipe_config.parse({**run["envpipe"], "report_dir": str(out / run["name"])})
-    calibration = run.get("calibration", 1)
-    replica = engine.grid.get_data_parallel_id()
-    device = Device(run.get("device") == "fake-gpu", int(os.environ.get("LOCAL_RANK", "0")), replica)
-    clock = make_clock(cfg, device, sim_slowdown(replica))
-    try:
-        Runner(engine, cfg, clock, engine.train_batch_size()).train(it, run["steps"], calibration)
-    finally:
-        if clock is not None:
-            clock.close()
-    return losses
+    return [float(engine.train_batch(it)) for _ in range(run["steps"])]  # "as:NAME" is resolved by main
 
 
 def main() -> None:
@@ -98,10 +82,12 @@ def main() -> None:
     for run in spec["runs"]:
         if isinstance(run["steps"], str):
             run = {**run, "steps": len(results[run["steps"].removeprefix("as:")]["losses"])}
-        engine = make_engine(run["engine"], spec["stages"], run["M"], run.get("zero", 0), run.get("bf16", False))
+        block = {**run.get("envpipe", {}), "report_dir": str(out / run["name"])}
+        engine = make_engine(run["engine"], spec["stages"], run["M"], run.get("zero", 0), run.get("bf16", False),
+                             block)
         if run.get("orders") is not None:
             engine.set_unit_orders([[tuple(u) for u in o] for o in run["orders"]])
-        losses = train(engine, run, out)
+        losses = train(engine, run)
         params = {n: p.detach().flatten().tolist() for n, p in engine.module.named_parameters()}
         results[run["name"]] = {"losses": losses, "params": params, "engine": type(engine).__name__}
     with open(out / f"rank{os.environ['RANK']}.json", "w") as fh:

@@ -1,0 +1,118 @@
+"""What the phases work on: one rank's view of the job, and the iteration requests they make.
+
+The user's script owns the training loop: every `engine.train_batch()` call runs one iteration. So the
+phases (calibrate, profile, reconfigure, steady) are generators: each *yields* a `Step` (which plan to run
+next, in which phase) and gets back, at the next `train_batch()`, what that iteration measured on this rank
+(`Measured`). Between two yields they may plan, gather and agree (collectives): every rank runs the same
+phases over the same number of `train_batch()` calls, so the collectives meet.
+
+`Rig` holds what the phases need besides the iteration itself: the job's shape, this rank's place, the
+clock and its energy meter, the 1F1B all-max baseline plan and the job's collectives. It never runs an
+iteration and knows nothing of the phases (no cycle: envpipe.runtime.run owns it and drives them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from envpipe.energy.accounting import account
+from envpipe.plan.planfile import Plan
+from envpipe.plan.schedules import one_f_one_b
+from envpipe.runtime import collective
+from envpipe.runtime.clocks import Clock, make_meter, simulated_gpu
+from envpipe.runtime.config import EnvPipeConfig
+from envpipe.runtime.decide import all_max
+from envpipe.runtime.memory import device_limit, static_bytes
+from envpipe.runtime.timing import StageTiming
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One iteration a phase asks for."""
+
+    plan: Plan  # orders, and clocks where they can be set
+    phase: str  # calibrate, profile@MHz, reconfigure, steady
+    runs: str  # envpipe.runtime.iterations.PLAN or BASELINE (1F1B, every clock at max)
+    timed: bool = True  # time every unit (CUDA events and one synchronize on GPUs)
+    measure_memory: bool = False  # meter the bytes each forward keeps for its backward
+    extra: Mapping[str, Any] = field(default_factory=dict)  # more fields for the iteration's JSON line
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one iteration of a `Step` gave this rank."""
+
+    timing: StageTiming
+    loss: float | None
+    saved_bytes: list[int] | None  # per forward unit, when the step asked for it
+    allreduce_s: float | None  # the gradient all-reduce (ReduceTiedGrads + ReduceGrads), when units were timed
+
+
+Phase = Generator[Step, Measured, T]  # a phase: yields steps, receives their measurements, returns its result
+
+
+@dataclass(frozen=True)
+class EnergySplit:
+    """One iteration of one rank, split by what the GPU did (J and s; None without an energy counter)."""
+
+    fwd_j: float | None  # mean forward unit
+    bwd_j: float | None
+    wait_j: float  # between the iteration's start and its last unit, outside units: blocked on a neighbour
+    wait_s: float
+    tail_j: float  # after the last unit: gradient all-reduce, optimizer step
+    tail_s: float
+
+
+class Rig:
+    def __init__(self, engine: Any, cfg: EnvPipeConfig, clock: Clock | None) -> None:
+        self._engine = engine
+        self.cfg, self.clock = cfg, clock
+        self.P, self.M = engine.num_stages, engine.micro_batches
+        self.dp = engine.grid.get_data_parallel_world_size()
+        self.place = collective.place(engine)
+        self.controls = clock is not None and clock.controls_clocks
+        self.meter = make_meter(clock)
+        self.sim = simulated_gpu(clock)  # CPU: times are the simulated GPU's virtual time
+        self.f_max = clock.supported_mhz[0] if clock is not None else 0
+        self.baseline = all_max(one_f_one_b(self.P, self.M), self.f_max, "1f1b", "baseline")
+        self.samples_per_iteration = engine.train_batch_size()
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self._engine.device.type == "cuda")
+
+    def gather(self, mine: Any) -> list[tuple[collective.Place, Any]]:
+        """Every rank's object with its place (stage, replica), in rank order (a collective call)."""
+        return collective.gather((self.place, mine))
+
+    def edge(self) -> float:
+        """When an iteration starts or ends: host time, or a simulated GPU's virtual time, which every rank
+        then agrees on (the job's collectives make every GPU wait for the last one)."""
+        if self.sim is None:
+            return time.perf_counter()
+        self.sim.sync(collective.job_max(self.sim.now()))
+        return self.sim.now()
+
+    def energy(self, timing: StageTiming) -> EnergySplit | None:
+        """This rank's energy in ``timing``'s iteration, split into units, waits and tail; None without a
+        meter or timed units (a collective-free call: the meter is local)."""
+        if self.meter is None or not timing.units or not self.meter.wait_until(timing.step_end):
+            return None
+        last_end = max(b for *_, b in timing.units)
+        units = account(self.meter.trace, [(a, b) for _, _, a, b in timing.units], timing.step_start, last_end)
+        kinds = [k for k, *_ in timing.units]
+        tail_j = float(self.meter.trace.between(last_end, timing.step_end))
+        return EnergySplit(units.mean(kinds, "F"), units.mean(kinds, "B"), units.idle_j, units.idle_s, tail_j,
+                          timing.step_end - last_end)
+
+    def static_bytes(self) -> int:
+        """What the stage holds between iterations (parameters, gradients, optimizer state)."""
+        return static_bytes(self._engine)
+
+    def memory_limit(self) -> int | None:
+        return device_limit(self._engine, self.cfg.memory_limit_bytes)

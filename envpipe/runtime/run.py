@@ -1,0 +1,275 @@
+"""EnvPipe's phases inside the user's own `train_batch()` calls: calibrate -> profile -> decide -> reconfigure
+-> steady.
+
+`EnvPipeRun` is attached to the engine by `envpipe.initialize`. Each `train_batch()` runs the iteration the
+current phase asked for (a `Step`: plan, phase, what runs) and hands the phase what it measured; a phase
+generator (envpipe.runtime.rig) then decides the next step. Every rank makes the same calls in the same
+order, so the phases' collectives meet.
+
+- calibrate (envpipe.runtime.calibrate): 1F1B with every clock at max; unit, transfer and tail times,
+  activation bytes, each stage's clock under load and its blocking and tail power.
+- profile (envpipe.runtime.profiling): one iteration per profiled clock, or the frequency model where
+  clocks cannot be changed.
+- decide (rank 0, envpipe.runtime.decide, broadcast; a planning error is raised on every rank).
+- reconfigure (envpipe.runtime.reconfigure): re-plan from measured units until within budget (optimal), or
+  EnvPipe's raises on the measured critical path (greedy, balanced).
+- steady (envpipe.runtime.steady): the plan, interleaved at first with 1F1B all-max iterations, so that
+  the report compares measured with measured, for as long as the user's loop runs; the report is rewritten
+  at intervals.
+
+What was decided (`Planned`) travels in DeepSpeed checkpoints (envpipe.runtime.state): a resumed job goes
+straight to the steady plan unless the job's shape or model changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envpipe.runtime import collective, decide, state
+from envpipe.runtime import summary as S
+from envpipe.runtime.calibrate import Calibrated, calibrate
+from envpipe.runtime.clocks import Clock, energy_label, simulated_gpu, time_label
+from envpipe.runtime.collect import RankRecord, assemble
+from envpipe.runtime.collective import progress
+from envpipe.runtime.config import REPLAN, EnvPipeConfig
+from envpipe.runtime.iterations import Iteration, IterationLog
+from envpipe.runtime.memory import SavedTensorMeter
+from envpipe.runtime.monitor import MonitorFeed
+from envpipe.runtime.profiling import stage_profile
+from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
+from envpipe.runtime.rig import Measured, Phase, Rig
+from envpipe.runtime.steady import SteadyRecord, steady, what_runs
+from envpipe.runtime.timing import StageTiming
+
+log = logging.getLogger(__name__)
+SLOW_FACTOR = 2.0  # a measured iteration this many times its prediction gets one warning line
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the phases decided: kept for the report and carried in checkpoints."""
+
+    calibrated: Calibrated
+    decision: decide.Decision
+    reconfiguration: S.Reconfiguration | None
+
+
+class EnvPipeRun:
+    def __init__(self, engine: Any, cfg: EnvPipeConfig, clock: Clock | None) -> None:
+        self.engine, self.cfg, self.clock = engine, cfg, clock
+        self.rig = Rig(engine, cfg, clock)
+        sim = simulated_gpu(clock) is not None
+        monitor = engine.monitor.write_events if getattr(engine, "monitor", None) and engine.monitor.enabled else None
+        self.monitor = MonitorFeed(monitor, "simulated" if sim else "measured", sim)
+        self.log: IterationLog | None = None  # opened at the first iteration (a resumed run appends)
+        self.planned: Planned | None = None
+        self.record: SteadyRecord | None = None
+        self.summary: S.RunSummary | None = None  # rank 0: the latest report written
+        self.resumed = False
+        self._drawn: str | None = None  # the plan digest the Gantt picture shows
+        self._warned_slow = False
+        self._closed = False
+        self.shape = self._job_shape()
+        self._program = self._phases(None, 0)
+        self._step = next(self._program)
+
+    def _job_shape(self) -> state.JobShape:
+        """The job's shape and each stage's model digest (a collective call)."""
+        engine, rig = self.engine, self.rig
+        stages: dict[int, str] = {}
+        for w, digest in rig.gather(state.model_digest(engine.module.named_parameters())):
+            stages.setdefault(w.stage, digest)
+        return state.JobShape(collective.world_size(), rig.P, rig.dp, rig.M,
+                              int(engine.train_micro_batch_size_per_gpu()), [stages[s] for s in range(rig.P)])
+
+    # --- one iteration, inside the user's train_batch() ---------------------------------------------
+    def train_batch(self, run: Callable[[], Any]) -> Any:
+        engine, rig, step = self.engine, self.rig, self._step
+        engine.set_unit_orders(step.plan.orders(), step.plan.clocks() if rig.controls else None, self.clock,
+                               timing=step.timed)
+        if step.measure_memory:
+            engine.saved_meter = SavedTensorMeter(engine.module.parameters())
+        t0 = rig.edge()
+        loss = run()
+        if rig.on_gpu:
+            torch.cuda.synchronize()
+        t1 = rig.edge()
+        saved = None
+        if engine.saved_meter is not None:
+            saved, engine.saved_meter = engine.saved_meter.per_unit, None
+        value = float(loss.mean()) if isinstance(loss, torch.Tensor) else None
+        h = engine.iteration_host_t0
+        timing = StageTiming(engine.stage_id, t0, t1, [(u.kind, u.mb, h + u.start_s, h + u.end_s)
+                                                       for u in engine.units])
+        it = Iteration(int(engine.global_steps), step.phase, step.runs, t0, t1, time.time(),
+                       rig.samples_per_iteration, int(engine.global_samples), list(engine.clocks_requested), value,
+                       bool(engine.units), dict(step.extra))
+        self._log().add(it)
+        self._step = self._program.send(Measured(timing, value, saved, engine.allreduce_s))
+        if it.index % self.cfg.monitor_interval == 0:
+            self.monitor.flush()
+        self._trim_meter()
+        return loss
+
+    def _log(self) -> IterationLog:
+        if self.log is None:
+            path = Path(self.cfg.report_dir) / f"iterations.rank{self.rig.place.rank}.jsonl"
+            if not self.resumed and path.exists():
+                path.unlink()  # a new run: its own lines only
+            self.log = IterationLog(self.cfg.report_dir, self.rig.place.rank, self.engine.stage_id, self.rig.meter,
+                                    energy_label(self.clock), time_label(self.clock), self._done)
+        return self.log
+
+    def _done(self, it: Iteration) -> None:
+        """An iteration whose energy is known: the progress line, the monitor, the steady record."""
+        self.monitor.add(it, self.engine.stage_id)
+        if it.phase == "steady" and self.record is not None:
+            self.record.add(it)
+        energy = "" if it.energy_j is None else f"  {it.energy_j:.2f} J"
+        loss = "" if it.loss is None else f"  loss {it.loss:.4f}"
+        progress(f"{it.index:>5} {it.phase:<13} {it.runs:<8}{loss}  {it.time_s:.3f} s{energy}")
+        self._check_prediction(it)
+
+    def _check_prediction(self, it: Iteration) -> None:
+        """One warning line when a steady plan iteration takes more than SLOW_FACTOR x its prediction."""
+        if self._warned_slow or self.planned is None or it.phase != "steady" or self.record is None:
+            return
+        predicted = self.planned.decision.predicted_time_s
+        if it.runs == self.record.main and predicted and it.time_s > SLOW_FACTOR * predicted:
+            self._warned_slow = True
+            progress(f"warning: iteration {it.index} took {it.time_s:.3f} s, over {SLOW_FACTOR:g}x the predicted "
+                     f"{predicted:.3f} s: the machine is slower than when the run was calibrated (other load, "
+                     "fewer threads, a throttled GPU?)")
+
+    def _trim_meter(self) -> None:
+        """Bounded memory on long runs: the counter trace is kept from the oldest iteration still needed."""
+        meter, record = self.rig.meter, self.record
+        if meter is None or record is None or not record.timings or self.log is None:
+            return
+        keep = record.timings[0].step_start
+        oldest = self.log.oldest_unwritten_start()
+        meter.trace.trim(keep if oldest is None else min(keep, oldest))
+
+    # --- the phases -----------------------------------------------------------------------------------
+    def _phases(self, restored: Planned | None, done_pairs: int) -> Phase[None]:
+        rig, cfg = self.rig, self.cfg
+        if restored is None:
+            calibrated = yield from calibrate(rig)
+            profile = yield from stage_profile(rig, calibrated)
+            idle = calibrated.idle_power_w or 0.0
+            chosen = collective.decided(lambda: decide.choose(
+                cfg, (rig.P, rig.M, rig.dp), profile, calibrated.timing, calibrated.memory, idle,
+                calibrated.straggler, rig.controls, rig.f_max))
+            progress(f"decide: {chosen.info.policy}, order {chosen.info.order}; from {chosen.info.source}")
+            chosen, reconfiguration = yield from self._reconfigure(chosen, calibrated)
+            self.planned = Planned(calibrated, chosen, reconfiguration)
+        else:
+            self.planned = restored
+        plan, main, pairs = what_runs(rig, self.planned.decision)
+        self.record = SteadyRecord(plan, main, pairs)
+        predicted = self.planned.decision.predicted
+        self.monitor.saving_planned = None if predicted is None else predicted.energy_saving
+        yield from steady(rig, self.record, done_pairs, self.write_summary)
+
+    def _reconfigure(self, chosen: decide.Decision, calibrated: Calibrated
+                     ) -> Phase[tuple[decide.Decision, S.Reconfiguration | None]]:
+        method, rig = self.cfg.reconfig_method, self.rig
+        if not rig.controls or method == "default" or chosen.origin == decide.Origin.PLAN_FILE:
+            return chosen, None
+        if chosen.straggler_rule is not None and chosen.straggler_rule.applied:
+            return chosen, None  # the replicas run different plans: one set of raises cannot fit both
+        idle = calibrated.idle_power_w or 0.0
+        if method == REPLAN:
+            return (yield from replan_until_within_budget(rig, chosen, calibrated.timing, idle))
+        return (yield from raise_measured(rig, chosen, calibrated.timing, method, idle))
+
+    # --- the report -----------------------------------------------------------------------------------
+    def write_summary(self) -> None:
+        """Gather every rank's record; rank 0 assembles and writes the report (a collective call)."""
+        assert self.planned is not None and self.record is not None
+        log = self._log()
+        log.write_known(wait=True)  # every steady iteration so far has its energy
+        record, planned = self.record, self.planned
+        peak = torch.cuda.max_memory_allocated() if self.rig.on_gpu else None
+        energies = [self.rig.energy(t) for t in record.timings]
+        unit = S.UnitEnergy(_mean([e.fwd_j for e in energies if e]), _mean([e.bwd_j for e in energies if e]),
+                            _mean([e.wait_j / e.wait_s for e in energies if e and e.wait_s > 0])) if energies else None
+        last = record.last_timed.get(record.main)
+        clocks = {(u.kind, u.mb): u.freq_mhz for u in record.runs.stages[self.engine.stage_id]}
+        units = [] if last is None else [
+            S.MeasuredUnit(k, mb, a - last.step_start, b - last.step_start, clocks[(k, mb)] if self.rig.controls
+                           else None) for k, mb, a, b in last.units]
+        refusals = [S.Refusal(self.rig.place.rank, r.mhz, r.status, r.message) for r in
+                    (self.clock.refusals() if self.clock is not None else [])]
+        mine = RankRecord(self.rig.place, [(it.runs, it.time_s, it.energy_j) for it in record.iterations()], peak,
+                          unit, units, record.digest, [a for a, _ in record.tails], [t for _, t in record.tails],
+                          refusals)
+        everyone = collective.gather(mine)
+        if collective.rank() != 0:
+            return
+        summary = assemble(everyone, self.cfg, self.clock, planned.decision, planned.calibrated.report,
+                           planned.reconfiguration, planned.calibrated.timing, self.rig.samples_per_iteration,
+                           self.rig.M, planned.calibrated.straggler, steady_main=record.main,
+                           wall_times=[it.wall_time for it in record.iterations() if it.runs == record.main])
+        from envpipe.runtime.report import write_report
+
+        draw = self._drawn != record.digest
+        write_report(self.cfg.report_dir, summary, gantt=draw)
+        self._drawn = record.digest
+        planned.decision.plan_for(0).save(Path(self.cfg.report_dir) / "plan.json")  # run it again with `plan`
+        self.summary = summary
+        if summary.measured is not None and summary.measured.energy_saving is not None:
+            self.monitor.saving_measured = summary.measured.energy_saving.median
+
+    # --- checkpoints --------------------------------------------------------------------------------------
+    def save_state(self, folder: Path) -> None:
+        """What was decided, into a checkpoint's folder (rank 0 writes; nothing before the steady phase)."""
+        if self.planned is None or self.record is None or collective.rank() != 0:
+            return
+        done = min(self.record.pairs, len(self.record.compared) // 2)
+        p = self.planned
+        state.save(folder, state.to_state(self.shape, p.calibrated, p.decision, p.reconfiguration, done))
+
+    def load_state(self, folder: Path) -> None:
+        """Resume from a checkpoint's folder in its steady plan, or say in one line why not and start the phases
+        again (a collective call: rank 0 reads, every rank resumes alike)."""
+        found = collective.decided(lambda: state.load(folder))
+        restored, pairs = None, 0
+        if isinstance(found, str):
+            why = found
+        elif diffs := self.shape.differences(found.shape):
+            why = f"the job changed since checkpoint {folder} ({'; '.join(diffs)})"
+        else:
+            calibrated, decision, reconfiguration = state.from_state(found)
+            restored, pairs = Planned(calibrated, decision, reconfiguration), found.pairs_done
+            why = ""
+        progress(f"resume: {why}; calibrating and profiling again" if restored is None else
+                 f"resume: the steady plan of checkpoint {folder} ({restored.decision.info.order}), no profiling")
+        self.resumed = True
+        self._program.close()
+        self._program = self._phases(restored, pairs)
+        self._step = next(self._program)
+
+    def close(self) -> None:
+        """End of the job (atexit, SIGTERM, engine.destroy): the last lines, the meter, default clocks."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.log is not None:
+            self.log.close()
+        if self.rig.meter is not None:
+            self.rig.meter.close()
+        if self.clock is not None:
+            self.clock.close()
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
