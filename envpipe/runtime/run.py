@@ -132,9 +132,11 @@ class EnvPipeRun:
         self.monitor.add(it, self.engine.stage_id)
         if it.phase == "steady" and self.record is not None:
             self.record.add(it)
-        energy = "" if it.energy_j is None else f"  {it.energy_j:.2f} J"
-        loss = "" if it.loss is None else f"  loss {it.loss:.4f}"
-        progress(f"{it.index:>5} {it.phase:<13} {it.runs:<8}{loss}  {it.time_s:.3f} s{energy}")
+        every = self.cfg.log_interval
+        if every and it.index % every == 0:
+            energy = "" if it.energy_j is None else f"  {it.energy_j:.2f} J (rank 0's GPU, {self.monitor.kind})"
+            loss = "" if it.loss is None else f"  loss {it.loss:.4f}"
+            progress(f"{it.index:>5} {it.phase:<13} {it.runs:<8}{loss}  {it.time_s:.3f} s{energy}")
         self._check_prediction(it)
 
     def _check_prediction(self, it: Iteration) -> None:

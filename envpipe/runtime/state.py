@@ -145,7 +145,7 @@ def load(folder: Path) -> RunState | str:
     if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
         return f"{path}: not a version {STATE_VERSION} EnvPipe state"
     try:
-        return _ADAPTER.validate_python(data)
+        return _ADAPTER.validate_json(json.dumps(data))  # JSON mode: strict types, objects as dataclasses
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         return f"{path}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}"

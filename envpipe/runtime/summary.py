@@ -345,8 +345,8 @@ class RunSummary:
             raise ValueError(f"not an EnvPipe run summary (schema version 1 or {SCHEMA_VERSION})")
         if data["schema_version"] == 1:
             data = _from_version_1(data)
-        try:
-            return _ADAPTER.validate_python(data)  # type: ignore[no-any-return]
+        try:  # JSON mode: strict types, objects as dataclasses
+            return _ADAPTER.validate_json(json.dumps(data))  # type: ignore[no-any-return]
         except ValidationError as exc:
             err = exc.errors(include_url=False)[0]
             where = ".".join(str(x) for x in err["loc"])
