@@ -67,6 +67,9 @@ def order_that_ran(s: RunSummary) -> str:
     one_f = [[f"{kind}{mb}" for kind, mb in stage] for stage in one_f_one_b(s.stages, s.microbatches)]
     if ran == s.plan.orders:
         order = "the plan's order" if ran != one_f else "1F1B"
+    elif ran == one_f and s.plan.deployed and s.baseline is not None:
+        # a deployed plan's steady phase interleaves 1F1B all-max comparisons: the last may be one of them
+        order = "not seen (the last iteration was a 1F1B all-max comparison)"
     else:
         order = "1F1B" if ran == one_f else "neither the plan's order nor 1F1B"
     clocks = "its planned clocks" if s.plan.deployed else "default clocks (plan not deployed)"

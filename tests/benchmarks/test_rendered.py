@@ -15,6 +15,7 @@ import pytest
 from benchmarks import rendered, runtime_nov22_results, search_results
 from benchmarks.common import RESULTS, ROOT, prediction_error
 from benchmarks.runtime_results import order_that_ran
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.summary import RunSummary
 
 DATED = re.compile(r"_\d{4}-\d\d-\d\dT\d{6}Z\.")  # a new run's file name in examples (benchmarks.common.dated_path)
@@ -66,6 +67,11 @@ def test_the_order_that_ran_comes_from_the_measured_units() -> None:
         [{"kind": u[0], "mb": int(u[1:]), "start_s": 0.0, "end_s": 0.0, "mhz": None} for u in stage]
         for stage in run["plan"]["orders"]]
     assert order_that_ran(RunSummary.from_json(deployed)) == "the plan's order, its planned clocks"
+    one_f = [[{"kind": k, "mb": m, "start_s": 0.0, "end_s": 0.0, "mhz": None} for k, m in stage]
+             for stage in one_f_one_b(2, 8)]
+    deployed["units_last_iteration"] = one_f
+    deployed["baseline"] = deployed["steady"]  # the plan's iterations were interleaved with 1F1B comparisons
+    assert order_that_ran(RunSummary.from_json(deployed)).startswith("not seen (the last iteration was a 1F1B")
     deployed["units_last_iteration"] = []
     assert order_that_ran(RunSummary.from_json(deployed)) == "not recorded"
 
