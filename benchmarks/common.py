@@ -107,3 +107,33 @@ def start_clockd(*args: str, stderr: IO[str] | int = subprocess.STDOUT) -> tuple
             return daemon, sock
         seen.append(line)
     raise SystemExit("envpipe-clockd exited before it was ready:\n" + "".join(seen[-30:]))
+
+
+# --- rendering results from raw files (benchmarks/*_results.py, benchmarks/rendered.py) -------------------
+
+
+def prediction_error(predicted: float, measured: float) -> float:
+    """The one error convention of every results file: (predicted - measured) / measured (Aceso's)."""
+    return (predicted - measured) / measured
+
+
+def md_row(*cells: object) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def md_table(*header: str) -> list[str]:
+    """A Markdown table's header and rule; rows follow from `md_row`."""
+    return [md_row(*header), md_row(*["---"] * len(header))]
+
+
+def shown_path(path: Path) -> str:
+    """A raw file's path as a results file names it: relative to the checkout when inside it."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
+def command_of(raw: Path, default: str) -> str:
+    """The command that produced a raw directory (its command.txt) or archive (X.tar.gz: X.command.txt beside it),
+    else `default`."""
+    recorded = raw / "command.txt" if raw.is_dir() else raw.with_name(raw.name.split(".")[0] + ".command.txt")
+    return recorded.read_text().strip() if recorded.is_file() else default

@@ -2,9 +2,11 @@
 
     python benchmarks/runtime_results.py OUT [--command "..."] > benchmarks/results/runtime_h200_<date>.md
 
-OUT holds machine.txt and one folder per configuration with bench.json (benchmarks/runtime_bench.py), whose
-runs are the runtime's own summaries (read as envpipe.runtime.summary.RunSummary). Every number is
-labelled: measured (wall clock, NVML counter) or simulated (the planner, the frequency model).
+OUT holds machine.txt, optionally command.txt (the command that produced it), and one folder per model with
+bench.json (benchmarks/runtime_bench.py), whose runs are the runtime's own summaries (read as
+envpipe.runtime.summary.RunSummary). Every number is labelled: measured (wall clock, NVML counter) or
+simulated (the planner, the frequency model). Prediction errors are (predicted - measured) / measured,
+computed here from each run's predicted and measured iteration times.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks.common import command_of, md_row, md_table, prediction_error, shown_path
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.summary import RunSummary
+
+DEFAULT_COMMAND = "bash benchmarks/runtime_h200.sh"
 
 
 def _f(x: float | None, digits: int = 4) -> str:
@@ -27,14 +33,6 @@ def _f(x: float | None, digits: int = 4) -> str:
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:+.1f}%"
-
-
-def _row(*cells: Any) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
-def _table(*header: str) -> list[str]:
-    return [_row(*header), _row(*["---"] * len(header))]
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -46,6 +44,38 @@ def _energy(s: RunSummary) -> float | None:
     return s.steady.energy_j.median if s.steady.energy_j is not None else None
 
 
+def _error(s: RunSummary) -> float | None:
+    if s.predicted_iteration_time_s is None:
+        return None
+    return prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median)
+
+
+def _errors(runs: list[RunSummary]) -> str:
+    """The median error over runs, bold, and its range where there are several."""
+    errors = [e for e in (_error(s) for s in runs) if e is not None]
+    if not errors:
+        return "—"
+    median = f"**{_pct(statistics.median(errors))}**"
+    return median if len(errors) == 1 else f"{median} ({_pct(min(errors))} to {_pct(max(errors))})"
+
+
+def order_that_ran(s: RunSummary) -> str:
+    """Which order the steady phase ran, read from its last iteration's measured units (not from the plan)."""
+    if not s.units_last_iteration or s.plan is None:
+        return "not recorded"
+    ran = [[f"{u.kind}{u.mb}" for u in stage] for stage in s.units_last_iteration]
+    one_f = [[f"{kind}{mb}" for kind, mb in stage] for stage in one_f_one_b(s.stages, s.microbatches)]
+    if ran == s.plan.orders:
+        order = "the plan's order" if ran != one_f else "1F1B"
+    elif ran == one_f and s.plan.deployed and s.baseline is not None:
+        # a deployed plan's steady phase interleaves 1F1B all-max comparisons: the last may be one of them
+        order = "not seen (the last iteration was a 1F1B all-max comparison)"
+    else:
+        order = "1F1B" if ran == one_f else "neither the plan's order nor 1F1B"
+    clocks = "its planned clocks" if s.plan.deployed else "default clocks (plan not deployed)"
+    return f"{order}, {clocks}"
+
+
 def throughput(name: str, bench: dict[str, Any]) -> list[str]:
     rows = []
     for run in bench["runs"]:
@@ -53,31 +83,29 @@ def throughput(name: str, bench: dict[str, Any]) -> list[str]:
         rt = [RunSummary.from_json(r["runtime_1f1b"]) for r in run["rounds"]]
         ratio = run["throughput_ratio"]
         per_round = ", ".join(_f(x, 3) for x in ratio["per_round"])
-        peak = [max((g.peak_memory_bytes or 0) for g in s.gpus) / 2**30 for s in (stock[-1], rt[-1])]
-        rows.append(_row(
+        rows.append(md_row(
             name, bench["stages"], run["M"], _f(_median([s.steady.time_s.median for s in stock])),
             _f(_median([s.steady.time_s.median for s in rt])),
             f"**{_f(ratio['median'], 3)}** ({_f(ratio['min'], 3)}–{_f(ratio['max'], 3)}; {per_round})",
-            f"{_f(_median([_energy(s) for s in stock]), 1)} → {_f(_median([_energy(s) for s in rt]), 1)}",
-            f"{_f(peak[0], 1)} / {_f(peak[1], 1)}"))
+            f"{_f(_median([_energy(s) for s in stock]), 1)} → {_f(_median([_energy(s) for s in rt]), 1)}"))
     return rows
 
 
 def predictions(name: str, bench: dict[str, Any]) -> list[str]:
     rows = []
     for run in bench["runs"]:
-        rt = [RunSummary.from_json(r["runtime_1f1b"]) for r in run["rounds"]]
-        cases = [("1F1B, every clock at max (median over rounds)", rt)]
-        if run.get("runtime_envpipe"):
-            cases.append(("EnvPipe's order, every clock at max", [RunSummary.from_json(run["runtime_envpipe"])]))
-        if run.get("runtime_optimal"):
-            s = RunSummary.from_json(run["runtime_optimal"])
-            ran = "its plan" if s.plan is not None and s.plan.deployed else "1F1B at default clocks (plan not deployed)"
-            cases.append((f"policy optimal; the steady phase ran {ran}", [s]))
-        for what, runs in cases:
-            rows.append(_row(name, run["M"], what, _f(_median([s.predicted_iteration_time_s for s in runs])),
-                             _f(_median([s.steady.time_s.median for s in runs])),
-                             f"**{_pct(_median([s.prediction_error for s in runs]))}**"))
+        rounds = [RunSummary.from_json(r["runtime_1f1b"]) for r in run["rounds"]]
+        cases = [("baseline, 1F1B (median over rounds)", rounds)]
+        for key in ("runtime_envpipe", "runtime_optimal"):
+            if run.get(key):
+                s = RunSummary.from_json(run[key])
+                assert s.plan is not None
+                cases.append((f"{s.plan.policy}, {s.plan.order}", [s]))
+        for planned, runs in cases:
+            ran = sorted({order_that_ran(s) for s in runs})
+            rows.append(md_row(name, run["M"], planned, "; ".join(ran),
+                               _f(_median([s.predicted_iteration_time_s for s in runs])),
+                               _f(_median([s.steady.time_s.median for s in runs])), _errors(runs)))
     return rows
 
 
@@ -109,25 +137,19 @@ def plans(name: str, bench: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("--command", default="bash benchmarks/runtime_h200.sh")
-    args = p.parse_args(argv)
-    out = Path(args.out)
+def load(out: Path) -> dict[str, Any]:
+    """The bench.json of every model folder of OUT, by folder name."""
     benches = {d.name: json.loads((d / "bench.json").read_text()) for d in sorted(out.glob("*/"))
                if (d / "bench.json").is_file()}
     if not benches:
-        print(f"{out}: no */bench.json (run benchmarks/runtime_h200.sh first)", file=sys.stderr)
-        return 2
-    try:
-        return _render(out, benches, args.command)
-    except ValueError as e:  # a bench.json written by an older runtime (summary schema changed)
-        print(f"{out}: {e}", file=sys.stderr)
-        return 2
+        raise ValueError("no */bench.json (run benchmarks/runtime_h200.sh first)")
+    return benches
 
 
-def _render(out: Path, benches: dict[str, Any], command: str) -> int:
+def render(out: Path, command: str | None = None) -> str:
+    """The results file of OUT (ValueError: no bench.json, or one the RunSummary type cannot read)."""
+    benches = load(out)
+    command = command or command_of(out, DEFAULT_COMMAND)
     first = next(iter(benches.values()))
     machine = (out / "machine.txt").read_text().strip() if (out / "machine.txt").is_file() else "?"
     lines = [f"# EnvPipe runtime vs stock DeepSpeed ({first['device']}, {first['started_utc']} UTC)", "",
@@ -135,23 +157,41 @@ def _render(out: Path, benches: dict[str, Any], command: str) -> int:
              "clocks and read the NVML energy counter). Every number is measured unless it says simulated.", "",
              "```", machine, "```", "", "## Throughput: the runtime in 1F1B order, every clock at max, vs stock", "",
              f"Interleaved rounds, stock first in even rounds and last in odd ones; {first['steps']} steady iterations "
-             "per run; ratio = stock median iteration / runtime median iteration, per round.", "",
-             *_table("model", "stages", "M", "stock iteration (s)", "runtime iteration (s)",
-                     "throughput ratio runtime/stock: median (min–max; per round)",
-                     "energy / iteration, all GPUs, stock → runtime (J, measured)",
-                     "peak memory stock / runtime (GiB)")]
+             "per run; ratio = stock median iteration / runtime median iteration, per round. Peak memory is not "
+             "shown: both engines were built in one process per stage, so the allocator's peak held both.", "",
+             *md_table("model", "stages", "M", "stock iteration (s)", "runtime iteration (s)",
+                       "throughput ratio runtime/stock: median (min–max; per round)",
+                       "energy / iteration, all GPUs, stock → runtime (J, measured)")]
     for name, bench in benches.items():
         lines += throughput(name, bench)
     lines += ["", "## Predicted vs measured iteration time", "",
               "Predicted: the runtime's simulator with the calibrated unit, transfer and tail times (simulated); "
-              "measured: the median steady iteration.", "",
-              *_table("model", "M", "what ran", "predicted (s)", "measured (s)", "error")]
+              "measured: the median steady iteration; error = (predicted − measured) / measured per run, the "
+              "median and the range over rounds. *Order that ran*: read from the last iteration's measured units.",
+              "", *md_table("model", "M", "policy, planned order", "order that ran", "predicted (s)", "measured (s)",
+                            "error")]
     for name, bench in benches.items():
         lines += predictions(name, bench)
     lines += ["", "## The plan of the runtime's default policy (optimal)", ""]
     for name, bench in benches.items():
         lines += plans(name, bench)
-    print("\n".join(lines))
+    raw = shown_path(out)
+    lines.append(f"Raw data: `{raw}/` (machine.txt, */bench.json); rendered by "
+                 f"`python benchmarks/runtime_results.py {raw}`.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--command", default=None, help=f"the command that produced OUT (default: OUT/command.txt, "
+                                                     f"else {DEFAULT_COMMAND!r})")
+    args = p.parse_args(argv)
+    try:
+        print(render(Path(args.out), args.command), end="")
+    except ValueError as e:  # no bench.json, or one written by an older runtime (summary schema changed)
+        print(f"{args.out}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,0 +1,97 @@
+"""Which committed results file comes from which raw files and renderer, and which are written by their benchmark.
+
+    python -m benchmarks.rendered              # re-render every rendered file; name those that differ
+    python -m benchmarks.rendered --update     # rewrite them from their raw files
+    python -m benchmarks.rendered search.md    # only these
+
+A results file is either *rendered* (its raw files are committed under benchmarks/results/, and the renderer
+reproduces it byte for byte: tests/benchmarks/test_rendered.py) or *written* by its benchmark script in one
+step, with no raw file kept (CPU benchmarks that a developer re-runs; the file says when and where).
+benchmarks/results/README.md indexes both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import runtime_nov22_results, runtime_results, search_results
+from benchmarks.common import RESULTS, ROOT
+
+RAW = RESULTS / "h200_runs"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A results file rendered from committed raw files."""
+
+    name: str  # under benchmarks/results/
+    raw: tuple[Path, ...]
+    renderer: Callable[[list[Path]], str]
+    script: str  # the renderer's command line, without its arguments
+
+    def render(self) -> str:
+        return self.renderer(list(self.raw))
+
+    def command(self) -> str:
+        return f"{self.script} {' '.join(str(p.relative_to(ROOT)) for p in self.raw)}"
+
+
+RENDERED = (
+    Rendered("runtime_h200.md",
+             tuple(RAW / d for d in ("pp2_m8", "pp4_m8", "pp2_m4-8-16_2008", "pp2_m4-8-16_2019", "pp2_m8_2115")),
+             runtime_nov22_results.render, "python benchmarks/runtime_nov22_results.py"),
+    Rendered("runtime_h200_2026-11-23.md", (RAW / "runtime_llama_0454",),
+             lambda raws: runtime_results.render(raws[0]), "python benchmarks/runtime_results.py"),
+    Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
+             search_results.render, "python benchmarks/search_results.py"),
+)  # fmt: skip
+
+# Written by their benchmark in one step (no raw file kept), by the script that writes them.
+WRITTEN = {
+    "clockd_faults.md": "python -m benchmarks.clockd_faults --update",
+    "clockd_latency.md": "python -m benchmarks.clockd_latency --update",
+    "clockd_readonly_h200.md": "python -m benchmarks.clockd_readonly benchmarks/results/clockd_readonly_h200.md",
+    "launch.md": "PYTHONPATH=.:launcher python benchmarks/bench_launch.py --update",
+    "optimal.md": "PYTHONPATH=$PWD python benchmarks/bench_optimal.py --update",
+    "planner.md": "python -m benchmarks.bench_planner --update",
+    "planner_scale.md": "PYTHONPATH=$PWD python benchmarks/bench_planner_scale.py --reference REF --update",
+    "schedules.md": "PYTHONPATH=$PWD python benchmarks/bench_schedules.py --update",
+    "search_cost.md": "python benchmarks/search_cost.py --layers LAYERS --memory-gib ... (twice, see the file)",
+    "supervise.md": "PYTHONPATH=.:launcher python benchmarks/bench_supervise.py --update",
+}
+
+
+def by_name(names: list[str]) -> list[Rendered]:
+    known = {r.name: r for r in RENDERED}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"not a rendered results file: {', '.join(unknown)} (rendered: {', '.join(known)})")
+    return [known[n] for n in names] if names else list(RENDERED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", help="results files to render (default: every rendered one)")
+    p.add_argument("--update", action="store_true", help="rewrite the committed files from their raw files")
+    args = p.parse_args(argv)
+    differ = []
+    for r in by_name(args.names):
+        path = RESULTS / r.name
+        text = r.render()
+        if args.update:
+            path.write_text(text)
+            print(f"{r.name}: rendered by {r.command()}")
+        elif not path.is_file() or path.read_text() != text:
+            differ.append(r.name)
+    if differ:
+        print(f"differ from their raw files (--update rewrites them): {', '.join(differ)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
