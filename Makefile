@@ -24,11 +24,11 @@ $(STAMP): pyproject.toml
 	@echo "make: $(VENV) is ready; its commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
 # The main job on the embedded default: no GPU, no cluster. Two CPU processes (gloo) train a small
-# GPT-2 on DeepSpeed's pipeline engine with simulated clocks and the runtime's default policy (optimal):
-# calibrate, profile, plan, reconfigure from measured iterations, steady state (the plan interleaved
-# with 1F1B all-max iterations); one progress line per iteration, then the report.
-DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 2048 --micro-batch 4 --microbatches 8 \
-	--steps 12 --calibration-steps 2
+# GPT-2 on DeepSpeed's pipeline engine (envpipe.initialize in an ordinary loop) with simulated clocks and the
+# runtime's default policy (optimal): calibrate, profile, plan, reconfigure from measured iterations, steady
+# state (the plan interleaved with 1F1B all-max iterations); one progress line per iteration, then the report.
+DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 512 --micro-batch 4 --microbatches 8 \
+	--steps 30 --compare-iterations 4 --log-interval 1
 demo: $(STAMP)
 	@mkdir -p $(OUTDIR)
 	@echo "make demo: GPT-2 split into 2 pipeline stages on 2 CPU processes, simulated GPU clocks (about a minute)"

@@ -65,6 +65,7 @@ class EnvPipeConfig(BaseModel):
     reconfigure_rounds: Annotated[int, Field(ge=1)] = 5  # most reconfiguration rounds
     monitor_interval: Annotated[int, Field(ge=1)] = 10  # iterations between the job's monitor events (a gather)
     log_interval: Annotated[int, Field(ge=0)] = 10  # rank 0 prints every N-th iteration (0: phases only)
+    progress_total: Annotated[int, Field(ge=1)] | None = None  # the job's steps, if known: progress lines say i/N
     summary_interval: Annotated[int, Field(ge=1)] = 50  # steady iterations between rewrites of the report
 
     @property

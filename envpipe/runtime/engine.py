@@ -118,6 +118,14 @@ class EnvPipeEngine(PipelineEngine):
             self.envpipe.load_state(Path(load_dir) / str(tag))
         return loaded
 
+    def envpipe_report(self) -> Any:
+        """Write EnvPipe's report now, e.g. at the end of training (every rank calls it: a collective call);
+        the `RunSummary` on rank 0, None elsewhere or before the steady phase. Without this call the report
+        is written at the end of the comparison iterations and every `summary_interval` iterations."""
+        if self.envpipe is None:
+            raise RuntimeError("no EnvPipe run on this engine: build it with envpipe.initialize")
+        return self.envpipe.report()
+
     def destroy(self) -> None:
         if self.envpipe is not None:
             self.envpipe.close()

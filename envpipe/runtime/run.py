@@ -136,7 +136,9 @@ class EnvPipeRun:
         if every and it.index % every == 0:
             energy = "" if it.energy_j is None else f"  {it.energy_j:.2f} J (rank 0's GPU, {self.monitor.kind})"
             loss = "" if it.loss is None else f"  loss {it.loss:.4f}"
-            progress(f"{it.index:>5} {it.phase:<13} {it.runs:<8}{loss}  {it.time_s:.3f} s{energy}")
+            total = self.cfg.progress_total
+            step = f"{it.index}/{total}" if total else f"{it.index}"
+            progress(f"{step:>9} {it.phase:<13} {it.runs:<8}{loss}  {it.time_s:.3f} s{energy}")
         self._check_prediction(it)
 
     def _check_prediction(self, it: Iteration) -> None:
@@ -193,6 +195,15 @@ class EnvPipeRun:
         return (yield from raise_measured(rig, chosen, calibrated.timing, method, idle))
 
     # --- the report -----------------------------------------------------------------------------------
+    def report(self) -> S.RunSummary | None:
+        """The report now (a collective call); None before the steady phase (one line says so)."""
+        if self.record is None:
+            progress(f"no report yet: the run is in its {self._step.phase} phase (the report starts with the "
+                     "steady phase)")
+            return None
+        self.write_summary()
+        return self.summary if collective.rank() == 0 else None
+
     def write_summary(self) -> None:
         """Gather every rank's record; rank 0 assembles and writes the report (a collective call)."""
         assert self.planned is not None and self.record is not None

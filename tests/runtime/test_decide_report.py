@@ -105,13 +105,25 @@ def test_summary_round_trip_and_schema(tmp_path: Path) -> None:
     assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "summary.json").read_text())
     schema = json.loads(S.SCHEMA_PATH.read_text())
-    for broken in ({**data, "surprise": 1}, {**data, "steady": None}, {**data, "schema_version": 2}):
+    for broken in ({**data, "surprise": 1}, {**data, "steady": None}, {**data, "schema_version": 3}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, schema)
-    with pytest.raises(ValueError, match=r"summary\.steady: expected an object"):
+    with pytest.raises(ValueError, match=r"summary\.steady: Input should be an object"):
         S.RunSummary.from_json({**data, "steady": None})
-    with pytest.raises(ValueError, match="not a version 1 EnvPipe run summary"):
-        S.RunSummary.from_json({**data, "schema_version": 2})
+    with pytest.raises(ValueError, match=r"summary\.steady\.time_s\.n: Input should be a valid integer"):
+        S.RunSummary.from_json({**data, "steady": {**data["steady"], "time_s": {**data["steady"]["time_s"], "n": "1"}}})
+    with pytest.raises(ValueError, match=r"not an EnvPipe run summary \(schema version 1 or 2\)"):
+        S.RunSummary.from_json({**data, "schema_version": 3})
+
+
+def test_version_1_summaries_read_with_the_error_convention_of_version_2() -> None:
+    """A version 1 file kept measured / predicted - 1; it reads as (predicted - measured) / measured."""
+    data = sample_summary(time_s=0.2, predicted_s=0.25).to_json()
+    old = {k: v for k, v in data.items() if k not in ("time_error", "energy", "oracle", "wall_throughput_samples_per_s")}
+    old.update(schema_version=1, prediction_error=0.2 / 0.25 - 1)
+    old["plan"] = None
+    read = S.RunSummary.from_json(old)
+    assert read.time_error == pytest.approx((0.25 - 0.2) / 0.2) and read.schema_version == 2
 
 
 def test_committed_schema_is_the_generated_one() -> None:

@@ -162,11 +162,11 @@ def test_shapes() -> None:
 
 @pytest.mark.parametrize(
     ("block", "message"),
-    [({"pipeline_stages": 0}, "'envpipe.pipeline_stages' must be an integer >= 1"),
-     ({"pipeline_stages": "2"}, "integer >= 1"),
+    [({"pipeline_stages": 0}, "'envpipe.pipeline_stages' is 0: input should be greater than or equal to 1"),
+     ({"pipeline_stages": "2"}, "'envpipe.pipeline_stages' is '2': input should be a valid integer"),
      ({"straggler": "wait"}, "choose one of report, frontier"),
-     ({"straggler_threshold": -1}, "must be positive"),
-     ({"straggler_threshold": True}, "finite number")],
+     ({"straggler_threshold": -1}, "input should be greater than 0"),
+     ({"straggler_threshold": True}, "'envpipe.straggler_threshold' is True: input should be a valid number")],
 )
 def test_bad_dp_settings(block: dict, message: str) -> None:
     with pytest.raises(EnvPipeConfigError, match=message):

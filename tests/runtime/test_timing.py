@@ -92,14 +92,25 @@ def test_online_reconfiguration_raises_slow_critical_units_until_the_envelope() 
         it = measure_with_clocks(orders, base, scale)
         return measured_timeline(orders, it, calibrate(orders, [it]))
 
-    raised, done = raise_clocks(plan, supported, "balanced", 30, run_iteration)
+    raised, done = drive(raise_clocks(plan, supported, "balanced", 30), run_iteration)
     assert done.raises is not None and done.raises >= 1 and len(done.rounds) == len(runs) == done.raises + 1
     assert done.stop_reason == "critical path is the envelope"
     assert min(raised.clocks()[0]) > slow  # raised from measured waits
     assert max(raised.clocks()[0]) <= 1410 and raised.clocks()[1] == [1410] * 8
     assert [r.round for r in done.rounds] == list(range(len(runs))) and raised.orders() == orders
     with pytest.raises(ValueError, match="at least 1"):
-        raise_clocks(plan, supported, "greedy", 0, run_iteration)
+        drive(raise_clocks(plan, supported, "greedy", 0), run_iteration)
+
+
+def drive(rounds, run_iteration):
+    """Run a reconfiguration generator: each plan it yields is "measured" by ``run_iteration``."""
+    plan, rnd = next(rounds), 0
+    while True:
+        try:
+            plan = rounds.send(run_iteration(plan, rnd))
+        except StopIteration as done:
+            return done.value
+        rnd += 1
 
 
 def measure_with_clocks(orders, base, scale) -> list[StageTiming]:

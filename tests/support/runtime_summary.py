@@ -37,7 +37,7 @@ def sample_summary(time_s: float = 0.2, energy_j: float | None = 50.0, predicted
         S.SCHEMA_VERSION, engine, stages, 8, data_parallel, 32, S.ClockInfo("nvml", False, "measured (NVML counter)",
                                                                           "measured (wall clock)", None, []),
         None, S.Iterations(spread, S.Spread.of([energy_j]) if energy_j is not None else None, 32 / time_s), None,
-        None, None, predicted_s, None if predicted_s is None else time_s / predicted_s - 1, None, None,
+        None, None, predicted_s, None if predicted_s is None else (predicted_s - time_s) / time_s, None, None,
         [S.GpuSummary(r, r % data_parallel, r // data_parallel, "host", None, None, None) for r in range(gpus)], job,
         [[S.MeasuredUnit("F", 0, 0.01 * s, 0.01 * s + 0.02, 1410), S.MeasuredUnit("B", 0, 0.05, 0.09, 1200)]
          for s in range(stages)])
