@@ -139,6 +139,8 @@ def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
     if "envpipe_search" in config:
         apply_found(args, config, path)
     block = dict(config.get("envpipe") or {})
+    if args.pipeline_stages is None and isinstance(block.get("pipeline_stages"), int):
+        args.pipeline_stages = block["pipeline_stages"]
     block.update({key: getattr(args, flag) for flag, key in BLOCK_FLAGS.items() if getattr(args, flag) is not None})
     if args.memory_limit_gib is not None:
         block["memory_limit_bytes"] = int(args.memory_limit_gib * 2**30)
@@ -180,11 +182,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile_layers:
         profile_layers(args)
         return
+    from envpipe.runtime import config as envpipe_config
     from envpipe.runtime import distributed
     from envpipe.runtime.replicas import pipeline_shape
 
     try:
         config = deepspeed_config(args)
+        if args.engine == "envpipe":
+            envpipe_config.split(config)  # a bad `envpipe` block or ENVPIPE_* variable stops the job here
         world = int(os.environ.get("WORLD_SIZE", "1"))  # a bad shape stops the job before any process group
         stages, _ = pipeline_shape(world, args.pipeline_stages)
         check_stage_layers(args, stages)

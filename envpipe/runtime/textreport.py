@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envpipe.runtime.summary import Iterations, RunSummary, Spread
+from envpipe.runtime.summary import Iterations, PlanInfo, RunSummary, Spread
 
 
 def _ms(x: float | None) -> str:
@@ -63,6 +63,15 @@ def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
     return rows
 
 
+def _deployment(plan: PlanInfo) -> str:
+    """What of the plan ran: its order and clocks, its order only, or nothing (its order is 1F1B's)."""
+    if plan.deployed:
+        return ""
+    if plan.order_deployed:
+        return " (its order ran at default clocks; clocks not deployed: they cannot be changed here)"
+    return " (reported; clocks not deployed: they cannot be changed here, and its order is 1F1B, the baseline's)"
+
+
 def render(s: RunSummary, report_dir: str | Path) -> str:
     out = Path(report_dir)
     plan = s.plan
@@ -70,13 +79,15 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
              + (f", {s.data_parallel} data-parallel replicas" if s.data_parallel > 1 else "") + f" ({s.engine})"]
     if plan is not None:
         lines.append(f"  plan: policy {plan.policy}, order {plan.order}; from {plan.source}; digest {plan.digest}"
-                     + ("" if plan.deployed else " (reported, not deployed: clocks cannot be changed here)"))
+                     + _deployment(plan))
     lines.append(f"  clocks: {s.clock.kind}; energy {s.clock.energy}; times {s.clock.time}"
                  + (f"; {s.clock.note}" if s.clock.note else ""))
     if s.calibration is not None:
         c = s.calibration.time_s
         lines.append(f"  calibration (1F1B, every clock at max): iteration {_ms(c.median)} (median of {c.n})")
-    lines.append(f"  throughput: {s.steady.throughput_samples_per_s:.2f} samples/s")
+    lines.append(f"  throughput: {s.steady.throughput_samples_per_s:.2f} samples/s ({s.clock.time})"
+                 + ("" if s.wall_throughput_samples_per_s is None or not s.clock.time.startswith("simulated") else
+                    f"; this machine's wall clock: {s.wall_throughput_samples_per_s:.2f} samples/s (measured)"))
     m = s.measured
     if m is not None:
         lines.append(f"  this run, the plan's iterations vs its interleaved 1F1B all-max iterations "

@@ -52,6 +52,7 @@ def check_dp_report(report_dir: Path, world: int, nodes: int) -> S.RunSummary:
 
 
 STEPS = 3  # of the shared launch's runs
+ONE_CALIBRATION = {"calibration_iterations": 1, "compare_iterations": 0}  # short runs: no comparison pairs
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +70,13 @@ def dp_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]
         {"name": "stock_bf16_zero1", "engine": "stock", "M": M, "steps": STEPS, "zero": 1, "bf16": True},
         {"name": "envpipe_bf16_zero1", "engine": "envpipe", "M": M, "steps": STEPS, "zero": 1, "bf16": True,
          "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
-        {"name": "runtime", "engine": "runtime", "M": M, "steps": STEPS - 1, "calibration": 1, "zero": 1,
-         "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
-        # for test_plan_broadcast_gives_every_replica_the_same_clocks
-        {"name": "runtime_envelope", "engine": "runtime", "M": M, "steps": 2, "calibration": 1,
-         "envpipe": {"type": "envelope", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
+        {"name": "runtime", "engine": "runtime", "M": M, "steps": STEPS, "zero": 1,  # 1 calibrating, then steady
+         "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0,
+                     **ONE_CALIBRATION}},
+        # for test_plan_broadcast_gives_every_replica_the_same_clocks: 1 calibrating, 4 profiling, 2 steady
+        {"name": "runtime_envelope", "engine": "runtime", "M": M, "steps": 7,
+         "envpipe": {"type": "envelope", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0,
+                     **ONE_CALIBRATION}},
     ]
     return run_pipeline(2, runs, out, world=4), out
 
@@ -105,7 +108,7 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
     monkeypatch.setenv(replicas.SLOW_REPLICA_ENV, "1:4")  # replica 1's sim clock runs 4x slower
     block = {"type": "envelope", "scheduling": "1f1b", "clock": "sim", "straggler": "frontier",
              "straggler_threshold": 0.5}
-    runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1, "envpipe": block}]
+    runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 7, "envpipe": {**block, **ONE_CALIBRATION}}]
     run_pipeline(2, runs, tmp_path, world=4)
     summary = check_dp_report(tmp_path / "runtime", world=4, nodes=1)
     job = summary.job
@@ -244,8 +247,9 @@ def test_dp2_pp2_across_two_ssh_hosts(tmp_path: Path) -> None:
         {"name": "stock", "engine": "stock", "M": M, "steps": 3},
         {"name": "envpipe", "engine": "envpipe", "M": M, "steps": 3,
          "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
-        {"name": "runtime", "engine": "runtime", "M": M, "steps": 2, "calibration": 1,
-         "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0}},
+        {"name": "runtime", "engine": "runtime", "M": M, "steps": 3,
+         "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0,
+                     **ONE_CALIBRATION}},
     ]
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"stages": 2, "runs": runs}))
@@ -327,7 +331,7 @@ def test_example_refuses_stages_that_do_not_divide_the_job(
     assert "3 pipeline stages do not divide the 4 processes" in refused(["--tiny", "--pipeline-stages", "3"])
     (tmp_path / "ds.json").write_text(json.dumps({"envpipe": {"pipeline_stages": 8}}))
     assert "8 pipeline stages do not divide the 4 processes" in refused(["--tiny", "--config", "ds.json"])
-    assert "--pipeline-stages must be >= 1" in refused(["--tiny", "--pipeline-stages", "0"])
+    assert "--pipeline-stages: '0': must be a positive finite number" in refused(["--tiny", "--pipeline-stages", "0"])
     assert list(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
 
 

@@ -70,7 +70,10 @@ def make_engine(kind: str, stages: int, M: int, zero: int = 0, bf16: bool = Fals
 def train(engine, run: dict) -> list[float]:
     """Every iteration's loss (DeepSpeed broadcasts it to every stage): the user's plain loop."""
     it = batches(7 + engine.grid.get_data_parallel_id(), torch.bfloat16 if run.get("bf16") else torch.float32)
-    return [float(engine.train_batch(it)) for _ in range(run["steps"])]  # "as:NAME" is resolved by main
+    losses = [float(engine.train_batch(it)) for _ in range(run["steps"])]  # "as:NAME" is resolved by main
+    if run["engine"] == "runtime":
+        engine.envpipe_report()  # the report over every steady iteration, as the examples end
+    return losses
 
 
 def main() -> None:

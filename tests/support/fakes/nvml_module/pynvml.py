@@ -19,7 +19,7 @@ def _with_the_real_pynvml() -> Any:
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     try:
-        from tests import fake_pynvml
+        from tests.support import fake_pynvml
 
         return fake_pynvml
     finally:
