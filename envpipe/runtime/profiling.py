@@ -17,6 +17,7 @@ import numpy as np
 
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
+from envpipe.profile.clockfit import profile_clocks
 from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
 from envpipe.runtime import replicas
 from envpipe.runtime.calibrate import Calibrated
@@ -26,14 +27,6 @@ from envpipe.runtime.iterations import BASELINE
 
 if TYPE_CHECKING:
     from envpipe.runtime.runner import Runner
-
-
-def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
-    """`count` clocks spread evenly over the supported ones, from the highest to the lowest."""
-    clocks = sorted(set(supported_mhz), reverse=True)
-    if count < 2 or len(clocks) <= count:
-        return clocks[: max(1, count)]
-    return [clocks[round(i * (len(clocks) - 1) / (count - 1))] for i in range(count)]
 
 
 def stage_profile(runner: Runner, data: Iterator[Any], calibrated: Calibrated) -> Profile | None:
