@@ -21,7 +21,8 @@ The form, and why:
 
 Both are fitted by least squares on relative residuals (the clock normalised by the highest profiled one);
 then the curve is **anchored**: scaled by the ratio measured / fitted, interpolated linearly between the
-profiled clocks, so it passes through every measurement and only the shape between them is the model's.
+profiled clocks, so it passes through every measurement below the cap (those above it ran at the cap: their
+mean) and only the shape between them is the model's.
 Validated against the Perseus profiles (measured at every clock; benchmarks/freqmodel_validate.py,
 results in benchmarks/results/freqmodel.md).
 """
@@ -51,7 +52,8 @@ class ClockCurve:
     """One unit's time (s) and power (W) as functions of the requested SM clock (MHz), in the profiled range.
 
     Coefficients are on the normalised clock ``x = min(f, cap) / top_mhz``: time ``a + b / x``, power
-    ``p0 + p1 x + p3 x^3``, each times its anchor ratio (measured / fitted, linear between profiled clocks).
+    ``p0 + p1 x + p3 x^3``, each times its anchor ratio (measured / fitted, linear in ``min(f, cap)`` between
+    the profiled clocks, so the curve stays flat above the cap).
     """
 
     top_mhz: float  # the highest profiled clock
@@ -59,8 +61,8 @@ class ClockCurve:
     cap_mhz: float  # the clock the unit runs at when asked for more (<= top_mhz)
     time_coef: tuple[float, float]  # a, b (s)
     power_coef: tuple[float, float, float]  # p0, p1, p3 (W)
-    anchor_mhz: tuple[float, ...]  # the profiled clocks, ascending
-    time_ratio: tuple[float, ...]  # measured / fitted time at each
+    anchor_mhz: tuple[float, ...]  # the clocks the profiled units ran at (min(profiled, cap)), ascending
+    time_ratio: tuple[float, ...]  # measured / fitted time at each (the mean where several ran at the cap)
     power_ratio: tuple[float, ...]  # measured / fitted power at each
 
     def _x(self, mhz: float | np.ndarray) -> np.ndarray:
@@ -70,7 +72,7 @@ class ClockCurve:
         return np.minimum(f, self.cap_mhz) / self.top_mhz
 
     def _ratio(self, mhz: float | np.ndarray, ratios: tuple[float, ...]) -> np.ndarray:
-        return np.interp(np.asarray(mhz, float), self.anchor_mhz, ratios)
+        return np.interp(np.minimum(np.asarray(mhz, float), self.cap_mhz), self.anchor_mhz, ratios)
 
     def time_s(self, mhz: float | np.ndarray) -> np.ndarray:
         a, b = self.time_coef
@@ -125,13 +127,16 @@ def fit_curve(
             best = (time_sse + power_sse, cap, time_coef, power_coef)
     assert best is not None
     _, cap, time_coef, power_coef = best
-    x = np.minimum(f, cap) / top
-    fitted_t = time_coef[0] + time_coef[1] / x
-    fitted_p = power_coef[0] + power_coef[1] * x + power_coef[2] * x**3
+    ran = np.minimum(f, cap)  # the clock each measurement actually ran at
+    x = ran / top
+    time_ratio = t / (time_coef[0] + time_coef[1] / x)
+    power_ratio = p / (power_coef[0] + power_coef[1] * x + power_coef[2] * x**3)
+    anchors = np.unique(ran)  # measurements above the cap ran at the same clock: their mean ratio anchors it
     return ClockCurve(top, float(f[0]), float(cap), (float(time_coef[0]), float(time_coef[1])),
                       (float(power_coef[0]), float(power_coef[1]), float(power_coef[2])),
-                      tuple(float(v) for v in f), tuple(float(v) for v in t / fitted_t),
-                      tuple(float(v) for v in p / fitted_p))
+                      tuple(float(v) for v in anchors),
+                      tuple(float(np.mean(time_ratio[ran == a])) for a in anchors),
+                      tuple(float(np.mean(power_ratio[ran == a])) for a in anchors))
 
 
 def _fit_time(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, float]:
