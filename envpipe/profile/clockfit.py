@@ -9,15 +9,16 @@ The form, and why:
 - **Power cap.** A unit runs at ``f_a = min(f, cap)``: asked for more than the clock its own load allows
   under the power cap, the GPU holds ``cap`` (measured on H100: dense bf16 GEMMs at 1395 MHz of 1980), so
   time and power are flat above it. ``cap`` is NVML's clock under the unit's load when the runtime measured
-  it (``effective_mhz``), else fitted: the clock between the two highest profiled ones that explains both
-  curves best (A40 units flatten around 1450-1500 MHz of 1740; A100 ones near 1350 of 1410).
+  it (``effective_mhz``), else fitted: the clock, at or above the third-highest profiled one, that explains
+  both curves best (A40 units flatten around 1450-1500 MHz of 1740); at most the two highest profiled clocks
+  ran capped, so three distinct clocks are left to fit the power.
 - **Time** ``t = a + b / f_a``: ``b / f`` is the work that scales with the SM clock (math, on-chip data
   movement), ``a`` the part that does not (HBM traffic on the memory clock, launches, communication).
   ``a, b >= 0``: a unit never gets faster at a lower clock, nor slower than in proportion to it.
 - **Power** ``P = p0 + p1 f_a + p3 f_a^3`` is ``static + C f V(f)^2`` with ``V(f)^2 = V0^2 + k f^2``: dynamic
   power is ``C f V^2``, and the driver's voltage curve is flat near its floor at low clocks (power about
   linear in f) and rises with the clock at high ones (about cubic); ``p0`` is the static draw (memory,
-  board, leakage). ``p1, p3 >= 0``: power never falls as the clock rises.
+  board, leakage). All coefficients ``>= 0``: power never falls as the clock rises.
 
 Both are fitted by least squares on relative residuals (the clock normalised by the highest profiled one);
 then the curve is **anchored**: scaled by the ratio measured / fitted, interpolated linearly between the
@@ -93,7 +94,7 @@ def fit_curve(
     """Fit one unit from its measurements at two or more distinct clocks.
 
     ``effective_mhz``: the clock NVML saw under this unit's load at the highest profiled clock (the power
-    cap's); without it the cap is fitted between the two highest profiled clocks.
+    cap's); without it the cap is fitted (see the module's docstring).
     """
     f, t, e = (np.asarray(v, float) for v in (clocks_mhz, times_s, energies_j))
     if not (f.ndim == 1 and f.shape == t.shape == e.shape):
@@ -114,7 +115,7 @@ def fit_curve(
         if not (np.isfinite(effective_mhz) and effective_mhz > 0):
             raise ValueError(f"an effective clock must be a positive number of MHz, got {effective_mhz!r}")
         caps = [float(np.clip(effective_mhz, f[0], top))]
-    elif f.size >= 3:  # the cap lies between the two highest profiled clocks (or there is none)
+    elif f.size >= 3:  # at most the two highest profiled clocks ran capped (or none did)
         caps = list(np.arange(top, (f[-3] if f.size >= 4 else f[-2]) + CAP_STEP_MHZ / 2, -CAP_STEP_MHZ))
     else:  # two clocks cannot place a cap
         caps = [top]
@@ -145,7 +146,7 @@ def _fit_time(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def _fit_power(x: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, float]:
-    """(p0, p1, p3) of P = p0 + p1 x + p3 x^3 with p1, p3 >= 0; and the residual."""
+    """(p0, p1, p3) of P = p0 + p1 x + p3 x^3, all >= 0; and the residual."""
     return _nonnegative_fit(np.stack([np.ones_like(x), x, x**3], axis=1), p, np.unique(x).size, _POWER_TERMS)
 
 
@@ -158,9 +159,9 @@ _POWER_TERMS = ((0, 1, 2), (0, 2), (0, 1), (0,))
 
 def _nonnegative_fit(basis: np.ndarray, y: np.ndarray, distinct: int, subsets: tuple[tuple[int, ...], ...]
                      ) -> tuple[np.ndarray, float]:
-    """Least squares of ``basis @ c ~ y`` on relative residuals, every coefficient but the first (a constant
-    term) >= 0: the feasible subset of terms (no more than ``distinct`` points) of least residual. Exact for so
-    few terms, and no optimiser dependency."""
+    """Least squares of ``basis @ c ~ y`` on relative residuals with every coefficient >= 0: the feasible subset
+    of terms (no more terms than ``distinct`` points) of least residual. Exact for so few terms, and no
+    optimiser dependency. The constant term alone is always feasible for positive data."""
     scaled = basis / y[:, None]
     best: tuple[float, np.ndarray] | None = None
     for terms in subsets:
@@ -169,7 +170,7 @@ def _nonnegative_fit(basis: np.ndarray, y: np.ndarray, distinct: int, subsets: t
         sub, *_ = np.linalg.lstsq(scaled[:, terms], np.ones_like(y), rcond=None)
         coef = np.zeros(basis.shape[1])
         coef[list(terms)] = sub
-        if (coef[1:] < 0).any() or not (basis @ coef > 0).all():
+        if (coef < 0).any() or not (basis @ coef > 0).all():
             continue
         sse = float(np.sum((basis @ coef / y - 1) ** 2))
         if best is None or sse < best[0] - 1e-15:
