@@ -138,7 +138,8 @@ def _points(raw: dict[str, Any]) -> list[int]:
 def per_stage(raw: dict[str, Any]) -> list[str]:
     lines = ["## Per stage", "",
              "Each unit over the clocks that were not profiled; the cap is the fitted clock above which the unit's "
-             "time and power stay flat (the highest profiled clock: none found).", ""]
+             "time and power stay flat (the highest profiled clock: none found). In the Perseus tables stages 0-6 "
+             "carry the same numbers; the last stage (the output layer and loss) differs.", ""]
     for p in raw["profiles"]:
         t, e, keep = _profile_errors(p)
         lines += [f"### {p['name']} ({p['gpu']})", "",
@@ -217,8 +218,8 @@ def render(raw: dict[str, Any]) -> str:
         "",
         "The model (`envpipe.profile.clockfit`): a unit runs at min(f, cap); time a + b/f (clock-bound and "
         "clock-free work); power p0 + p1 f + p3 f³ = static + C f V(f)² with V(f)² = V0² + k f²; fitted per unit "
-        "from the profiled clocks, the cap between the two highest (or NVML's clock under load), then anchored "
-        "to pass through every measurement.",
+        "from the profiled clocks, the cap at or above the third-highest profiled clock (or NVML's clock under "
+        "load), then anchored to pass through every measurement below the cap.",
     ]
     parts = [head, summary(raw), sweep(raw), one_clock(raw), [UNVALIDATED.rstrip()], per_stage(raw), per_clock(raw),
              ["## Reproduce", "", "```sh", "python benchmarks/freqmodel_validate.py --update", "```"]]
