@@ -35,11 +35,13 @@ class SimGpu:
             raise ValueError(f"a simulated GPU's slowdown must be >= 1, got {slowdown!r}")
         if not 0.0 <= noise < 1.0 / NOISE_CLIP:
             raise ValueError(f"noise must be in [0, {1 / NOISE_CLIP:.3f}), got {noise!r}")
-        self.truth = job.stage(stage)  # refuses a stage the job does not have
+        if not (isinstance(seed, int) and seed >= 0):
+            raise ValueError(f"a seed is a non-negative integer, got {seed!r}")
+        self._truth = job.stage(stage)  # hidden: the runtime learns it only by running units (refuses a bad stage)
         self.stage, self.replica = stage, replica
         self.link, self.slowdown, self.noise = link, slowdown, noise
         self._rng = np.random.default_rng([seed, stage, replica])
-        self.supported_mhz = list(self.truth.clocks_mhz)  # descending
+        self.supported_mhz = list(self._truth.clocks_mhz)  # descending
         self.mhz = self.max_mhz
         self.unit_flops: dict[str, float] = {}  # per kind, the FLOPs last counted for it
         self.vt = 0.0  # virtual time (s): the end of the GPU's last work, or when it was last synced
@@ -107,7 +109,7 @@ class SimGpu:
             self.unit_flops[kind] = float(flops)
         elif kind not in self.unit_flops:
             raise ValueError(f"no FLOPs counted yet for a {kind} unit of this GPU")
-        seconds, watts = self.truth.unit(kind, self.mhz, unit_s(self.unit_flops[kind]) * self.slowdown)
+        seconds, watts = self._truth.unit(kind, self.mhz, unit_s(self.unit_flops[kind]) * self.slowdown)
         start, self._start = self._start, None
         return self._busy(start, seconds, watts)
 
@@ -118,7 +120,7 @@ class SimGpu:
             raise RuntimeError("a tail cannot start while a unit runs")
         if not top_s >= 0:
             raise ValueError(f"a tail lasts a non-negative time, got {top_s!r}")
-        return self._busy(self.vt, top_s * self.slowdown, self.truth.tail_power_w(self.mhz))
+        return self._busy(self.vt, top_s * self.slowdown, self._truth.tail_power_w(self.mhz))
 
     def _busy(self, start: float, seconds: float, watts: float) -> float:
         z_t, z_p = np.clip(self._rng.standard_normal(2), -NOISE_CLIP, NOISE_CLIP)
@@ -131,7 +133,7 @@ class SimGpu:
 
     def energy_at(self, t: float) -> float:
         """The counter (J) at virtual time ``t``, not before the end of the GPU's last work: blocking power since."""
-        return self._busy_j + max(0.0, t - self._busy_s) * self.truth.blocking_w
+        return self._busy_j + max(0.0, t - self._busy_s) * self._truth.blocking_w
 
     def energy_j(self) -> float:
         return self.energy_at(self.vt)

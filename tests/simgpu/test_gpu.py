@@ -138,3 +138,5 @@ def test_misuse_is_one_clear_error() -> None:
         SimGpu(JobTruth.embedded(2), 0, slowdown=0.5)
     with pytest.raises(ValueError, match="not a stage of a 2-stage job"):
         SimGpu(JobTruth.embedded(2), 5)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        SimGpu(JobTruth.embedded(2), 0, seed=-1)
