@@ -1,8 +1,10 @@
-"""A GPU frequency model for simulation: how much slower, and at what power, a unit runs per clock.
+"""A reference frequency curve: how much slower, and at what power, a unit runs per clock on a measured GPU.
 
-Built from a real measured profile (averaged over its stages and over forward/backward), so the
-simulated GPU of the embedded default behaves like a measured one rather than like a made-up curve.
-Used by the ``sim`` clock backend (energy counter) and by the runtime on CPU (stretching unit time).
+Built from a real measured profile (averaged over its stages and over forward/backward). Used where only one
+clock can be measured: `envpipe.profile.from_measured.profile_from_measured` carries a measured column to the
+other clocks along it (off by the band of `envpipe.profile.band` across GPU kinds); and by the ``sim`` clock
+backend and the layer profiler on CPU. Where several clocks are profiled, each unit gets its own fitted curve
+instead (`envpipe.profile.clockfit`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,24 @@
 """Stage profiles from measured units: at several clocks (online profiling), or at one clock plus a model.
 
 `profile_from_clocks`: per clock, each stage's measured forward/backward time and energy (the runtime's
-online profile, where clocks can be changed).
+online profile, where clocks can be changed). With ``predict_mhz`` every unit is fitted
+(`envpipe.profile.clockfit`: power-cap aware, time ``a + b/f``, power ``static + C f V(f)^2``) and the
+profile holds every one of those clocks inside the measured range too, so the planner can use every
+supported clock; the measured clocks keep their measured numbers. Validated on the Perseus profiles
+(benchmarks/results/freqmodel.md).
 
 `profile_from_measured`: where clocks may not be changed (no clock daemon, the lent H200s), only the
 default clock can be measured. The other columns are then **simulated**: each is the measured column
 scaled by the frequency model's slowdown and busy power at the same fraction of the highest clock (the
 model's curve is measured on another GPU, so the result says how this pipeline would plan if its GPU
-scaled like that one).
+scaled like that one). How far off that is across GPU kinds was measured (A100 <-> A40):
+`envpipe.profile.band.one_clock_band` gives the band to print next to a saving planned this way.
 
 Power cap: under heavy load an H100/H200 already runs below its highest clock (measured on H200: dense
 bf16 GEMMs at 1455-1470 MHz of 1980 under the 700 W cap). A lock above that effective clock changes
-nothing, so with ``effective_mhz`` the columns at and above a stage's effective clock equal the measured
-one, and lower clocks scale from the effective clock, not from the highest.
+nothing, so with ``effective_mhz`` the columns at and above a unit's effective clock equal the measured
+one, and lower clocks scale from the effective clock, not from the highest. ``effective_mhz`` holds one
+entry per stage: a clock (both kinds), a (forward, backward) pair, or None (not measured).
 """
 
 from __future__ import annotations
@@ -21,21 +27,59 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from envpipe.profile.clockfit import fit_curve
 from envpipe.profile.csv_profile import Profile
 from envpipe.profile.freqmodel import FrequencyModel
 
 _COLUMNS = ("F", "B", "F_j", "B_j")
+EffectiveClocks = Sequence[float | tuple[float | None, float | None] | None]
 
 
-def profile_from_clocks(clocks_mhz: Sequence[int], rows: Sequence[Sequence[dict[str, float]]], source: str) -> Profile:
-    """A Profile from ``rows[k][s]`` = stage s's numbers at ``clocks_mhz[k]`` (keys F, B seconds; F_j, B_j joules)."""
+def profile_from_clocks(
+    clocks_mhz: Sequence[int],
+    rows: Sequence[Sequence[dict[str, float]]],
+    source: str,
+    predict_mhz: Sequence[int] | None = None,
+    effective_mhz: EffectiveClocks | None = None,
+) -> Profile:
+    """A Profile from ``rows[k][s]`` = stage s's numbers at ``clocks_mhz[k]`` (keys F, B seconds; F_j, B_j joules).
+
+    ``predict_mhz`` (e.g. every supported clock): add those inside the measured range, fitted from the measured
+    clocks (at least two); ``effective_mhz``: per stage, NVML's clock under the units' load at the top clock.
+    """
+    if not clocks_mhz or len(rows) != len(clocks_mhz) or not rows[0]:
+        raise ValueError("need each stage's numbers at each profiled clock")
+    if len({int(c) for c in clocks_mhz}) != len(clocks_mhz):
+        raise ValueError("each clock may be profiled once")
+    S = len(rows[0])
+    if any(len(r) != S for r in rows):
+        raise ValueError("every profiled clock needs the same stages")
 
     def table(key: str) -> np.ndarray:
-        return np.array([[rows[k][s][key] for k in range(len(clocks_mhz))] for s in range(len(rows[0]))], float)
+        return np.array([[rows[k][s][key] for k in range(len(clocks_mhz))] for s in range(S)], float)
 
     order = np.argsort(-np.asarray(clocks_mhz))
+    measured = np.asarray(clocks_mhz, dtype=np.int64)[order]
     f_t, b_t, f_j, b_j = (table(key)[:, order] for key in _COLUMNS)
-    return Profile(np.asarray(clocks_mhz)[order], f_t, b_t, f_j, b_j, source=source)
+    if predict_mhz is None:
+        return Profile(measured, f_t, b_t, f_j, b_j, source=source)
+    if measured.size < 2:
+        raise ValueError("fitting other clocks needs at least two profiled clocks")
+    lo, hi = int(measured[-1]), int(measured[0])
+    clocks = np.array(sorted({int(c) for c in predict_mhz if lo <= int(c) <= hi} | set(measured.tolist()),
+                             reverse=True), dtype=np.int64)
+    eff = _effective(effective_mhz, S)
+    out = {key: np.empty((S, clocks.size)) for key in _COLUMNS}
+    at_measured = np.searchsorted(-clocks, -measured)
+    for s in range(S):
+        for kind, times, joules in (("F", f_t, f_j), ("B", b_t, b_j)):
+            curve = fit_curve(measured, times[s], joules[s], eff[s][kind == "B"])
+            t, j = curve.time_s(clocks), curve.energy_j(clocks)
+            t[at_measured], j[at_measured] = times[s], joules[s]  # measured numbers as measured, bit for bit
+            out[kind][s], out[f"{kind}_j"][s] = t, j
+    listed = ", ".join(str(int(c)) for c in measured)
+    return Profile(clocks, out["F"], out["B"], out["F_j"], out["B_j"],
+                   source=f"{source}: measured at {listed} MHz, other clocks fitted (envpipe.profile.clockfit)")
 
 
 def profile_from_measured(
@@ -45,9 +89,9 @@ def profile_from_measured(
     bwd_j: Sequence[float],
     clocks_mhz: Sequence[int],
     model: FrequencyModel | None = None,
-    effective_mhz: Sequence[float | None] | None = None,
+    effective_mhz: EffectiveClocks | None = None,
 ) -> Profile:
-    """The measured values are each stage's column at its effective clock (default: the highest);
+    """The measured values are each unit's column at its effective clock (default: the highest);
     lower clocks follow ``model``; higher ones equal the measured column (the power cap holds them)."""
     model = model or FrequencyModel.default()
     clocks = np.array(sorted({int(c) for c in clocks_mhz}, reverse=True))
@@ -60,22 +104,34 @@ def profile_from_measured(
         raise ValueError("measured times and energies must be positive")
     S = columns[0].size
     top = float(clocks[0])
-    eff = [top if e is None else min(top, float(e)) for e in (effective_mhz or [None] * S)]
-    if len(eff) != S or any(not e > 0 for e in eff):
-        raise ValueError("effective clocks need one positive value (or None) per stage")
+    eff = [[top if e is None else min(top, e) for e in pair] for pair in _effective(effective_mhz, S)]
 
     def on_model(mhz: float) -> int:  # the model's clock at the same fraction of the highest clock
         return model.nearest_clock(model.max_mhz * mhz / top)
 
-    time_scale = np.ones((S, clocks.size))
-    power_scale = np.ones((S, clocks.size))
-    for s, e in enumerate(eff):
-        ref = on_model(e)
-        for k, c in enumerate(clocks):
-            m = on_model(min(float(c), e))
-            time_scale[s, k] = model.time_scale(m) / model.time_scale(ref)
-            power_scale[s, k] = model.busy_power(m) / model.busy_power(ref)
-    f_t, b_t = (c[:, None] * time_scale for c in columns[:2])
-    f_j, b_j = (c[:, None] * time_scale * power_scale for c in columns[2:])
+    time_scale = np.ones((2, S, clocks.size))  # [kind, stage, clock]
+    power_scale = np.ones((2, S, clocks.size))
+    for s, pair in enumerate(eff):
+        for kind, e in enumerate(pair):
+            ref = on_model(e)
+            for k, c in enumerate(clocks):
+                m = on_model(min(float(c), e))
+                time_scale[kind, s, k] = model.time_scale(m) / model.time_scale(ref)
+                power_scale[kind, s, k] = model.busy_power(m) / model.busy_power(ref)
+    f_t, b_t = (c[:, None] * time_scale[kind] for kind, c in enumerate(columns[:2]))
+    f_j, b_j = (c[:, None] * time_scale[kind] * power_scale[kind] for kind, c in enumerate(columns[2:]))
     capped = "" if effective_mhz is None else ", power-capped at the measured effective clocks"
     return Profile(clocks, f_t, b_t, f_j, b_j, source=f"measured at one clock, others simulated{capped}")
+
+
+def _effective(effective_mhz: EffectiveClocks | None, stages: int) -> list[tuple[float | None, float | None]]:
+    """Per stage, the (forward, backward) effective clocks; each a positive number or None."""
+    if effective_mhz is None:
+        return [(None, None)] * stages
+    if len(effective_mhz) != stages:
+        raise ValueError(f"effective clocks need one entry per stage ({stages}), got {len(effective_mhz)}")
+    pairs = [e if isinstance(e, tuple) else (e, e) for e in effective_mhz]
+    for pair in pairs:
+        if len(pair) != 2 or any(e is not None and not (np.isfinite(e) and e > 0) for e in pair):
+            raise ValueError("an effective clock is a positive number of MHz, a (forward, backward) pair, or None")
+    return [(None if f is None else float(f), None if b is None else float(b)) for f, b in pairs]

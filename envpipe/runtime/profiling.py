@@ -2,7 +2,8 @@
 
 Where clocks can be changed: one 1F1B iteration at each of `profile_points` clocks spread over the supported
 ones, per stage its slowest replica's unit times and energies (the energy from the meter at unit
-boundaries). Where they cannot (a GPU without the clock daemon): the calibration's units at default
+boundaries); a curve fitted to them per stage and kind (envpipe.profile.clockfit, power-cap aware) gives
+every other supported clock in between, so the planner may use any of them. Where they cannot (a GPU without the clock daemon): the calibration's units at default
 clocks become each stage's column at its effective clock, lower clocks from the frequency model (simulated,
 envpipe.profile.from_measured, power-cap aware). A profile file skips this; a plan file and EnvPipe's
 `baseline` need none.
@@ -14,6 +15,7 @@ import numpy as np
 
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
+from envpipe.profile.clockfit import profile_clocks
 from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
 from envpipe.runtime import replicas
 from envpipe.runtime.calibrate import Calibrated
@@ -21,14 +23,6 @@ from envpipe.runtime.collective import progress
 from envpipe.runtime.decide import all_max
 from envpipe.runtime.iterations import BASELINE
 from envpipe.runtime.rig import Phase, Rig, Step
-
-
-def profile_clocks(supported_mhz: list[int], count: int) -> list[int]:
-    """`count` clocks spread evenly over the supported ones, from the highest to the lowest."""
-    clocks = sorted(set(supported_mhz), reverse=True)
-    if count < 2 or len(clocks) <= count:
-        return clocks[: max(1, count)]
-    return [clocks[round(i * (len(clocks) - 1) / (count - 1))] for i in range(count)]
 
 
 def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
@@ -58,4 +52,5 @@ def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
         its = [[(w, t) for w, (t, _) in gathered]]
         entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
         rows.append(replicas.slowest_with_energy(entries, [e or (np.nan, np.nan) for _, (_, e) in gathered], rig.P))
-    return profile_from_clocks(clocks, rows, "online")
+    return profile_from_clocks(clocks, rows, "online", predict_mhz=clock.supported_mhz,
+                               effective_mhz=calibrated.report.effective_clock_mhz)
