@@ -18,13 +18,15 @@ import numpy as np
 from envpipe.energy.meter import PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.runtime import collective, replicas
+from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
 from envpipe.runtime.iterations import BASELINE
 from envpipe.runtime.memory import stage_memory
 from envpipe.runtime.rig import EnergySplit, Measured, Phase, Rig, Step
 from envpipe.runtime.timing import Calibration, StageTiming
+
+IDLE_S = 0.5  # how long the idle power is measured
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,6 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
         if split is not None and (i > 0 or steps == 1):
             splits.append(split)
         gathered.append(rig.gather((m.timing, None if split is None else (split.fwd_j, split.bwd_j))))
-        if i == 0 and rig.sim is not None:  # a simulated GPU's units keep the same cost from here on
-            cpu_s, flops = collective.job_sum(list(rig.sim.calibration_work()))
-            rig.sim.fix_unit_costs(flops / cpu_s if cpu_s > 0 else 0.0)
     measured = gathered[1:] or gathered
     iterations = [[(w, t) for w, (t, _) in it] for it in measured]
     cals = replicas.calibrate_replicas(one_f_one_b(rig.P, rig.M), iterations)
@@ -129,13 +128,16 @@ def _effective_clock(rig: Rig, timings: list[StageTiming]) -> list[float | None]
 
 
 def _idle_power(rig: Rig) -> float | None:
-    """The idle GPU's power: the model's on a simulated GPU, measured (0.5 s idle) on a real one."""
-    if rig.sim is not None:
-        return rig.sim.model.idle_power_w
+    """The idle GPU's power, measured from its counter over 0.5 s without work (a simulated GPU idles in its
+    virtual time; the job's next iteration starts when every GPU is done)."""
     if rig.meter is None:
         return None
-    t0 = time.perf_counter()
-    time.sleep(0.5)
-    t1 = time.perf_counter()
+    if rig.sim is not None:
+        t0 = rig.sim.now()
+        t1 = rig.sim.idle(IDLE_S)
+    else:
+        t0 = time.perf_counter()
+        time.sleep(IDLE_S)
+        t1 = time.perf_counter()
     rig.meter.wait_until(t1)
     return float(rig.meter.trace.between(t0, t1)) / (t1 - t0)

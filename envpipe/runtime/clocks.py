@@ -1,7 +1,7 @@
 """Clock setters the runtime calls before a unit whose planned clock differs from the current one.
 
-`SimClock` (CPU, tests, demos): records the clock, stretches each unit as the frequency model says
-and accrues *simulated* energy. `DaemonClock`: asks the envpipe-clockd sidecar for clocks through
+`SimClock` (CPU, tests, demos): the clock of a simulated GPU (envpipe.simgpu), whose units, energy and
+virtual time the engine runs; *simulated*. `DaemonClock`: asks the envpipe-clockd sidecar for clocks through
 `envpipe.clock.client` (non-blocking; the client's one loop thread does the I/O) and keeps every
 refusal for the report. `NvmlEnergyClock`: no clock control (no daemon), the GPU's real energy counter.
 
@@ -14,23 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
-
-from envpipe.energy.meter import CounterTrace, EnergyMeter, PolledMeter, SimMeter, nvml_reader, nvml_sm_clock
-from envpipe.profile import FrequencyModel
+from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_reader, nvml_sm_clock
 from envpipe.runtime.config import EnvPipeConfig
+from envpipe.simgpu import JobTruth, SimGpu
 
 log = logging.getLogger(__name__)
-GPU_UUID_ENV = "ENVPIPE_GPU_UUID"
-# The simulated GPUs' link: PCIe 4.0 x16-like (about 25 GB/s and 10 us a message), so that a stage that
-# waits for its input sees the wait a real one would, not none
-LINK_BYTES_PER_S = 25e9
-LINK_LATENCY_S = 10e-6  # the clockd GPU a CPU rank leases (default: the daemon's GPU number LOCAL_RANK)
+GPU_UUID_ENV = "ENVPIPE_GPU_UUID"  # the clockd GPU a CPU rank leases (default: the daemon's GPU number LOCAL_RANK)
 
 
 class ClockUnavailable(RuntimeError):
@@ -52,15 +45,10 @@ class Clock(Protocol):
     controls_clocks: bool  # False: requests are only recorded: clocks stay as they are
     needs_unit_times: bool  # True: `after_unit` must see every unit (the engine always times units)
     supported_mhz: list[int]  # SM clocks this GPU accepts, descending
-    requested: list[int]  # every clock requested so far, in order
     note: str | None  # why clocks are not controlled, when they are not
 
     def set(self, mhz: int) -> None:
         """Request an SM clock; must return without waiting for it to apply."""
-
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float | None:
-        """Called on the training thread right after a forward/backward unit (its wall and CPU time, and its
-        FLOPs while a simulated GPU counts them); a simulated GPU returns the unit's end in its virtual time."""
 
     def energy_j(self) -> float | None:
         """Cumulative energy of this GPU, or None when unknown."""
@@ -73,21 +61,11 @@ class Clock(Protocol):
 
 
 class SimClock:
-    """A simulated GPU on CPU: its clock, its own time and its energy (all simulated).
+    """The clock of a simulated GPU on CPU (envpipe.simgpu.SimGpu): requests lock the simulated GPU's clock.
 
-    The simulated GPU keeps **virtual time**: a unit starts when the GPU is free and its input has
-    arrived (the sender's virtual time plus the simulated link's transfer time travel with every
-    activation and gradient, see envpipe.runtime.engine), and lasts its work scaled by the
-    frequency model's slowdown at the current clock; every iteration starts and ends at the same
-    virtual time on every rank (the job's collectives); its tail (all-reduce, optimizer step) is
-    work too. Until `fix_unit_costs` (after the first calibration iteration) a unit lasts its own CPU
-    time; from then on a unit of a kind lasts its FLOPs (torch's FLOP counter, the same in every run) at
-    the job's rate (its FLOPs over its CPU seconds in that iteration, one number for every rank: it scales
-    every unit alike). Why: on a shared machine wall time, and even CPU time, swing with the neighbours'
-    load; a simulated GPU that follows them turns the comparison of a plan with its baseline into noise.
-    So two runs of the same job plan alike and report alike, and no unit sleeps. With several intra-op
-    threads the training thread's CPU time misses their work, so there the wall time stands in for it.
-    ``slowdown`` > 1 makes every unit that many times longer, as a slower GPU would (a straggler in tests).
+    The GPU itself keeps virtual time and its energy counter; the engine runs every unit, transfer and tail on
+    it (envpipe.runtime.engine), so the runtime sees it as it would a real GPU: by timing and metering, never
+    by reading its hidden truth. All its numbers are simulated.
     """
 
     kind = "sim"
@@ -96,113 +74,22 @@ class SimClock:
     needs_unit_times = True  # every unit advances the virtual time
     note: str | None = None
 
-    def __init__(self, model: FrequencyModel | None = None, slowdown: float = 1.0) -> None:
-        if not slowdown >= 1.0:
-            raise ValueError(f"a sim clock slowdown must be >= 1, got {slowdown}")
-        self.slowdown = slowdown
-        self.model = model or FrequencyModel.default()
-        self.supported_mhz = list(self.model.clocks_mhz)
-        self.mhz = self.model.max_mhz
+    def __init__(self, gpu: SimGpu) -> None:
+        self.gpu = gpu
+        self.supported_mhz = list(gpu.supported_mhz)
         self.requested: list[int] = []
-        self._work: dict[str, list[tuple[float, float]]] = {"F": [], "B": []}  # per unit: (CPU s, FLOPs)
-        self.unit_work_s: dict[str, float] | None = None  # per kind, once fixed
-        self._tail_work: dict[str, list[float]] = {"reduce": [], "step": []}  # CPU s, until fixed
-        self.tail_work_s: dict[str, float] | None = None
-        self.vt = 0.0  # virtual time (s): the end of the GPU's last unit, or the iteration's start
-        self._ready = 0.0  # when the next unit's input arrives (the latest timestamp received)
-        self._start = 0.0  # the running unit's virtual start
-        self._busy_j = 0.0
-        self._busy_s = 0.0
-        self.trace = CounterTrace()  # the exact simulated counter in virtual time: knots at unit boundaries
-        self.trace.add(0.0, 0.0)
 
     def set(self, mhz: int) -> None:
-        self.mhz = self.model.nearest_clock(mhz)
-        self.requested.append(mhz)
-
-    def now(self) -> float:
-        return self.vt
-
-    @staticmethod
-    def transfer_s(nbytes: int) -> float:
-        """How long the simulated link takes to carry ``nbytes`` between neighbouring GPUs."""
-        return LINK_LATENCY_S + nbytes / LINK_BYTES_PER_S
-
-    def data_ready(self, t: float) -> None:
-        """An input of the next unit arrived: it was sent at the sender's virtual time ``t``."""
-        self._ready = max(self._ready, t)
-
-    def sync(self, t: float) -> None:
-        """Every GPU of the job waits for the last one (an iteration's start and end)."""
-        self.vt = max(self.vt, t)
-
-    def unit_start(self) -> float:
-        """The virtual start of the unit about to run: when the GPU is free and its input is there."""
-        self._start = max(self.vt, self._ready)
-        return self._start
-
-    @property
-    def counting(self) -> bool:
-        """Units still measure their own work (their FLOPs are counted)."""
-        return self.unit_work_s is None
-
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float:
-        """The unit's virtual end."""
-        if self.unit_work_s is not None:
-            work = self.unit_work_s[kind]
-        else:
-            work = cpu_s if torch.get_num_threads() == 1 else wall_s
-            self._work[kind].append((work, flops or 0.0))
-        gpu_s = work * self.model.time_scale(self.mhz) * self.slowdown
-        if self._start > (self.trace.last_time or 0.0):
-            self.trace.add(self._start, self.energy_at(self._start))  # idle until the unit starts
-        self._busy_s += gpu_s
-        self._busy_j += gpu_s * self.model.busy_power(self.mhz)
-        self.vt = self._start + gpu_s
-        self.trace.add(self.vt, self.energy_at(self.vt))
-        return self.vt
-
-    def after_tail(self, part: str, cpu_s: float) -> float:
-        """The iteration's tail on this GPU (``reduce``: the gradient all-reduce, ``step``: the optimizer step)
-        lasts its CPU time until the costs are fixed, then the calibration's median: the virtual end."""
-        if self.tail_work_s is not None:
-            work = self.tail_work_s[part]
-        else:
-            work = cpu_s
-            self._tail_work[part].append(cpu_s)
-        self._busy_s += work
-        self._busy_j += work * self.model.busy_power(self.mhz)
-        self.vt += work
-        self.trace.add(self.vt, self.energy_at(self.vt))
-        return self.vt
-
-    def calibration_work(self) -> tuple[float, float]:
-        """(CPU seconds, FLOPs) of every unit so far."""
-        units = [u for us in self._work.values() for u in us]
-        return sum(c for c, _ in units), sum(f for _, f in units)
-
-    def fix_unit_costs(self, flops_per_s: float) -> None:
-        """From now on a unit of a kind lasts its median FLOPs at ``flops_per_s`` (the job's rate); where no
-        FLOPs were counted, its median CPU work."""
-        if self.unit_work_s is not None or not all(self._work.values()):
-            return
-        counted = flops_per_s > 0 and all(f > 0 for us in self._work.values() for _, f in us)
-        self.unit_work_s = {k: statistics.median(f / flops_per_s if counted else c for c, f in us)
-                            for k, us in self._work.items()}
-        self.tail_work_s = {k: statistics.median(v) if v else 0.0 for k, v in self._tail_work.items()}
-
-    def energy_at(self, t: float) -> float:
-        """The counter at virtual time ``t`` (not before the last unit's end): blocking power when idle."""
-        return self._busy_j + max(0.0, t - self._busy_s) * self.model.idle_power_w
+        self.gpu.set_clock(mhz)
 
     def energy_j(self) -> float:
-        return self.energy_at(self.vt)
+        return self.gpu.energy_j()
 
     def refusals(self) -> list[Refusal]:
         return []
 
     def close(self) -> None:
-        self.mhz = self.model.max_mhz
+        self.gpu.set_clock(self.gpu.max_mhz)
 
 
 class DaemonClock:
@@ -228,16 +115,11 @@ class DaemonClock:
         self.emulated = emulated
         self.energy_label = "simulated" if emulated is not None else "measured"
         self.needs_unit_times = emulated is not None
-        self.requested: list[int] = []
 
     def set(self, mhz: int) -> None:
-        self.requested.append(mhz)
         self._client.set(self.gpu_uuid, mhz)
         if self.emulated is not None:
             self.emulated.set(mhz)
-
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float | None:
-        return None if self.emulated is None else self.emulated.after_unit(kind, wall_s, cpu_s, flops)
 
     def energy_j(self) -> float | None:
         if self.emulated is not None:
@@ -265,14 +147,10 @@ class NvmlEnergyClock:
         self.device_index = device_index
         self._read_j, self._shutdown = nvml_reader(device_index, pynvml)  # the energy meter's NVML reader
         self.supported_mhz = supported_clocks(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index))
-        self.requested: list[int] = []
         self.note = note
 
     def set(self, mhz: int) -> None:
-        self.requested.append(mhz)
-
-    def after_unit(self, kind: str, wall_s: float, cpu_s: float, flops: float | None = None) -> float | None:
-        return None
+        return None  # clocks stay as they are
 
     def energy_j(self) -> float:
         return self._read_j()
@@ -284,21 +162,22 @@ class NvmlEnergyClock:
         self._shutdown()
 
 
-def simulated_gpu(clock: Clock | None) -> SimClock | None:
-    """The clock's simulated GPU (the sim clock, or the daemon clock's emulation on CPU), if any."""
-    return clock if isinstance(clock, SimClock) else getattr(clock, "emulated", None)
+def simulated_gpu(clock: Clock | None) -> SimGpu | None:
+    """The clock's simulated GPU (the sim clock's, or the daemon clock's emulation on CPU), if any."""
+    sim = clock if isinstance(clock, SimClock) else getattr(clock, "emulated", None)
+    return sim.gpu if isinstance(sim, SimClock) else None
 
 
 def energy_label(clock: Clock | None) -> str:
-    """What a rank's energy numbers are: the sim clock's model, the NVML counter, or nothing."""
+    """What a rank's energy numbers are: a simulated GPU's counter, the NVML counter, or nothing."""
     if clock is None:
         return "none"
-    return "simulated (sim clock)" if simulated_gpu(clock) is not None else "measured (NVML counter)"
+    return "simulated GPU" if simulated_gpu(clock) is not None else "measured (NVML counter)"
 
 
 def time_label(clock: Clock | None) -> str:
-    """What a rank's times are: the simulated GPU's virtual time on CPU, else the wall clock."""
-    return "simulated (sim clock's GPU time)" if simulated_gpu(clock) is not None else "measured (wall clock)"
+    """What a rank's times are: a simulated GPU's virtual time on CPU, else the wall clock."""
+    return "simulated GPU" if simulated_gpu(clock) is not None else "measured (wall clock)"
 
 
 def supported_clocks(nvml: Any, handle: Any) -> list[int]:
@@ -309,11 +188,13 @@ def supported_clocks(nvml: Any, handle: Any) -> list[int]:
 
 @dataclass(frozen=True)
 class Device:
-    """Where a rank trains: a GPU (its CUDA index) or the CPU, and its data-parallel replica."""
+    """Where a rank trains: a GPU (its CUDA index) or the CPU, its pipeline stage and data-parallel replica."""
 
     on_gpu: bool
     local_rank: int  # the CUDA device index on a GPU node
     replica: int = 0
+    stage: int = 0
+    stages: int = 1
 
 
 def make_clock(
@@ -332,11 +213,11 @@ def make_clock(
         return NvmlEnergyClock(device.local_rank, "clock 'readonly': clocks are left as they are; every number is "
                                "measured, and the plan's saving is predicted (simulated)")
     if kind == "sim":
-        if device.on_gpu:  # the sim clock stretches wall time between units, which GPU timing does not see
+        if device.on_gpu:  # a simulated GPU keeps virtual time, which GPU timing does not see
             raise ClockUnavailable("envpipe clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs")
-        return SimClock(slowdown=slowdown)
+        return sim_clock(device, slowdown)
     if kind == "auto" and not device.on_gpu:
-        return SimClock(slowdown=slowdown)
+        return sim_clock(device, slowdown)
     from envpipe.clock.client import SOCKET_ENV, ClockClient, ClockDaemonUnavailable
 
     socket_path = environ.get(SOCKET_ENV) or None
@@ -345,7 +226,7 @@ def make_clock(
             uuid, supported = _gpu_identity(device.local_rank)
             return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported,
                                device_index=device.local_rank)
-        return _emulated_daemon_clock(socket_path, device, SimClock(slowdown=slowdown), environ)
+        return _emulated_daemon_clock(socket_path, device, sim_clock(device, slowdown), environ)
     except ClockDaemonUnavailable as exc:
         if kind == "daemon":
             raise ClockUnavailable(f"clock control was asked for (envpipe clock 'daemon') but {exc}") from None
@@ -353,6 +234,12 @@ def make_clock(
                 "and the plan's saving is predicted (simulated)")
         log.warning("envpipe: %s", note)
         return NvmlEnergyClock(device.local_rank, note)
+
+
+def sim_clock(device: Device, slowdown: float = 1.0) -> SimClock:
+    """The clock of this rank's simulated GPU: its stage's share of the job's hidden truth (envpipe.simgpu)."""
+    gpu = SimGpu(JobTruth.embedded(device.stages), device.stage, device.replica, slowdown=slowdown)
+    return SimClock(gpu)
 
 
 def _gpu_identity(index: int) -> tuple[str, list[int]]:

@@ -207,7 +207,7 @@ def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, ca
         if model is not None and cfg.scheduling == "envpipe":
             refused += memory_refusals(planned(None, "envpipe").reschedule, r, memory, M)
     predicted = _predicted(timeline, base_tl, replicas, profile.source)
-    info = S.PlanInfo(plan.policy, order_name(r), f"planner ({cfg.type}) on the {profile.source} profile",
+    info = S.PlanInfo(plan.policy, order_name(r), f"planner ({cfg.type}) on a profile: {profile.source}",
                       plan_digest(plan), budget, _unit_names(plan), plan.clocks(), list(memory or []) or None,
                       refused, deployed)
     return Decision(Origin.PLANNER, {d: plan for d in range(replicas)}, info, predicted, timeline.iteration_time,

@@ -24,15 +24,11 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import p2p
 from deepspeed.runtime.pipe import schedule as ds
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from torch.utils.flop_counter import FlopCounterMode
 
 from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.runtime.clocks import Clock, SimClock, simulated_gpu
+from envpipe.runtime.clocks import Clock, simulated_gpu
 from envpipe.runtime.memory import SavedTensorMeter
-
-if TYPE_CHECKING:
-    from envpipe.runtime.run import EnvPipeRun
 from envpipe.runtime.schedule import (
     IRecvActivation,
     IRecvGrad,
@@ -46,6 +42,10 @@ from envpipe.runtime.schedule import (
     UnitOrderSchedule,
     UnitStart,
 )
+from envpipe.simgpu import LINK, FlopCount, SimGpu, step_s
+
+if TYPE_CHECKING:
+    from envpipe.runtime.run import EnvPipeRun
 
 
 @dataclass
@@ -76,8 +76,8 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_orders: list[list[Unit]] | None = None
         self.unit_clocks: list[list[int]] | None = None
         self.clock: Clock | None = None
-        self._sim: SimClock | None = None  # a simulated GPU keeps virtual time (CPU)
-        self._tail_cpu = 0.0  # the training thread's CPU time at the last tail mark (a simulated GPU's tail)
+        self._sim: SimGpu | None = None  # a simulated GPU keeps virtual time (CPU)
+        self._params: tuple[int, int] | None = None
         self.units: list[UnitRecord] = []
         self.allreduce_s: float | None = None  # last timed iteration: ReduceTiedGrads + ReduceGrads (seconds)
         self._current_mhz: int | None = None
@@ -202,7 +202,7 @@ class EnvPipeEngine(PipelineEngine):
         super()._exec_schedule(pipe_schedule)
         self._wait_sends()  # every posted send is waited on and its tensor released each iteration
         if self._sim is not None and self._tail_marks:  # the optimizer step after the all-reduce
-            self._sim.after_tail("step", time.thread_time() - self._tail_cpu)
+            self._sim.tail(step_s(self._parameter_bytes()[0]))
         self.iteration_host_t0 = self._t0
         if self._gpu_units:  # resolve GPU unit times once per iteration, not per unit
             self._resolve_gpu_units()
@@ -331,12 +331,11 @@ class EnvPipeEngine(PipelineEngine):
             self._unit_event = self._event()
         if kind == "F" and self.saved_meter is not None:
             self.saved_meter.start()
-        self._unit_start = self._sim.unit_start() if self._sim is not None else 0.0
-        self._flops = FlopCounterMode(display=False) if self._sim is not None and self._sim.counting else None
-        if self._flops is not None:
-            self._flops.__enter__()
-        self._unit_t = time.perf_counter()
-        self._unit_cpu = time.thread_time()
+        if self._sim is not None:  # the unit runs on the simulated GPU: its work is counted, never timed
+            self._unit_start = self._sim.unit_start()
+            self._flops = FlopCount().start() if self._sim.needs_flops(kind) else None
+        else:
+            self._unit_start = time.perf_counter()
 
     def _exec_unit_end(self, kind: str, mb: int, buffer_id: int) -> None:
         if kind == "F" and self.saved_meter is not None:
@@ -344,24 +343,23 @@ class EnvPipeEngine(PipelineEngine):
         if self._on_gpu:
             self._gpu_units.append((kind, mb, self._unit_event, self._event(), self._current_mhz))
             return
-        wall, cpu = time.perf_counter() - self._unit_t, time.thread_time() - self._unit_cpu
-        flops = None
-        if self._flops is not None:
-            self._flops.__exit__(None, None, None)
-            flops = float(self._flops.get_total_flops())
-        virtual_end = self.clock.after_unit(kind, wall, cpu, flops) if self.clock is not None else None
-        if virtual_end is not None:
-            start, end = self._unit_start, virtual_end
+        if self._sim is not None:
+            end = self._sim.unit_end(kind, self._flops.stop() if self._flops is not None else None)
         else:
-            start, end = self._unit_t, time.perf_counter()
-        self.units.append(UnitRecord(kind, mb, start - self._t0, end - self._t0, self._current_mhz))
+            end = time.perf_counter()
+        self.units.append(UnitRecord(kind, mb, self._unit_start - self._t0, end - self._t0, self._current_mhz))
 
     def _exec_tail_mark(self, at: str) -> None:
-        if self._sim is not None:  # the all-reduce's work on a simulated GPU (its marks in virtual time)
-            if at == "reduced":
-                self._sim.after_tail("reduce", time.thread_time() - self._tail_cpu)
-            self._tail_cpu = time.thread_time()
+        if self._sim is not None and at == "reduced":  # the gradient all-reduce on the simulated link
+            self._sim.tail(LINK.allreduce_s(self._parameter_bytes()[1], self.grid.get_data_parallel_world_size()))
         self._tail_marks[at] = self._event() if self._on_gpu else self._now() - self._t0
+
+    def _parameter_bytes(self) -> tuple[int, int]:
+        """(trainable parameters, their gradients' bytes) of this stage, counted once."""
+        if self._params is None:
+            params = [p for p in self.module.parameters() if p.requires_grad]
+            self._params = (sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params))
+        return self._params
 
     # --- a simulated GPU's virtual time travels with every activation and gradient ------------------
     def _virtual_time_out(self, send: Any, tensors: Any) -> None:

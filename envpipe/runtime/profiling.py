@@ -3,10 +3,10 @@
 Where clocks can be changed: one 1F1B iteration at each of `profile_points` clocks spread over the supported
 ones, per stage its slowest replica's unit times and energies (the energy from the meter at unit
 boundaries); a curve fitted to them per stage and kind (envpipe.profile.clockfit, power-cap aware) gives
-every other supported clock in between, so the planner may use any of them. Where they cannot (a GPU without the clock daemon): the calibration's units at default
-clocks become each stage's column at its effective clock, lower clocks from the frequency model (simulated,
-envpipe.profile.from_measured, power-cap aware). A profile file skips this; a plan file and EnvPipe's
-`baseline` need none.
+every other supported clock in between, so the planner may use any of them. Where they cannot (a GPU
+without the clock daemon): the calibration's units at default clocks become each stage's column at its
+effective clock, lower clocks from the frequency model (simulated, envpipe.profile.from_measured, power-cap
+aware). A profile file skips this; a plan file and EnvPipe's `baseline` need none.
 """
 
 from __future__ import annotations

@@ -107,20 +107,24 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, cal: Calibrati
 
 def _replan(rig: Rig, chosen: decide.Decision, cal: Calibration, iterations: list[list[Any]], plan: Plan,
             over: float, idle: float) -> decide.Decision:
-    """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess."""
+    """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess; a budget
+    tighter than the fastest plan becomes the fastest plan's time: the least energy at the fastest iteration
+    still slows down units off the critical path (only 1F1B all-max would give that up)."""
     from envpipe.plan.lp import InfeasibleBudget
-    from envpipe.plan.optimal import optimal_plan
+    from envpipe.plan.optimal import optimal_plan, order_problems
 
     assert chosen.profile is not None and chosen.info.budget_s is not None
     timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == PLAN]
     profile = corrected_profile(chosen.profile, plan, timings)
     budget = chosen.info.budget_s / (1.0 + over)
     model, only_1f1b = decide.usable_memory(chosen.info.memory)
+    schedule, tail = "1f1b" if only_1f1b else rig.cfg.scheduling, np.asarray(cal.tail_s)
+    _, problems = order_problems(profile, rig.M, schedule, idle, cal.transfer_s, tail, model)
+    budget = max(budget, min(problem.fastest_time() for _, problem in problems))
     try:
-        result = optimal_plan(profile, rig.M, idle_power_w=idle, schedule="1f1b" if only_1f1b else
-                              rig.cfg.scheduling, time_budget_s=budget, transfer_s=cal.transfer_s, memory=model,
-                              tail_s=np.asarray(cal.tail_s))
-    except InfeasibleBudget:  # faster than the fastest plan: nothing to save within this budget
+        result = optimal_plan(profile, rig.M, idle_power_w=idle, schedule=schedule, time_budget_s=budget,
+                              transfer_s=cal.transfer_s, memory=model, tail_s=tail)
+    except InfeasibleBudget:  # no order fits the memory: nothing to save
         return decide.replanned(chosen, rig.baseline, "1f1b", profile, cal, idle, rig.dp, budget)
     return decide.replanned(chosen, result.plan, decide.order_name(result.reschedule), profile, cal, idle,
                             rig.dp, budget)

@@ -26,20 +26,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from envpipe.runtime import collective, decide, state
+from envpipe.runtime import collective, decide, prediction, state
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated, calibrate
 from envpipe.runtime.clocks import Clock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.collect import RankRecord, assemble
 from envpipe.runtime.collective import progress
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
-from envpipe.runtime.iterations import Iteration, IterationLog
+from envpipe.runtime.iterations import PLAN, Iteration, IterationLog
 from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.monitor import MonitorFeed
 from envpipe.runtime.profiling import stage_profile
@@ -47,6 +47,7 @@ from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budg
 from envpipe.runtime.rig import Measured, Phase, Rig
 from envpipe.runtime.steady import SteadyRecord, steady, what_runs
 from envpipe.runtime.timing import StageTiming
+from envpipe.simgpu import JobTruth
 
 log = logging.getLogger(__name__)
 SLOW_FACTOR = 2.0  # a measured iteration this many times its prediction gets one warning line
@@ -76,6 +77,7 @@ class EnvPipeRun:
         self._drawn: str | None = None  # the plan digest the Gantt picture shows
         self._warned_slow = False
         self._closed = False
+        self._oracle_for: tuple[str, S.OracleComparison] | None = None
         self.shape = self._job_shape()
         self._program = self._phases(None, 0)
         self._step = next(self._program)
@@ -225,12 +227,14 @@ class EnvPipeRun:
                           unit, units, record.digest, [a for a, _ in record.tails], [t for _, t in record.tails],
                           refusals)
         everyone = collective.gather(mine)
+        flops = self.rig.gather(None if self.rig.sim is None else self.rig.sim.unit_flops)
         if collective.rank() != 0:
             return
         summary = assemble(everyone, self.cfg, self.clock, planned.decision, planned.calibrated.report,
                            planned.reconfiguration, planned.calibrated.timing, self.rig.samples_per_iteration,
                            self.rig.M, planned.calibrated.straggler, steady_main=record.main,
                            wall_times=[it.wall_time for it in record.iterations() if it.runs == record.main])
+        summary = replace(summary, energy=self._energy_prediction(everyone), oracle=self._oracle(flops))
         from envpipe.runtime.report import write_report
 
         draw = self._drawn != record.digest
@@ -240,6 +244,26 @@ class EnvPipeRun:
         self.summary = summary
         if summary.measured is not None and summary.measured.energy_saving is not None:
             self.monitor.saving_measured = summary.measured.energy_saving.median
+
+    def _energy_prediction(self, records: list[RankRecord]) -> S.EnergyPrediction | None:
+        assert self.planned is not None and self.record is not None
+        record, rig = self.record, self.rig
+        what = prediction.ran(record.runs, not rig.controls, rig.f_max) if record.main == PLAN else rig.baseline
+        return prediction.energy_prediction(records, record.main, what, self.planned.decision.profile,
+                                            self.planned.calibrated, energy_label(self.clock))
+
+    def _oracle(self, flops: list[tuple[collective.Place, dict[str, float] | None]]) -> S.OracleComparison | None:
+        """On simulated GPUs: the saving a planner knowing their hidden truth finds (computed once per plan)."""
+        assert self.planned is not None and self.record is not None
+        per_stage = {w.stage: (f["F"], f["B"]) for w, f in flops if f and {"F", "B"} <= set(f)}
+        if len(per_stage) < self.rig.P:
+            return None
+        if self._oracle_for is None or self._oracle_for[0] != self.record.digest:
+            truth = JobTruth.embedded(self.rig.P)
+            oracle = prediction.oracle_comparison(self.cfg, truth.oracle_profile([per_stage[s] for s in range(
+                self.rig.P)]), self.record.runs, self.planned.calibrated, truth.blocking_w, truth.name)
+            self._oracle_for = (self.record.digest, oracle)
+        return self._oracle_for[1]
 
     # --- checkpoints --------------------------------------------------------------------------------------
     def save_state(self, folder: Path) -> None:

@@ -106,6 +106,17 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
         err = "" if s.time_error is None else \
             f"; measured {_ms(s.steady.time_s.median)} (error {_pct(s.time_error)})"
         lines.append(f"  predicted iteration (calibrated simulator): {_ms(s.predicted_iteration_time_s)}{err}")
+    e = s.energy
+    if e is not None:
+        per_stage = ", ".join(f"stage {x.stage} {_pct(x.error)}" for x in e.stages)
+        lines.append(f"  energy model vs the counter, what ran ({e.energy}): predicted {e.predicted_j:.2f} J, measured "
+                     f"{e.measured_j:.2f} J per iteration, error {_pct(e.error)} ({per_stage}); error = (predicted - "
+                     "measured) / measured")
+    o = s.oracle
+    if o is not None:
+        lines.append(f"  simulated GPU ({o.source}): a planner knowing its hidden truth saves "
+                     f"{_pct(o.energy_saving, sign=False)}; this run's plan, learned by profiling, saves "
+                     f"{_pct(o.planner_energy_saving, sign=False)} on the same truth (simulated, both)")
     r = s.reconfiguration
     if r is not None:
         times = ", ".join(_ms(x.measured_time_s) for x in r.rounds)
