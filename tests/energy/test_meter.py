@@ -10,7 +10,7 @@ import pytest
 
 from envpipe.energy.accounting import account
 from envpipe.energy.meter import CounterTrace, PolledMeter, SimMeter, nvml_reader
-from envpipe.runtime.clocks import SimClock
+from envpipe.simgpu import JobTruth, SimGpu, unit_s
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 
@@ -106,19 +106,16 @@ def test_nvml_reader_reads_the_energy_counter_in_joules() -> None:
 
 
 def test_sim_meter_gives_exact_unit_energy() -> None:
-    """The simulated GPU's counter in virtual time: a unit's energy is busy power x its simulated time,
-    the rest of the iteration blocking power; exact, whatever the machine's load."""
-    clock = SimClock()
-    model = clock.model
-    low = model.clocks_mhz[len(model.clocks_mhz) // 2]
-    clock.set(low)
-    clock.data_ready(0.004)  # the unit's input arrives at 4 ms
-    start = clock.unit_start()
-    end = clock.after_unit("F", 0.02, 0.02)
-    meter = SimMeter(clock.trace, clock.energy_at)
+    """A simulated GPU's counter in virtual time: a unit's energy is its power x its simulated time, the rest
+    of the iteration blocking power; exact, whatever the machine's load."""
+    gpu = SimGpu(JobTruth.embedded(2), 0, noise=0.0)
+    gpu.set_clock(gpu.supported_mhz[len(gpu.supported_mhz) // 2])
+    gpu.data_ready(0.004)  # the unit's input arrives at 4 ms
+    start = gpu.unit_start()
+    end = gpu.unit_end("F", 2e9)
+    meter = SimMeter(gpu.trace, gpu.energy_at)
     assert meter.wait_until(end + 0.01)  # the iteration ends 10 ms after the unit
     it = account(meter.trace, [(start, end)], 0.0, end + 0.01)
-    simulated = end - start
-    assert simulated == pytest.approx(0.02 * model.time_scale(low))
-    assert it.unit_j[0] == pytest.approx(simulated * model.busy_power(low))
-    assert it.idle_power_w == pytest.approx(model.idle_power_w)
+    assert start == pytest.approx(0.004) and end - start > unit_s(2e9)  # below the top clock: slower
+    blocking = JobTruth.embedded(2).blocking_w
+    assert it.idle_power_w == pytest.approx(blocking) and it.unit_j[0] / (end - start) > blocking

@@ -10,58 +10,42 @@ from pathlib import Path
 import pytest
 
 from envpipe.clock.service import ServiceConfig
-from envpipe.profile import FrequencyModel
-from envpipe.runtime import clocks
-from envpipe.runtime.clocks import ClockUnavailable, DaemonClock, Device, NvmlEnergyClock, SimClock, make_clock
+from envpipe.runtime.clocks import (
+    ClockUnavailable,
+    DaemonClock,
+    Device,
+    NvmlEnergyClock,
+    SimClock,
+    make_clock,
+    sim_clock,
+)
 from envpipe.runtime.config import parse
 from tests.support.clockd_helpers import daemon_thread
 
 
-def test_sim_clock_advances_virtual_time_by_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A unit lasts its CPU work x the model's slowdown at the clock, in virtual time; energy is exact."""
-    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
-    model = FrequencyModel.default()
-    low = model.clocks_mhz[len(model.clocks_mhz) // 2]
-    scale = model.time_scale(low)
-    assert scale > 1.05
-    clock = SimClock(model)
-    clock.set(low)
-    assert clock.unit_start() == 0.0
-    end = clock.after_unit("F", 0.9, 0.05)  # 50 ms of work; the wall time (0.9 s of load) does not count
-    assert end == pytest.approx(0.05 * scale) and clock.now() == end and clock.requested == [low]
-    busy = 0.05 * scale * model.busy_power(low)
-    assert clock.energy_j() == pytest.approx(busy)
-    clock.sync(1.0)  # the iteration ends at 1.0 s on the slowest rank: idle (blocking power) until then
-    assert clock.energy_j() == pytest.approx(busy + (1.0 - end) * model.idle_power_w)
+def test_sim_clock_locks_its_simulated_gpu_and_resets_on_close() -> None:
+    """The sim clock is the clock of a simulated GPU (envpipe.simgpu): a request snaps to its nearest clock, as a
+    driver does; closing goes back to the top clock. The GPU's time and energy are the engine's business."""
+    clock = sim_clock(Device(False, 0, replica=0, stage=1, stages=2))
+    gpu = clock.gpu
+    assert clock.supported_mhz == gpu.supported_mhz and clock.controls_clocks and clock.needs_unit_times
+    clock.set(1003)
+    assert gpu.mhz == min(gpu.supported_mhz, key=lambda f: abs(f - 1003))
+    clock.close()
+    assert gpu.mhz == gpu.max_mhz and clock.energy_j() == gpu.energy_j() == 0.0
 
 
-def test_sim_clock_waits_for_its_input_in_virtual_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
-    model = FrequencyModel.default()
-    clock = SimClock(model)
-    clock.data_ready(0.3)  # the neighbour sent this unit's input at 0.3 s
-    assert clock.unit_start() == 0.3
-    assert clock.after_unit("B", 0.01, 0.02) == pytest.approx(0.32)
-    assert float(clock.trace.between(0.0, 0.3)) == pytest.approx(0.3 * model.idle_power_w)  # waiting: blocking power
-    clock.data_ready(0.1)  # an older timestamp never moves time back
-    assert clock.unit_start() == pytest.approx(0.32)
-
-
-def test_sim_clock_intra_op_threads_use_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With several intra-op threads the training thread's CPU time misses their work: wall time stands in."""
-    clock = SimClock()
-    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 4)
-    clock.unit_start()
-    assert clock.after_unit("F", 0.08, 0.05) == pytest.approx(0.08)
-
-
-def test_straggler_slowdown_stretches_virtual_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
-    clock = SimClock(slowdown=3.0)
-    clock.unit_start()
-    assert clock.after_unit("F", 0.01, 0.01) == pytest.approx(0.03)
+def test_sim_clock_per_stage_and_straggler() -> None:
+    """Each rank's simulated GPU runs its own stage's share of the job's truth; a slowdown makes a straggler."""
+    slow = sim_clock(Device(False, 0, replica=1, stage=0, stages=2), slowdown=3.0).gpu
+    fast = sim_clock(Device(False, 0, replica=0, stage=0, stages=2)).gpu
+    assert (slow.stage, slow.replica, slow.slowdown) == (0, 1, 3.0)
+    for gpu in (slow, fast):
+        gpu.unit_start()
+        gpu.unit_end("F", 1e9)
+    assert slow.now() == pytest.approx(3 * fast.now(), rel=0.1)  # noise: 1 % per unit
     with pytest.raises(ValueError, match="slowdown must be >= 1"):
-        SimClock(slowdown=0.5)
+        sim_clock(Device(False, 0), slowdown=0.5)
 
 
 CPU = Device(on_gpu=False, local_rank=0)
@@ -142,30 +126,3 @@ def test_daemon_clock_by_uuid_and_an_unknown_uuid(tmp_path: Path) -> None:
             make_clock(parse({"clock": "daemon"}, {}), CPU, environ=env)
         with pytest.raises(ClockUnavailable, match="none for local rank 9"):
             make_clock(parse({"clock": "daemon"}, {}), Device(False, 9), environ={"ENVPIPE_CLOCKD_SOCKET": sock})
-
-
-def test_sim_clock_fixes_unit_costs_after_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After `fix_unit_costs` a unit lasts its kind's median FLOPs at the job's rate, whatever its CPU time (a
-    neighbour's load) says; before it, the unit's own CPU work counts; without FLOPs, the median CPU work."""
-    model = FrequencyModel.default()
-    low = model.clocks_mhz[-1]
-    monkeypatch.setattr(clocks.torch, "get_num_threads", lambda: 1)
-    clock = SimClock(model)
-    for kind, cpu, flops in (("F", 0.010, 2e9), ("F", 0.012, 2e9), ("F", 0.011, 2e9), ("B", 0.030, 4e9)):
-        clock.unit_start()
-        clock.after_unit(kind, 0.001, cpu, flops)
-    assert clock.counting and clock.now() == pytest.approx(0.010 + 0.012 + 0.011 + 0.030)
-    assert clock.calibration_work() == (pytest.approx(0.063), pytest.approx(10e9))
-    clock.fix_unit_costs(1e11)  # 100 GFLOP/s, the job's rate
-    assert not clock.counting and clock.unit_work_s == {"F": pytest.approx(0.02), "B": pytest.approx(0.04)}
-    clock.set(low)
-    before = clock.now()
-    clock.unit_start()
-    clock.after_unit("F", 0.001, 0.500)  # a unit slowed by load: its CPU time no longer matters
-    assert clock.now() - before == pytest.approx(0.02 * model.time_scale(low))
-    no_flops = SimClock(model)
-    for kind, cpu in (("F", 0.010), ("F", 0.014), ("B", 0.030)):
-        no_flops.unit_start()
-        no_flops.after_unit(kind, 0.001, cpu)
-    no_flops.fix_unit_costs(0.0)
-    assert no_flops.unit_work_s == {"F": pytest.approx(0.012), "B": pytest.approx(0.030)}

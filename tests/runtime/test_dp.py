@@ -283,14 +283,6 @@ def test_errors_broadcast_from_rank_0_survive_pickling() -> None:
     assert isinstance(custom, ValueError) and "p.csv:3: bad row" in str(custom)
 
 
-def test_sim_clock_slowdown_must_not_speed_up() -> None:
-    from envpipe.runtime.clocks import SimClock
-
-    with pytest.raises(ValueError, match="slowdown must be >= 1"):
-        SimClock(slowdown=0.5)
-    assert SimClock(slowdown=2.0).slowdown == 2.0
-
-
 def test_gpu_script_parses_and_its_table_reads_reports(tmp_path: Path) -> None:
     """benchmarks/dp_h200.sh (run end to end on CPU with TINY=1 by hand) and its table on two reports."""
     import subprocess
