@@ -79,7 +79,7 @@ def profile_from_clocks(
             out[kind][s], out[f"{kind}_j"][s] = t, j
     listed = ", ".join(str(int(c)) for c in measured)
     return Profile(clocks, out["F"], out["B"], out["F_j"], out["B_j"],
-                   source=f"{source}: measured at {listed} MHz, other clocks fitted (envpipe.profile.clockfit)")
+                   source=f"{source}: profiled at {listed} MHz, other clocks fitted (envpipe.profile.clockfit)")
 
 
 def profile_from_measured(

@@ -164,7 +164,7 @@ def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal
         refused = memory_refusals(uncapped, r, memory, M)
         orders = envpipe_schedule(P, M, r)
     plan = all_max(orders, f_max, cfg.scheduling, "baseline")
-    info = S.PlanInfo("baseline", order_name(r), "EnvPipe's rule on the calibration's measured unit times",
+    info = S.PlanInfo("baseline", order_name(r), "EnvPipe's rule on the calibration's unit times",
                       plan_digest(plan), None, _unit_names(plan), plan.clocks(), list(memory or []) or None, refused,
                       True)
     return Decision(Origin.RULE, {d: plan for d in range(replicas)}, info, None, predict_time(orders, cal), None,

@@ -73,7 +73,7 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
             scale = measured[s][kind] / predicted
             t[s] *= scale
             j[s] *= scale
-    return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by measured units")
+    return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by the units that ran")
 
 
 def replan_until_within_budget(rig: Rig, chosen: decide.Decision, cal: Calibration, idle_power_w: float
@@ -90,7 +90,7 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, cal: Calibrati
         rounds.append(S.ReconfigRound(rnd, statistics.median(plan_times), plan.clocks()))
         over = (statistics.median(plan_times) / cfg.time_budget_s - 1.0 if cfg.time_budget_s is not None
                 else slowdown - allowed)
-        runner_note = f"measured slowdown {100 * slowdown:+.1f}% (noise {100 * noise:.1f}%)"
+        runner_note = f"slowdown {100 * slowdown:+.1f}% against 1F1B all-max (noise {100 * noise:.1f}%)"
         if over <= max(TOLERANCE, noise):
             reason = f"within budget: {runner_note}"
             break

@@ -74,7 +74,7 @@ def steady(rig: Rig, record: SteadyRecord, done_pairs: int, write_summary: Calla
     pairs = max(0, record.pairs - done_pairs)
     window = comparison_pattern(2 * pairs, pairs)
     progress("steady: the plan" + (f", its first {len(window)} iterations interleaved with 1F1B all-max iterations "
-                                   "(measured against measured)" if window else ""))
+                                   "(this run's own, for the saving)" if window else ""))
     first_report = max(len(window), 1)
     i = 0
     while True:

@@ -33,6 +33,11 @@ def m_label(s: RunSummary) -> str:
     return "the simulated GPU's, both sides" if sim else "measured against measured"
 
 
+def _got(s: RunSummary) -> str:
+    """What this run's own times and energies are: measured, or on CPU a simulated GPU's."""
+    return "simulated GPU" if s.clock.time.startswith("simulated") else "measured"
+
+
 def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
     """The run's headline numbers as (label, value) rows, each label saying measured or simulated (the
     CML notebook's table)."""
@@ -59,7 +64,7 @@ def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
     if s.predicted_iteration_time_s is not None:
         rows.append(("iteration time predicted (calibrated simulator)", f"{s.predicted_iteration_time_s:.3f} s"))
     if s.time_error is not None:
-        rows.append(("iteration time error, (predicted - measured) / measured", _pct(s.time_error)))
+        rows.append((f"iteration time error (predicted vs {_got(s)})", _pct(s.time_error)))
     return rows
 
 
@@ -104,14 +109,13 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
                      f"energy saving {_pct(p.energy_saving, sign=False)}, slowdown {_pct(p.slowdown)}")
     if s.predicted_iteration_time_s is not None:
         err = "" if s.time_error is None else \
-            f"; measured {_ms(s.steady.time_s.median)} (error {_pct(s.time_error)})"
+            f"; {_got(s)} {_ms(s.steady.time_s.median)} (error {_pct(s.time_error)})"
         lines.append(f"  predicted iteration (calibrated simulator): {_ms(s.predicted_iteration_time_s)}{err}")
     e = s.energy
     if e is not None:
         per_stage = ", ".join(f"stage {x.stage} {_pct(x.error)}" for x in e.stages)
-        lines.append(f"  energy model vs the counter, what ran ({e.energy}): predicted {e.predicted_j:.2f} J, measured "
-                     f"{e.measured_j:.2f} J per iteration, error {_pct(e.error)} ({per_stage}); error = (predicted - "
-                     "measured) / measured")
+        lines.append(f"  energy model vs the counter, what ran: predicted {e.predicted_j:.2f} J, {_got(s)} "
+                     f"{e.measured_j:.2f} J per iteration, error {_pct(e.error)} ({per_stage})")
     o = s.oracle
     if o is not None:
         lines.append(f"  simulated GPU ({o.source}): a planner knowing its hidden truth saves "
@@ -120,7 +124,7 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
     r = s.reconfiguration
     if r is not None:
         times = ", ".join(_ms(x.measured_time_s) for x in r.rounds)
-        lines.append(f"  reconfiguration ({r.method}, measured): {len(r.rounds)} round(s), iteration {times}; "
+        lines.append(f"  reconfiguration ({r.method}, {_got(s)}): {len(r.rounds)} round(s), iteration {times}; "
                      f"{r.stop_reason}")
     if plan is not None and plan.memory is not None:
         for st, mem in enumerate(plan.memory):
@@ -141,7 +145,7 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
     if any(p is not None for p in peak):
         lines.append("  peak memory per GPU (measured): " + " / ".join(f"{(x or 0) / 2**20:.0f} MiB" for x in peak))
     lines.append(f"  files: {out / 'summary.json'}, {out / 'report.txt'}, per-iteration lines "
-                 f"{out}/iterations.rank*.jsonl, Gantt of measured units {out / 'gantt.png'}")
+                 f"{out}/iterations.rank*.jsonl, Gantt of the units that ran {out / 'gantt.png'}")
     return "\n".join(lines)
 
 
@@ -158,14 +162,14 @@ def _job_lines(s: RunSummary) -> list[str]:
     lines = [f"  job: DP{job.data_parallel} x PP{s.stages}, {job.gpus} GPUs on {len(job.nodes)} node(s); energy per "
              f"node ({s.clock.energy}): {nodes} J; plans identical across replicas: "
              f"{job.plans_identical_across_replicas}",
-             f"  replicas' units end (measured, median): {times}; straggler: {seen}"]
+             f"  replicas' units end ({_got(s)}, median): {times}; straggler: {seen}"]
     rule = job.straggler_rule
     if rule is not None:
         lines.append("  straggler rule: " + (
             f"the other replicas run a frontier plan of {_ms(rule.predicted_time_s)} (simulated) within the "
             f"straggler's {_ms(rule.straggler_predicted_time_s)}" if rule.applied else f"not applied ({rule.reason})"))
     for t in job.tails:
-        lines.append(f"  stage {t.stage} per replica (measured): all-reduce "
+        lines.append(f"  stage {t.stage} per replica ({_got(s)}): all-reduce "
                      f"{' / '.join(_ms(x) for x in t.measured_allreduce_s)}, tail "
                      f"{' / '.join(_ms(x) for x in t.measured_tail_s)}; simulated tail {_ms(t.simulated_tail_s)}")
     return lines

@@ -33,7 +33,7 @@ def test_every_supported_clock_in_range_from_four_profiled(gpt3: Profile) -> Non
     supported = [1500, *gpt3.freqs.tolist(), 800]  # a clock above and one below the profiled range
     p = profile_from_clocks(clocks, rows_of(gpt3, clocks), "online", predict_mhz=supported)
     assert p.freqs.tolist() == gpt3.freqs.tolist()  # 1500 and 800 lie outside the measured range: not predicted
-    assert "measured at 1410, 1230, 1035, 855 MHz" in p.source and "fitted" in p.source
+    assert "profiled at 1410, 1230, 1035, 855 MHz" in p.source and "fitted" in p.source
     for c in clocks:  # the measured numbers, bit for bit
         k = p.freq_index(c)
         assert p.fwd_time[:, k].tolist() == gpt3.fwd_time[:, k].tolist()
