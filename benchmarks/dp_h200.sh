@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Data x pipeline parallel on the lent GPUs: DP1xPP2 on 2 GPUs and, with 4 GPUs, DP2xPP2 (also ZeRO-1);
 # stock DeepSpeed 1F1B vs the EnvPipe runtime (EnvPipe order, 'baseline' type). Clocks are NEVER
-# changed: --clock daemon without a running envpipe-clockd falls back to recording clock requests only
-# and reading the NVML energy counter (measured). Job-wide energy = every GPU of every node.
+# changed: --clock readonly leaves every clock as it is
+# and reads the NVML energy counter (measured). Job-wide energy = every GPU of every node.
 # The gradient all-reduce (ReduceTiedGrads + ReduceGrads) and the tail (step end - last unit end) are
 # measured per replica and compared with the calibrated tail the runtime's prediction used (simulated).
 # Runs that need more GPUs than are visible (torch.cuda.device_count()) are skipped, each with a line in
@@ -20,12 +20,12 @@ source benchmarks/deepspeed_whl.sh
 if [ "${TINY:-0}" = 1 ]; then
   export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
   GPUS=${GPUS:-4}
-  MODEL=(--tiny --microbatches 4 --steps 3 --calibration-steps 1 --clock sim)
+  MODEL=(--tiny --microbatches 4 --steps 4 --calibration-steps 1 --clock sim)
 else
   unset ENVPIPE_CLOCKD_SOCKET 2>/dev/null || true
   GPUS=${GPUS:-$($PY -c 'import torch; print(torch.cuda.device_count())')}
   MODEL=(--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --micro-batch 4 --microbatches 8
-         --steps 10 --calibration-steps 3 --clock daemon)
+         --steps 13 --calibration-steps 3 --clock readonly)
 fi
 { date -u; uname -a; nproc; command -v nvidia-smi > /dev/null &&
     nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.sm,clocks.max.sm --format=csv;

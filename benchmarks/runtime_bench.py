@@ -1,158 +1,117 @@
-"""Stock DeepSpeed 1F1B vs the EnvPipe runtime on the same model, in one process per stage; every result is
-the runtime's own report (envpipe.runtime.summary.RunSummary).
+"""Stock DeepSpeed against EnvPipe's drop-in engine, each run the way a user runs it: examples/train_gpt.py under
+torchrun, one process per GPU, each engine in processes of its own (so peak memory is each engine's own).
 
-Run under torchrun (one process per pipeline stage). Clocks are never changed: with no envpipe-clockd the
-runtime's clock is 'auto', which on a GPU runs at default clocks and reads the NVML energy counter
-(measured); on CPU the sim clock (simulated).
+    python benchmarks/runtime_bench.py --out OUT --gpus 1 --models gpt2-16x2048,llama-12x3072 --rounds 2
+    python benchmarks/runtime_bench.py --out OUT --cpu                      # tiny model, 2 CPU processes
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/runtime_bench.py --out OUT --microbatches 8,16
-    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/runtime_bench.py --cpu --out OUT
-
-For each M both engines are built once (same seed, same weights), then ``--rounds`` times, in reverse order
-every other round so that drift favours neither: stock 1F1B for ``--steps`` iterations, and the runtime in
-1F1B order with every clock at max (calibration, then ``--steps`` steady iterations). Then the runtime in
-EnvPipe's order (its prediction), and the runtime's default policy (optimal): the plan it deploys, or on a
-GPU without the clock daemon the plan it would deploy, with its simulated saving. Rank 0 writes
-OUT/bench.json after every M (a run cut short keeps what it finished); benchmarks/runtime_results.py
-renders it.
+Per model, ``--rounds`` rounds, each running stock DeepSpeed (`--engine stock`, timed and metered by
+envpipe.runtime.stock) and the drop-in engine (`envpipe.initialize`, its default policy), in reverse order every
+other round so that drift favours neither. Clocks are never changed: without envpipe-clockd the engine's clock
+is 'auto', which on a GPU leaves clocks at default and reads the NVML energy counter, so the drop-in engine's
+steady iterations are 1F1B with every clock at its default, and its summary checks the energy model and the
+time prediction against the counter. Writes OUT/machine.txt, OUT/bench.json and each run's report folder
+(summary.json, iterations.rank*.jsonl, the log); benchmarks/dropin_results.py renders them.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as tdist
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
-
-import train_gpt  # noqa: E402  (examples/train_gpt.py: the model, the stock loop)
-
-from envpipe.energy.meter import METER_PERIOD_S  # noqa: E402
-from envpipe.runtime import config as envpipe_config  # noqa: E402
-from envpipe.runtime import distributed  # noqa: E402
-from envpipe.runtime.clocks import Device, make_clock  # noqa: E402
-from envpipe.runtime.runner import Runner  # noqa: E402
-from envpipe.runtime.summary import RunSummary  # noqa: E402
-
-TINY = ["--tiny"]
-GPT2_H200 = ["--model", "gpt2", "--layers", "16", "--hidden", "2048", "--heads", "16", "--seq", "1024",
-             "--micro-batch", "4"]
+EXAMPLE = ROOT / "examples" / "train_gpt.py"
+MODELS = {
+    "gpt2-16x2048": ["--model", "gpt2", "--layers", "16", "--hidden", "2048", "--heads", "16", "--seq", "1024",
+                     "--micro-batch", "4"],
+    "llama-12x3072": ["--model", "llama", "--layers", "12", "--hidden", "3072", "--heads", "24", "--seq", "2048",
+                      "--micro-batch", "2"],
+    "gpt2-12x1024": ["--model", "gpt2", "--layers", "12", "--hidden", "1024", "--heads", "16", "--seq", "1024",
+                     "--micro-batch", "4"],
+    "llama-16x2048": ["--model", "llama", "--layers", "16", "--hidden", "2048", "--heads", "16", "--seq", "2048",
+                      "--micro-batch", "2"],
+    "tiny": ["--tiny"],
+}
+ENGINES = ("stock", "envpipe")
 
 
-def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--microbatches", default="8", help="comma-separated M values")
-    p.add_argument("--rounds", type=int, default=4, help="interleaved stock/runtime pairs per M")
-    p.add_argument("--steps", type=int, default=15, help="measured iterations per run")
-    p.add_argument("--calibration-steps", type=int, default=3)
-    p.add_argument("--cpu", action="store_true", help="tiny model on CPU (gloo): checks the script's logic")
-    args, model_args = p.parse_known_args(argv)
-    args.ms = [int(m) for m in args.microbatches.split(",")]
-    if any(m < 1 for m in args.ms) or args.rounds < 1 or args.steps < 1:
-        p.error("M values, --rounds and --steps must be >= 1")
-    return args, model_args
+    p.add_argument("--out", type=Path, required=True, help="a new folder for the runs")
+    p.add_argument("--models", default="gpt2-16x2048", help=f"comma-separated, of: {', '.join(MODELS)}")
+    p.add_argument("--microbatches", type=int, default=8, help="micro-batches per iteration (M)")
+    p.add_argument("--gpus", type=int, default=1, help="processes (GPUs); one pipeline stage each")
+    p.add_argument("--rounds", type=int, default=2, help="stock/drop-in pairs per model")
+    p.add_argument("--steps", type=int, default=20, help="training iterations per run")
+    p.add_argument("--calibration-steps", type=int, default=3, help="the drop-in engine's calibration iterations")
+    p.add_argument("--cpu", action="store_true", help="tiny model on 2 CPU processes: checks the script")
+    args = p.parse_args(argv)
+    args.model_names = ["tiny"] if args.cpu else args.models.split(",")
+    unknown = [m for m in args.model_names if m not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    if min(args.rounds, args.steps, args.gpus, args.microbatches) < 1 or args.steps <= args.calibration_steps:
+        p.error("--rounds, --gpus, --microbatches must be >= 1 and --steps above --calibration-steps")
+    if args.out.exists():
+        p.error(f"{args.out} exists: give a new folder")
+    return args
 
 
-def runtime_run(engine: Any, data: Any, block: dict[str, Any], report_dir: Path, args: argparse.Namespace
-                ) -> RunSummary | None:
-    """The runtime with this `envpipe` block on ``engine``: its summary on rank 0, None elsewhere."""
-    cfg = envpipe_config.parse({**block, "report_dir": str(report_dir)}, environ={})
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    clock = make_clock(cfg, Device(engine.device.type == "cuda", local, engine.grid.get_data_parallel_id()))
-    try:
-        return Runner(engine, cfg, clock, engine.train_batch_size()).train(data, args.steps, args.calibration_steps)
-    finally:
-        if clock is not None:
-            clock.close()
+def run(args: argparse.Namespace, model: str, rnd: int, engine: str) -> dict:
+    """One training job of one engine; its report folder holds summary.json, the JSON lines and its log."""
+    folder = args.out / model / f"round{rnd}-{engine}"
+    folder.mkdir(parents=True)
+    nproc = 2 if args.cpu else args.gpus
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           str(EXAMPLE), *MODELS[model], "--microbatches", str(args.microbatches), "--steps", str(args.steps),
+           "--engine", engine, "--report-dir", str(folder), "--calibration-steps", str(args.calibration_steps),
+           "--compare-iterations", "0", "--log-interval", "1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+                                                       if args.cpu else {})}
+    t0 = time.monotonic()
+    with (folder / "log.txt").open("w") as log:
+        rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    print(f"{time.strftime('%H:%M:%S')} {model} round {rnd} {engine}: exit {rc}, {time.monotonic() - t0:.0f} s",
+          flush=True)
+    return {"model": model, "round": rnd, "engine": engine, "folder": str(folder.relative_to(args.out)), "exit": rc,
+            "command": " ".join(cmd[1:]).replace(str(ROOT) + "/", "")}
 
 
-def stock_run(engine: Any, data: Any, report_dir: Path, margs: argparse.Namespace) -> RunSummary | None:
-    margs.report_dir = str(report_dir)
-    cfg = envpipe_config.parse({"type": "baseline", "report_dir": str(report_dir)}, environ={})
-    return train_gpt.run_stock(engine, data, margs, cfg, engine.train_batch_size())
+MACHINE = """import platform, torch, deepspeed, transformers
+print(platform.node(), platform.platform(), "python", platform.python_version())
+print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__)"""
 
 
-def ratios(per_round: list[float]) -> dict[str, Any]:
-    return {"per_round": per_round, "median": statistics.median(per_round), "min": min(per_round),
-            "max": max(per_round)}
+def machine(args: argparse.Namespace) -> str:
+    """The date, the host, the software, and on GPUs what nvidia-smi says (read-only queries)."""
+    parts = [time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+             subprocess.run([sys.executable, "-c", MACHINE], capture_output=True, text=True).stdout.strip()]
+    if not args.cpu:
+        parts.append(subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,driver_version,power.limit,clocks.sm,clocks.max.sm,memory.total",
+             "--format=csv"], capture_output=True, text=True).stdout.strip())
+    return "\n".join(parts) + "\n"
 
 
-def bench_m(args: argparse.Namespace, model_args: list[str], M: int, out: Path) -> dict[str, Any]:
-    margs = train_gpt.parse_args([*model_args, "--microbatches", str(M), "--steps", str(args.steps),
-                                  "--calibration-steps", str(args.calibration_steps)])
-    stock = train_gpt.build_engine(margs, {}, "stock")
-    rt = train_gpt.build_engine(margs, {}, "envpipe")
-    data_s, data_r = train_gpt.tokens(margs, stock.device), train_gpt.tokens(margs, rt.device)
-    all_max_1f1b = {"type": "baseline", "scheduling": "1f1b", "clock": "auto", "compare_iterations": 0}
-    rounds = []
-    for r in range(args.rounds):
-        got: dict[str, RunSummary | None] = {}
-        for name in ("stock", "runtime_1f1b") if r % 2 == 0 else ("runtime_1f1b", "stock"):
-            report = out / f"M{M}" / f"{name}_r{r}"
-            got[name] = (stock_run(stock, data_s, report, margs) if name == "stock"
-                         else runtime_run(rt, data_r, all_max_1f1b, report, args))
-        rounds.append(got)
-    envpipe_order = runtime_run(rt, data_r, {**all_max_1f1b, "scheduling": "envpipe"}, out / f"M{M}" / "envpipe",
-                                args)
-    optimal = runtime_run(rt, data_r, {"clock": "auto"}, out / f"M{M}" / "optimal", args)
-    result: dict[str, Any] = {"M": M}
-    if tdist.get_rank() == 0:
-        per = [x["stock"].steady.time_s.median / x["runtime_1f1b"].steady.time_s.median  # type: ignore[union-attr]
-               for x in rounds]
-        result.update(
-            throughput_ratio=ratios(per),
-            rounds=[{k: v.to_json() for k, v in x.items() if v is not None} for x in rounds],
-            runtime_envpipe=envpipe_order.to_json() if envpipe_order else None,
-            runtime_optimal=optimal.to_json() if optimal else None,
-        )
-    del stock, rt
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return result
-
-
-def main(argv: list[str] | None = None) -> None:
-    args, model_args = parse(argv)
-    on_gpu = not args.cpu and train_gpt.uses_gpu()
-    distributed.init_distributed(on_gpu)
-    model_args = [*(TINY if args.cpu else GPT2_H200), *model_args]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    bench: dict[str, Any] = {
-        "stages": tdist.get_world_size(),
-        "model_args": model_args,
-        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "steps": args.steps,
-        "rounds": args.rounds,
-        "meter_period_s": METER_PERIOD_S,
-        "runs": [],
-    }
-    for M in args.ms:
-        t0 = time.perf_counter()
-        res = bench_m(args, model_args, M, out)
-        res["wall_s"] = time.perf_counter() - t0
-        bench["runs"].append(res)
-        if tdist.get_rank() == 0:
-            (out / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
-            print(f"M={M} done in {res['wall_s']:.0f}s: throughput ratio {res['throughput_ratio']['median']:.4f}",
-                  flush=True)
-    tdist.barrier()
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    args.out.mkdir(parents=True)
+    (args.out / "machine.txt").write_text(machine(args))
+    runs = []
+    for model in args.model_names:
+        for rnd in range(args.rounds):
+            for engine in ENGINES if rnd % 2 == 0 else ENGINES[::-1]:
+                runs.append(run(args, model, rnd, engine))
+                (args.out / "bench.json").write_text(json.dumps(
+                    {"command": " ".join(["python", "benchmarks/runtime_bench.py", *(argv or sys.argv[1:])]),
+                     "gpus": 2 if args.cpu else args.gpus, "microbatches": args.microbatches, "runs": runs},
+                    indent=1) + "\n")  # after every run: a run cut short keeps what it finished
+    return 1 if any(r["exit"] for r in runs) else 0
 
 
 if __name__ == "__main__":
-    main()
-    distributed.exit_process()
+    raise SystemExit(main())

@@ -40,9 +40,6 @@ class StockRecorder:
         self.calls = 0
 
     def train_batch(self, data_iter: Any = None) -> Any:
-        if self.calls == self.warmup and self.on_gpu:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         loss = self.engine.train_batch(data_iter)
         if self.on_gpu:

@@ -1,6 +1,6 @@
-"""The GPU benchmark scripts, run in their CPU mode (tiny model, gloo) so the lent-GPU run cannot fail on a
-typo: benchmarks/runtime_h200.sh -> runtime_bench.py under torchrun -> runtime_results.py, and
-benchmarks/engine_ablation.py."""
+"""The GPU benchmark scripts in their CPU mode (tiny model, gloo, simulated GPU), so that a run on a lent GPU
+cannot fail on a typo: benchmarks/runtime_gpu.sh -> runtime_bench.py (each engine under torchrun, in processes
+of its own) -> dropin_results.py."""
 
 from __future__ import annotations
 
@@ -13,57 +13,40 @@ from pathlib import Path
 import pytest
 
 from envpipe.runtime.summary import RunSummary
-from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_runtime_benchmark_scripts_on_cpu(tmp_path: Path) -> None:
-    env = {**os.environ, "CPU": "1", "OUT": str(tmp_path), "PYTHON": sys.executable, "MODELS": "gpt2",
-           "MS_gpt2": "2,4", "ROUNDS": "2", "STEPS": "2"}  # fmt: skip
-    proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "runtime_h200.sh")], env=env, capture_output=True, text=True, timeout=600
-    )
+    out = tmp_path / "out"
+    env = {**os.environ, "CPU": "1", "OUT": str(out), "PYTHON": sys.executable, "ROUNDS": "2", "STEPS": "20",
+           "MICROBATCHES": "2"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "runtime_gpu.sh")], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    bench = json.loads((tmp_path / "gpt2" / "bench.json").read_text())
-    assert bench["stages"] == 2 and [r["M"] for r in bench["runs"]] == [2, 4]
+    bench = json.loads((out / "bench.json").read_text())
+    assert [(r["round"], r["engine"]) for r in bench["runs"]] == [(0, "stock"), (0, "envpipe"), (1, "envpipe"),
+                                                                   (1, "stock")]
     for run in bench["runs"]:
-        assert len(run["rounds"]) == 2 and len(run["throughput_ratio"]["per_round"]) == 2
-        for r in run["rounds"]:
-            assert RunSummary.from_json(r["stock"]).engine == "stock-deepspeed-1f1b"
-            rt = RunSummary.from_json(r["runtime_1f1b"])
-            assert rt.plan is not None and rt.plan.order == "1f1b" and rt.plan.policy == "baseline"
-        optimal = RunSummary.from_json(run["runtime_optimal"])
-        assert optimal.plan is not None and optimal.plan.policy == "optimal" and optimal.predicted is not None
-        assert RunSummary.from_json(run["runtime_envpipe"]).prediction_error is not None
-    md = (tmp_path / "runtime_h200.md").read_text()
-    for heading in ("## Throughput: the runtime in 1F1B order", "## Predicted vs measured iteration time",
-                    "## The plan of the runtime's default policy (optimal)"):  # fmt: skip
-        assert heading in md
-    assert "| gpt2 | 2 | 4 |" in md and "simulated** against its own 1F1B all-max baseline" in md
-    assert "cpus:" in (tmp_path / "machine.txt").read_text()
+        s = RunSummary.load(out / run["folder"] / "summary.json")
+        assert s.engine == ("stock-deepspeed-1f1b" if run["engine"] == "stock" else "envpipe")
+    md = (out / "dropin.md").read_text()
+    assert "## Throughput and memory" in md and "## Predictions against measurements" in md
+    assert "— (times of two kinds)" in md  # CPU: wall-clock stock against a simulated GPU: no ratio
+    assert "torch 2.13.0" in (out / "machine.txt").read_text()
 
 
-@pytest.mark.slow
-def test_engine_ablation_on_cpu(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           str(ROOT / "benchmarks" / "engine_ablation.py"), "--cpu", "--out", str(tmp_path), "--rounds", "2",
-           "--steps", "2", "--torch-profile", "1"]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "ablation.json").read_text())
-    (run,) = report["runs"]
-    assert set(run["throughput_vs_stock"]) == {"stock", "engine", "engine+meter", "runtime"}
-    assert run["throughput_vs_stock"]["stock"]["median"] == 1.0
-    assert "| 8 | runtime |" in (tmp_path / "ablation.md").read_text()
-    assert (tmp_path / "profile_M8_runtime_rank0_self_cpu_time_total.txt").stat().st_size > 0
+def test_renderers_refuse_an_empty_directory(tmp_path: Path) -> None:
+    for script, message in (("runtime_results.py", "no */bench.json"), ("dropin_results.py", "bench.json: no such")):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), str(tmp_path)],
+                              capture_output=True, text=True)
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_results_renderer_refuses_an_empty_directory(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "runtime_results.py"), str(tmp_path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert proc.returncode != 0 and "no */bench.json" in proc.stderr
+def test_benchmark_refuses_bad_arguments(tmp_path: Path) -> None:
+    for args, message in ((["--models", "gpt5"], "unknown model(s) gpt5"), (["--rounds", "0"], "must be >= 1"),
+                          (["--out", str(tmp_path)], "exists: give a new folder")):
+        argv = [sys.executable, str(ROOT / "benchmarks" / "runtime_bench.py"), "--out", str(tmp_path / "new"), *args]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr and not (tmp_path / "new").exists()

@@ -1,0 +1,102 @@
+"""Render benchmarks/runtime_bench.py's output folder: stock DeepSpeed against the drop-in engine (throughput and
+peak memory, each engine in its own processes) and the drop-in engine's predictions against its measurements
+(iteration energy per stage and in total, iteration time).
+
+    python benchmarks/dropin_results.py OUT > benchmarks/results/dropin_<gpu>.md
+
+Every number comes from the runs' own summaries (envpipe.runtime.summary.RunSummary) and OUT/machine.txt.
+Errors are (predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from benchmarks.common import md_row, md_table, prediction_error, shown_path
+from envpipe.runtime.summary import RunSummary
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:+.1f}%"
+
+
+def _gib(b: int | None) -> str:
+    return "—" if b is None else f"{b / 2**30:.1f}"
+
+
+def render(out: Path) -> str:
+    bench = json.loads((out / "bench.json").read_text())
+    machine = (out / "machine.txt").read_text().strip().splitlines() if (out / "machine.txt").is_file() else []
+    runs = [r for r in bench["runs"] if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()]
+    summaries = {(r["model"], r["round"], r["engine"]): RunSummary.load(out / r["folder"] / "summary.json")
+                 for r in runs}
+    failed = [r for r in bench["runs"] if r not in runs]
+    lines = ["# Stock DeepSpeed against the drop-in engine, and the energy model against the counter", "",
+             f"Raw data: `{shown_path(out)}` (bench.json, each run's summary.json, iterations.rank*.jsonl and log). "
+             f"Command: `{bench['command']}`. Machine:", "", *(f"    {x}" for x in machine), "",
+             f"Each engine ran examples/train_gpt.py in processes of its own ({bench['gpus']} per job, one pipeline "
+             f"stage each, M = {bench['microbatches']}), alternating by round. Clocks were never changed: the "
+             "drop-in engine ran without envpipe-clockd (clock 'auto': default clocks, the NVML energy counter), so "
+             "its steady iterations are 1F1B at default clocks. Peak memory: each job's own allocator peak on GPU 0 "
+             "(from before the model was built). Times and energies are measured; predictions are the runtime's "
+             "(simulated); error = (predicted − measured) / measured.", ""]
+    lines += ["## Throughput and memory", "",
+              *md_table("model", "round", "stock iteration (ms)", "drop-in iteration (ms)", "drop-in / stock",
+                        "stock peak (GiB)", "drop-in peak (GiB)")]
+    ratios: dict[str, list[float]] = {}
+    for model, rnd in sorted({(m, r) for m, r, _ in summaries}):
+        stock, ours = summaries.get((model, rnd, "stock")), summaries.get((model, rnd, "envpipe"))
+        if stock is None or ours is None:
+            continue
+        same_kind = stock.clock.time == ours.clock.time  # a ratio only between two numbers of one kind
+        ratio = stock.steady.time_s.median / ours.steady.time_s.median  # throughput ratio, same samples
+        if same_kind:
+            ratios.setdefault(model, []).append(ratio)
+        lines.append(md_row(model, rnd, f"{1e3 * stock.steady.time_s.median:.1f} ({stock.clock.time})",
+                            f"{1e3 * ours.steady.time_s.median:.1f} ({ours.clock.time})",
+                            f"{ratio:.4f}" if same_kind else "— (times of two kinds)",
+                            _gib(stock.gpus[0].peak_memory_bytes), _gib(ours.gpus[0].peak_memory_bytes)))
+    lines.append("")
+    for model, rs in ratios.items():
+        lines.append(f"- {model}: drop-in / stock throughput {statistics.median(rs):.4f} (median of {len(rs)} "
+                     f"round(s), {min(rs):.4f}–{max(rs):.4f}).")
+    lines += ["", "## Predictions against measurements (drop-in engine)", "",
+              *md_table("model", "round", "energy predicted / measured (J)", "error", "per stage",
+                        "time predicted / measured (ms)", "error")]
+    for (model, rnd, engine), s in sorted(summaries.items()):
+        if engine != "envpipe":
+            continue
+        e, measured = s.energy, s.steady.time_s.median
+        predicted = s.predicted_iteration_time_s
+        lines.append(md_row(
+            model, rnd, "—" if e is None else f"{e.predicted_j:.1f} / {e.measured_j:.1f}",
+            "—" if e is None else _pct(e.error),
+            "—" if e is None else ", ".join(f"{x.stage}: {_pct(x.error)}" for x in e.stages),
+            "—" if predicted is None else f"{1e3 * predicted:.1f} / {1e3 * measured:.1f}",
+            "—" if predicted is None else _pct(prediction_error(predicted, measured))))
+    if failed:
+        lines += ["", "Runs that failed or ended before a report (see their log.txt): " + ", ".join(
+            f"{r['model']} round {r['round']} {r['engine']}" for r in failed)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="benchmarks/runtime_bench.py's output folder")
+    args = p.parse_args(argv)
+    if not (args.out / "bench.json").is_file():
+        print(f"dropin_results.py: error: {args.out}/bench.json: no such file (run benchmarks/runtime_bench.py)",
+              file=sys.stderr)
+        return 2
+    sys.stdout.write(render(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
