@@ -37,7 +37,7 @@ def test_make_demo_learns_saves_and_repeats_to_the_joule(tmp_path: Path) -> None
     for phase in ("calibrate:", "profile:", "decide: optimal", "steady:"):
         assert f"[envpipe] {phase}" in out, out[-3000:]
     lines = [x for x in out.splitlines() if x.startswith("[envpipe]") and "loss" in x]
-    assert len(lines) == 30 and all(f"/30 " in x and " J (rank 0's GPU, simulated)" in x for x in lines)
+    assert len(lines) == 30 and all("/30 " in x and " J (rank 0's GPU, simulated)" in x for x in lines)
     losses = [float(x.split("loss ")[1].split()[0]) for x in lines]
     assert losses[-1] < losses[0] - 2.0, losses  # the counting task is learned: ln(512) = 6.24 at the start
     report = (tmp_path / "a" / "runtime" / "report.txt").read_text()

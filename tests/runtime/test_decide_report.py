@@ -111,7 +111,8 @@ def test_summary_round_trip_and_schema(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"summary\.steady: Input should be an object"):
         S.RunSummary.from_json({**data, "steady": None})
     with pytest.raises(ValueError, match=r"summary\.steady\.time_s\.n: Input should be a valid integer"):
-        S.RunSummary.from_json({**data, "steady": {**data["steady"], "time_s": {**data["steady"]["time_s"], "n": "1"}}})
+        steady = data["steady"]
+        S.RunSummary.from_json({**data, "steady": {**steady, "time_s": {**steady["time_s"], "n": "1"}}})
     with pytest.raises(ValueError, match=r"not an EnvPipe run summary \(schema version 1 or 2\)"):
         S.RunSummary.from_json({**data, "schema_version": 3})
 

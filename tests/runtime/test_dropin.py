@@ -142,7 +142,8 @@ def test_dropin_pp2_same_math_plan_deployed_and_monitors(tmp_path: Path) -> None
                 "phase", "saving_planned_simulated", "saving_simulated", "stage1_energy_j_simulated"):
         rows = (csv / f"EnvPipe_Samples_{tag}.csv").read_text().splitlines()
         assert len(rows) > 2, tag  # a header and the iterations
-    energy = [float(r.split(",")[1]) for r in (csv / "EnvPipe_Samples_energy_j_simulated.csv").read_text().splitlines()[1:]]
+    rows = (csv / "EnvPipe_Samples_energy_j_simulated.csv").read_text().splitlines()[1:]
+    energy = [float(r.split(",")[1]) for r in rows]
     assert len(energy) >= steps - 2 and all(e > 0 for e in energy)
     assert (csv / "Train_Samples_train_loss.csv").exists()  # DeepSpeed's own events beside ours
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
