@@ -43,7 +43,7 @@ def test_split_leaves_input_alone() -> None:
         ({"max_slowdown": 0.1, "time_budget_s": 2.0}, {}, r"either 'max_slowdown' or 'time_budget_s'"),
         ({"max_slowdown": 1.5}, {}, r"'envpipe.max_slowdown' is 1.5: input should be less than 1"),
         ({"max_slowdown": float("nan")}, {}, r"input should be a finite number"),
-        ({"straggler_threshold": 10**400}, {}, r"'envpipe.straggler_threshold' is 10{36}\.\.\.: input should be a valid number"),
+        ({"straggler_threshold": 10**400}, {}, r"straggler_threshold' is 10{36}\.\.\.: input should be a valid number"),
         ({"time_budget_s": 0}, {}, r"'envpipe.time_budget_s' is 0: input should be greater than 0"),
         ({"memory_headroom": -0.1}, {}, r"input should be greater than or equal to 0"),
         ({"memory_limit_bytes": 1.5}, {}, r"'envpipe.memory_limit_bytes' is 1.5: input should be a valid integer"),
