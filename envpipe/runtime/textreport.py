@@ -80,7 +80,7 @@ def _deployment(plan: PlanInfo) -> str:
 def render(s: RunSummary, report_dir: str | Path) -> str:
     out = Path(report_dir)
     plan = s.plan
-    lines = [f"EnvPipe run: {s.stages} stages x {s.microbatches} micro-batches"
+    lines = [f"EnvPipe run: {s.stages} stage{'' if s.stages == 1 else 's'} x {s.microbatches} micro-batches"
              + (f", {s.data_parallel} data-parallel replicas" if s.data_parallel > 1 else "") + f" ({s.engine})"]
     if plan is not None:
         lines.append(f"  plan: policy {plan.policy}, order {plan.order}; from {plan.source}; digest {plan.digest}"
