@@ -1,0 +1,164 @@
+"""The drop-in engine's parts without processes (fast): the config as DeepSpeed takes it, the steady phase's
+iterations, the monitor's events, the checkpointed state, the energy model against measured iterations and the
+oracle on a simulated GPU's truth. tests/runtime/test_dropin.py runs them together in real DeepSpeed jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
+from envpipe.profile import embedded_profile_path, load_profile
+from envpipe.runtime import prediction, state
+from envpipe.runtime import summary as S
+from envpipe.runtime.calibrate import Calibrated
+from envpipe.runtime.collect import RankRecord
+from envpipe.runtime.collective import Place
+from envpipe.runtime.config import EnvPipeConfig
+from envpipe.runtime.decide import Decision, Origin, all_max
+from envpipe.runtime.entry import EnvPipeSetupError, _without_config, read_config
+from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
+from envpipe.runtime.monitor import Finished, MonitorFeed
+from envpipe.runtime.steady import SteadyRecord
+from envpipe.runtime.timing import Calibration
+from envpipe.simgpu import JobTruth
+
+
+def test_config_as_deepspeed_takes_it(tmp_path: Path) -> None:
+    assert read_config(None, {"a": 1}) == ({"a": 1}, None)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "envpipe": {"type": "baseline"}}))
+    args = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
+    config, where = read_config(args, None)
+    assert where == path and config["envpipe"] == {"type": "baseline"}
+    assert _without_config(args).deepspeed_config is None and args.deepspeed_config == str(path)  # a copy
+    for bad_args, bad_config, message in (
+            (args, {"x": 1}, "given twice"), (None, None, "no DeepSpeed config"),
+            (None, str(tmp_path / "missing.json"), "cannot read: No such file"),
+            (None, str(tmp_path), "cannot read"), (None, str(_write(tmp_path / "l.json", "[1]")), "a JSON object"),
+            (None, str(_write(tmp_path / "b.json", "{")), "not JSON")):
+        with pytest.raises(EnvPipeSetupError, match=message):
+            read_config(bad_args, bad_config)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _it(index: int, runs: str, energy: float | None = 1.0, phase: str = "steady") -> Iteration:
+    return Iteration(index, phase, runs, float(index), float(index) + 0.5, 1e9 + index, 8, 8 * index, [1410, 855],
+                     0.1, True, {}, energy)
+
+
+def test_steady_record_keeps_the_window_and_a_bounded_tail() -> None:
+    plan = all_max(one_f_one_b(2, 4), 1410, "1f1b", "optimal")
+    record = SteadyRecord(plan, PLAN, pairs=2)
+    window = comparison_pattern(4, 2)
+    assert window == [PLAN, BASELINE, BASELINE, PLAN]
+    for i, runs in enumerate([*window, *[PLAN] * 200]):
+        record.add(_it(i, runs))
+    kept = record.iterations()
+    assert [x.runs for x in kept[:4]] == window and len(kept) == 4 + record.recent.maxlen  # type: ignore[operator]
+    assert kept[-1].index == 203  # the newest plan iterations
+
+
+def test_monitor_events_of_the_job_per_iteration() -> None:
+    written: list[list[tuple[str, float, int]]] = []
+    feed = MonitorFeed(written.append, "measured", simulated_time=False)
+    feed.saving_planned, feed.saving_measured = 0.12, 0.10
+    rows = [Finished(7, 0, "steady", PLAN, 0.5, 100.0, 16, 112, 1200.0),
+            Finished(7, 1, "steady", PLAN, 0.6, 150.0, 16, 112, 1410.0)]
+    events = dict((tag, value) for tag, value, step in feed.events(rows))
+    p = "EnvPipe/Samples/"
+    assert events[f"{p}energy_j_measured"] == 250.0 and events[f"{p}power_w_measured"] == pytest.approx(250 / 0.6)
+    assert events[f"{p}iteration_time_s"] == 0.6 and events[f"{p}samples_per_s"] == pytest.approx(16 / 0.6)
+    assert events[f"{p}stage1/energy_j_measured"] == 150.0 and events[f"{p}stage0/clock_mhz"] == 1200.0
+    assert events[f"{p}phase"] == 3 and events[f"{p}runs_plan"] == 1
+    assert events[f"{p}saving_planned_simulated"] == 0.12 and events[f"{p}saving_measured"] == 0.10
+    assert {step for _, _, step in feed.events(rows)} == {112}  # DeepSpeed's step: the samples so far
+    unknown = feed.events([Finished(8, 0, "profile@1005", BASELINE, 0.5, None, 16, 128, 0.0)])
+    assert not any("energy" in tag for tag, _, _ in unknown)  # no counter yet: no energy event
+
+
+def _calibrated(P: int = 2) -> Calibrated:
+    cal = Calibration([0.01] * P, [0.02] * P, [0.0] * P, 0.001, [0.005] * P, 0.0)
+    spread = S.Spread.of([0.2])
+    assert spread is not None
+    report = S.Calibration(1, spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s, cal.head_s,
+                           [None] * P, 80.0, [90.0] * P, [200.0] * P)
+    memory = [S.MemoryUse(1024, 2048, None, None, None, P - s) for s in range(P)]
+    energies = [{"F": 0.01, "B": 0.02, "F_j": 2.0, "B_j": float("nan")} for _ in range(P)]
+    return Calibrated(cal, report, memory, energies, None, 80.0, [90.0] * P, [200.0] * P)
+
+
+def test_checkpointed_state_round_trip_and_what_changed(tmp_path: Path) -> None:
+    profile = load_profile(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
+    sub = type(profile)(profile.freqs, profile.fwd_time[:2], profile.bwd_time[:2], profile.fwd_energy[:2],
+                        profile.bwd_energy[:2], "two stages")
+    plan = all_max(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
+    info = S.PlanInfo("optimal", "envpipe", "planner", "d", 1.0, [["F0"]], plan.clocks(), None, [], True)
+    decision = Decision(Origin.PLANNER, {0: plan, 1: plan}, info, None, 0.2, sub, None)
+    shape = state.JobShape(4, 2, 2, 4, 2, ["a", "b"])
+    state.save(tmp_path, state.to_state(shape, _calibrated(), decision, None, 1))
+    loaded = state.load(tmp_path)
+    assert isinstance(loaded, state.RunState) and loaded.pairs_done == 1 and loaded.shape == shape
+    calibrated, again, reconf = state.from_state(loaded)
+    assert again.origin == Origin.PLANNER and again.plans[1].orders() == plan.orders() and reconf is None
+    assert again.profile is not None and np.array_equal(again.profile.fwd_time, sub.fwd_time)
+    assert calibrated.timing == _calibrated().timing and np.isnan(calibrated.unit_energies[0]["B_j"])
+    assert shape.differences(state.JobShape(4, 2, 2, 8, 2, ["a", "b"])) == ["microbatches 8 -> 4"]
+    assert shape.differences(state.JobShape(4, 2, 2, 4, 2, ["a", "x"])) == ["the model's parameters on stage(s) [1]"]
+
+
+def test_unusable_checkpoint_states_are_one_line(tmp_path: Path) -> None:
+    assert state.load(tmp_path) == f"checkpoint {tmp_path} has no EnvPipe state (envpipe_state.json)"
+    for text, message in (("{", "cannot read"), ('{"version": 9}', "not a version 1 EnvPipe state"),
+                          ('{"version": 1}', "shape: Field required")):
+        (tmp_path / state.STATE_FILE).write_text(text)
+        found = state.load(tmp_path)
+        assert isinstance(found, str) and message in found and "\n" not in found
+
+
+def test_energy_model_charges_each_phase_at_its_power() -> None:
+    """Worked numbers: one 1F1B iteration of 2 stages x 2 micro-batches, units of 1 s at 100 W (F) and 2 s at
+    200 W (B), no transfer, tails of 0.5 s; blocking 50 W, tail 300 W on every stage."""
+    from envpipe.plan.planfile import evaluate_plan
+    from envpipe.profile import Profile
+
+    one = np.ones((2, 1))
+    profile = Profile(np.array([1000]), one, 2 * one, 100 * one, 400 * one, "worked")
+    plan = all_max(one_f_one_b(2, 2), 1000, "1f1b", "baseline")
+    tl = evaluate_plan(plan, profile, 50.0, 0.0, np.array([0.5, 0.5]))
+    energy = prediction.stage_energy(tl, [50.0, 50.0], [300.0, 300.0])
+    busy = 2 * 100 + 2 * 400  # per stage
+    waits = tl.idle_time - 0.5
+    assert np.allclose(energy, busy + waits * 50 + 0.5 * 300)
+    record = RankRecord(Place(0, 0, 0, "h", 0), [(PLAN, tl.iteration_time, float(energy[0]) * 1.02)], None, None,
+                        [], "d", [], [], [])
+    other = RankRecord(Place(1, 1, 0, "h", 0), [(PLAN, tl.iteration_time, float(energy[1]))], None, None, [], "d", [],
+                       [], [])
+    calibrated = Calibrated(Calibration([1.0] * 2, [2.0] * 2, [0.0] * 2, 0.0, [0.5] * 2, 0.0), _calibrated().report,
+                            [], [], None, 50.0, [50.0] * 2, [300.0] * 2)
+    e = prediction.energy_prediction([record, other], PLAN, plan, profile, calibrated, "measured (NVML counter)")
+    assert e is not None and e.stages[0].error == pytest.approx(1 / 1.02 - 1) and e.stages[1].error == pytest.approx(0)
+    assert e.predicted_j == pytest.approx(float(energy.sum()))
+    no_profile = prediction.energy_prediction([record, other], PLAN, plan, None, calibrated, "x")
+    assert no_profile is None
+
+
+def test_oracle_plans_on_the_truth_and_scores_the_runs_plan_there() -> None:
+    truth_job = JobTruth.embedded(2)
+    truth = truth_job.oracle_profile([(1e9, 2e9), (1e9, 2e9)])
+    top = int(truth.freqs[0])
+    slow = all_max(one_f_one_b(2, 8), top, "1f1b", "optimal").with_clocks(
+        [[top] * 16, [855] * 16])  # a plan that slows stage 1 everywhere: over budget on the truth, but scored
+    o = prediction.oracle_comparison(EnvPipeConfig(), truth, slow, _calibrated(), truth_job.blocking_w, "table")
+    assert 0 < o.energy_saving < 0.5 and o.source == "table"
+    top_plan = all_max(one_f_one_b(2, 8), top, "1f1b", "optimal")
+    same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, _calibrated(), truth_job.blocking_w, "t")
+    assert same.planner_energy_saving == pytest.approx(0.0, abs=1e-12)  # the baseline itself saves nothing
