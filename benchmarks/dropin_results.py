@@ -2,7 +2,7 @@
 peak memory, each engine in its own processes) and the drop-in engine's predictions against its measurements
 (iteration energy per stage and in total, iteration time).
 
-    python benchmarks/dropin_results.py OUT > benchmarks/results/dropin_<gpu>.md
+    python benchmarks/dropin_results.py OUT [OUT ...] > benchmarks/results/dropin_<gpu>.md
 
 Every number comes from the runs' own summaries (envpipe.runtime.summary.RunSummary) and OUT/machine.txt.
 Errors are (predicted - measured) / measured.
@@ -30,16 +30,23 @@ def _gib(b: int | None) -> str:
     return "—" if b is None else f"{b / 2**30:.1f}"
 
 
+def render_all(outs: list[Path]) -> str:
+    """Several output folders (runs of different models or days) in one file, one section each."""
+    body = "\n".join(render(out) if i == 0 else render(out).split("\n", 2)[2] for i, out in enumerate(outs))
+    return body + f"\nRendered by `python benchmarks/dropin_results.py {' '.join(shown_path(o) for o in outs)}`.\n"
+
+
 def render(out: Path) -> str:
     bench = json.loads((out / "bench.json").read_text())
     machine = (out / "machine.txt").read_text().strip().splitlines() if (out / "machine.txt").is_file() else []
+    commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").is_file() else "not recorded"
     runs = [r for r in bench["runs"] if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()]
     summaries = {(r["model"], r["round"], r["engine"]): RunSummary.load(out / r["folder"] / "summary.json")
                  for r in runs}
     failed = [r for r in bench["runs"] if r not in runs]
     lines = ["# Stock DeepSpeed against the drop-in engine, and the energy model against the counter", "",
              f"Raw data: `{shown_path(out)}` (bench.json, each run's summary.json, iterations.rank*.jsonl and log). "
-             f"Command: `{bench['command']}`. Machine:", "", *(f"    {x}" for x in machine), "",
+             f"Command: `{bench['command']}`. Code: {commit}. Machine:", "", *(f"    {x}" for x in machine), "",
              f"Each engine ran examples/train_gpt.py in processes of its own ({bench['gpus']} per job, one pipeline "
              f"stage each, M = {bench['microbatches']}), alternating by round. Clocks were never changed: the "
              "drop-in engine ran without envpipe-clockd (clock 'auto': default clocks, the NVML energy counter), so "
@@ -88,13 +95,14 @@ def render(out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", type=Path, help="benchmarks/runtime_bench.py's output folder")
+    p.add_argument("outs", type=Path, nargs="+", help="benchmarks/runtime_bench.py's output folders")
     args = p.parse_args(argv)
-    if not (args.out / "bench.json").is_file():
-        print(f"dropin_results.py: error: {args.out}/bench.json: no such file (run benchmarks/runtime_bench.py)",
-              file=sys.stderr)
-        return 2
-    sys.stdout.write(render(args.out))
+    for out in args.outs:
+        if not (out / "bench.json").is_file():
+            print(f"dropin_results.py: error: {out}/bench.json: no such file (run benchmarks/runtime_bench.py)",
+                  file=sys.stderr)
+            return 2
+    sys.stdout.write(render_all(args.outs))
     return 0
 
 

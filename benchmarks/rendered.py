@@ -13,15 +13,17 @@ benchmarks/results/README.md indexes both.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import runtime_nov22_results, runtime_results, search_results
+from benchmarks import dropin_results, freqmodel_results, runtime_nov22_results, runtime_results, search_results
 from benchmarks.common import RESULTS, ROOT
 
 RAW = RESULTS / "h200_runs"
+RAW_H100 = RESULTS / "h100_runs"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class Rendered:
 
 
 RENDERED = (
+    Rendered("dropin_h100.md", (RAW_H100 / "dropin_gpt2_0146", RAW_H100 / "dropin_llama_gpt2small_0150"),
+             dropin_results.render_all, "python benchmarks/dropin_results.py"),
+    Rendered("freqmodel.md", (RESULTS / "freqmodel.json",),
+             lambda raws: freqmodel_results.render(json.loads(raws[0].read_text())),
+             "python benchmarks/freqmodel_results.py"),
     Rendered("runtime_h200.md",
              tuple(RAW / d for d in ("pp2_m8", "pp4_m8", "pp2_m4-8-16_2008", "pp2_m4-8-16_2019", "pp2_m8_2115")),
              runtime_nov22_results.render, "python benchmarks/runtime_nov22_results.py"),

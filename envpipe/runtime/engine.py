@@ -169,7 +169,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
         self.clock = clock
         self._sim = simulated_gpu(clock)
-        self._timing = timing or clock is not None
+        self._timing = timing or (clock is not None and clock.needs_unit_times)
 
     def time_units(self, on: bool) -> None:
         """Time units (CUDA events, one synchronize) in the next iterations or not. A clock that must

@@ -40,7 +40,7 @@ class StageTiming:
 
 @dataclass(frozen=True)
 class Calibration:
-    fwd_s: list[float]  # per stage: mean forward time, its per-unit overhead included
+    fwd_s: list[float]  # per stage: mean forward time (each unit's median over iterations), its overhead included
     bwd_s: list[float]
     gap_s: list[float]  # per stage: overhead before a unit that did not wait for data
     transfer_s: float  # p2p transfer beyond that overhead
@@ -98,7 +98,7 @@ def calibrate(orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[St
         gaps.append(max(0.0, statistics.median(samples)) if samples else 0.0)
     gap = np.asarray(gaps)[dag.stage]
     transfers = [x for m, _ in measured for x in (m.start - m.data_end - gap)[m.data_bound].tolist()]
-    dur = np.array([m.end - m.start for m, _ in measured]).mean(axis=0) + gap
+    dur = np.median(np.array([m.end - m.start for m, _ in measured]), axis=0) + gap  # robust to one slow iteration
     fwd = [float(dur[(dag.stage == s) & dag.is_fwd].mean()) for s in range(P)]
     bwd = [float(dur[(dag.stage == s) & ~dag.is_fwd].mean()) for s in range(P)]
     heads, tails = [], []

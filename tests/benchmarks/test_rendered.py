@@ -47,8 +47,9 @@ def test_every_results_file_is_rendered_or_written_and_indexed() -> None:
 
 def test_every_raw_run_is_rendered_somewhere() -> None:
     used = {p.name for r in rendered.RENDERED for p in r.raw}
-    runs = {p.name for p in (RESULTS / "h200_runs").iterdir() if not p.name.endswith(".command.txt")}
-    assert runs == used, f"raw runs no results file renders: {sorted(runs - used)}"
+    runs = {p.name for root in ("h200_runs", "h100_runs") for p in (RESULTS / root).iterdir()
+            if not p.name.endswith(".command.txt")}
+    assert runs <= used, f"raw runs no results file renders: {sorted(runs - used)}"
 
 
 def test_error_convention() -> None:

@@ -48,8 +48,8 @@ NETWORK = "envpipe-e2e"
 METRICS_PORT = 9464
 REPORT_DIR = "/tmp/envpipe-report"
 # A tiny GPT on CPU: calibrate, profile two clocks, plan (the runtime's default policy), steady steps.
-TRAIN = ["examples/train_gpt.py", "--tiny", "--steps", "2", "--calibration-steps", "1", "--profile-points", "2",
-         "--reconfigure-rounds", "2", "--report-dir", REPORT_DIR]
+TRAIN = ["examples/train_gpt.py", "--tiny", "--steps", "14", "--calibration-steps", "1", "--profile-points", "2",
+         "--reconfigure-rounds", "2", "--compare-iterations", "1", "--report-dir", REPORT_DIR]
 JOB_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "ENVPIPE_CLOCK": "daemon"}
 Obj = dict[str, Any]
 

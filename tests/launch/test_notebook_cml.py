@@ -91,7 +91,8 @@ def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> No
             "GPUS_PER_NODE": 1,
             "WORKER_CPU": 1,
             "WORKER_MEMORY": 2,
-            "MODEL_ARGS": ["--tiny", "--microbatches", "4", "--steps", "2", "--calibration-steps", "1"],
+            "MODEL_ARGS": ["--tiny", "--microbatches", "4", "--steps", "14", "--calibration-steps", "1",
+                           "--compare-iterations", "1"],
             # gloo would pick the address of the shared hostname (loopback) on every "host"
             "EXTRA_ENV": {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": netns_hosts.IFNAME},
             "REPORT_DIR": str(report),

@@ -52,7 +52,8 @@ def ds_config(tmp: Path, name: str, envpipe: dict | None = None) -> Path:
                                                      "warmup_num_steps": 5}},
         "csv_monitor": {"enabled": True, "output_path": str(tmp / "csv"), "job_name": name},
         "tensorboard": {"enabled": True, "output_path": str(tmp / "tb"), "job_name": name},
-        "envpipe": {"clock": "sim", "compare_iterations": 2, "reconfigure_rounds": 1, "summary_interval": 4,
+        "envpipe": {"clock": "sim", "calibration_iterations": 2, "compare_iterations": 2, "reconfigure_rounds": 1,
+                    "summary_interval": 4,
                     "monitor_interval": 2, "report_dir": str(tmp / "report" / name), **(envpipe or {})},
     }
     path = tmp / f"{name}.json"

@@ -15,7 +15,7 @@ from tests.support.clockd_helpers import daemon_thread
 from tests.support.runtime_summary import iterations, read_summary
 
 M = 4
-SIM = {"clock": "sim", "compare_iterations": 2, "reconfigure_rounds": 2}
+SIM = {"clock": "sim", "compare_iterations": 2, "reconfigure_rounds": 2, "calibration_iterations": 2}
 STEPS = 20  # calibrate 2, profile 4, reconfigure 4 or 8, then steady: 4 compared, the rest the plan
 
 
@@ -85,7 +85,8 @@ def test_gpu_node_without_clock_control_deploys_the_order_not_the_clocks(tmp_pat
     against this run's own 1F1B iterations."""
     env = {"PYTHONPATH": f"{ROOT / 'tests' / 'support' / 'fakes' / 'nvml_module'}:{ROOT}", "FAKE_NVML_SM_MHZ": "1455"}
     runs = [{"name": "runtime", "engine": "runtime", "M": M, "steps": 8,
-             "envpipe": {"clock": "readonly", "compare_iterations": 2, "scheduling": "envpipe"}}]
+             "envpipe": {"clock": "readonly", "compare_iterations": 2, "scheduling": "envpipe",
+                         "calibration_iterations": 2}}]
     run_pipeline(2, runs, tmp_path, env_extra=env)
     s = read_summary(tmp_path / "runtime")
     assert s.clock.kind == "nvml" and not s.clock.controls_clocks and s.clock.energy == "measured (NVML counter)"
