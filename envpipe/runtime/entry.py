@@ -60,11 +60,7 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     if not isinstance(model, PipelineModule):
         raise EnvPipeSetupError("envpipe.initialize needs a deepspeed.pipe.PipelineModule as model (EnvPipe plans "
                                 f"pipeline stages), got {type(model).__name__}")
-    ds_config, path = read_config(args, config if config is not None else config_params)
-    ds_config, cfg = envpipe_config.split(ds_config)
-    found = ds_config.pop(FOUND_BLOCK, None)
-    if cfg.plan and path is not None and found is not None:  # a found config's plan lies beside it
-        cfg = cfg.model_copy(update={"plan": str(path.parent / cfg.plan)})
+    ds_config, cfg, found = settings(*read_config(args, config if config is not None else config_params))
     if cfg.pipeline_stages is not None and cfg.pipeline_stages != model.num_stages:
         raise EnvPipeSetupError(f"the config's 'envpipe.pipeline_stages' is {cfg.pipeline_stages}; the model has "
                                 f"{model.num_stages} pipeline stages")
@@ -89,6 +85,16 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
         raise
     _release_on_exit(engine.envpipe)
     return engine, opt, loader, scheduler
+
+
+def settings(config: dict[str, Any], path: Path | None) -> tuple[dict[str, Any], envpipe_config.EnvPipeConfig, Any]:
+    """(DeepSpeed's config, EnvPipe's, a found configuration's block or None): the `envpipe` and `envpipe_search`
+    blocks removed; a found configuration's plan path is relative to its file."""
+    ds_config, cfg = envpipe_config.split(config)
+    found = ds_config.pop(FOUND_BLOCK, None)
+    if cfg.plan and path is not None and found is not None:
+        cfg = cfg.model_copy(update={"plan": str(path.parent / cfg.plan)})
+    return ds_config, cfg, found
 
 
 def read_config(args: Any, config: Any) -> tuple[dict[str, Any], Path | None]:

@@ -20,7 +20,7 @@ from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.decide import Decision, Origin, all_max
-from envpipe.runtime.entry import EnvPipeSetupError, _without_config, read_config
+from envpipe.runtime.entry import EnvPipeSetupError, _without_config, read_config, settings
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.monitor import Finished, MonitorFeed
 from envpipe.runtime.steady import SteadyRecord
@@ -43,6 +43,15 @@ def test_config_as_deepspeed_takes_it(tmp_path: Path) -> None:
             (None, str(_write(tmp_path / "b.json", "{")), "not JSON")):
         with pytest.raises(EnvPipeSetupError, match=message):
             read_config(bad_args, bad_config)
+
+
+def test_envpipe_blocks_come_out_and_a_found_plan_lies_beside_its_file(tmp_path: Path) -> None:
+    found = {"envpipe": {"plan": "p.json", "type": "optimal"}, "envpipe_search": {"version": 1}, "steps_per_print": 9}
+    ds_config, cfg, block = settings(found, tmp_path / "found" / "found.json")
+    assert ds_config == {"steps_per_print": 9} and block == {"version": 1}
+    assert cfg.plan == str(tmp_path / "found" / "p.json") and "envpipe" in found  # the caller's dict stays
+    _, plain, none = settings({"envpipe": {"plan": "p.json"}}, tmp_path / "ds.json")
+    assert plain.plan == "p.json" and none is None  # a plain config: the path as the user wrote it
 
 
 def _write(path: Path, text: str) -> Path:

@@ -39,8 +39,8 @@ def _found(tmp_path: Path, **edits) -> Path:
                                           "layers (embedding, 4 blocks, head) and 1 stages"),
     (["--tiny", "--stage-layers", "2,2"], "--stage-layers 2,2 cuts 4 layers into 2 stages; the pipeline has 6 "
                                           "layers (embedding, 4 blocks, head) and 1 stages"),
-    (["--config", "{found}"], "--config {found}: 'envpipe_search.stage_layers' cuts 8 layers; the model has 6 "
-                              "(embedding, 4 blocks, head)"),
+    (["--config", "{found}"], "--deepspeed_config {found}: 'envpipe_search.stage_layers' cuts 8 layers; the model "
+                              "has 6 (embedding, 4 blocks, head)"),
 ])
 def test_bad_cut_one_line(train_gpt, tmp_path: Path, capsys, monkeypatch, argv: list[str], message: str) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process: one stage
@@ -54,10 +54,11 @@ def test_bad_cut_one_line(train_gpt, tmp_path: Path, capsys, monkeypatch, argv: 
 
 
 def test_found_configuration_sets_the_job(train_gpt, tmp_path: Path) -> None:
-    args = train_gpt.parse_args([])
-    config = json.loads(_found(tmp_path).read_text())
-    ds_config = train_gpt.apply_found(args, config, str(tmp_path / "found.json"))
+    """The example takes the model from the found configuration; envpipe.initialize later removes the block and
+    resolves the plan beside the file (tests/runtime/test_dropin_parts.py)."""
+    found = _found(tmp_path)
+    args = train_gpt.parse_args(["--deepspeed_config", str(found)])
+    config = train_gpt.deepspeed_config(args)
     assert (args.model, args.layers, args.hidden, args.micro_batch, args.microbatches, args.stage_layers) == (
-        "gpt2", 4, 32, 2, 4, [3, 3])
-    assert "envpipe_search" not in ds_config and ds_config["envpipe"]["plan"] == str(tmp_path / "p.json")
-    assert "envpipe_search" in config  # the caller's dict is left as it was
+        "gpt2", 4, 32, 2, 4, [3, 3]) and args.pipeline_stages == 2
+    assert config["envpipe_search"]["stage_layers"] == [3, 3] and config["envpipe"]["plan"] == "p.json"
