@@ -117,10 +117,32 @@ def order_name(reschedule: Sequence[int]) -> str:
     return "1f1b" if not any(reschedule) else f"envpipe (extra warm-up forwards per stage: {list(reschedule)})"
 
 
-def _predicted(plan_tl: Timeline, base_tl: Timeline, replicas: int, profile: str) -> S.PredictedComparison:
+def _predicted(plan_tl: Timeline, base_tl: Timeline, replicas: int, profile: str, plan: Plan | None = None,
+               one_clock_top: float | None = None) -> S.PredictedComparison:
+    """The planner's prediction against its baseline; with ``one_clock_top`` (the profile's lower clocks come from
+    another GPU's curve: clocks could not be profiled here) the saving's band from that path's measured
+    cross-GPU error (envpipe.profile.band)."""
     energy, base_e = plan_tl.energy * replicas, base_tl.energy * replicas
-    return S.PredictedComparison(plan_tl.iteration_time, energy, base_tl.iteration_time, base_e,
-                                 1.0 - energy / base_e, plan_tl.iteration_time / base_tl.iteration_time - 1.0, profile)
+    saving = 1.0 - energy / base_e
+    band = None
+    if plan is not None and one_clock_top is not None:
+        band = _saving_band(plan, plan_tl, saving, one_clock_top)
+    return S.PredictedComparison(plan_tl.iteration_time, energy, base_tl.iteration_time, base_e, saving,
+                                 plan_tl.iteration_time / base_tl.iteration_time - 1.0, profile, band)
+
+
+def _saving_band(plan: Plan, tl: Timeline, saving: float, top_mhz: float) -> list[float] | None:
+    """(low, high) of the saving given the one-clock path's measured error for the plan's lowest clock; None when
+    the plan goes below the clocks that error was measured for."""
+    from envpipe.profile.band import one_clock_band
+
+    freqs = tl.dag.scatter(plan.clocks())
+    lowest = float(freqs.min())
+    band = one_clock_band(min(lowest, top_mhz), top_mhz)
+    if band is None:
+        return None
+    lowered = float(tl.unit_energy[freqs < top_mhz].sum()) / tl.energy if tl.energy > 0 else 0.0
+    return list(band.saving_range(saving, min(1.0, lowered)))
 
 
 def from_plan_file(path: str, num_stages: int, num_microbatches: int, cal: Calibration, replicas: int) -> Decision:
@@ -206,7 +228,8 @@ def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, ca
         plan, timeline, base_tl, r, budget = made.plan, made.timeline, made.baseline, made.reschedule, None
         if model is not None and cfg.scheduling == "envpipe":
             refused += memory_refusals(planned(None, "envpipe").reschedule, r, memory, M)
-    predicted = _predicted(timeline, base_tl, replicas, profile.source)
+    top = None if deployed else max(profile.freqs.max(), 1)  # clocks not profiled here: the one-clock path
+    predicted = _predicted(timeline, base_tl, replicas, profile.source, plan, None if top is None else float(top))
     info = S.PlanInfo(plan.policy, order_name(r), f"planner ({cfg.type}) on a profile: {profile.source}",
                       plan_digest(plan), budget, _unit_names(plan), plan.clocks(), list(memory or []) or None,
                       refused, deployed)

@@ -1,6 +1,6 @@
 """The run's report files, written by rank 0: summary.json (the typed summary), report.txt (its text
-form, envpipe.runtime.textreport) and gantt.png (the measured units of the last timed iteration, one
-row per stage, coloured by the clock each unit ran at)."""
+form, envpipe.runtime.textreport) and gantt.png (the units of the last timed iteration of what the steady
+phase ran, one row per stage, coloured by the clock each unit ran at, its times labelled by their kind)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def draw_gantt(summary: RunSummary, path: str | Path) -> None:
             for stage, units in enumerate(summary.units_last_iteration) for u in units]
     if not bars:
         return  # no timed iteration (a run of stock DeepSpeed): nothing to draw
-    plan = summary.plan
-    title = "measured units" if plan is None else f"measured units: {plan.policy}, {plan.order}"
-    draw_bars(bars, path, title, xlabel="seconds from the iteration's start (measured)")
+    plan, kind = summary.plan, summary.clock.time
+    ran = "the plan" if plan is not None and plan.order_deployed else "1F1B all-max"
+    title = f"one iteration of {ran}" + ("" if plan is None else f" (policy {plan.policy}, order {plan.order})")
+    draw_bars(bars, path, title, xlabel=f"seconds from the iteration's start ({kind})")

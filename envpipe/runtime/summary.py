@@ -84,6 +84,8 @@ class PredictedComparison:
     energy_saving: float
     slowdown: float
     profile: str  # what the simulation ran on (online profile, profile file, measured units + model)
+    # clocks not profiled here: (low, high) of the saving from the one-clock path's measured cross-GPU error
+    saving_band: list[float] | None = None
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -105,8 +105,11 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
         lines.append(_iterations("1F1B all-max", s.baseline, s.clock.energy))
     p = s.predicted
     if p is not None:
+        band = "" if p.saving_band is None else (
+            f" (band {_pct(p.saving_band[0], sign=False)} to {_pct(p.saving_band[1], sign=False)}: the one-clock "
+            "path's measured cross-GPU error, A100/A40; not validated on this GPU)")
         lines.append(f"  simulated, the planner's prediction vs its own 1F1B all-max baseline ({p.profile}): "
-                     f"energy saving {_pct(p.energy_saving, sign=False)}, slowdown {_pct(p.slowdown)}")
+                     f"energy saving {_pct(p.energy_saving, sign=False)}{band}, slowdown {_pct(p.slowdown)}")
     if s.predicted_iteration_time_s is not None:
         err = "" if s.time_error is None else \
             f"; {_got(s)} {_ms(s.steady.time_s.median)} (error {_pct(s.time_error)})"
