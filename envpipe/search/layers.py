@@ -2,15 +2,18 @@
 
 Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
 
-    {"version": 1, "kind": "envpipe-layer-profile",
+    {"version": 2, "kind": "envpipe-layer-profile",
      "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
      "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
      "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
+     "device_memory": {"total_bytes": 150083813376, "outside_allocator_bytes": 553648128,
+                       "workspace_bytes": 75497472, "label": "measured ..."},
      "model": {"family": "gpt2", "layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304},
      "micro_batch_sizes": [1, 2, 4],
      "layers": [{"name": "Embedding", "parameters": 103M, "param_bytes": ..., "optimizer_state_bytes": ...,
                  "optimizer_step_s": ..., "optimizer_step_peak_bytes": ...,
-                 "per_micro_batch": {"1": {"forward_s": ..., "backward_s": ..., "activation_bytes": ...,
+                 "per_micro_batch": {"1": {"forward_s": ..., "backward_s": ..., "forward_host_s": ...,
+                                           "backward_host_s": ..., "activation_bytes": ...,
                                            "output_bytes": ..., "forward_peak_bytes": ...,
                                            "backward_peak_bytes": ...}, ...}}, ...]}
 
@@ -18,8 +21,17 @@ Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by
 the same times); null on GPUs. On CPU the times are the runtime's simulated GPU's (a unit lasts its
 FLOPs at the CPU's rate, envpipe.runtime.clocks.SimClock). Times are measured at the device's current
 clock (GPUs: clocks never changed); the other clocks of a stage profile built from this file come from
-the frequency model
-(``clocks.model``) and are simulated.
+the frequency model (``clocks.model``) and are simulated.
+
+Time per layer and micro-batch, in two parts (envpipe.search.timing puts them together as the engine runs
+them): forward_s / backward_s, the device's own time for the unit when its work is queued back to back;
+forward_host_s / backward_host_s, the host's time to issue it (Python, launches). A narrow layer at a
+small micro-batch takes the host longer than the device: it is launch-bound. On CPU (a simulated GPU
+that only counts work) the host times are 0.
+
+Device memory (GPUs; on CPU all 0 and total null): the device's total, what the process holds outside
+the caching allocator (CUDA context, library handles, kernel images), and the workspaces that stay
+allocated once the first matrix products and their backward ran (cuBLAS, per stream and thread).
 Memory per layer and micro-batch (bytes of the allocator: torch.cuda on GPUs, torch's CPU allocator
 through the profiler's memory events on CPU):
 
@@ -28,6 +40,8 @@ through the profiler's memory events on CPU):
 - output_bytes: the activation the layer passes on (to the next stage when a cut follows it);
 - forward_peak_bytes / backward_peak_bytes: the transient peak above what was held before the forward /
   the backward (workspace, gradients of activations);
+- output_bytes of the last layer (the head) is its output, the logits: never sent, but DeepSpeed's
+  pipeline engine keeps the last stage's outputs in its pipe buffers (envpipe.search.memory);
 - parameters, param_bytes: the layer's weights in the training dtype; optimizer_state_bytes: the
   optimizer's state (AdamW on fp32 master weights); optimizer_step_s and optimizer_step_peak_bytes: one
   optimizer step of the layer (time, transient memory).
@@ -41,13 +55,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LAYER_PROFILE_VERSION = 1
+LAYER_PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no host times (taken as 0), no device memory
 KIND = "envpipe-layer-profile"
 DTYPES = ("fp32", "bf16")
 FAMILIES = ("gpt2", "llama")
 MODEL_KEYS = ("family", "layers", "hidden", "heads", "seq", "vocab")  # ModelShape's fields, as JSON keys
 _PER_MB_KEYS = ("forward_s", "backward_s", "activation_bytes", "output_bytes", "forward_peak_bytes",
-                "backward_peak_bytes")
+                "backward_peak_bytes", "forward_host_s", "backward_host_s")
+_MEMORY_KEYS = ("outside_allocator_bytes", "workspace_bytes")
 _LAYER_KEYS = ("parameters", "param_bytes", "optimizer_state_bytes", "optimizer_step_s", "optimizer_step_peak_bytes")
 
 
@@ -65,6 +81,24 @@ class LayerCost:
     output_bytes: int
     forward_peak_bytes: int
     backward_peak_bytes: int
+    forward_host_s: float = 0.0  # the host's time to issue the unit (0: never launch-bound, e.g. on CPU)
+    backward_host_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What a training process holds on its device besides its tensors (see the module's docstring)."""
+
+    total_bytes: int | None  # None: unknown (CPU)
+    outside_allocator_bytes: int
+    workspace_bytes: int
+    label: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total_bytes": self.total_bytes, **{k: getattr(self, k) for k in _MEMORY_KEYS}, "label": self.label}
+
+
+NO_DEVICE_MEMORY = DeviceMemory(None, 0, 0, "none: a CPU, or a version 1 profile")
 
 
 @dataclass(frozen=True)
@@ -113,7 +147,12 @@ class LayerProfile:
     power_label: str
     model: ModelShape
     layers: tuple[Layer, ...]
+    device_memory: DeviceMemory = NO_DEVICE_MEMORY
     source: str = "<memory>"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.cpu_threads is None
 
     @property
     def micro_batch_sizes(self) -> tuple[int, ...]:
@@ -134,6 +173,7 @@ class LayerProfile:
             "clocks": {"gpu": self.gpu, "measured_mhz": self.measured_mhz, "model": self.clock_model,
                        "label": self.clock_label},
             "power": {"busy_w": self.busy_power_w, "idle_w": self.idle_power_w, "label": self.power_label},
+            "device_memory": self.device_memory.to_json(),
             "model": self.model.to_json(),
             "micro_batch_sizes": list(self.micro_batch_sizes),
             "layers": [
