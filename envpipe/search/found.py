@@ -2,7 +2,7 @@
 `envpipe_search` block, read back by examples/train_gpt.py (`--config found.json`).
 
     {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 16,
-     "bf16": {"enabled": true},
+     "bf16": {"enabled": true}, "zero_optimization": {"stage": 0},
      "envpipe": {"pipeline_stages": 2, "plan": "found.plan.json"},
      "envpipe_search": {"version": 1, "model": {"family": "gpt2", ...}, "dtype": "bf16", "micro_batch": 2,
                         "microbatches": 16, "stage_layers": [9, 9], "gpus": {"nodes": 1, "gpus_per_node": 4},
@@ -46,6 +46,7 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
     }
     if layers.dtype == "bf16":
         config["bf16"] = {"enabled": True}
+    config["zero_optimization"] = {"stage": 0}  # what the search's memory model counts (envpipe.search.memory)
     config["envpipe"] = {"pipeline_stages": shape.stages, "plan": plan_file}
     config["envpipe_search"] = {
         "version": FOUND_VERSION,
@@ -70,7 +71,8 @@ def predicted(candidate: Candidate) -> dict[str, Any]:
         "energy_per_iteration_j": candidate.energy_j,
         "baseline_energy_per_iteration_j": candidate.baseline_energy_j,
         "energy_saving": candidate.saving,
-        "peak_memory_bytes_per_stage": list(candidate.peak_bytes),
+        "peak_memory_bytes_per_stage": list(candidate.peak_bytes),  # the device's: what must fit
+        "peak_allocated_bytes_per_stage": list(candidate.peak_allocated_bytes),  # the caching allocator's
         "order": candidate.order,
         "reschedule": candidate.reschedule,
         "clocks_planned": candidate.planned,

@@ -64,11 +64,14 @@ def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> Non
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--gpus-per-node", "7", "--global-batch", "16"], "Error: no pipeline shape uses 7 GPUs"),
-    (["--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "0.001"], "Error: no configuration fits"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "0.001", "--memory-margin-gib", "0"],
+     "Error: no configuration fits"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "1"], "Invalid value for '--memory-margin-gib': "
+                                                                            "1 GiB is not below the memory per GPU"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--objective", "energy"], "Error: the energy objective needs"),
     (["--gpus-per-node", "0", "--global-batch", "16"], "Invalid value for '--gpus-per-node'"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{bad}"], "Error: {bad}: layer 1 micro-batch 1: "
-                                                                             "'forward_s' must be a positive number"),
+                                                                             "'forward_s' must be in (0, 3600]"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{missing}"], "Error: {missing}: cannot read"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: list[str], message: str) -> None:

@@ -45,14 +45,14 @@ def _edit(data: dict[str, Any], change: str) -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ("kind", "'kind' must be 'envpipe-layer-profile', got 'perseus'"),
-    ("version", "unsupported layer profile version 7"),
+    ("version", "unsupported layer profile version 7 (this tool reads 1, 2)"),
     ("dtype", "'dtype' must be one of fp32, bf16, got 'fp8'"),
     ("layer count", "3 layers for a model of 2 blocks: expected 4"),
-    ("negative time", "layer 1 micro-batch 2: 'forward_s' must be a positive number, got -1"),
+    ("negative time", "layer 1 micro-batch 2: 'forward_s' must be in (0, 3600], got -1"),
     ("missing size", "layer 2: 'per_micro_batch' has sizes ['1', '2'], expected [1, 2, 4]"),
-    ("bytes not int", "layer 0: 'param_bytes' must be an integer >= 0, got 1.5"),
+    ("bytes not int", "layer 0: 'param_bytes' must be an integer in [0, 1125899906842624], got 1.5"),
     ("family", "'model.family' must be one of gpt2, llama, got 'bert'"),
-    ("power", "'power.busy_w' must be a positive number, got 0"),
+    ("power", "'power.busy_w' must be in (0, 10000], got 0"),
 ])
 def test_malformed_profile_one_line(tmp_path: Path, change: str, message: str) -> None:
     data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
