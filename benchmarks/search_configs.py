@@ -40,7 +40,7 @@ def shifted(candidate: Candidate, layers: LayerProfile, cluster: Cluster, shift:
     """The candidate with its first cut moved ``shift`` layers either way, where that still fits."""
     counts = candidate.pipeline.cut.counts
     shape = candidate.shape
-    tables = MemoryTables(layers, shape.micro_batch, shape.replicas)
+    tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches)
     out = []
     for delta in (-shift, shift):
         moved = (counts[0] + delta, counts[1] - delta, *counts[2:])
