@@ -1,12 +1,13 @@
 """Accuracy of `envpipe search` on one GPU (P = 1, D = 1, every micro-batch size that fits): its predicted
 iteration time and peak device memory against training runs, on declared models.
 
-    python benchmarks/search_accuracy.py --set fit --out OUT          # the fit models (envpipe.search.engine)
-    python benchmarks/search_accuracy.py --set heldout --out OUT      # the held-out models: only scored
-    DS_ACCELERATOR=cpu python benchmarks/search_accuracy.py --set fit --out OUT --tiny   # the script's CPU check
+    python benchmarks/search_accuracy.py --out OUT --deadline-s 560   # fit set, fit, then the held-out set
+    DS_ACCELERATOR=cpu python benchmarks/search_accuracy.py --out OUT --tiny   # the script's CPU check
 
 The models, global batch, micro-batch sizes and iteration counts are declared in
-benchmarks/results/search_accuracy/shapes.json, committed before any run. Per model of the set:
+benchmarks/results/search_accuracy/shapes.json, committed before the runs. The fit set runs first; then its
+engine model is fitted (benchmarks/search_fit.py) and written beside its runs; then the held-out set is
+searched with that engine model (`envpipe search --engine-model`) and trained. Per model:
 
 1. its layer profile (examples/train_gpt.py's layers; envpipe.runtime.layer_profile) in a child process;
 2. `envpipe search --gpus-per-node 1 --global-batch G --top-k 100`: every micro-batch size whose predicted
@@ -22,9 +23,11 @@ benchmarks/results/search_accuracy/shapes.json, committed before any run. Per mo
 
 Children are forked from a parent that imported torch, DeepSpeed and transformers without touching CUDA
 (PYTORCH_NVML_BASED_CUDA_CHECK), so that a run does not pay the imports; if a forked child cannot use CUDA,
-the rest run as fresh processes. Writes OUT/<set>/<model>/{layers.json, search.log, configs/, runs/b<b>.json}
-and OUT/search_accuracy_<set>.tar.gz, made again after every run, so that a call stopped at its time limit
-still brings back what it measured. Clocks and power limits are never changed.
+the rest run as fresh processes. A run trains with the allocator setting its found configuration names
+(PYTORCH_CUDA_ALLOC_CONF, as the printed launch command sets it). Writes OUT/<set>/<model>/{layers.json,
+search.log, configs/, runs/b<b>.json}, OUT/fit/{engine.json, details.json} and ARCHIVE/search_accuracy.tar.gz,
+made again after every run, so that a call stopped at its time limit still brings back what it measured. No
+training run starts after ``--deadline-s``. Clocks and power limits are never changed.
 """
 
 from __future__ import annotations
@@ -202,11 +205,13 @@ class Children:
 
 # --- the parent -----------------------------------------------------------------------------------------------
 
-def search_configs(layers: Path, out: Path, global_batch: int, log: Path) -> list[Path]:
+def search_configs(layers: Path, out: Path, global_batch: int, log: Path, engine: Path | None) -> list[Path]:
     """`envpipe search` for one GPU: the found configurations of every micro-batch size that fits, by size."""
     cmd = [sys.executable, "-c", "import sys; from envpipe.cli import main; sys.exit(main())", "search",
            "--layers", str(layers), "--gpus-per-node", "1", "--global-batch", str(global_batch), "--top-k", "100",
            "--out-dir", str(out)]
+    if engine is not None:
+        cmd += ["--engine-model", str(engine)]
     if json.loads(layers.read_text())["device"] == "cpu":  # the CPU check: no device memory in the profile
         cmd += ["--memory-gib", "4", "--memory-margin-gib", "0"]
     with log.open("w") as fh:
@@ -215,74 +220,102 @@ def search_configs(layers: Path, out: Path, global_batch: int, log: Path) -> lis
     return sorted(configs, key=lambda p: json.loads(p.read_text())["envpipe_search"]["micro_batch"])
 
 
-def pack(out: Path, name: str, archive: Path) -> None:
+def pack(out: Path, archive: Path) -> None:
+    """Everything under ``out`` into ARCHIVE/search_accuracy.tar.gz (atomically: a stopped call keeps the last)."""
     archive.mkdir(parents=True, exist_ok=True)
-    tmp = archive / f".{name}.tar.gz"
+    tmp = archive / ".search_accuracy.tar.gz"
     with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(out / name, arcname=name)
-    os.replace(tmp, archive / f"search_accuracy_{name}.tar.gz")
+        for path in sorted(out.iterdir()):
+            tar.add(path, arcname=path.name)
+    os.replace(tmp, archive / "search_accuracy.tar.gz")
+
+
+class Bench:
+    """One call: the sets in order, a deadline, the children, the archive."""
+
+    def __init__(self, out: Path, archive: Path, deadline_s: float, declared: dict[str, Any]) -> None:
+        self.out, self.archive, self.declared = out, archive, declared
+        self.deadline = time.monotonic() + deadline_s
+        self.children = Children()
+        self.port = 29600
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def model(self, kind: str, entry: dict[str, Any], sizes: list[int], engine: Path | None) -> None:
+        """Profile one model, search it, train every configuration that fits (of ``sizes``)."""
+        name, here = entry["name"], self.out / kind / entry["name"]
+        (here / "runs").mkdir(parents=True, exist_ok=True)
+        print(f"{datetime.now(UTC):%H:%M:%S} {kind} {name}: profile", flush=True)
+        layers = here / "layers.json"
+        profile = {"kind": "profile", "model": entry["model"], "sizes": sizes, "out": str(layers),
+                   **self.declared["profile"]}
+        if not self.children.run(profile, here / "profile.log"):
+            print(f"  profile failed: {here / 'profile.log'}", flush=True)
+            return
+        configs = search_configs(layers, here / "configs", self.declared["global_batch"], here / "search.log", engine)
+        sizes_fit = [json.loads(c.read_text())["envpipe_search"]["micro_batch"] for c in configs]
+        print(f"  {len(configs)} configurations fit: micro-batch {', '.join(map(str, sizes_fit))}", flush=True)
+        for config in configs:
+            found = json.loads(config.read_text())["envpipe_search"]
+            if self.left_s() < 30:
+                print(f"  b={found['micro_batch']}: not run, the call's deadline is near", flush=True)
+                continue
+            self.port += 1
+            stem = f"b{found['micro_batch']}"
+            run = {"kind": "train", "config": str(config), "out": str(here / "runs" / f"{stem}.json"),
+                   "port": self.port, "allocator": found.get("allocator", ""), **self.declared["iterations"]}
+            t0 = time.monotonic()
+            ok = self.children.run(run, here / "runs" / f"{stem}.log")
+            print(f"{datetime.now(UTC):%H:%M:%S} {kind} {name} {stem}: {'done' if ok else 'FAILED'} in "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)
+            pack(self.out, self.archive)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--set", choices=["fit", "heldout"])
+    p.add_argument("--sets", default="fit,heldout", help="fit, heldout or both (comma-separated, in that order)")
     p.add_argument("--out", type=Path)
-    p.add_argument("--models", help="only these models of the set (names, comma-separated)")
-    p.add_argument("--tiny", action="store_true", help="a 2-block model instead of the set's (the CPU check)")
-    p.add_argument("--archive", type=Path, help="where the .tar.gz goes (default: --out)")
-    p.add_argument("--expandable-too", action="store_true",
-                   help="also train each model's largest micro-batch with PYTORCH_CUDA_ALLOC_CONF="
-                   "expandable_segments:True (a diagnostic beside the declared runs)")
+    p.add_argument("--models", help="only these models (names, comma-separated)")
+    p.add_argument("--tiny", action="store_true", help="a 2-block model instead of each set's (the CPU check)")
+    p.add_argument("--archive", type=Path, help="where search_accuracy.tar.gz goes (default: --out)")
+    p.add_argument("--deadline-s", type=float, default=3600.0, help="start no training run after this")
+    p.add_argument("--engine-model", type=Path, help="the held-out set's engine model when the fit set is not run")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         _child(json.loads(args.child))
-    if args.set is None or args.out is None:
-        p.error("give --set and --out")
+    if args.out is None:
+        p.error("give --out")
     declared = json.loads(SHAPES.read_text())
-    models = declared[args.set]
-    if args.models:
-        models = [m for m in models if m["name"] in args.models.split(",")]
-    if args.tiny:
-        models = [{"name": "tiny", "model": TINY}]
     import deepspeed  # noqa: F401  (the heavy imports once, before any child is forked)
     import torch
     import train_gpt  # noqa: F401
 
     assert not torch.cuda.is_initialized(), "the parent must not hold a CUDA context before forking"
-    root = args.out / args.set
-    archive = args.archive or args.out
-    children = Children()
-    port = 29600
-    for entry in models:
-        name, model = entry["name"], entry["model"]
-        here = root / name
-        (here / "runs").mkdir(parents=True, exist_ok=True)
-        print(f"{datetime.now(UTC):%H:%M:%S} {name}: profile", flush=True)
-        layers = here / "layers.json"
-        profile = {"kind": "profile", "model": model, "sizes": declared["micro_batch_sizes"], "out": str(layers),
-                   **declared["profile"]}
-        if not children.run(profile, here / "profile.log"):
-            print(f"  profile failed: {here / 'profile.log'}", flush=True)
-            pack(args.out, args.set, archive)
-            continue
-        configs = search_configs(layers, here / "configs", declared["global_batch"], here / "search.log")
-        print(f"  {len(configs)} configurations fit: micro-batch "
-              + ", ".join(str(json.loads(c.read_text())["envpipe_search"]["micro_batch"]) for c in configs),
-              flush=True)
-        runs = [(c, "") for c in configs] + ([(configs[-1], "expandable_segments:True")] if args.expandable_too else [])
-        for config, allocator in runs:
-            b = json.loads(config.read_text())["envpipe_search"]["micro_batch"]
-            port += 1
-            stem = f"b{b}" + ("_expandable" if allocator else "")
-            run = {"kind": "train", "config": str(config), "out": str(here / "runs" / f"{stem}.json"), "port": port,
-                   "allocator": allocator, **declared["iterations"]}
-            t0 = time.monotonic()
-            ok = children.run(run, here / "runs" / f"{stem}.log")
-            print(f"{datetime.now(UTC):%H:%M:%S} {name} {stem}: {'done' if ok else 'FAILED'} in "
-                  f"{time.monotonic() - t0:.0f} s", flush=True)
-            pack(args.out, args.set, archive)
-    pack(args.out, args.set, archive)
+    bench = Bench(args.out, args.archive or args.out, args.deadline_s, declared)
+    engine = args.engine_model
+    for kind in args.sets.split(","):
+        models = [{"name": "tiny", "model": TINY}] if args.tiny else declared[kind]["models"]
+        models = [m for m in models if not args.models or m["name"] in args.models.split(",")]
+        for entry in models:
+            if bench.left_s() < 90:
+                print(f"{kind} {entry['name']}: not run, the call's deadline is near", flush=True)
+                continue
+            bench.model(kind, entry, declared[kind]["micro_batch_sizes"], engine if kind == "heldout" else None)
+        if kind == "fit":  # the engine model, fitted before any held-out run
+            from benchmarks.search_fit import fit, load_runs
+
+            runs = load_runs(args.out / "fit")
+            if not runs:
+                print("no GPU runs to fit (the CPU check): the held-out set keeps the default engine model")
+                continue
+            fitted, details = fit(runs, datetime.now(UTC).strftime("%Y-%m-%d"))
+            engine = args.out / "fit" / "engine.json"
+            engine.write_text(json.dumps(fitted.to_json(), indent=1) + "\n")
+            (args.out / "fit" / "details.json").write_text(json.dumps(details, indent=1) + "\n")
+            print(f"{datetime.now(UTC):%H:%M:%S} engine model: {json.dumps(fitted.to_json())}", flush=True)
+        pack(bench.out, bench.archive)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from envpipe.atomicfile import new_file_mode
 from envpipe.cli_common import Finite
 from envpipe.limits import MAX_SLOWDOWN, MAX_UNITS
 from envpipe.search.cluster import GIB, Cluster
+from envpipe.search.engine import EngineModelError, engine_model, load_engine_model
 from envpipe.search.layers import LayerProfile, LayerProfileError, load_layer_profile
 from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError
 
@@ -87,6 +88,9 @@ def _gbps(low_open: bool = True) -> Finite:
 @click.option("--max-plan-units", type=click.IntRange(0, MAX_UNITS), default=MAX_PLAN_UNITS, show_default=True,
               help="iterations with more forward/backward units keep their 1F1B all-max plan (the optimal planner "
               "takes seconds per configuration at tens of thousands of units); 0: up to the planner's limit")
+@click.option("--engine-model", "engine_path", type=click.Path(dir_okay=False), default=None,
+              help="what the pipeline engine adds to the layers' time and memory on your GPU hosts, fitted by "
+              "benchmarks/search_fit.py (default: the fit committed with envpipe, measured on an H100)")
 @click.option("--out-dir", type=click.Path(file_okay=False), default="found", show_default=True,
               help="where search.json, found.json, found.plan.json, top/ and frontier.png go")
 @click.option("--launch-args", default="", help="backend options for the printed envpipe-launch command, "
@@ -94,7 +98,8 @@ def _gbps(low_open: bool = True) -> Finite:
 def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batch: int, memory_gib: float | None,
                    memory_margin_gib: float, objective: str, min_throughput: float | None, max_slowdown: float | None,
                    top_k: int, intra_node_gbps: float, inter_node_gbps: float, allreduce_gbps: float | None,
-                   latency_us: float, max_plan_units: int, out_dir: str, launch_args: str) -> None:
+                   latency_us: float, max_plan_units: int, engine_path: str | None, out_dir: str,
+                   launch_args: str) -> None:
     """Search stages, stage cut, replicas, micro-batch size and count, order and clocks (Aceso-style).
 
     Every prediction is simulated from the layer profile; the links are assumed unless given as measured."""
@@ -107,7 +112,8 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     anchor = _writable_anchor(out)
     try:
         layers = load_layer_profile(layers_path)
-    except LayerProfileError as exc:
+        engine = load_engine_model(engine_path) if engine_path else engine_model(layers)
+    except (LayerProfileError, EngineModelError) as exc:
         raise click.ClickException(str(exc)) from None
     memory = _memory_bytes(memory_gib, layers)
     margin = round(memory_margin_gib * GIB)
@@ -117,9 +123,10 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     cluster = Cluster(nodes, gpus_per_node, memory, intra_node_gbps * 1e9 / BITS, inter_node_gbps * 1e9 / BITS,
                       latency_us * 1e-6, (allreduce_gbps or intra_node_gbps) * 1e9 / BITS, margin)
     click.echo(_assumptions(cluster, layers, memory_gib is None))
+    click.echo(f"engine model: {engine.label}")
     try:
         result = search(layers, cluster, global_batch, Objective(objective, min_throughput, max_slowdown), top_k,
-                        _Progress(), max_plan_units or MAX_UNITS)
+                        _Progress(), max_plan_units or MAX_UNITS, engine)
     except SearchError as exc:
         raise click.ClickException(str(exc)) from None
     stats = result.stats
@@ -131,12 +138,12 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     click.echo(f"predictions simulated on {layers_path} ({layers.device}, {layers.dtype}, {layers.date}):")
     click.echo(table(result))
     best = result.candidates[0]
-    config = found_config(best, layers, cluster, "found.plan.json")
+    config = found_config(best, layers, cluster, "found.plan.json", engine)
     files: dict[str, Any] = {"found.plan.json": best.plan, "found.json": config,
                              "search.json": result_json(result, layers, cluster, global_batch)}
     for rank, other in enumerate(result.candidates[1:], 2):  # the runners-up, to train or benchmark too
         files[f"top/{rank}.plan.json"] = other.plan
-        files[f"top/{rank}.json"] = found_config(other, layers, cluster, f"{rank}.plan.json")
+        files[f"top/{rank}.json"] = found_config(other, layers, cluster, f"{rank}.plan.json", engine)
     _write_all(out, anchor, files, lambda path: draw_frontier(result, path))
     ds_block = {k: v for k, v in config.items() if k != "envpipe_search"}
     click.echo(f"chosen: #1 {best.shape.label()}, stage layers {list(best.pipeline.cut.counts)}, order {best.order}")
@@ -146,7 +153,7 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
                f"{out / 'search.json'} (top {len(result.candidates)}; runners-up's configs in {out / 'top'}), "
                f"{out / 'frontier.png'}")
     click.echo("train it:")
-    click.echo("  " + launch_command(cluster, str(out / "found.json"), layers, launch_args))
+    click.echo("  " + launch_command(cluster, str(out / "found.json"), layers, engine, launch_args))
 
 
 def _memory_bytes(memory_gib: float | None, layers: LayerProfile) -> int:

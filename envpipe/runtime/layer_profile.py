@@ -13,15 +13,19 @@ warm-up units, then ``reps`` timed rounds of forward and backward units (their m
 
 On GPUs a unit has two times, the host's and the device's (envpipe.search.timing runs them as the engine
 does: one layer after the other, the device behind the host, a synchronization before every forward).
-A round first holds the device with a spin kernel (``_DeviceHold``), then the host issues ``_QUEUE``
-forwards and their backwards: the host's time is its issue time, never spent waiting, and the device then
-runs the queued units back to back, timed by CUDA events. A round in which the hold ended before the host
-was done is repeated with a longer hold. A narrow layer at a small micro-batch takes the host longer than
-the device (launch-bound); a synchronization around every unit would charge both (H200, 2026-11-23:
-such a profile put a 16-block GPT-2 stage's unit at micro-batch 2 a third above the training run's), and
-one number per unit cannot tell a launch-bound stage from a device-bound one (H100, 2026-11-24: the
-search's time was 15-19 % short at micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a round is one
-unit and its host time 0 (the simulated GPU counts CPU time; there is nothing to hide).
+The device's: a round first holds the device with a spin kernel (``_DeviceHold``) while the host issues
+``_QUEUE`` forwards and their backwards, and the device then runs the queued units back to back, timed by
+CUDA events (a round in which the hold ended before the host was done is repeated with a longer hold).
+The host's: a round without the hold, the host issuing ``_QUEUE`` units while the device runs them, as in
+the engine, timed up to the end of its issuing (host time) and up to the device's end (repeat time: the
+units back to back as the engine runs them). Issuing behind a held device costs the host more: in the
+first H100 runs (2026-11-25), profiles whose host times were taken in the held round summed to 1.5 times
+the engine's launch-bound units. A narrow layer at a small micro-batch takes the host
+longer than the device (launch-bound); a synchronization around every unit would charge both (H200,
+2026-11-23: a profile so taken put a 16-block GPT-2 stage's unit at micro-batch 2 a third above the
+training run's), and one number per unit cannot tell a launch-bound stage from a device-bound one (H100,
+2026-11-24: the search's time was 15-19 % short at micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a
+round is one unit and its host time 0 (the simulated GPU counts CPU time; there is nothing to hide).
 
 Then one unit under the allocation probe (``AllocationWindows``). Every backward does what DeepSpeed's
 pipeline engine adds to it (bf16, BF16_Optimizer): the weights' gradients zeroed before, each added into
@@ -222,7 +226,7 @@ def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
         flops = {b: (0.0, 0.0) for b in units}
     else:
         measured = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
-        times = {b: (f[0], bw[0], 0.0, 0.0) for b, (f, bw) in measured.items()}
+        times = {b: (f[0], bw[0], 0.0, 0.0, 0.0, 0.0) for b, (f, bw) in measured.items()}
         flops = {b: (f[1], bw[1]) for b, (f, bw) in measured.items()}
     optimizer = _Optimizer(module, accumulator)
     step_s = optimizer.time(reps, timer)
@@ -233,7 +237,7 @@ def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
     # the head's output is the logits: never sent on, but the engine keeps them (envpipe.search.memory)
     per = {b: LayerCost(times[b][0], times[b][1], probe.held(f"{b}.forward"),
                         outputs[b].numel() * outputs[b].element_size(), probe.peak(f"{b}.forward"),
-                        probe.peak(f"{b}.backward"), times[b][2], times[b][3]) for b in inputs}
+                        probe.peak(f"{b}.backward"), *times[b][2:]) for b in inputs}
     layer = Layer(type(module).__name__, optimizer.parameters, optimizer.param_bytes, optimizer.state_bytes(),
                   step_s, probe.peak("step"), per)
     return layer, flops, {b: out.detach() for b, out in outputs.items()}
@@ -343,9 +347,9 @@ class _Unit:
             held.clear()
         return ((statistics.median(t for t, _ in fwd), fwd[-1][1]), (statistics.median(t for t, _ in bwd), bwd[-1][1]))
 
-    def time_on_gpu(self, reps: int, warmup: int, hold: _DeviceHold) -> tuple[float, float, float, float]:
-        """GPU: per unit the device's forward and backward time and the host's, each the median of ``reps``
-        rounds (see the module's docstring)."""
+    def time_on_gpu(self, reps: int, warmup: int, hold: _DeviceHold) -> tuple[float, ...]:
+        """GPU: per unit the device's forward and backward time, the host's, and the repeat times, each the
+        median of ``reps`` rounds (see the module's docstring)."""
         t0 = time.perf_counter()
         for _ in range(warmup):
             self.backward(self.forward()[1])
@@ -354,28 +358,44 @@ class _Unit:
         rounds = []
         for _ in range(reps):
             for _ in range(_HOLD_TRIES):
-                measured, held = self._held_round(hold, hold_s)
+                device, held = self._held_round(hold, hold_s)
                 if held:
                     break
                 hold_s *= 2  # the host was not done when the hold ended: once more, longer
-            rounds.append(measured)
-        return tuple(statistics.median(r[k] for r in rounds) for k in range(4))  # type: ignore[return-value]
+            rounds.append((*device, *self._host_round()))
+        return tuple(statistics.median(r[k] for r in rounds) for k in range(6))
 
-    def _held_round(self, hold: _DeviceHold, hold_s: float) -> tuple[tuple[float, float, float, float], bool]:
-        """One round under a hold of ``hold_s``: (device forward, device backward, host forward, host backward)
-        per unit, and whether the hold outlasted the host's issuing."""
+    def _held_round(self, hold: _DeviceHold, hold_s: float) -> tuple[tuple[float, float], bool]:
+        """One round under a hold of ``hold_s``: the device's forward and backward time per unit, and whether
+        the hold outlasted the host's issuing."""
         _sync(self.device)
         hold(hold_s)
-        e0, t0 = _event(), time.perf_counter()
+        e0 = _event()
         roots = [self.forward()[1] for _ in range(_QUEUE)]
-        t1, e1 = time.perf_counter(), _event()
+        e1 = _event()
         self.backward_all(roots)
-        t2, e2 = time.perf_counter(), _event()
+        e2 = _event()
         held = not e0.query()  # the device still in the hold: it has all the units queued
         roots.clear()
         e2.synchronize()
+        return (e0.elapsed_time(e1) / 1e3 / _QUEUE, e1.elapsed_time(e2) / 1e3 / _QUEUE), held
+
+    def _host_round(self) -> tuple[float, float, float, float]:
+        """One round without a hold, the device running the units as the host issues them: per unit the host's
+        forward and backward time, and the forward and backward repeat time (up to the device's end)."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        roots = [self.forward()[1] for _ in range(_QUEUE)]
+        issued_f = time.perf_counter()
+        _sync(self.device)
+        t1 = time.perf_counter()
+        self.backward_all(roots)
+        issued_b = time.perf_counter()
+        roots.clear()
+        _sync(self.device)
+        t2 = time.perf_counter()
         q = _QUEUE
-        return (e0.elapsed_time(e1) / 1e3 / q, e1.elapsed_time(e2) / 1e3 / q, (t1 - t0) / q, (t2 - t1) / q), held
+        return (issued_f - t0) / q, (issued_b - t1) / q, (t1 - t0) / q, (t2 - t1) / q
 
     def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
         """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""

@@ -18,6 +18,7 @@ import shlex
 from typing import Any
 
 from envpipe.search.cluster import Cluster
+from envpipe.search.engine import EngineModel
 from envpipe.search.evaluate import Candidate
 from envpipe.search.layers import DTYPES, FAMILIES, MODEL_KEYS, LayerProfile
 
@@ -36,8 +37,10 @@ def simulated_label(layers: LayerProfile) -> str:
                             model=layers.clock_model)
 
 
-def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, plan_file: str) -> dict[str, Any]:
-    """The DeepSpeed config (with both blocks) that trains ``candidate``; ``plan_file`` relative to it."""
+def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, plan_file: str,
+                 engine: EngineModel) -> dict[str, Any]:
+    """The DeepSpeed config (with both blocks) that trains ``candidate``; ``plan_file`` relative to it.
+    ``engine``: the engine model the predictions used; its allocator setting is the one to train with."""
     shape = candidate.shape
     config: dict[str, Any] = {
         "train_batch_size": shape.global_batch,
@@ -56,8 +59,10 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
         "microbatches": shape.microbatches,
         "stage_layers": list(candidate.pipeline.cut.counts),
         "gpus": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
+        "allocator": engine.allocator,  # PYTORCH_CUDA_ALLOC_CONF the memory predictions hold for (launch_command)
         "predicted": predicted(candidate),
         "label": simulated_label(layers),
+        "engine_model": engine.label,
     }
     return config
 
@@ -79,13 +84,17 @@ def predicted(candidate: Candidate) -> dict[str, Any]:
     }
 
 
-def launch_command(cluster: Cluster, config_path: str, layers: LayerProfile, launch_args: str = "") -> str:
+def launch_command(cluster: Cluster, config_path: str, layers: LayerProfile, engine: EngineModel,
+                   launch_args: str = "") -> str:
     """The envpipe-launch command that trains the configuration (``launch_args``: backend options). A profile
-    measured on CPU holds for processes with its thread count: the command sets it."""
+    measured on CPU holds for processes with its thread count, and the memory model for the allocator
+    setting it was fitted with: the command sets them."""
     words = ["envpipe-launch", "--nodes", str(cluster.nodes), "--gpus-per-node", str(cluster.gpus_per_node),
              *shlex.split(launch_args), "--", TRAIN_SCRIPT, "--config", config_path]
-    threads = f"OMP_NUM_THREADS={layers.cpu_threads} " if layers.cpu_threads is not None else ""
-    return threads + shlex.join(words)
+    env = [f"OMP_NUM_THREADS={layers.cpu_threads}"] if layers.cpu_threads is not None else []
+    if engine.allocator:
+        env.append(f"PYTORCH_CUDA_ALLOC_CONF={engine.allocator}")
+    return " ".join([*env, shlex.join(words)])
 
 
 def train_settings(block: Any, ds_config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

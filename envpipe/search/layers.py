@@ -13,7 +13,8 @@ Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by
      "layers": [{"name": "Embedding", "parameters": 103M, "param_bytes": ..., "optimizer_state_bytes": ...,
                  "optimizer_step_s": ..., "optimizer_step_peak_bytes": ...,
                  "per_micro_batch": {"1": {"forward_s": ..., "backward_s": ..., "forward_host_s": ...,
-                                           "backward_host_s": ..., "activation_bytes": ...,
+                                           "backward_host_s": ..., "forward_repeat_s": ...,
+                                           "backward_repeat_s": ..., "activation_bytes": ...,
                                            "output_bytes": ..., "forward_peak_bytes": ...,
                                            "backward_peak_bytes": ...}, ...}}, ...]}
 
@@ -23,11 +24,13 @@ FLOPs at the CPU's rate, envpipe.runtime.clocks.SimClock). Times are measured at
 clock (GPUs: clocks never changed); the other clocks of a stage profile built from this file come from
 the frequency model (``clocks.model``) and are simulated.
 
-Time per layer and micro-batch, in two parts (envpipe.search.timing puts them together as the engine runs
-them): forward_s / backward_s, the device's own time for the unit when its work is queued back to back;
-forward_host_s / backward_host_s, the host's time to issue it (Python, launches). A narrow layer at a
-small micro-batch takes the host longer than the device: it is launch-bound. On CPU (a simulated GPU
-that only counts work) the host times are 0.
+Time per layer and micro-batch, in three numbers (envpipe.search.timing puts them together as the engine
+runs them): forward_s / backward_s, the device's own time for the unit when its work is queued back to
+back; forward_host_s / backward_host_s, the host's time to issue it (Python, launches); and
+forward_repeat_s / backward_repeat_s, the time per unit when the layer's units run back to back with the
+device behind the host, as the engine runs them: at least the larger of the other two, more where host and
+device cannot overlap within the layer. A narrow layer at a small micro-batch takes the host longer than the
+device: it is launch-bound. On CPU (a simulated GPU that only counts work) the host and repeat times are 0.
 
 Device memory (GPUs; on CPU all 0 and total null): the device's total, what the process holds outside
 the caching allocator (CUDA context, library handles, kernel images), and the workspaces that stay
@@ -57,13 +60,13 @@ from typing import Any, TypeGuard
 from envpipe.limits import MAX_CLOCK_MHZ, MAX_POWER_W, MAX_UNIT_TIME_S, parse_json, quote, range_error, read_text
 
 LAYER_PROFILE_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no host times (taken as 0), no device memory
+READABLE_VERSIONS = (1, 2)  # version 1: no host or repeat times (taken as 0), no device memory
 KIND = "envpipe-layer-profile"
 DTYPES = ("fp32", "bf16")
 FAMILIES = ("gpt2", "llama")
 MODEL_KEYS = ("family", "layers", "hidden", "heads", "seq", "vocab")  # ModelShape's fields, as JSON keys
 _PER_MB_KEYS = ("forward_s", "backward_s", "activation_bytes", "output_bytes", "forward_peak_bytes",
-                "backward_peak_bytes", "forward_host_s", "backward_host_s")
+                "backward_peak_bytes", "forward_host_s", "backward_host_s", "forward_repeat_s", "backward_repeat_s")
 _MEMORY_KEYS = ("outside_allocator_bytes", "workspace_bytes")
 # bounds far outside real models: no file can make the search allocate gigabytes or overflow to inf
 MAX_LAYER_PROFILE_BYTES = 16 * 2**20  # a 1,000-layer profile with 8 micro-batch sizes takes about 4 MiB
@@ -93,6 +96,8 @@ class LayerCost:
     backward_peak_bytes: int
     forward_host_s: float = 0.0  # the host's time to issue the unit (0: never launch-bound, e.g. on CPU)
     backward_host_s: float = 0.0
+    forward_repeat_s: float = 0.0  # per unit, the layer's units back to back (0: not measured, e.g. on CPU)
+    backward_repeat_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -285,9 +290,10 @@ def _layer(raw: Any, index: int, sizes: list[int], version: int) -> Layer:
         forward, backward = (_number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S, positive=True)
                              for k in _PER_MB_KEYS[:2])
         held, output, forward_peak, backward_peak = (_count(cell, k, f"{at}: '{k}'") for k in _PER_MB_KEYS[2:6])
-        forward_host, backward_host = (_number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S) if version >= 2 else 0.0
-                                       for k in _PER_MB_KEYS[6:])
-        per[b] = LayerCost(forward, backward, held, output, forward_peak, backward_peak, forward_host, backward_host)
+        forward_host, backward_host, forward_repeat, backward_repeat = (
+            _number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S) if version >= 2 else 0.0 for k in _PER_MB_KEYS[6:])
+        per[b] = LayerCost(forward, backward, held, output, forward_peak, backward_peak, forward_host, backward_host,
+                           forward_repeat, backward_repeat)
     parameters = _count(obj, "parameters", f"{where}: 'parameters'", maximum=MAX_PARAMETERS)
     param_bytes, state_bytes, step_peak = (_count(obj, k, f"{where}: '{k}'")
                                            for k in ("param_bytes", "optimizer_state_bytes",

@@ -9,7 +9,12 @@ device time g_l, issued by the host from C_{l-1} to C_l = C_{l-1} + c_l, the dev
 
 (it can start once the layer's first kernel is issued and its earlier work is done, and cannot finish
 before the last kernel is issued). A device-bound stage adds up its g's, a launch-bound one its c's; a
-stage whose layers differ lies between, which no sum of per-layer numbers gets right.
+stage whose layers differ lies between, which no sum of per-layer numbers gets right. Within a layer the
+host issues its kernels in bursts between Python work, so where host and device take about as long the
+device waits now and then even with the host ahead on average: the profile's repeat time r_l (the
+layer's units back to back, as the engine runs a stage of such layers) is then above max(c_l, g_l), and
+the difference joins the layer's device time, g_l + max(0, r_l - max(c_l, g_l)), so that a stage of equal
+layers takes r_l per layer.
 
 Across micro-batches there is no overlap: the engine synchronizes the device before every forward
 (DeepSpeed's throughput timer, `timers.throughput.synchronized`, on by default, and the pageable copy of
@@ -17,6 +22,8 @@ the micro-batch's input). So a forward unit starts on an idle device, after the 
 the unit (``EngineModel.unit_host_s``: its instructions, the micro-batch's load, the synchronization's
 round trip); its backward's host work follows at once, overlapping the forward's last kernels. The forward
 unit lasts until its last layer is done on the device, the backward from there until the backward is done.
+The host's times are the profile's scaled by ``EngineModel.host_scale`` (fitted: how the host's time for a
+layer in the engine's stage loop compares with the profiler's, which issues one layer again and again).
 On the CPU's simulated GPU host times and the engine's host work are 0, and unit times are plain sums.
 """
 
@@ -40,14 +47,26 @@ def issue(host_s: Sequence[float], device_s: Sequence[float], host_t: float = 0.
 
 
 def unit_times(costs: Sequence[LayerCost], engine: EngineModel) -> tuple[float, float]:
-    """(forward, backward) unit time of a stage whose layers have ``costs`` (in pipeline order)."""
-    host, done = issue([c.forward_host_s for c in costs], [c.forward_s for c in costs], engine.unit_host_s)
+    """(forward, backward) unit time of a stage whose layers have ``costs`` (in pipeline order); the host's
+    times as the engine's stage loop takes them (``EngineModel.host_scale``)."""
+    k = engine.host_scale
+    host = [k * c.forward_host_s for c in costs]
+    issued, done = issue(host, _device(host, [c.forward_s for c in costs], [c.forward_repeat_s for c in costs]),
+                         engine.unit_host_s)
     back = costs[::-1]
-    _, end = issue([c.backward_host_s for c in back], [c.backward_s for c in back], host, done)
+    host = [k * c.backward_host_s for c in back]
+    _, end = issue(host, _device(host, [c.backward_s for c in back], [c.backward_repeat_s for c in back]), issued,
+                   done)
     return done, end - done
+
+
+def _device(host_s: Sequence[float], device_s: Sequence[float], repeat_s: Sequence[float]) -> list[float]:
+    """Each layer's device time with what host and device cannot overlap within it (see the module's docstring)."""
+    return [g + max(0.0, r - max(c, g)) for c, g, r in zip(host_s, device_s, repeat_s, strict=True)]
 
 
 def layer_weight(cost: LayerCost) -> float:
     """One layer's share of a stage's forward and backward time, for choosing cuts: additive, so that the
-    dynamic program can sum it, and launch-aware (the slower of host and device per unit)."""
-    return max(cost.forward_s, cost.forward_host_s) + max(cost.backward_s, cost.backward_host_s)
+    dynamic program can sum it, and launch-aware (per unit the slowest of host, device and back to back)."""
+    return (max(cost.forward_s, cost.forward_host_s, cost.forward_repeat_s)
+            + max(cost.backward_s, cost.backward_host_s, cost.backward_repeat_s))

@@ -46,8 +46,12 @@ def test_search_writes_a_trainable_configuration(tmp_path: Path, layers: Path) -
         assert Plan.load(out / "top" / other["envpipe"]["plan"]).num_stages == other["envpipe"]["pipeline_stages"]
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     launch = text.strip().splitlines()[-1].strip()
-    assert shlex.split(launch) == ["envpipe-launch", "--nodes", "1", "--gpus-per-node", "4", "--",
-                                   "examples/train_gpt.py", "--config", str(out / "found.json")]
+    # the memory model holds for the allocator setting the engine model was fitted with: the command sets it
+    assert shlex.split(launch) == ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "envpipe-launch", "--nodes",
+                                   "1", "--gpus-per-node", "4", "--", "examples/train_gpt.py", "--config",
+                                   str(out / "found.json")]
+    assert config["envpipe_search"]["allocator"] == "expandable_segments:True"
+    assert config["zero_optimization"] == {"stage": 0}
     assert '"envpipe_search"' not in text  # the printed DeepSpeed block is DeepSpeed's and the runtime's only
 
 

@@ -60,7 +60,7 @@ def test_device_overhead_by_hand() -> None:
     # (1000 + 24) MiB allocated, a quarter more reserved (1280 MiB), 500 MiB outside the allocator
     assert overhead.device_bytes(1000 * MIB) == 1780 * MIB
     assert overhead.allocatable(1780 * MIB) == 1000 * MIB
-    engine = EngineModel(0.0, 0.0, 0.25, 100 * MIB, "test")
+    engine = EngineModel(0.0, 0.0, 1.0, 0.25, 100 * MIB, "", "test")
     profile = layer_profile([1.0] * 3, device_memory=DeviceMemory(80 << 30, 400 * MIB, 24 * MIB, "test"))
     assert device_overhead(profile, engine) == overhead  # the profile's context + the engine's NCCL
 
