@@ -9,9 +9,9 @@ setting, `*_expandable.json` of an earlier layout, are left out). Time: with the
 T(k) + M h + t for host scale k, the engine's host work h per forward unit and t per iteration (exactly
 linear in h and t: every forward starts on an idle device). For every k on a grid, h and t >= 0 by least
 squares on the relative errors (scipy's nnls); the k of least squared relative error wins. Memory, from
-the measurements alone: the allocator's reserved over allocated peak, less 1, the largest of the runs;
-and the memory outside the allocator beyond the profile's CUDA context, the largest of the runs. The
-largest, so that the fit set's runs are never predicted short of what the allocator and the process held.
+the measurements alone: the allocator's fragmentation (its peak of inactive split blocks, memory it can
+neither reuse nor give back, over its allocated peak) and the memory outside the allocator beyond the
+profile's CUDA context, each the largest of the runs, so that no fit run needed more than predicted.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class FitRun:
     iteration_s: float  # measured, median
     allocated_peak_bytes: int
     reserved_peak_bytes: int
+    inactive_split_peak_bytes: int
     outside_allocator_bytes: int
     device: str
 
@@ -69,7 +70,8 @@ def load_runs(fit_dir: Path) -> list[FitRun]:
             runs.append(FitRun(model_dir.name, layers, run["micro_batch"], run["microbatches"],
                                run.get("allocator", "default"), statistics.median(measured["iteration_s"]),
                                memory["allocated_peak_bytes"], memory["reserved_peak_bytes"],
-                               memory["outside_allocator_bytes"], measured["device"]))
+                               memory["inactive_split_peak_bytes"], memory["outside_allocator_bytes"],
+                               measured["device"]))
     return runs
 
 
@@ -100,15 +102,16 @@ def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
             best = (error, float(k), float(h), float(t))
     assert best is not None
     _, k, h, t = best
-    reserved = max(r.reserved_peak_bytes / r.allocated_peak_bytes - 1 for r in runs)
+    fragmentation = max(r.inactive_split_peak_bytes / r.allocated_peak_bytes for r in runs)
     outside = max(r.outside_allocator_bytes - r.layers.device_memory.outside_allocator_bytes for r in runs)
     models = sorted({r.model for r in runs})
     label = (f"fitted {date} by benchmarks/search_fit.py on {len(runs)} runs of {', '.join(models)} "
              f"({runs[0].device}, allocator {allocator or 'default'})")
-    engine = EngineModel(round(h, 7), round(t, 6), k, round(reserved, 4), int(outside), allocator, label)
+    engine = EngineModel(round(h, 7), round(t, 6), k, round(fragmentation, 4), int(outside), allocator, label)
     residuals = [{"model": r.model, "micro_batch": r.micro_batch, "microbatches": r.microbatches,
                   "measured_s": r.iteration_s, "predicted_s": predicted_iteration_s(r, engine),
                   "reserved_over_allocated": r.reserved_peak_bytes / r.allocated_peak_bytes - 1,
+                  "inactive_split_over_allocated": r.inactive_split_peak_bytes / r.allocated_peak_bytes,
                   "outside_beyond_profile_bytes": r.outside_allocator_bytes
                   - r.layers.device_memory.outside_allocator_bytes} for r in runs]
     return engine, {"engine_model": engine.to_json(), "runs": residuals}

@@ -29,11 +29,13 @@ min(M, P-s) on stage s, EnvPipe's order r_s more). The planner gets the per-micr
 left for them (envpipe.search.evaluate.stage_memory).
 
 On the device (``DeviceOverhead``): the workspaces that stay allocated once the first matrix products ran
-(cuBLAS, measured by the layer profiler) are added; the caching allocator reserves more than its
-allocated peak (blocks rounded and split, freed blocks cached for reuse: fragmentation), a fitted
-fraction of it; and outside the allocator the process holds the CUDA context and library handles (measured
-by the profiler) and what the engine adds there (NCCL's communicators and buffers, fitted). The search
-refuses a configuration whose device peak is above the device's memory less the user's margin.
+(cuBLAS, measured by the layer profiler) are added; the allocator's fragmentation, what it holds and can
+neither reuse nor give back, a fitted fraction of the allocated peak (0 with expandable segments, the
+setting the found configuration trains with; torch's default allocator left 7 to 26 % in split blocks
+in the first H100 runs, too varied to predict); and outside the allocator the process holds the CUDA
+context and library handles (measured by the profiler) and what the engine adds there (NCCL's
+communicators and buffers, fitted). The search refuses a configuration whose device peak is above the
+device's memory less the user's margin.
 """
 
 from __future__ import annotations
@@ -71,17 +73,17 @@ class DeviceOverhead:
     """From the allocator's bytes to the device's (see the module's docstring)."""
 
     workspace_bytes: int  # allocated once and held: cuBLAS workspaces
-    reserved_fraction: float  # the allocator's reserved peak over its allocated peak, less 1
+    fragmentation: float  # what the allocator can neither reuse nor give back, over its allocated peak
     outside_allocator_bytes: int  # CUDA context, library handles, NCCL
 
     def device_bytes(self, allocated: float) -> int:
         """The device memory a process with this allocated peak holds at its peak."""
-        reserved = math.ceil((allocated + self.workspace_bytes) * (1 + self.reserved_fraction))
-        return reserved + self.outside_allocator_bytes
+        held = math.ceil((allocated + self.workspace_bytes) * (1 + self.fragmentation))
+        return held + self.outside_allocator_bytes
 
     def allocatable(self, device_bytes: float) -> int:
         """The largest allocated peak whose device memory stays within ``device_bytes`` (may be negative)."""
-        return (math.floor((device_bytes - self.outside_allocator_bytes) / (1 + self.reserved_fraction))
+        return (math.floor((device_bytes - self.outside_allocator_bytes) / (1 + self.fragmentation))
                 - self.workspace_bytes)
 
 

@@ -56,7 +56,7 @@ def test_bf16_optimizer_state_is_split_over_replicas() -> None:
 
 
 def test_device_overhead_by_hand() -> None:
-    overhead = DeviceOverhead(workspace_bytes=24 * MIB, reserved_fraction=0.25, outside_allocator_bytes=500 * MIB)
+    overhead = DeviceOverhead(workspace_bytes=24 * MIB, fragmentation=0.25, outside_allocator_bytes=500 * MIB)
     # (1000 + 24) MiB allocated, a quarter more reserved (1280 MiB), 500 MiB outside the allocator
     assert overhead.device_bytes(1000 * MIB) == 1780 * MIB
     assert overhead.allocatable(1780 * MIB) == 1000 * MIB
