@@ -81,22 +81,22 @@ def test_planner_memory_model() -> None:
 def test_the_search_refuses_what_does_not_fit_with_the_margin(tmp_path) -> None:
     """A GPU profile knows its device's memory; the margin decides: the configuration fits with a margin 1 MiB
     below what the device has left over its predicted peak, and is refused, in one line, with one 1 MiB above."""
-    device = DeviceMemory(1 << 30, 100 * MIB, 10 * MIB, "test")
+    device = DeviceMemory(4 << 30, 100 * MIB, 10 * MIB, "test")
     profile = layer_profile([1.0] * 4, params=[10_000_000] * 4, sizes=(1,), device_memory=device)
     path = tmp_path / "layers.json"
     profile.save(path)
     need = device_overhead(profile, engine_model(profile)).device_bytes(MemoryTables(profile, 1, 1, 2).peak(1)[0, 4])
-    spare_gib = ((1 << 30) - need) / (1 << 30)
+    spare_gib = ((4 << 30) - need) / (1 << 30)
     args = ["search", "--layers", str(path), "--gpus-per-node", "1", "--global-batch", "2"]
     fits = CliRunner().invoke(main, [*args, "--out-dir", str(tmp_path / "fits"), "--memory-margin-gib",
                                      str(spare_gib - 1 / 1024)])
     assert fits.exit_code == 0, fits.output
-    assert "1.00 GiB per GPU (the device's, from" in fits.output
+    assert "4.00 GiB per GPU (the device's, from" in fits.output
     refused = CliRunner().invoke(main, [*args, "--out-dir", str(tmp_path / "out"), "--memory-margin-gib",
                                         str(spare_gib + 1 / 1024)])
     assert refused.exit_code == 1 and "Traceback" not in refused.output
     errors = [line for line in refused.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and errors[0].startswith(
-        f"Error: no configuration fits 1.00 GiB per GPU less the {spare_gib + 1 / 1024:.2f} GiB margin: the least "
+        f"Error: no configuration fits 4.00 GiB per GPU less the {spare_gib + 1 / 1024:.2f} GiB margin: the least "
         f"device memory any of the 1 shapes needs is {need / (1 << 30):.2f} GiB (P=1 D=1 b=1 M=2")
     assert not (tmp_path / "out").exists()
