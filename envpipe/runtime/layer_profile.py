@@ -11,8 +11,9 @@ One layer is built at a time (a model larger than one device can still be profil
 is the previous layer's real output, so shapes and dtypes are the training job's. Per micro-batch size:
 warm-up units, then ``reps`` timed rounds of forward and backward units (their median).
 
-On GPUs a unit has two times, the host's and the device's (envpipe.search.timing runs them as the engine
-does: one layer after the other, the device behind the host, a synchronization before every forward).
+On GPUs a unit has three times, the device's, the host's and the repeat time (envpipe.search.timing runs
+them as the engine does: one layer after the other, the device behind the host, a synchronization before
+every forward).
 The device's: a round first holds the device with a spin kernel (``_DeviceHold``) while the host issues
 ``_QUEUE`` forwards and their backwards, and the device then runs the queued units back to back, timed by
 CUDA events (a round in which the hold ended before the host was done is repeated with a longer hold).
@@ -20,8 +21,8 @@ The host's: a round without the hold, the host issuing ``_QUEUE`` units while th
 the engine, timed up to the end of its issuing (host time) and up to the device's end (repeat time: the
 units back to back as the engine runs them). Issuing behind a held device costs the host more: in the
 first H100 runs (2026-11-25), profiles whose host times were taken in the held round summed to 1.5 times
-the engine's launch-bound units. A narrow layer at a small micro-batch takes the host
-longer than the device (launch-bound); a synchronization around every unit would charge both (H200,
+the engine's launch-bound units. A narrow layer at a small micro-batch takes the host longer than the
+device (launch-bound); a synchronization around every unit would charge both (H200,
 2026-11-23: a profile so taken put a 16-block GPT-2 stage's unit at micro-batch 2 a third above the
 training run's), and one number per unit cannot tell a launch-bound stage from a device-bound one (H100,
 2026-11-24: the search's time was 15-19 % short at micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a

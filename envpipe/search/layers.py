@@ -166,10 +166,6 @@ class LayerProfile:
     source: str = "<memory>"
 
     @property
-    def on_gpu(self) -> bool:
-        return self.cpu_threads is None
-
-    @property
     def micro_batch_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self.layers[0].per_micro_batch))
 

@@ -77,3 +77,21 @@ def test_unreadable_files(tmp_path: Path, content: str | None, message: str) -> 
         path.write_text(content)
     with pytest.raises(LayerProfileError, match=message):
         load_layer_profile(path)
+
+
+def test_version_1_profiles_still_read() -> None:
+    """The committed H200 profiles predate host and repeat times and device memory: read as 0 and unknown."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "search_layers_gpt2_h200.json"
+    profile = load_layer_profile(path)
+    assert profile.device == "NVIDIA H200" and profile.device_memory.total_bytes is None
+    cost = profile.layers[1].per_micro_batch[2]
+    assert cost.forward_s > 0 and cost.forward_host_s == cost.backward_repeat_s == 0
+
+
+def test_a_version_2_profile_needs_its_host_times(tmp_path: Path) -> None:
+    data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
+    del data["layers"][2]["per_micro_batch"]["1"]["backward_host_s"]
+    path = tmp_path / "layers.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(LayerProfileError, match="layer 2 micro-batch 1: 'backward_host_s' must be a number, got None"):
+        load_layer_profile(path)
