@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from envpipe.search.cluster import GIB, Cluster  # noqa: E402
 from envpipe.search.cut import Cut  # noqa: E402
+from envpipe.search.engine import engine_model  # noqa: E402
 from envpipe.search.evaluate import Candidate, build_pipeline, plan_pipeline  # noqa: E402
 from envpipe.search.found import found_config  # noqa: E402
 from envpipe.search.layers import LayerProfile, load_layer_profile  # noqa: E402
@@ -40,7 +41,7 @@ def shifted(candidate: Candidate, layers: LayerProfile, cluster: Cluster, shift:
     """The candidate with its first cut moved ``shift`` layers either way, where that still fits."""
     counts = candidate.pipeline.cut.counts
     shape = candidate.shape
-    tables = MemoryTables(layers, shape.micro_batch, shape.replicas)
+    tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches)
     out = []
     for delta in (-shift, shift):
         moved = (counts[0] + delta, counts[1] - delta, *counts[2:])
@@ -80,7 +81,8 @@ def main() -> None:
     for c in chosen:
         n = name(c)
         c.plan.save(out / f"{n}.plan.json")
-        (out / f"{n}.json").write_text(json.dumps(found_config(c, layers, cluster, f"{n}.plan.json"), indent=1) + "\n")
+        (out / f"{n}.json").write_text(json.dumps(found_config(c, layers, cluster, f"{n}.plan.json",
+                                                               engine_model(layers)), indent=1) + "\n")
         names.append(n)
     (out / "configs.txt").write_text("".join(f"{n}\n" for n in names))
     print(f"{len(names)} configurations ({result.stats.shapes} shapes, {result.stats.infeasible} do not fit): "

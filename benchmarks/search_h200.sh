@@ -52,7 +52,7 @@ torchrun() { $PY -m torch.distributed.run --standalone --nproc-per-node "$1" "${
 echo "$(date -u +%T) links"
 torchrun 2 benchmarks/search_links.py --out "$WORK/links.json" > "$WORK/links.log" 2>&1 || { tail -30 "$WORK/links.log"; exit 1; }
 LINKS=$($PY -c 'import json, sys; l = json.load(open(sys.argv[1]))
-print("--intra-node-gbps %.6g --allreduce-gbps %.6g --latency-us %.6g" % (l["p2p_gbps"], l["allreduce_bus_gbps"], l["p2p_latency_us"]))' "$WORK/links.json")
+print("--intra-node-gbps %.6g --allreduce-gbps %.6g --latency-us %.6g" % (8 * l["p2p_gbps"], 8 * l["allreduce_bus_gbps"], l["p2p_latency_us"]))' "$WORK/links.json")  # GB/s -> Gb/s
 FAILED=0
 for model in $MODELS; do
   dir="$WORK/$model"

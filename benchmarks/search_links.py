@@ -98,13 +98,13 @@ def main() -> None:
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
             "backend": tdist.get_backend(),
             "p2p_latency_us": latency * 1e6,
-            "p2p_gbps": bandwidth / 1e9,
+            "p2p_gbps": bandwidth / 1e9,  # gigaBYTES per second (the key predates `envpipe search`'s gigabit options)
             "allreduce_bus_gbps": allreduce / 1e9,
         }
         Path(args.out).write_text(json.dumps(links, indent=1) + "\n")
         print(json.dumps(links))
-        print(f"envpipe search options: --intra-node-gbps {links['p2p_gbps']:.3g} "
-              f"--allreduce-gbps {links['allreduce_bus_gbps']:.3g} --latency-us {links['p2p_latency_us']:.3g}")
+        print(f"envpipe search options (gigabits per second): --intra-node-gbps {8 * links['p2p_gbps']:.3g} "
+              f"--allreduce-gbps {8 * links['allreduce_bus_gbps']:.3g} --latency-us {links['p2p_latency_us']:.3g}")
     tdist.barrier()
 
 

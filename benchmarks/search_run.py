@@ -48,6 +48,10 @@ def main() -> None:
     args = train_gpt.parse_args([a for a in rest if a != "--"])
     if not args.config:
         p.error("give examples/train_gpt.py's --config (a found configuration) after --")
+    # the allocator setting the search's memory model holds for, as its printed launch command sets it
+    allocator = train_gpt.read_config(args.config).get("envpipe_search", {}).get("allocator")
+    if allocator:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", allocator)
     ds_config = train_gpt.apply_found(args, train_gpt.read_config(args.config), args.config)
     ds_config, cfg = envpipe_config.split(ds_config)
     # the plan alone: no interleaved 1F1B comparison iterations

@@ -7,9 +7,13 @@ are far outside real pipelines: a real unit takes milliseconds to seconds and te
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import reprlib
+import stat
 from pathlib import Path
+from typing import Any, NoReturn
 
 MAX_STAGES = 1024
 MAX_MICROBATCHES = 65_536
@@ -28,6 +32,7 @@ MAX_PROFILE_ROWS = 262_144  # 2 x stages x clocks, e.g. 128 stages x 1,024 clock
 MAX_PROFILE_BYTES = 16 * 2**20
 MAX_PLAN_BYTES = 16 * 2**20  # the largest plan (131,072 units) takes about 8 MiB
 MAX_JSON_DEPTH = 8
+MAX_JSON_INT_DIGITS = 18
 
 _quote = reprlib.Repr()
 _quote.maxstring = _quote.maxother = 40
@@ -41,9 +46,13 @@ def quote(value: object) -> str:
 
 
 def read_text(path: str | Path, max_bytes: int, what: str) -> str:
-    """A UTF-8 file (a BOM is fine) of at most ``max_bytes``, read without ever holding more: /dev/zero or a
-    huge file must not fill memory. OSError if it cannot be read; ValueError (the reason) if it is refused."""
-    with open(path, "rb") as fh:
+    """A regular UTF-8 file (a BOM is fine) of at most ``max_bytes``, read without ever holding more: /dev/zero
+    or a huge file must not fill memory, and a FIFO must not block the reader (it is opened without waiting
+    for a writer, then refused). OSError if it cannot be read; ValueError (the reason) if it is refused."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"not a regular file (a {what} is read from a file)")
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"larger than {max_bytes // 2**20} MiB (the limit of a {what})")
@@ -51,6 +60,44 @@ def read_text(path: str | Path, max_bytes: int, what: str) -> str:
         return data.decode("utf-8-sig")  # spreadsheet programs start UTF-8 files with a BOM
     except UnicodeDecodeError as exc:
         raise ValueError(f"not a UTF-8 {what} file (bad byte at offset {exc.start})") from None
+
+
+def parse_json(text: str) -> Any:
+    """JSON with finite numbers only (no NaN or Infinity, no float that overflows), integers of at most
+    ``MAX_JSON_INT_DIGITS`` digits, and nesting the parser survives; ValueError (the reason) otherwise."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_short_int)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:  # the C scanner stops cleanly at the interpreter's recursion limit
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {quote(text)}")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"integer out of range: {quote(text)}")
+    return int(text)
+
+
+def json_depth(value: Any) -> int:
+    """How deeply lists and objects nest (an object holding a list of numbers is 2)."""
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        level = [child for v in level for child in (v.values() if isinstance(v, dict) else v)
+                 if isinstance(child, list | dict)]
+    return depth
 
 
 def range_error(value: float, low: float, high: float, low_open: bool = False) -> str | None:

@@ -21,10 +21,11 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn, TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
+from envpipe import limits
 from envpipe.atomicfile import atomic_write
 from envpipe.limits import (
     MAX_CLOCK_MHZ,
@@ -146,7 +147,7 @@ class Plan:
     def from_json(cls, data: Any) -> Plan:
         if not isinstance(data, dict):
             raise PlanError("a plan is a JSON object")
-        if _depth(data) > MAX_JSON_DEPTH:
+        if limits.json_depth(data) > MAX_JSON_DEPTH:
             raise PlanError(f"nested deeper than {MAX_JSON_DEPTH} levels")
         unknown = set(data) - _TOP_KEYS
         if unknown:
@@ -190,38 +191,9 @@ class Plan:
 def parse_json(text: str) -> Any:
     """JSON as plans allow it: finite numbers only, integers of at most 18 digits, nesting within reason."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_short_int)
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"not JSON: {exc}") from None
-    except RecursionError:  # the C scanner stops cleanly at the interpreter's recursion limit
-        raise PlanError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    raise PlanError(f"{name} is not a number a plan may hold")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise PlanError(f"number out of range: {quote(text)}")
-    return value
-
-
-def _short_int(text: str) -> int:
-    if len(text.lstrip("-")) > 18:
-        raise PlanError(f"integer out of range: {quote(text)}")
-    return int(text)
-
-
-def _depth(value: Any) -> int:
-    """How deeply lists and objects nest (an object holding a list of numbers is 2)."""
-    depth, level = 0, [value]
-    while level:
-        depth += 1
-        level = [child for v in level for child in (v.values() if isinstance(v, dict) else v)
-                 if isinstance(child, list | dict)]
-    return depth
+        return limits.parse_json(text)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _peak_memory(predicted: Any, num_stages: int) -> list[int] | None:

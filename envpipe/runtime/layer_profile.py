@@ -9,14 +9,35 @@ importable where only the planner is installed.
 
 One layer is built at a time (a model larger than one device can still be profiled); each layer's input
 is the previous layer's real output, so shapes and dtypes are the training job's. Per micro-batch size:
-warm-up units, then ``reps`` timed rounds of forward and backward units (their median). On GPUs a round
-issues ``_QUEUE`` units back to back between two synchronizations, as the pipeline engine issues a
-stage's layers: a unit's launch overhead hides behind the previous unit's kernels. A synchronization
-around every unit exposes it (H200, 2026-11-23: such a profile put a 16-block GPT-2 stage's unit at
-micro-batch 2 a third above the training run's). On CPU a round is one unit (the simulated GPU counts CPU
-time; there is nothing to hide). Then one unit under the allocation probe (``AllocationWindows``). Per
-layer also one optimizer step as DeepSpeed takes it: torch AdamW on the fp32 weights (fp32), or on fp32
-master copies with the gradient cast and the weights copied back (bf16, DeepSpeed's BF16_Optimizer).
+warm-up units, then ``reps`` timed rounds of forward and backward units (their median).
+
+On GPUs a unit has three times, the device's, the host's and the repeat time (envpipe.search.timing runs
+them as the engine does: one layer after the other, the device behind the host, a synchronization before
+every forward).
+The device's: a round first holds the device with a spin kernel (``_DeviceHold``) while the host issues
+``_QUEUE`` forwards and their backwards, and the device then runs the queued units back to back, timed by
+CUDA events (a round in which the hold ended before the host was done is repeated with a longer hold).
+The host's: a round without the hold, the host issuing ``_QUEUE`` units while the device runs them, as in
+the engine, timed up to the end of its issuing (host time) and up to the device's end (repeat time: the
+units back to back as the engine runs them). Issuing behind a held device costs the host more: in the
+first H100 runs (2026-11-25), profiles whose host times were taken in the held round summed to 1.5 times
+the engine's launch-bound units. A narrow layer at a small micro-batch takes the host longer than the
+device (launch-bound); a synchronization around every unit would charge both (H200,
+2026-11-23: a profile so taken put a 16-block GPT-2 stage's unit at micro-batch 2 a third above the
+training run's), and one number per unit cannot tell a launch-bound stage from a device-bound one (H100,
+2026-11-24: the search's time was 15-19 % short at micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a
+round is one unit and its host time 0 (the simulated GPU counts CPU time; there is nothing to hide).
+
+Then one unit under the allocation probe (``AllocationWindows``). Every backward does what DeepSpeed's
+pipeline engine adds to it (bf16, BF16_Optimizer): the weights' gradients zeroed before, each added into
+its slice of a flat bf16 accumulation buffer after, one parameter at a time. Per layer also one optimizer
+step as DeepSpeed takes it: torch AdamW on the fp32 weights (fp32), or BF16_Optimizer's (the norm of every
+gradient in fp32, the flat buffer cast to fp32 for AdamW on the flat fp32 master weights, the weights
+copied back, the buffer zeroed).
+
+At the end, on GPUs, the device's memory outside the tensors: what the process holds outside the caching
+allocator (CUDA context, library handles, kernel images) and the workspaces that stay allocated
+(``DeviceMemory``).
 
 Clocks are never changed. On GPUs the busy power is the NVML energy counter over the timed units and
 the idle power the counter over ``idle_seconds`` before any work (both measured); on CPU both come
@@ -26,6 +47,7 @@ from the simulated GPU's frequency model and are labelled simulated.
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,10 +59,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from envpipe.profile import FrequencyModel
 from envpipe.profile.gpus import GPU_FILTERS
-from envpipe.search.layers import Layer, LayerCost, LayerProfile, ModelShape
+from envpipe.search.layers import NO_DEVICE_MEMORY, DeviceMemory, Layer, LayerCost, LayerProfile, ModelShape
+from envpipe.search.quiet import STDERR, STDOUT, native_output_silenced
 
 _WINDOW = "envpipe.window."
 _QUEUE = 4  # GPU units per timed round (see the module's docstring)
+_HOLD_TRIES = 6  # rounds with a longer hold before a unit counts as one that waits for its device
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -58,13 +82,15 @@ class AllocationWindows:
     def __enter__(self) -> AllocationWindows:
         if self.device.type == "cpu":
             self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-            self._prof.__enter__()
+            with native_output_silenced((STDOUT, STDERR)):  # kineto's start and stop lines
+                self._prof.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._prof is None:
             return
-        self._prof.__exit__(None, None, None)
+        with native_output_silenced((STDOUT, STDERR)):
+            self._prof.__exit__(None, None, None)
         events = self._prof.profiler.kineto_results.events()  # type: ignore[union-attr]
         memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")  # type: ignore[union-attr]
         for e in events:
@@ -119,6 +145,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     if not sizes or sizes[0] < 1 or reps < 1 or warmup < 0:
         raise ValueError("micro-batch sizes must be positive, reps >= 1 and warm-up >= 0")
     timer = UnitTimer(device)
+    hold = _DeviceHold(device) if device.type == "cuda" else None
     power = _PowerMeter(device, idle_seconds)
     batches = {b: target.batch(b, device) for b in sizes}
     # floating inputs in the training dtype, as DeepSpeed loads them on the first stage
@@ -127,14 +154,18 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     last = len(target.layers) - 1
     with power.busy():
         for i, build in enumerate(target.layers):
-            module = build().to(device=device, dtype=DTYPES[dtype])
+            with torch.device(device):  # built where it runs: no copy, and fast on GPUs
+                module = build().to(dtype=DTYPES[dtype])
             loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
-            layer, layer_flops, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, timer)
+            layer, layer_flops, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, timer,
+                                                        hold)
             layers.append(layer)
             flops.append(layer_flops)
             if progress:
                 progress(f"layer {i + 1}/{len(target.layers)} ({layer.name}) measured")
             del module
+    del inputs  # the head's logits
+    memory = _device_memory(device)
     if device.type == "cpu":
         layers = simulated_gpu_times(layers, flops)
     busy_w, idle_w, power_label = power.result()
@@ -144,7 +175,22 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
         cpu_threads=None if device.type == "cuda" else torch.get_num_threads(), dtype=dtype,
         date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
         clock_model=FrequencyModel.default().name, clock_label=clock_label, busy_power_w=busy_w,
-        idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers))
+        idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers),
+        device_memory=memory)
+
+
+def _device_memory(device: torch.device) -> DeviceMemory:
+    """GPUs, with every layer freed: the workspaces still allocated, and what the device holds for this process
+    outside the allocator (the device is this process's alone, as on the lent machines)."""
+    if device.type != "cuda":
+        return NO_DEVICE_MEMORY
+    gc.collect()
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return DeviceMemory(total, total - free - torch.cuda.memory_reserved(device),
+                        torch.cuda.memory_allocated(device),
+                        "measured: cudaMemGetInfo and torch.cuda's allocator counters after profiling (the process "
+                        "alone on its device)")
 
 
 Flops = dict[int, tuple[float, float]]  # micro-batch size -> (forward, backward) FLOPs of one layer
@@ -170,22 +216,29 @@ def simulated_gpu_times(layers: Sequence[Layer], flops: Sequence[Flops]) -> list
 
 def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
                    loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device, dtype: str,
-                   reps: int, warmup: int, timer: UnitTimer) -> tuple[Layer, Flops, dict[int, torch.Tensor]]:
+                   reps: int, warmup: int, timer: UnitTimer, hold: _DeviceHold | None
+                   ) -> tuple[Layer, Flops, dict[int, torch.Tensor]]:
     """One layer at every micro-batch size (``inputs``: size -> its input); returns it, its FLOPs per unit
     (CPU only, else 0) and its outputs."""
-    units = {b: _Unit(module, x, b, loss, device, dtype == "bf16") for b, x in inputs.items()}
-    measured = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
-    times = {b: (f[0], bw[0]) for b, (f, bw) in measured.items()}
-    flops = {b: (f[1], bw[1]) for b, (f, bw) in measured.items()}
-    optimizer = _Optimizer(module, dtype, device)
+    accumulator = _Accumulator(module) if dtype == "bf16" else None
+    units = {b: _Unit(module, x, b, loss, device, accumulator) for b, x in inputs.items()}
+    if hold is not None:
+        times = {b: unit.time_on_gpu(reps, warmup, hold) for b, unit in units.items()}
+        flops = {b: (0.0, 0.0) for b in units}
+    else:
+        measured = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
+        times = {b: (f[0], bw[0], 0.0, 0.0, 0.0, 0.0) for b, (f, bw) in measured.items()}
+        flops = {b: (f[1], bw[1]) for b, (f, bw) in measured.items()}
+    optimizer = _Optimizer(module, accumulator)
     step_s = optimizer.time(reps, timer)
     with AllocationWindows(device) as probe:  # one allocation probe per layer: all its windows
         outputs = {b: unit.probe(probe, str(b)) for b, unit in units.items()}
         with probe.window("step"):
             optimizer.step()
-    per = {b: LayerCost(*times[b], probe.held(f"{b}.forward"),
-                        0 if loss is not None else outputs[b].numel() * outputs[b].element_size(),
-                        probe.peak(f"{b}.forward"), probe.peak(f"{b}.backward")) for b in inputs}
+    # the head's output is the logits: never sent on, but the engine keeps them (envpipe.search.memory)
+    per = {b: LayerCost(times[b][0], times[b][1], probe.held(f"{b}.forward"),
+                        outputs[b].numel() * outputs[b].element_size(), probe.peak(f"{b}.forward"),
+                        probe.peak(f"{b}.backward"), *times[b][2:]) for b in inputs}
     layer = Layer(type(module).__name__, optimizer.parameters, optimizer.param_bytes, optimizer.state_bytes(),
                   step_s, probe.peak("step"), per)
     return layer, flops, {b: out.detach() for b, out in outputs.items()}
@@ -222,35 +275,61 @@ class UnitTimer:
         return (cpu if torch.get_num_threads() == 1 else wall), flops
 
 
+class _Accumulator:
+    """bf16: DeepSpeed's BF16_Optimizer keeps the weights' gradients in a flat bf16 buffer (its default
+    accumulation dtype), adding each micro-batch's gradients into it one parameter at a time."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.bfloat16,
+                                device=self.params[0].device if self.params else None)
+        self.views = _views(self.flat, self.params)
+
+    def before_backward(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            torch._foreach_zero_(grads)
+
+    def after_backward(self) -> None:
+        for view, p in zip(self.views, self.params, strict=True):
+            if p.grad is not None:
+                view.add_(p.grad)
+
+
+def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each parameter's slice of a flat buffer, shaped like it."""
+    out, at = [], 0
+    for p in params:
+        out.append(flat[at:at + p.numel()].view(p.shape))
+        at += p.numel()
+    return out
+
+
 class _Unit:
     """One layer at one micro-batch size: its forward (the loss too on the last layer) and its backward
-    (from the gradient the next stage would send, or from the loss). With ``accumulate`` (bf16), every
-    backward also does what DeepSpeed's BF16_Optimizer adds to it: the weights' gradients are zeroed
-    before and added into a gradient-accumulation buffer after."""
+    (from the gradient the next stage would send, or from the loss), with the accumulator's work around it."""
 
     def __init__(self, module: torch.nn.Module, x: torch.Tensor, b: int,
                  loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device,
-                 accumulate: bool) -> None:
+                 accumulator: _Accumulator | None) -> None:
         self.module, self.b, self.loss, self.device = module, b, loss, device
         self.x = x.detach().requires_grad_(True) if x.is_floating_point() else x.detach()
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.accumulator = accumulator
         out, root = self.forward()
         self.grad = None if loss is not None else torch.randn_like(out)
         root.backward(self.grad)  # the weights' gradients exist from here on, as between micro-batches
         self.x.grad = None
-        self.buffer = [torch.zeros_like(p) for p in self.params] if accumulate and self.params else None
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.module(self.x)
         return out, (self.loss(out, self.b) if self.loss is not None else out)
 
     def backward(self, root: torch.Tensor) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if self.buffer is not None:
-            torch._foreach_zero_(grads)
+        if self.accumulator is not None:
+            self.accumulator.before_backward()
         root.backward(self.grad)
-        if self.buffer is not None:
-            torch._foreach_add_(self.buffer, grads)
+        if self.accumulator is not None:
+            self.accumulator.after_backward()
         self.x.grad = None
 
     def backward_all(self, roots: Sequence[torch.Tensor]) -> None:
@@ -258,18 +337,66 @@ class _Unit:
             self.backward(root)
 
     def time(self, reps: int, warmup: int, timer: UnitTimer) -> tuple[tuple[float, float], tuple[float, float]]:
-        """Forward and backward (seconds, FLOPs) per unit: the median of ``reps`` rounds after ``warmup`` units."""
+        """CPU: forward and backward (seconds, FLOPs) per unit, the median of ``reps`` rounds after ``warmup``."""
         for _ in range(warmup):
             self.backward(self.forward()[1])
-        queue = _QUEUE if self.device.type == "cuda" else 1
         fwd, bwd = [], []
-        held: list[torch.Tensor] = []  # the forwards' roots, for the backwards
+        held: list[torch.Tensor] = []  # the forward's root, for the backward
         for _ in range(reps):
-            fwd.append(timer(lambda: held.extend(self.forward()[1] for _ in range(queue))))
+            fwd.append(timer(lambda: held.append(self.forward()[1])))
             bwd.append(timer(lambda: self.backward_all(held)))
             held.clear()
-        return ((statistics.median(t for t, _ in fwd) / queue, fwd[-1][1] / queue),
-                (statistics.median(t for t, _ in bwd) / queue, bwd[-1][1] / queue))
+        return ((statistics.median(t for t, _ in fwd), fwd[-1][1]), (statistics.median(t for t, _ in bwd), bwd[-1][1]))
+
+    def time_on_gpu(self, reps: int, warmup: int, hold: _DeviceHold) -> tuple[float, ...]:
+        """GPU: per unit the device's forward and backward time, the host's, and the repeat times, each the
+        median of ``reps`` rounds (see the module's docstring)."""
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            self.backward(self.forward()[1])
+        _sync(self.device)
+        hold_s = 2 * _QUEUE * (time.perf_counter() - t0) / max(warmup, 1) + 1e-3
+        rounds = []
+        for _ in range(reps):
+            for _ in range(_HOLD_TRIES):
+                device, held = self._held_round(hold, hold_s)
+                if held:
+                    break
+                hold_s *= 2  # the host was not done when the hold ended: once more, longer
+            rounds.append((*device, *self._host_round()))
+        return tuple(statistics.median(r[k] for r in rounds) for k in range(6))
+
+    def _held_round(self, hold: _DeviceHold, hold_s: float) -> tuple[tuple[float, float], bool]:
+        """One round under a hold of ``hold_s``: the device's forward and backward time per unit, and whether
+        the hold outlasted the host's issuing."""
+        _sync(self.device)
+        hold(hold_s)
+        e0 = _event()
+        roots = [self.forward()[1] for _ in range(_QUEUE)]
+        e1 = _event()
+        self.backward_all(roots)
+        e2 = _event()
+        held = not e0.query()  # the device still in the hold: it has all the units queued
+        roots.clear()
+        e2.synchronize()
+        return (e0.elapsed_time(e1) / 1e3 / _QUEUE, e1.elapsed_time(e2) / 1e3 / _QUEUE), held
+
+    def _host_round(self) -> tuple[float, float, float, float]:
+        """One round without a hold, the device running the units as the host issues them: per unit the host's
+        forward and backward time, and the forward and backward repeat time (up to the device's end)."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        roots = [self.forward()[1] for _ in range(_QUEUE)]
+        issued_f = time.perf_counter()
+        _sync(self.device)
+        t1 = time.perf_counter()
+        self.backward_all(roots)
+        issued_b = time.perf_counter()
+        roots.clear()
+        _sync(self.device)
+        t2 = time.perf_counter()
+        q = _QUEUE
+        return (issued_f - t0) / q, (issued_b - t1) / q, (t1 - t0) / q, (t2 - t1) / q
 
     def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
         """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""
@@ -280,36 +407,66 @@ class _Unit:
         return out
 
 
-class _Optimizer:
-    """One optimizer step of a layer as DeepSpeed takes it: torch AdamW (the example's optimizer) on the
-    fp32 weights, or, for bf16, as DeepSpeed's BF16_Optimizer does: the gradients' norm, the gradients cast
-    to fp32 master copies, AdamW on those, the weights copied back. The layer's gradients must exist."""
+def _event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
-    def __init__(self, module: torch.nn.Module, dtype: str, device: torch.device) -> None:
-        self.params = [p for p in module.parameters() if p.requires_grad]
+
+class _DeviceHold:
+    """Keeps the GPU busy for a while (torch.cuda._sleep, a spin kernel of a number of clock cycles), its cycles
+    per second measured once."""
+
+    def __init__(self, device: torch.device) -> None:
         self.device = device
+        cycles = 10_000_000
+        torch.cuda._sleep(cycles)  # the first launch loads the kernel
+        _sync(device)
+        start = _event()
+        torch.cuda._sleep(cycles)
+        end = _event()
+        end.synchronize()
+        self.cycles_per_s = cycles / (start.elapsed_time(end) / 1e3)
+
+    def __call__(self, seconds: float) -> None:
+        torch.cuda._sleep(int(seconds * self.cycles_per_s))
+
+
+class _Optimizer:
+    """One optimizer step of a layer as DeepSpeed takes it: torch AdamW (the example's optimizer) on the fp32
+    weights, or, for bf16, as DeepSpeed's BF16_Optimizer does: the norm of every gradient (in fp32, one at a
+    time), the flat bf16 gradient buffer cast to fp32 for AdamW on the flat fp32 master weights, the weights
+    copied back, the buffer zeroed. The layer's gradients must exist."""
+
+    def __init__(self, module: torch.nn.Module, accumulator: _Accumulator | None) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.accumulator = accumulator
         self.parameters = sum(p.numel() for p in self.params)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.params)
-        self.master = self.params if dtype == "fp32" else [p.detach().float().requires_grad_(True)
-                                                             for p in self.params]
-        self.opt = torch.optim.AdamW(self.master, lr=1e-4) if self.params else None
+        self.master: torch.Tensor | None = None
+        if accumulator is not None and self.params:
+            self.master = torch.cat([p.detach().float().flatten() for p in self.params]).requires_grad_(True)
+            self.opt: torch.optim.Optimizer | None = torch.optim.AdamW([self.master], lr=1e-4)
+        else:
+            self.opt = torch.optim.AdamW(self.params, lr=1e-4) if self.params else None
         self.step()  # creates the optimizer state
 
     def step(self) -> None:
         if self.opt is None:
             return
-        if self.master is not self.params:  # BF16_Optimizer: the gradients' norm, then cast to the master's
-            torch._foreach_norm([p.grad for p in self.params if p.grad is not None])
-            for m, p in zip(self.master, self.params, strict=True):
-                m.grad = p.grad.float() if p.grad is not None else None
+        if self.master is None or self.accumulator is None:
+            self.opt.step()
+            return
+        torch.stack([g.float().norm() for g in self.accumulator.views]).norm()
+        self.master.grad = self.accumulator.flat.float()
         self.opt.step()
-        if self.master is not self.params:
-            with torch.no_grad():
-                for m, p in zip(self.master, self.params, strict=True):
-                    p.copy_(m)
+        self.master.grad = None
+        with torch.no_grad():
+            torch._foreach_copy_(list[torch.Tensor](self.params), _views(self.master, self.params))
+        self.accumulator.flat.zero_()
 
     def time(self, reps: int, timer: UnitTimer) -> float:
-        """Median seconds of a step (on CPU its CPU time: the simulated GPU's tail is that work)."""
+        """Median seconds of a step, synchronized (on CPU its CPU time: the simulated GPU's tail is that work)."""
         return statistics.median(timer(self.step, count_flops=False)[0] for _ in range(reps)) if self.opt else 0.0
 
     def state_bytes(self) -> int:
@@ -318,8 +475,8 @@ class _Optimizer:
             return 0
         state = sum(t.numel() * t.element_size() for s in self.opt.state.values() for t in s.values()
                     if isinstance(t, torch.Tensor) and t.dim() > 0)
-        if self.master is not self.params:
-            state += sum(m.numel() * m.element_size() for m in self.master)
+        if self.master is not None:
+            state += self.master.numel() * self.master.element_size()
         return state
 
 

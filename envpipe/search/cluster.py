@@ -22,20 +22,26 @@ GIB = 1 << 30
 class Cluster:
     nodes: int
     gpus_per_node: int
-    memory_bytes: int  # per GPU: the allocator's peak must fit in it
+    memory_bytes: int  # per GPU: the device's memory
     intra_node_bytes_per_s: float
     inter_node_bytes_per_s: float
     latency_s: float
     allreduce_intra_bytes_per_s: float  # bus bandwidth of an all-reduce within a node
+    margin_bytes: int = 0  # the device's peak must stay this far below its memory
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"need at least one node and one GPU per node, got {self.nodes} x {self.gpus_per_node}")
-        if self.memory_bytes <= 0:
-            raise ValueError("the memory per GPU must be positive")
+        if self.memory_bytes <= 0 or not 0 <= self.margin_bytes < self.memory_bytes:
+            raise ValueError("the memory per GPU must be positive and the margin below it")
         bandwidths = (self.intra_node_bytes_per_s, self.inter_node_bytes_per_s, self.allreduce_intra_bytes_per_s)
         if min(bandwidths) <= 0 or self.latency_s < 0:
             raise ValueError("bandwidths must be positive and the latency not negative")
+
+    @property
+    def usable_bytes(self) -> int:
+        """What a configuration's device peak may reach."""
+        return self.memory_bytes - self.margin_bytes
 
     @property
     def gpus(self) -> int:

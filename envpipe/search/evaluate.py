@@ -1,10 +1,11 @@
 """One configuration (a shape and its stage cut) as the planner sees it, and its optimal clock plan.
 
-From the layer profile: per stage the forward and backward unit time (the sum over its layers) and
-energy (time x the profile's busy power), measured at the top clock, the other clocks simulated by the
-frequency model (envpipe.profile.from_measured); the p2p transfer of the boundary activation (the
-slowest link: the simulator takes one transfer time); per stage a tail (its layers' optimizer step, the
-gradient all-reduce over the replicas and, bf16, the weights' all-gather); per stage its memory. Then
+From the layer profile: per stage the forward and backward unit time (its layers' host and device times
+as the engine runs them, envpipe.search.timing) and energy (time x the profile's busy power), measured at
+the top clock, the other clocks simulated by the frequency model (envpipe.profile.from_measured); the p2p
+transfer of the boundary activation (the slowest link: the simulator takes one transfer time); per stage a
+tail (its layers' optimizer step, the gradient all-reduce over the replicas and, bf16, the weights'
+all-gather, and the engine's work per iteration); per stage its memory (envpipe.search.memory). Then
 the simulator's 1F1B all-max baseline, and the optimal planner (envpipe.plan.optimal) in EnvPipe's
 schedule with the stages' memory in bytes (envpipe.plan.memory.StageMemory): it tries EnvPipe's extra
 warm-up forwards where they fit and plain 1F1B, and keeps the order and clocks of least energy within the
@@ -26,9 +27,12 @@ from envpipe.profile.gpus import GPU_FILTERS
 from envpipe.search.bounds import energy_lower_bound, time_lower_bound
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
+from envpipe.search.engine import EngineModel, device_overhead, engine_model
 from envpipe.search.layers import LayerProfile
-from envpipe.search.memory import MemoryTables, StageBytes
+from envpipe.search.memory import DeviceOverhead, MemoryTables, StageBytes
+from envpipe.search.quiet import native_output_silenced
 from envpipe.search.space import Shape
+from envpipe.search.timing import unit_times
 
 
 def clock_candidates(layers: LayerProfile) -> list[int]:
@@ -48,7 +52,8 @@ class Pipeline:
     profile: Profile  # stage profile: top clock from the layer profile, lower clocks simulated
     transfer_s: float
     tail_s: np.ndarray  # (P,)
-    memory: tuple[StageBytes, ...]
+    memory: tuple[StageBytes, ...]  # in the allocator's bytes
+    overhead: DeviceOverhead  # from the allocator's bytes to the device's
     idle_power_w: float
     baseline_time_s: float  # 1F1B, every unit at the top clock
     baseline_energy_j: float  # one pipeline
@@ -64,21 +69,24 @@ class Pipeline:
                                                         self.transfer_s, self.tail_s, budget)
 
 
-def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cut, tables: MemoryTables) -> Pipeline:
+def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cut, tables: MemoryTables,
+                   engine: EngineModel | None = None) -> Pipeline:
+    """``engine``: what the pipeline engine adds (default: the fitted GPU engine, or none on the CPU's
+    simulated GPU: envpipe.search.engine)."""
+    engine = engine or engine_model(layers)
     b, D = shape.micro_batch, shape.replicas
     bounds = cut.bounds
     costs = [[layer.per_micro_batch[b] for layer in layers.layers[lo:hi]] for lo, hi in bounds]
-    fwd = [sum(c.forward_s for c in stage) for stage in costs]
-    bwd = [sum(c.backward_s for c in stage) for stage in costs]
+    fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine) for stage in costs), strict=True))
     watts = layers.busy_power_w
     profile = profile_from_measured(fwd, bwd, [t * watts for t in fwd], [t * watts for t in bwd],
                                     clock_candidates(layers))
     transfer = max((cluster.p2p_s(stage[-1].output_bytes, cluster.link_crosses_nodes(D, s))
                     for s, stage in enumerate(costs[:-1])), default=0.0)
-    tail = np.array([_tail_s(layers, cluster, D, s, lo, hi) for s, (lo, hi) in enumerate(bounds)])
+    tail = np.array([_tail_s(layers, cluster, D, s, lo, hi) + engine.iteration_s for s, (lo, hi) in enumerate(bounds)])
     base = baseline_timeline(profile, shape.microbatches, layers.idle_power_w, transfer, tail)
     return Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
-                    layers.idle_power_w, base.iteration_time, base.energy)
+                    device_overhead(layers, engine), layers.idle_power_w, base.iteration_time, base.energy)
 
 
 def _tail_s(layers: LayerProfile, cluster: Cluster, replicas: int, stage: int, lo: int, hi: int) -> float:
@@ -105,8 +113,13 @@ class Candidate:
     iteration_time_s: float
     energy_j: float
     baseline_energy_j: float
-    peak_bytes: tuple[int, ...]  # per stage, with the plan's order
+    peak_allocated_bytes: tuple[int, ...]  # per stage, with the plan's order: the allocator's peak
     planned: bool = True  # False: too large for the planner, the 1F1B all-max baseline stands in
+
+    @property
+    def peak_bytes(self) -> tuple[int, ...]:
+        """Per stage, the device memory at the peak (what must fit in the GPU)."""
+        return tuple(self.pipeline.overhead.device_bytes(b) for b in self.peak_allocated_bytes)
 
     @property
     def shape(self) -> Shape:
@@ -128,13 +141,15 @@ class Candidate:
 
 def stage_memory(pipeline: Pipeline, capacity: int) -> StageMemory:
     """The planner's memory model of the pipeline: per stage, the bytes one in-flight micro-batch holds and the
-    bytes left for them in ``capacity`` after the static memory and the largest unit workspace."""
+    bytes left for them after the static memory, the kept outputs and the largest unit workspace, within the
+    allocated peak that keeps the device's peak within ``capacity`` bytes."""
+    allocatable = pipeline.overhead.allocatable(capacity)
     return StageMemory(tuple(m.per_microbatch for m in pipeline.memory),
-                       tuple(max(0, capacity - m.static - m.transient) for m in pipeline.memory))
+                       tuple(max(0, allocatable - m.static - m.kept_units - m.transient) for m in pipeline.memory))
 
 
 def peaks(pipeline: Pipeline, plan: Plan) -> tuple[int, ...]:
-    """Peak bytes per stage with the plan's order (its micro-batches in flight)."""
+    """The allocator's peak bytes per stage with the plan's order (its micro-batches in flight)."""
     return tuple(m.peak(w) for m, w in zip(pipeline.memory, peak_in_flight(plan.orders()), strict=True))
 
 
@@ -152,9 +167,10 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
     if max_units is not None and units(shape) > max_units:
         return _baseline_candidate(pipeline)
     # only orders whose in-flight activations fit are tried: 1F1B always does (the cut was chosen so)
-    result = optimal_plan(pipeline.profile, shape.microbatches, idle_power_w=pipeline.idle_power_w,
-                          schedule="envpipe", time_budget_s=time_budget_s, transfer_s=pipeline.transfer_s,
-                          memory=stage_memory(pipeline, capacity), tail_s=pipeline.tail_s)
+    with native_output_silenced():  # HiGHS's own lines
+        result = optimal_plan(pipeline.profile, shape.microbatches, idle_power_w=pipeline.idle_power_w,
+                              schedule="envpipe", time_budget_s=time_budget_s, transfer_s=pipeline.transfer_s,
+                              memory=stage_memory(pipeline, capacity), tail_s=pipeline.tail_s)
     D = shape.replicas
     return Candidate(pipeline, result.plan, list(result.reschedule), result.timeline.iteration_time,
                      D * result.timeline.energy, D * pipeline.baseline_energy_j, peaks(pipeline, result.plan))

@@ -2,7 +2,7 @@
 `envpipe_search` block, read back by examples/train_gpt.py (`--config found.json`).
 
     {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 16,
-     "bf16": {"enabled": true},
+     "bf16": {"enabled": true}, "zero_optimization": {"stage": 0},
      "envpipe": {"pipeline_stages": 2, "plan": "found.plan.json"},
      "envpipe_search": {"version": 1, "model": {"family": "gpt2", ...}, "dtype": "bf16", "micro_batch": 2,
                         "microbatches": 16, "stage_layers": [9, 9], "gpus": {"nodes": 1, "gpus_per_node": 4},
@@ -18,6 +18,7 @@ import shlex
 from typing import Any
 
 from envpipe.search.cluster import Cluster
+from envpipe.search.engine import EngineModel
 from envpipe.search.evaluate import Candidate
 from envpipe.search.layers import DTYPES, FAMILIES, MODEL_KEYS, LayerProfile
 
@@ -36,8 +37,10 @@ def simulated_label(layers: LayerProfile) -> str:
                             model=layers.clock_model)
 
 
-def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, plan_file: str) -> dict[str, Any]:
-    """The DeepSpeed config (with both blocks) that trains ``candidate``; ``plan_file`` relative to it."""
+def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, plan_file: str,
+                 engine: EngineModel) -> dict[str, Any]:
+    """The DeepSpeed config (with both blocks) that trains ``candidate``; ``plan_file`` relative to it.
+    ``engine``: the engine model the predictions used; its allocator setting is the one to train with."""
     shape = candidate.shape
     config: dict[str, Any] = {
         "train_batch_size": shape.global_batch,
@@ -46,6 +49,7 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
     }
     if layers.dtype == "bf16":
         config["bf16"] = {"enabled": True}
+    config["zero_optimization"] = {"stage": 0}  # what the search's memory model counts (envpipe.search.memory)
     config["envpipe"] = {"pipeline_stages": shape.stages, "plan": plan_file}
     config["envpipe_search"] = {
         "version": FOUND_VERSION,
@@ -55,8 +59,10 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
         "microbatches": shape.microbatches,
         "stage_layers": list(candidate.pipeline.cut.counts),
         "gpus": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
+        "allocator": engine.allocator,  # PYTORCH_CUDA_ALLOC_CONF the memory predictions hold for (launch_command)
         "predicted": predicted(candidate),
         "label": simulated_label(layers),
+        "engine_model": engine.label,
     }
     return config
 
@@ -70,20 +76,25 @@ def predicted(candidate: Candidate) -> dict[str, Any]:
         "energy_per_iteration_j": candidate.energy_j,
         "baseline_energy_per_iteration_j": candidate.baseline_energy_j,
         "energy_saving": candidate.saving,
-        "peak_memory_bytes_per_stage": list(candidate.peak_bytes),
+        "peak_memory_bytes_per_stage": list(candidate.peak_bytes),  # the device's: what must fit
+        "peak_allocated_bytes_per_stage": list(candidate.peak_allocated_bytes),  # the caching allocator's
         "order": candidate.order,
         "reschedule": candidate.reschedule,
         "clocks_planned": candidate.planned,
     }
 
 
-def launch_command(cluster: Cluster, config_path: str, layers: LayerProfile, launch_args: str = "") -> str:
+def launch_command(cluster: Cluster, config_path: str, layers: LayerProfile, engine: EngineModel,
+                   launch_args: str = "") -> str:
     """The envpipe-launch command that trains the configuration (``launch_args``: backend options). A profile
-    measured on CPU holds for processes with its thread count: the command sets it."""
+    measured on CPU holds for processes with its thread count, and the memory model for the allocator
+    setting it was fitted with: the command sets them."""
     words = ["envpipe-launch", "--nodes", str(cluster.nodes), "--gpus-per-node", str(cluster.gpus_per_node),
              *shlex.split(launch_args), "--", TRAIN_SCRIPT, "--config", config_path]
-    threads = f"OMP_NUM_THREADS={layers.cpu_threads} " if layers.cpu_threads is not None else ""
-    return threads + shlex.join(words)
+    env = [f"OMP_NUM_THREADS={layers.cpu_threads}"] if layers.cpu_threads is not None else []
+    if engine.allocator:
+        env.append(f"PYTORCH_CUDA_ALLOC_CONF={engine.allocator}")
+    return " ".join([*env, shlex.join(words)])
 
 
 def train_settings(block: Any, ds_config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -2,15 +2,19 @@
 
 Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
 
-    {"version": 1, "kind": "envpipe-layer-profile",
+    {"version": 2, "kind": "envpipe-layer-profile",
      "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
      "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
      "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
+     "device_memory": {"total_bytes": 150083813376, "outside_allocator_bytes": 553648128,
+                       "workspace_bytes": 75497472, "label": "measured ..."},
      "model": {"family": "gpt2", "layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304},
      "micro_batch_sizes": [1, 2, 4],
      "layers": [{"name": "Embedding", "parameters": 103M, "param_bytes": ..., "optimizer_state_bytes": ...,
                  "optimizer_step_s": ..., "optimizer_step_peak_bytes": ...,
-                 "per_micro_batch": {"1": {"forward_s": ..., "backward_s": ..., "activation_bytes": ...,
+                 "per_micro_batch": {"1": {"forward_s": ..., "backward_s": ..., "forward_host_s": ...,
+                                           "backward_host_s": ..., "forward_repeat_s": ...,
+                                           "backward_repeat_s": ..., "activation_bytes": ...,
                                            "output_bytes": ..., "forward_peak_bytes": ...,
                                            "backward_peak_bytes": ...}, ...}}, ...]}
 
@@ -18,8 +22,19 @@ Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by
 the same times); null on GPUs. On CPU the times are the runtime's simulated GPU's (a unit lasts its
 FLOPs at the CPU's rate, envpipe.runtime.clocks.SimClock). Times are measured at the device's current
 clock (GPUs: clocks never changed); the other clocks of a stage profile built from this file come from
-the frequency model
-(``clocks.model``) and are simulated.
+the frequency model (``clocks.model``) and are simulated.
+
+Time per layer and micro-batch, in three numbers (envpipe.search.timing puts them together as the engine
+runs them): forward_s / backward_s, the device's own time for the unit when its work is queued back to
+back; forward_host_s / backward_host_s, the host's time to issue it (Python, launches); and
+forward_repeat_s / backward_repeat_s, the time per unit when the layer's units run back to back with the
+device behind the host, as the engine runs them: at least the larger of the other two, more where host and
+device cannot overlap within the layer. A narrow layer at a small micro-batch takes the host longer than the
+device: it is launch-bound. On CPU (a simulated GPU that only counts work) the host and repeat times are 0.
+
+Device memory (GPUs; on CPU all 0 and total null): the device's total, what the process holds outside
+the caching allocator (CUDA context, library handles, kernel images), and the workspaces that stay
+allocated once the first matrix products and their backward ran (cuBLAS, per stream and thread).
 Memory per layer and micro-batch (bytes of the allocator: torch.cuda on GPUs, torch's CPU allocator
 through the profiler's memory events on CPU):
 
@@ -28,6 +43,8 @@ through the profiler's memory events on CPU):
 - output_bytes: the activation the layer passes on (to the next stage when a cut follows it);
 - forward_peak_bytes / backward_peak_bytes: the transient peak above what was held before the forward /
   the backward (workspace, gradients of activations);
+- output_bytes of the last layer (the head) is its output, the logits: never sent, but DeepSpeed's
+  pipeline engine keeps the last stage's outputs in its pipe buffers (envpipe.search.memory);
 - parameters, param_bytes: the layer's weights in the training dtype; optimizer_state_bytes: the
   optimizer's state (AdamW on fp32 master weights); optimizer_step_s and optimizer_step_peak_bytes: one
   optimizer step of the layer (time, transient memory).
@@ -36,18 +53,30 @@ through the profiler's memory events on CPU):
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-LAYER_PROFILE_VERSION = 1
+from envpipe.limits import MAX_CLOCK_MHZ, MAX_POWER_W, MAX_UNIT_TIME_S, parse_json, quote, range_error, read_text
+
+LAYER_PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no host or repeat times (taken as 0), no device memory
 KIND = "envpipe-layer-profile"
 DTYPES = ("fp32", "bf16")
 FAMILIES = ("gpt2", "llama")
 MODEL_KEYS = ("family", "layers", "hidden", "heads", "seq", "vocab")  # ModelShape's fields, as JSON keys
 _PER_MB_KEYS = ("forward_s", "backward_s", "activation_bytes", "output_bytes", "forward_peak_bytes",
-                "backward_peak_bytes")
+                "backward_peak_bytes", "forward_host_s", "backward_host_s", "forward_repeat_s", "backward_repeat_s")
+_MEMORY_KEYS = ("outside_allocator_bytes", "workspace_bytes")
+# bounds far outside real models: no file can make the search allocate gigabytes or overflow to inf
+MAX_LAYER_PROFILE_BYTES = 16 * 2**20  # a 1,000-layer profile with 8 micro-batch sizes takes about 4 MiB
+MAX_BYTES = 2**50  # 1 PiB: any byte count
+MAX_PARAMETERS = 2**45
+MAX_MODEL = {"layers": 4094, "hidden": 2**20, "heads": 2**16, "seq": 2**24, "vocab": 2**24}
+MAX_SIZES = 16  # micro-batch sizes in one profile
+MAX_MICRO_BATCH = 65_536
+MAX_THREADS = 4096
+MAX_STRING = 1000
 _LAYER_KEYS = ("parameters", "param_bytes", "optimizer_state_bytes", "optimizer_step_s", "optimizer_step_peak_bytes")
 
 
@@ -65,6 +94,26 @@ class LayerCost:
     output_bytes: int
     forward_peak_bytes: int
     backward_peak_bytes: int
+    forward_host_s: float = 0.0  # the host's time to issue the unit (0: never launch-bound, e.g. on CPU)
+    backward_host_s: float = 0.0
+    forward_repeat_s: float = 0.0  # per unit, the layer's units back to back (0: not measured, e.g. on CPU)
+    backward_repeat_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What a training process holds on its device besides its tensors (see the module's docstring)."""
+
+    total_bytes: int | None  # None: unknown (CPU)
+    outside_allocator_bytes: int
+    workspace_bytes: int
+    label: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total_bytes": self.total_bytes, **{k: getattr(self, k) for k in _MEMORY_KEYS}, "label": self.label}
+
+
+NO_DEVICE_MEMORY = DeviceMemory(None, 0, 0, "none: a CPU, or a version 1 profile")
 
 
 @dataclass(frozen=True)
@@ -113,6 +162,7 @@ class LayerProfile:
     power_label: str
     model: ModelShape
     layers: tuple[Layer, ...]
+    device_memory: DeviceMemory = NO_DEVICE_MEMORY
     source: str = "<memory>"
 
     @property
@@ -134,6 +184,7 @@ class LayerProfile:
             "clocks": {"gpu": self.gpu, "measured_mhz": self.measured_mhz, "model": self.clock_model,
                        "label": self.clock_label},
             "power": {"busy_w": self.busy_power_w, "idle_w": self.idle_power_w, "label": self.power_label},
+            "device_memory": self.device_memory.to_json(),
             "model": self.model.to_json(),
             "micro_batch_sizes": list(self.micro_batch_sizes),
             "layers": [
@@ -149,17 +200,14 @@ class LayerProfile:
 
 
 def load_layer_profile(path: str | Path) -> LayerProfile:
-    """Read and validate a layer profile; LayerProfileError names the file and the first problem."""
+    """Read and validate a layer profile; LayerProfileError names the file and the first problem. A regular
+    file of at most MAX_LAYER_PROFILE_BYTES, finite numbers within the bounds below (envpipe.limits)."""
     try:
-        text = Path(path).read_text()
+        data = parse_json(read_text(path, MAX_LAYER_PROFILE_BYTES, "layer profile"))
     except OSError as exc:
-        raise LayerProfileError(f"{path}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise LayerProfileError(f"{path}: not a text (UTF-8) JSON file") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LayerProfileError(f"{path}: not JSON: {exc}") from None
+        raise LayerProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise LayerProfileError(f"{path}: {exc}") from None
     try:
         return _from_json(data, str(path))
     except LayerProfileError as exc:
@@ -169,66 +217,85 @@ def load_layer_profile(path: str | Path) -> LayerProfile:
 def _from_json(data: Any, source: str) -> LayerProfile:
     top = _object(data, "the profile")
     if top.get("kind") != KIND:
-        raise LayerProfileError(f"'kind' must be {KIND!r}, got {top.get('kind')!r} (a stage profile CSV is another "
-                                "format: `envpipe plan --profile`)")
-    if top.get("version") != LAYER_PROFILE_VERSION:
-        raise LayerProfileError(f"unsupported layer profile version {top.get('version')!r} "
-                                f"(this tool reads {LAYER_PROFILE_VERSION})")
+        raise LayerProfileError(f"'kind' must be {KIND!r}, got {quote(top.get('kind'))} (a stage profile CSV is "
+                                "another format: `envpipe plan --profile`)")
+    version = top.get("version")
+    if not _is_int(version) or version not in READABLE_VERSIONS:
+        raise LayerProfileError(f"unsupported layer profile version {quote(version)} "
+                                f"(this tool reads {', '.join(map(str, READABLE_VERSIONS))})")
     dtype = _string(top, "dtype", "'dtype'")
     if dtype not in DTYPES:
-        raise LayerProfileError(f"'dtype' must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise LayerProfileError(f"'dtype' must be one of {', '.join(DTYPES)}, got {quote(dtype)}")
     clocks = _object(top.get("clocks"), "'clocks'")
     power = _object(top.get("power"), "'power'")
     model = _object(top.get("model"), "'model'")
     family = _string(model, "family", "'model.family'")
     if family not in FAMILIES:
-        raise LayerProfileError(f"'model.family' must be one of {', '.join(FAMILIES)}, got {family!r}")
-    shape = ModelShape(family, *(_count(model, k, f"'model.{k}'", minimum=1) for k in MODEL_KEYS[1:]))
+        raise LayerProfileError(f"'model.family' must be one of {', '.join(FAMILIES)}, got {quote(family)}")
+    shape = ModelShape(family, *(_count(model, k, f"'model.{k}'", 1, MAX_MODEL[k]) for k in MODEL_KEYS[1:]))
     sizes = top.get("micro_batch_sizes")
-    if not isinstance(sizes, list) or not sizes or any(not _is_int(b) or b < 1 for b in sizes):
-        raise LayerProfileError("'micro_batch_sizes' must be a non-empty list of positive integers")
+    if (not isinstance(sizes, list) or not 0 < len(sizes) <= MAX_SIZES
+            or any(not _is_int(b) or not 1 <= b <= MAX_MICRO_BATCH for b in sizes) or len(set(sizes)) != len(sizes)):
+        raise LayerProfileError(f"'micro_batch_sizes' must be a list of 1 to {MAX_SIZES} different integers in "
+                                f"[1, {MAX_MICRO_BATCH}]")
     raw_layers = top.get("layers")
-    if not isinstance(raw_layers, list) or not raw_layers:
-        raise LayerProfileError("'layers' must be a non-empty list")
-    layers = tuple(_layer(raw, i, sorted(sizes)) for i, raw in enumerate(raw_layers))
-    if len(layers) != shape.layers + 2:
-        raise LayerProfileError(f"{len(layers)} layers for a model of {shape.layers} blocks: expected "
+    if not isinstance(raw_layers, list) or len(raw_layers) != shape.layers + 2:
+        count = len(raw_layers) if isinstance(raw_layers, list) else "no list of"
+        raise LayerProfileError(f"{count} layers for a model of {shape.layers} blocks: expected "
                                 f"{shape.layers + 2} (embedding, blocks, head)")
+    layers = tuple(_layer(raw, i, sorted(sizes), version) for i, raw in enumerate(raw_layers))
     threads = top.get("cpu_threads")
-    if threads is not None and (not _is_int(threads) or threads < 1):
-        raise LayerProfileError(f"'cpu_threads' must be a positive integer or null, got {threads!r}")
+    if threads is not None and (not _is_int(threads) or not 1 <= threads <= MAX_THREADS):
+        raise LayerProfileError(f"'cpu_threads' must be an integer in [1, {MAX_THREADS}] or null, got {quote(threads)}")
     measured = clocks.get("measured_mhz")
-    if measured is not None and (not _is_int(measured) or measured < 1):
-        raise LayerProfileError(f"'clocks.measured_mhz' must be a positive integer or null, got {measured!r}")
+    if measured is not None and (not _is_int(measured) or not 1 <= measured <= MAX_CLOCK_MHZ):
+        raise LayerProfileError(f"'clocks.measured_mhz' must be an integer in [1, {MAX_CLOCK_MHZ}] or null, got "
+                                f"{quote(measured)}")
     return LayerProfile(
         device=_string(top, "device", "'device'"), cpu_threads=threads, dtype=dtype,
         date=_string(top, "date", "'date'"),
         gpu=_string(clocks, "gpu", "'clocks.gpu'"), measured_mhz=measured,
         clock_model=_string(clocks, "model", "'clocks.model'"), clock_label=_string(clocks, "label", "'clocks.label'"),
-        busy_power_w=_number(power, "busy_w", "'power.busy_w'", positive=True),
-        idle_power_w=_number(power, "idle_w", "'power.idle_w'", positive=False),
-        power_label=_string(power, "label", "'power.label'"), model=shape, layers=layers, source=source)
+        busy_power_w=_number(power, "busy_w", "'power.busy_w'", MAX_POWER_W, positive=True),
+        idle_power_w=_number(power, "idle_w", "'power.idle_w'", MAX_POWER_W),
+        power_label=_string(power, "label", "'power.label'"), model=shape, layers=layers,
+        device_memory=_device_memory(top) if version >= 2 else NO_DEVICE_MEMORY, source=source)
 
 
-def _layer(raw: Any, index: int, sizes: list[int]) -> Layer:
+def _device_memory(top: dict[str, Any]) -> DeviceMemory:
+    raw = _object(top.get("device_memory"), "'device_memory'")
+    total = raw.get("total_bytes")
+    if total is not None and (not _is_int(total) or not 1 <= total <= MAX_BYTES):
+        raise LayerProfileError(f"'device_memory.total_bytes' must be an integer in [1, {MAX_BYTES}] or null, got "
+                                f"{quote(total)}")
+    outside, workspace = (_count(raw, k, f"'device_memory.{k}'") for k in _MEMORY_KEYS)
+    return DeviceMemory(total, outside, workspace, _string(raw, "label", "'device_memory.label'"))
+
+
+def _layer(raw: Any, index: int, sizes: list[int], version: int) -> Layer:
     where = f"layer {index}"
     obj = _object(raw, where)
     per_raw = _object(obj.get("per_micro_batch"), f"{where}: 'per_micro_batch'")
     if sorted(per_raw) != sorted(str(b) for b in sizes):
-        raise LayerProfileError(f"{where}: 'per_micro_batch' has sizes {sorted(per_raw)}, expected {sizes} "
+        raise LayerProfileError(f"{where}: 'per_micro_batch' has sizes {quote(sorted(per_raw))}, expected {sizes} "
                                 "(micro_batch_sizes)")
     per: dict[int, LayerCost] = {}
     for b in sizes:
         at = f"{where} micro-batch {b}"
         cell = _object(per_raw[str(b)], at)
-        per[b] = LayerCost(_number(cell, "forward_s", f"{at}: 'forward_s'", positive=True),
-                           _number(cell, "backward_s", f"{at}: 'backward_s'", positive=True),
-                           *(_count(cell, k, f"{at}: '{k}'") for k in _PER_MB_KEYS[2:]))
-    parameters, param_bytes, state_bytes, step_peak = (
-        _count(obj, k, f"{where}: '{k}'")
-        for k in ("parameters", "param_bytes", "optimizer_state_bytes", "optimizer_step_peak_bytes"))
+        forward, backward = (_number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S, positive=True)
+                             for k in _PER_MB_KEYS[:2])
+        held, output, forward_peak, backward_peak = (_count(cell, k, f"{at}: '{k}'") for k in _PER_MB_KEYS[2:6])
+        forward_host, backward_host, forward_repeat, backward_repeat = (
+            _number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S) if version >= 2 else 0.0 for k in _PER_MB_KEYS[6:])
+        per[b] = LayerCost(forward, backward, held, output, forward_peak, backward_peak, forward_host, backward_host,
+                           forward_repeat, backward_repeat)
+    parameters = _count(obj, "parameters", f"{where}: 'parameters'", maximum=MAX_PARAMETERS)
+    param_bytes, state_bytes, step_peak = (_count(obj, k, f"{where}: '{k}'")
+                                           for k in ("param_bytes", "optimizer_state_bytes",
+                                                     "optimizer_step_peak_bytes"))
     return Layer(_string(obj, "name", f"{where}: 'name'"), parameters, param_bytes, state_bytes,
-                 _number(obj, "optimizer_step_s", f"{where}: 'optimizer_step_s'", positive=False), step_peak, per)
+                 _number(obj, "optimizer_step_s", f"{where}: 'optimizer_step_s'", MAX_UNIT_TIME_S), step_peak, per)
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -237,28 +304,29 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _string(obj: dict[str, Any], key: str, label: str) -> str:
     value = obj.get(key)
-    if not isinstance(value, str) or not value:
-        raise LayerProfileError(f"{label} must be a non-empty string, got {value!r}")
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_STRING:
+        raise LayerProfileError(f"{label} must be a string of 1 to {MAX_STRING} characters, got {quote(value)}")
     return value
 
 
-def _count(obj: dict[str, Any], key: str, label: str, minimum: int = 0) -> int:
+def _count(obj: dict[str, Any], key: str, label: str, minimum: int = 0, maximum: int = MAX_BYTES) -> int:
     value = obj.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise LayerProfileError(f"{label} must be an integer >= {minimum}, got {value!r}")
+    if not _is_int(value) or not minimum <= value <= maximum:
+        raise LayerProfileError(f"{label} must be an integer in [{minimum}, {maximum}], got {quote(value)}")
     return value
 
 
-def _number(obj: dict[str, Any], key: str, label: str, positive: bool) -> float:
+def _number(obj: dict[str, Any], key: str, label: str, maximum: float, positive: bool = False) -> float:
     value = obj.get(key)
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0 or (
-            positive and value == 0):
-        need = "a positive number" if positive else "a number >= 0"
-        raise LayerProfileError(f"{label} must be {need}, got {value!r}")
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise LayerProfileError(f"{label} must be a number, got {quote(value)}")
+    reason = range_error(float(value), 0.0, maximum, low_open=positive)
+    if reason:
+        raise LayerProfileError(f"{label} {reason}")
     return float(value)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.evaluate import Candidate
 from envpipe.search.found import predicted, simulated_label
 from envpipe.search.layers import LayerProfile
 from envpipe.search.search import SearchResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 RESULT_VERSION = 1
 
@@ -34,7 +37,8 @@ def result_json(result: SearchResult, layers: LayerProfile, cluster: Cluster, gl
         "objective": {"kind": result.objective.kind, "min_throughput": result.objective.min_throughput,
                       "max_slowdown": result.objective.max_slowdown, "time_budget_s": result.time_budget_s},
         "gpus": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
-                 "memory_bytes": cluster.memory_bytes, "intra_node_bytes_per_s": cluster.intra_node_bytes_per_s,
+                 "memory_bytes": cluster.memory_bytes, "memory_margin_bytes": cluster.margin_bytes,
+                 "intra_node_bytes_per_s": cluster.intra_node_bytes_per_s,
                  "inter_node_bytes_per_s": cluster.inter_node_bytes_per_s, "latency_s": cluster.latency_s,
                  "allreduce_intra_bytes_per_s": cluster.allreduce_intra_bytes_per_s},
         "global_batch": global_batch,
@@ -60,26 +64,47 @@ def table(result: SearchResult) -> str:
 
 
 def draw_frontier(result: SearchResult, path: str | Path) -> None:
-    """Every planned configuration (iteration time, job energy per iteration), the top k or frontier marked."""
+    import matplotlib.pyplot as plt
+
+    fig = frontier_figure(result)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def frontier_figure(result: SearchResult) -> Figure:
+    """Every planned configuration as a point (iteration time, job energy per iteration), each chosen one (the
+    top k, or the frontier) labelled with its rank and shape, the best one starred. Points, not a line:
+    configurations are separate choices, not a curve to read values between."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter([c.iteration_time_s for c in result.planned], [c.energy_j for c in result.planned], s=18,
-               color="0.6", label="planned configurations")
-    chosen = sorted(result.candidates, key=lambda c: c.iteration_time_s)
-    ax.plot([c.iteration_time_s for c in chosen], [c.energy_j for c in chosen], "o-", color="tab:blue",
-            label="frontier" if result.objective.kind == "frontier" else f"top {len(chosen)}")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    chosen = set(map(id, result.candidates))
+    others = [c for c in result.planned if id(c) not in chosen]
+    if others:
+        ax.scatter([c.iteration_time_s for c in others], [c.energy_j for c in others], s=18, color="0.6",
+                   label=f"other planned configurations ({len(others)})")
+    kind = "frontier" if result.objective.kind == "frontier" else f"top {len(result.candidates)}"
+    ax.scatter([c.iteration_time_s for c in result.candidates], [c.energy_j for c in result.candidates], s=36,
+               color="tab:blue", label=f"{kind}, labelled #rank P D b M", zorder=3)
+    for rank, c in enumerate(result.candidates, 1):
+        s = c.shape
+        ax.annotate(f"#{rank} P={s.stages} D={s.replicas} b={s.micro_batch} M={s.microbatches}",
+                    (c.iteration_time_s, c.energy_j), xytext=(6, 4), textcoords="offset points", fontsize=7)
     best = result.candidates[0]
-    ax.plot([best.iteration_time_s], [best.energy_j], "*", ms=14, color="tab:red", label=best.shape.label())
+    ax.scatter([best.iteration_time_s], [best.energy_j], marker="*", s=200, color="tab:red", zorder=4,
+               label=f"chosen: {best.shape.label()}")
     if result.time_budget_s is not None:
         ax.axvline(result.time_budget_s, ls="--", color="tab:orange", label="throughput floor")
     ax.set_xlabel("iteration time (s)")
     ax.set_ylabel("energy per iteration, all GPUs (J)")
-    ax.set_title(f"configurations, objective {result.objective.kind} (simulated)")
-    ax.legend(fontsize=8)
+    ax.set_title(f"envpipe search, objective {result.objective.kind}: {len(result.planned)} configurations planned "
+                 "(simulated)", fontsize=10)
+    ax.margins(0.15)
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig

@@ -2,7 +2,8 @@
 
 1. Shapes (space.py): P x D = the GPUs, micro-batch size b from the profile, M = global batch / (D b).
 2. Per shape, the cut (cut.py): the layers into P contiguous stages with the smallest bottleneck unit time
-   among the cuts whose every stage fits in memory with the micro-batches 1F1B keeps in flight there.
+   (per layer the slower of host and device, timing.layer_weight) among the cuts whose every stage fits in
+   the device's memory less the margin with the micro-batches 1F1B keeps in flight there (memory.py).
    Shapes with no such cut are *infeasible* and never returned.
 3. Per feasible shape, the pipeline (evaluate.py): stage profile, transfer, tails, memory, and the
    simulator's 1F1B all-max baseline (cheap).
@@ -30,10 +31,12 @@ from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.cut import bottleneck_cut, segment_sums
+from envpipe.search.engine import EngineModel, device_overhead, engine_model
 from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, plan_pipeline
 from envpipe.search.layers import LayerProfile
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError, Shape, shapes
+from envpipe.search.timing import layer_weight
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
 Planner = Callable[[Pipeline, float | None], Candidate]  # (pipeline, time budget or None) -> planned
@@ -81,27 +84,31 @@ class SearchResult:
 
 
 def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective: Objective, top_k: int = 5,
-           progress: Progress | None = None, max_plan_units: int | None = MAX_PLAN_UNITS) -> SearchResult:
+           progress: Progress | None = None, max_plan_units: int | None = MAX_PLAN_UNITS,
+           engine: EngineModel | None = None) -> SearchResult:
     """``max_plan_units``: configurations with more forward and backward units per iteration are not given
-    to the optimal planner; their 1F1B all-max baseline stands in (marked "not planned"). None: no limit."""
+    to the optimal planner; their 1F1B all-max baseline stands in (marked "not planned"). None: no limit.
+    ``engine``: what the pipeline engine adds (default: envpipe.search.engine.engine_model)."""
     if top_k < 1:
         raise SearchError(f"top k must be at least 1, got {top_k}")
+    engine = engine or engine_model(layers)
 
     def plan(p: Pipeline, budget: float | None) -> Candidate:
-        return plan_pipeline(p, cluster.memory_bytes, budget, max_plan_units)
+        return plan_pipeline(p, cluster.usable_bytes, budget, max_plan_units)
 
     t0 = time.perf_counter()
     stats = SearchStats()
     candidates = shapes(cluster.gpus, layers.num_layers, global_batch, layers.micro_batch_sizes)
     stats.shapes = len(candidates)
-    pipelines, closest = _feasible_pipelines(layers, cluster, candidates, progress)
+    pipelines, closest = _feasible_pipelines(layers, cluster, candidates, engine, progress)
     stats.infeasible = len(candidates) - len(pipelines)
     if not pipelines:
         need, shape = closest
         raise SearchError(
-            f"no configuration fits {cluster.memory_bytes / GIB:.2f} GiB per GPU: the least memory any of the "
-            f"{len(candidates)} shapes needs is {need / GIB:.2f} GiB ({shape.label()}, its least-memory cut); "
-            "give more memory per GPU, more GPUs, or profile smaller micro-batches")
+            f"no configuration fits {cluster.memory_bytes / GIB:.2f} GiB per GPU less the "
+            f"{cluster.margin_bytes / GIB:.2f} GiB margin: the least device memory any of the {len(candidates)} shapes "
+            f"needs is {need / GIB:.2f} GiB ({shape.label()}, its least-memory cut); give more memory per GPU, "
+            "more GPUs, or profile smaller micro-batches")
     budget = None
     if objective.kind == "throughput":
         planned, chosen = _throughput(pipelines, plan, top_k, stats, progress)
@@ -116,27 +123,29 @@ def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective:
     return SearchResult(objective, chosen, planned, stats, budget)
 
 
-def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list[Shape], progress: Progress | None
-                        ) -> tuple[list[Pipeline], tuple[float, Shape]]:
+def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list[Shape], engine: EngineModel,
+                        progress: Progress | None) -> tuple[list[Pipeline], tuple[float, Shape]]:
     """The pipelines of the shapes that fit, each with its time-balanced feasible cut; and for an error
-    message the least memory any shape needs (its min-max-memory cut)."""
-    unit = np.array([[c.forward_s + c.backward_s for c in (layer.per_micro_batch[b] for layer in layers.layers)]
+    message the least device memory any shape needs (its min-max-memory cut)."""
+    unit = np.array([[layer_weight(layer.per_micro_batch[b]) for layer in layers.layers]
                      for b in layers.micro_batch_sizes])
     time_tables = {b: segment_sums(unit[i]) for i, b in enumerate(layers.micro_batch_sizes)}
+    overhead = device_overhead(layers, engine)
+    allocatable = overhead.allocatable(cluster.usable_bytes)
     pipelines: list[Pipeline] = []
     closest: tuple[float, Shape] = (np.inf, candidates[0])
     for i, shape in enumerate(candidates):
-        tables = MemoryTables(layers, shape.micro_batch, shape.replicas)
+        tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches)
         flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
         peaks = np.stack([tables.peak(w) for w in flight])  # (P, L+1, L+1)
-        fits = peaks <= cluster.memory_bytes
+        fits = peaks <= allocatable
         cut = bottleneck_cut(np.where(fits, time_tables[shape.micro_batch][None], np.inf))
         if cut is None:
             least = bottleneck_cut(peaks)
-            if least is not None and least.cost < closest[0]:
-                closest = (least.cost, shape)
+            if least is not None and overhead.device_bytes(least.cost) < closest[0]:
+                closest = (overhead.device_bytes(least.cost), shape)
         else:
-            pipelines.append(build_pipeline(layers, cluster, shape, cut, tables))
+            pipelines.append(build_pipeline(layers, cluster, shape, cut, tables, engine))
         if progress:
             progress(i + 1, len(candidates), f"cut {shape.label()}")
     return pipelines, closest

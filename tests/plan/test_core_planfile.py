@@ -122,8 +122,8 @@ def deep(levels: int) -> str:
         ('{{"version": 1, "num_stages": 1025, {rest}', "'num_stages' must be an integer in [1, 1024]"),
         ('{{"version": 1, "extra": ' + deep(100_000) + ", {rest}", "nested deeper than 8 levels"),  # RecursionError
         ('{{"version": 1, "extra": ' + deep(50) + ", {rest}", "nested deeper than 8 levels"),
-        ('{{"version": 1, "predicted": {{"energy_j": NaN}}, {rest}', "NaN is not a number a plan may hold"),
-        ('{{"version": 1, "predicted": {{"energy_j": -Infinity}}, {rest}', "-Infinity is not a number"),
+        ('{{"version": 1, "predicted": {{"energy_j": NaN}}, {rest}', "NaN is not a finite number"),
+        ('{{"version": 1, "predicted": {{"energy_j": -Infinity}}, {rest}', "-Infinity is not a finite number"),
         ('{{"version": 1, "predicted": {{"energy_j": 1e999}}, {rest}', "number out of range: '1e999'"),
         ('{{"version": 1, "predicted": {{"energy_j": 1' + "0" * 5000 + "}}, {rest}", "integer out of range"),
         ('\ufeff{{"version": 2, {rest}', "unsupported plan version 2"),  # a BOM is fine, the version is not

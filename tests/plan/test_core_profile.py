@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -159,9 +160,18 @@ def test_numbers_and_sizes_out_of_range_are_refused(tmp_path, row, reason):
 
 
 def test_huge_inputs_are_refused_with_short_messages(tmp_path):
-    if Path("/dev/zero").exists():
-        with pytest.raises(ProfileError, match="larger than 16 MiB"):
+    if Path("/dev/zero").exists():  # refused before a byte is read
+        with pytest.raises(ProfileError, match="not a regular file"):
             load_profile("/dev/zero")
+    huge = tmp_path / "huge.csv"  # a sparse 1 GiB file: read up to the limit only
+    with huge.open("wb") as fh:
+        fh.truncate(2**30)
+    with pytest.raises(ProfileError, match="larger than 16 MiB"):
+        load_profile(huge)
+    fifo = tmp_path / "fifo.csv"  # opening it to read would wait for a writer: never
+    os.mkfifo(fifo)
+    with pytest.raises(ProfileError, match="not a regular file"):
+        load_profile(fifo)
     nul = tmp_path / "nul.csv"
     nul.write_bytes(HEADER.encode() + b"0,forward,1410,0.1,\x001\n")
     with pytest.raises(ProfileError, match="NUL bytes"):

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from envpipe.cli import main
+from envpipe.cli_search import search_command
 from envpipe.plan.planfile import Plan
 from envpipe.search.found import FoundConfigError, train_settings
-from tests.search.profiles import layer_profile
+from envpipe.search.layers import load_layer_profile
+from envpipe.search.report import frontier_figure
+from envpipe.search.search import Objective, search
+from tests.search.profiles import cluster, layer_profile
 
 
 @pytest.fixture
@@ -30,7 +38,7 @@ def _search(*args: str) -> tuple[int, str]:
 def test_search_writes_a_trainable_configuration(tmp_path: Path, layers: Path) -> None:
     out = tmp_path / "found"
     code, text = _search("--layers", str(layers), "--gpus-per-node", "4", "--global-batch", "16",
-                         "--memory-gib", "2", "--top-k", "3", "--out-dir", str(out))
+                         "--memory-gib", "4", "--top-k", "3", "--out-dir", str(out))
     assert code == 0, text
     assert "9 configurations for 4 GPUs (1 x 4), global batch 16" in text
     result = json.loads((out / "search.json").read_text())
@@ -46,14 +54,18 @@ def test_search_writes_a_trainable_configuration(tmp_path: Path, layers: Path) -
         assert Plan.load(out / "top" / other["envpipe"]["plan"]).num_stages == other["envpipe"]["pipeline_stages"]
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     launch = text.strip().splitlines()[-1].strip()
-    assert shlex.split(launch) == ["envpipe-launch", "--nodes", "1", "--gpus-per-node", "4", "--",
-                                   "examples/train_gpt.py", "--config", str(out / "found.json")]
+    # the memory model holds for the allocator setting the engine model was fitted with: the command sets it
+    assert shlex.split(launch) == ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "envpipe-launch", "--nodes",
+                                   "1", "--gpus-per-node", "4", "--", "examples/train_gpt.py", "--config",
+                                   str(out / "found.json")]
+    assert config["envpipe_search"]["allocator"] == "expandable_segments:True"
+    assert config["zero_optimization"] == {"stage": 0}
     assert '"envpipe_search"' not in text  # the printed DeepSpeed block is DeepSpeed's and the runtime's only
 
 
 def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> None:
     code, text = _search("--layers", str(layers), "--nodes", "2", "--gpus-per-node", "2", "--global-batch", "16",
-                         "--memory-gib", "2", "--objective", "frontier", "--out-dir", str(tmp_path / "f"),
+                         "--memory-gib", "4", "--objective", "frontier", "--out-dir", str(tmp_path / "f"),
                          "--launch-args", "--backend kube --image reg/envpipe-runtime:1")
     assert code == 0, text
     found = tmp_path / "f" / "found.json"
@@ -64,11 +76,14 @@ def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> Non
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--gpus-per-node", "7", "--global-batch", "16"], "Error: no pipeline shape uses 7 GPUs"),
-    (["--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "0.001"], "Error: no configuration fits"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "0.001", "--memory-margin-gib", "0"],
+     "Error: no configuration fits"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "1"], "Invalid value for '--memory-margin-gib': "
+                                                                            "1 GiB is not below the memory per GPU"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--objective", "energy"], "Error: the energy objective needs"),
     (["--gpus-per-node", "0", "--global-batch", "16"], "Invalid value for '--gpus-per-node'"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{bad}"], "Error: {bad}: layer 1 micro-batch 1: "
-                                                                             "'forward_s' must be a positive number"),
+                                                                             "'forward_s' must be in (0, 3600]"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{missing}"], "Error: {missing}: cannot read"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: list[str], message: str) -> None:
@@ -81,7 +96,7 @@ def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: 
     if "--layers" not in args:
         args += ["--layers", str(layers)]
     if "--memory-gib" not in args:
-        args += ["--memory-gib", "2"]
+        args += ["--memory-gib", "4"]
     out = tmp_path / "out"
     code, text = _search(*args, "--out-dir", str(out))
     assert code != 0
@@ -102,7 +117,7 @@ def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: 
     (lambda b, c: b["model"].update(family="bert"), "'envpipe_search.model' must give"),
 ])
 def test_found_config_checks(tmp_path: Path, layers: Path, edit, message: str) -> None:
-    code, text = _search("--layers", str(layers), "--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "2",
+    code, text = _search("--layers", str(layers), "--gpus-per-node", "2", "--global-batch", "16", "--memory-gib", "4",
                          "--out-dir", str(tmp_path / "o"))
     assert code == 0, text
     config = json.loads((tmp_path / "o" / "found.json").read_text())
@@ -110,3 +125,64 @@ def test_found_config_checks(tmp_path: Path, layers: Path, edit, message: str) -
     edit(block, config)
     with pytest.raises(FoundConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         train_settings(block, config)
+
+
+def test_every_option_is_documented() -> None:
+    undocumented = [p.name for p in search_command.params if isinstance(p, click.Option) and not p.help]
+    assert not undocumented
+    text = CliRunner().invoke(main, ["search", "--help"]).output
+    assert "gigabits per second" in text and "--memory-margin-gib" in text and "--engine-model" in text
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_layers_must_be_a_regular_file(tmp_path: Path, kind: str) -> None:
+    """A FIFO is refused without waiting for a writer, /dev/zero without reading it whole (in a fresh process:
+    a hang or a memory blow-up would show as the timeout)."""
+    path = {"fifo": tmp_path / "fifo", "dev-zero": Path("/dev/zero"), "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    res = subprocess.run([sys.executable, "-c", "import sys; from envpipe.cli import main; sys.exit(main())",
+                          "search", "--layers", str(path), "--gpus-per-node", "1", "--global-batch", "4",
+                          "--memory-gib", "1", "--out-dir", str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode != 0 and res.stdout == "" and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    expected = {"fifo": "not a regular file", "dev-zero": "not a regular file", "directory": "is a directory"}
+    assert expected[kind] in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_solver_output_stays_off_stdout(tmp_path: Path, layers: Path) -> None:
+    """The optimal planner's HiGHS runs print nothing of their own (a real process: native output)."""
+    res = subprocess.run([sys.executable, "-c", "import sys; from envpipe.cli import main; sys.exit(main())",
+                          "search", "--layers", str(layers), "--gpus-per-node", "4", "--global-batch", "16",
+                          "--memory-gib", "4", "--objective", "frontier", "--out-dir", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300, check=True)
+    assert "Highs" not in res.stdout and "Highs" not in res.stderr
+    assert res.stdout.splitlines()[0].startswith("assumed: 4.00 GiB per GPU (--memory-gib), margin 1.00 GiB; links: "
+                                                 "within a node 800 Gb/s (100 GB/s) point to point")
+    json.loads((tmp_path / "out" / "search.json").read_text(), parse_constant=_no_constant)
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"{name} written")
+
+
+def test_frontier_picture_is_labelled_points(layers: Path) -> None:
+    """Read from the figure's artists: every planned configuration a point, each chosen one labelled with its
+    rank and shape, the best one starred; no line joins configurations."""
+    profile = load_layer_profile(layers)
+    result = search(profile, cluster(1, 4, 4096), 16, Objective("throughput"), top_k=3)
+    fig = frontier_figure(result)
+    try:
+        ax = fig.axes[0]
+        labels = [t.get_text() for t in ax.texts]
+        assert labels == [f"#{i} {c.shape.label()}" for i, c in enumerate(result.candidates, 1)]
+        points = sum(len(c.get_offsets()) for c in ax.collections)
+        assert points == len(result.planned) + 1  # every planned one, and the star on the best
+        assert not [line for line in ax.get_lines() if len(line.get_xdata()) > 2]  # no curve through them
+        assert "(simulated)" in ax.get_title()
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

@@ -31,7 +31,7 @@ ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAU
 
 def _least_peak(path: Path, stages: int, micro_batch: int, microbatches: int) -> float:
     """The least peak memory per GPU any cut into ``stages`` stages needs (one replica per stage)."""
-    tables = MemoryTables(load_layer_profile(path), micro_batch, 2 // stages)
+    tables = MemoryTables(load_layer_profile(path), micro_batch, 2 // stages, microbatches)
     cost = np.stack([tables.peak(w) for w in peak_in_flight(one_f_one_b(stages, microbatches))])
     cut = bottleneck_cut(cost)
     assert cut is not None
@@ -52,7 +52,8 @@ def test_profile_search_train_two_stages(tmp_path: Path) -> None:
     assert two < one
     out = tmp_path / "found"
     res = CliRunner().invoke(main, ["search", "--layers", str(layers), "--gpus-per-node", "2", "--global-batch", "4",
-                                    "--memory-gib", str((one + two) / 2 / GIB), "--out-dir", str(out)])
+                                    "--memory-gib", str((one + two) / 2 / GIB), "--memory-margin-gib", "0",
+                                    "--out-dir", str(out)])
     assert res.exit_code == 0, res.output
     assert "1 do not fit" in res.output
     config = json.loads((out / "found.json").read_text())

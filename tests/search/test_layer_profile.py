@@ -61,8 +61,9 @@ def test_profile_of_known_layers(tmp_path: Path, dtype: str) -> None:
         for b, cost in layer.per_micro_batch.items():
             assert cost.forward_s > 0 and cost.backward_s > 0
             out = b * width * size
-            assert cost.output_bytes == (0 if i == n - 1 else out)
+            assert cost.output_bytes == out  # the head's too: its logits, which the engine keeps
             assert cost.activation_bytes >= (out if i < n - 1 else 0)
+            assert cost.forward_host_s == cost.backward_host_s == 0  # CPU: a simulated GPU, never launch-bound
             assert cost.forward_peak_bytes >= cost.activation_bytes
     path = tmp_path / "layers.json"
     profile.save(path)

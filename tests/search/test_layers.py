@@ -45,14 +45,14 @@ def _edit(data: dict[str, Any], change: str) -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ("kind", "'kind' must be 'envpipe-layer-profile', got 'perseus'"),
-    ("version", "unsupported layer profile version 7"),
+    ("version", "unsupported layer profile version 7 (this tool reads 1, 2)"),
     ("dtype", "'dtype' must be one of fp32, bf16, got 'fp8'"),
     ("layer count", "3 layers for a model of 2 blocks: expected 4"),
-    ("negative time", "layer 1 micro-batch 2: 'forward_s' must be a positive number, got -1"),
+    ("negative time", "layer 1 micro-batch 2: 'forward_s' must be in (0, 3600], got -1"),
     ("missing size", "layer 2: 'per_micro_batch' has sizes ['1', '2'], expected [1, 2, 4]"),
-    ("bytes not int", "layer 0: 'param_bytes' must be an integer >= 0, got 1.5"),
+    ("bytes not int", "layer 0: 'param_bytes' must be an integer in [0, 1125899906842624], got 1.5"),
     ("family", "'model.family' must be one of gpt2, llama, got 'bert'"),
-    ("power", "'power.busy_w' must be a positive number, got 0"),
+    ("power", "'power.busy_w' must be in (0, 10000], got 0"),
 ])
 def test_malformed_profile_one_line(tmp_path: Path, change: str, message: str) -> None:
     data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
@@ -76,4 +76,22 @@ def test_unreadable_files(tmp_path: Path, content: str | None, message: str) -> 
     if content is not None:
         path.write_text(content)
     with pytest.raises(LayerProfileError, match=message):
+        load_layer_profile(path)
+
+
+def test_version_1_profiles_still_read() -> None:
+    """The committed H200 profiles predate host and repeat times and device memory: read as 0 and unknown."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "search_layers_gpt2_h200.json"
+    profile = load_layer_profile(path)
+    assert profile.device == "NVIDIA H200" and profile.device_memory.total_bytes is None
+    cost = profile.layers[1].per_micro_batch[2]
+    assert cost.forward_s > 0 and cost.forward_host_s == cost.backward_repeat_s == 0
+
+
+def test_a_version_2_profile_needs_its_host_times(tmp_path: Path) -> None:
+    data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
+    del data["layers"][2]["per_micro_batch"]["1"]["backward_host_s"]
+    path = tmp_path / "layers.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(LayerProfileError, match="layer 2 micro-batch 1: 'backward_host_s' must be a number, got None"):
         load_layer_profile(path)

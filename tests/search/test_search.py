@@ -4,6 +4,7 @@ and one clear line when nothing can be returned."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cut import Cut
+from envpipe.search.engine import SIMULATED_GPU, device_overhead, engine_model
 from envpipe.search.evaluate import build_pipeline, plan_pipeline
 from envpipe.search.memory import MemoryTables
 from envpipe.search.search import Objective, search
@@ -24,8 +26,8 @@ def _cuts(layers: int, stages: int):
         yield Cut(tuple(b - a for a, b in itertools.pairwise(bounds)), 0.0)
 
 
-def _fits(tables: MemoryTables, cut: Cut, flight: list[int], capacity: int) -> bool:
-    return all(tables.stage(a, b).peak(w) <= capacity for (a, b), w in zip(cut.bounds, flight, strict=True))
+def _fits(tables: MemoryTables, cut: Cut, flight: list[int], allocatable: int) -> bool:
+    return all(tables.stage(a, b).peak(w) <= allocatable for (a, b), w in zip(cut.bounds, flight, strict=True))
 
 
 def _unit_time(profile, b: int, cut: Cut) -> float:
@@ -48,16 +50,17 @@ def test_returned_configurations_fit_and_have_the_best_feasible_cut(seed: int) -
         assert str(exc).startswith("no configuration fits")
         result = None
     returned = {c.shape: c for c in result.candidates} if result else {}
+    allocatable = device_overhead(profile, engine_model(profile)).allocatable(hw.usable_bytes)
     for shape in shapes(gpus, L, 8, profile.micro_batch_sizes):
-        tables = MemoryTables(profile, shape.micro_batch, shape.replicas)
+        tables = MemoryTables(profile, shape.micro_batch, shape.replicas, shape.microbatches)
         flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
-        feasible = [c for c in _cuts(L, shape.stages) if _fits(tables, c, flight, hw.memory_bytes)]
+        feasible = [c for c in _cuts(L, shape.stages) if _fits(tables, c, flight, allocatable)]
         assert (shape in returned) == bool(feasible), shape
         if feasible:
             got = returned[shape]
             assert min(_unit_time(profile, shape.micro_batch, c) for c in feasible) == pytest.approx(
                 _unit_time(profile, shape.micro_batch, got.pipeline.cut))
-            assert max(got.peak_bytes) <= hw.memory_bytes  # with the order the planner chose
+            assert max(got.peak_bytes) <= hw.usable_bytes  # with the order the planner chose
     if result:
         s = result.stats
         assert s.shapes == s.infeasible + s.pruned + s.too_slow + s.planned
@@ -67,11 +70,12 @@ def test_envpipe_order_only_with_memory_for_it() -> None:
     """Extra warm-up forwards keep more activations in flight: a tight memory keeps the planner at 1F1B."""
     profile = layer_profile([2.0, 2.0, 2.0, 6.0], act_mib=[40.0] * 4)
     shape = Shape(2, 1, 1, 8)
-    tables = MemoryTables(profile, 1, 1)
+    tables = MemoryTables(profile, 1, 1, 8)
     cut = Cut((2, 2), 0.0)
-    roomy, tight = 1 << 34, None
     stage0 = tables.stage(0, 2)
-    tight = stage0.peak(2) + stage0.per_microbatch // 2  # room for 1F1B's 2 in flight on stage 0, not 3
+    overhead = device_overhead(profile, engine_model(profile))
+    roomy = 1 << 34
+    tight = overhead.device_bytes(stage0.peak(2) + stage0.per_microbatch // 2)  # 1F1B's 2 in flight on stage 0, not 3
     for capacity, extra_allowed in ((roomy, True), (tight, False)):
         hw = cluster(1, 2, capacity / MIB)
         candidate = plan_pipeline(build_pipeline(profile, hw, shape, cut, tables), hw.memory_bytes)
@@ -91,17 +95,21 @@ def test_stage_tail_per_dtype(dtype: str) -> None:
     weights = 4 * 2_000_000 * (4 if dtype == "fp32" else 2)
     allreduce = 2 * (20e-6 + weights / (2 * 100e9))  # ring, D = 2
     expected = {"fp32": step + allreduce, "bf16": step / 2 + allreduce + allreduce / 2}[dtype]
-    pipeline = build_pipeline(profile, hw, Shape(1, 2, 1, 4), cut, MemoryTables(profile, 1, 2))
+    pipeline = build_pipeline(profile, hw, Shape(1, 2, 1, 4), cut, MemoryTables(profile, 1, 2, 4), SIMULATED_GPU)
     assert pipeline.tail_s[0] == pytest.approx(expected)
-    alone = build_pipeline(profile, hw, Shape(1, 1, 1, 4), cut, MemoryTables(profile, 1, 1))
+    alone = build_pipeline(profile, hw, Shape(1, 1, 1, 4), cut, MemoryTables(profile, 1, 1, 4), SIMULATED_GPU)
     assert alone.tail_s[0] == pytest.approx(step)  # one replica: no collective, the whole step
+    engine = replace(SIMULATED_GPU, iteration_s=0.25)  # the engine's own work per iteration joins the tail
+    assert build_pipeline(profile, hw, Shape(1, 1, 1, 4), cut, MemoryTables(profile, 1, 1, 4),
+                          engine).tail_s[0] == pytest.approx(step + 0.25)
 
 
 def test_no_configuration_fits() -> None:
     with pytest.raises(SearchError) as err:
         search(layer_profile([1.0] * 5), cluster(1, 2, 1.0), 8, Objective())
     text = str(err.value)
-    assert text.startswith("no configuration fits 0.00 GiB per GPU: the least memory any of the 6 shapes needs is")
+    assert text.startswith("no configuration fits 0.00 GiB per GPU less the 0.00 GiB margin: the least device "
+                           "memory any of the 6 shapes needs is")
     assert "\n" not in text
 
 

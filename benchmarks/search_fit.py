@@ -1,0 +1,139 @@
+"""Fit the engine model of `envpipe search` (envpipe.search.engine.EngineModel) on the fit set's runs of
+benchmarks/search_accuracy.py: the few numbers the pipeline engine and the host add to the layer profile.
+
+    python benchmarks/search_fit.py RUNS/fit --out fit.json
+
+RUNS/fit/<model>/layers.json and RUNS/fit/<model>/runs/b<b>.json (diagnostic runs with another allocator
+setting, `*_expandable.json` of an earlier layout, are left out). Time: with the search's own code
+(envpipe.search.evaluate.build_pipeline, P = 1), each run's predicted iteration time is
+T(k) + M h + t for host scale k, the engine's host work h per forward unit and t per iteration (exactly
+linear in h and t: every forward starts on an idle device). For every k on a grid, h and t >= 0 by least
+squares on the relative errors (scipy's nnls); the k of least squared relative error wins. Memory, from
+the measurements alone: the allocator's fragmentation (its peak of inactive split blocks, memory it can
+neither reuse nor give back, over its allocated peak) and the memory outside the allocator beyond the
+profile's CUDA context, each the largest of the runs, so that no fit run needed more than predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envpipe.search.cluster import Cluster
+from envpipe.search.cut import Cut
+from envpipe.search.engine import EngineModel
+from envpipe.search.evaluate import build_pipeline
+from envpipe.search.layers import LayerProfile, load_layer_profile
+from envpipe.search.memory import MemoryTables
+from envpipe.search.space import Shape
+
+HOST_SCALES = np.round(np.arange(0.30, 1.501, 0.02), 2)
+
+
+@dataclass(frozen=True)
+class FitRun:
+    model: str
+    layers: LayerProfile
+    micro_batch: int
+    microbatches: int
+    allocator: str
+    iteration_s: float  # measured, median
+    allocated_peak_bytes: int
+    reserved_peak_bytes: int
+    inactive_split_peak_bytes: int
+    outside_allocator_bytes: int
+    device: str
+
+
+def load_runs(fit_dir: Path) -> list[FitRun]:
+    """The GPU runs under ``fit_dir`` (runs without device memory, on CPU, are not the engine's to fit)."""
+    runs = []
+    for model_dir in sorted(d for d in fit_dir.iterdir() if (d / "layers.json").exists()):
+        layers = load_layer_profile(model_dir / "layers.json")
+        for path in sorted((model_dir / "runs").glob("b*.json")):
+            if not path.stem[1:].isdigit():
+                continue
+            run = json.loads(path.read_text())
+            measured, memory = run["measured"], run["measured"]["memory"]
+            if memory is None:
+                continue
+            runs.append(FitRun(model_dir.name, layers, run["micro_batch"], run["microbatches"],
+                               run.get("allocator", "default"), statistics.median(measured["iteration_s"]),
+                               memory["allocated_peak_bytes"], memory["reserved_peak_bytes"],
+                               memory["inactive_split_peak_bytes"], memory["outside_allocator_bytes"],
+                               measured["device"]))
+    return runs
+
+
+def predicted_iteration_s(run: FitRun, engine: EngineModel) -> float:
+    """The search's 1F1B all-max iteration time of the run's configuration (P = 1, D = 1)."""
+    layers, b, M = run.layers, run.micro_batch, run.microbatches
+    cluster = Cluster(1, 1, 1 << 40, 1e11, 1e10, 1e-5, 1e11)
+    pipeline = build_pipeline(layers, cluster, Shape(1, 1, b, M), Cut((layers.num_layers,), 0.0),
+                              MemoryTables(layers, b, 1, M), engine)
+    return pipeline.baseline_time_s
+
+
+def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
+    allocators = {r.allocator for r in runs}
+    if len(allocators) != 1:
+        raise SystemExit(f"the fit runs used several allocator settings: {sorted(allocators)}")
+    allocator = allocators.pop()
+    measured = np.array([r.iteration_s for r in runs])
+    per_unit = np.array([r.microbatches for r in runs], float)
+    best: tuple[float, float, float, float] | None = None
+    for k in HOST_SCALES:
+        base = EngineModel(0.0, 0.0, float(k), 0.0, 0, allocator, "fit")
+        core = np.array([predicted_iteration_s(r, base) for r in runs])
+        # relative error (core + M h + t - measured) / measured, least squares with h, t >= 0
+        (h, t), _ = nnls(np.c_[per_unit / measured, 1.0 / measured], 1.0 - core / measured)
+        error = float(np.sum(((core + per_unit * h + t) - measured) ** 2 / measured**2))
+        if best is None or error < best[0]:
+            best = (error, float(k), float(h), float(t))
+    assert best is not None
+    _, k, h, t = best
+    fragmentation = max(r.inactive_split_peak_bytes / r.allocated_peak_bytes for r in runs)
+    outside = max(r.outside_allocator_bytes - r.layers.device_memory.outside_allocator_bytes for r in runs)
+    models = sorted({r.model for r in runs})
+    label = (f"fitted {date} by benchmarks/search_fit.py on {len(runs)} runs of {', '.join(models)} "
+             f"({runs[0].device}, allocator {allocator or 'default'})")
+    engine = EngineModel(round(h, 7), round(t, 6), k, round(fragmentation, 4), int(outside), allocator, label)
+    residuals = [{"model": r.model, "micro_batch": r.micro_batch, "microbatches": r.microbatches,
+                  "measured_s": r.iteration_s, "predicted_s": predicted_iteration_s(r, engine),
+                  "reserved_over_allocated": r.reserved_peak_bytes / r.allocated_peak_bytes - 1,
+                  "inactive_split_over_allocated": r.inactive_split_peak_bytes / r.allocated_peak_bytes,
+                  "outside_beyond_profile_bytes": r.outside_allocator_bytes
+                  - r.layers.device_memory.outside_allocator_bytes} for r in runs]
+    return engine, {"engine_model": engine.to_json(), "runs": residuals}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("fit_dir", type=Path)
+    p.add_argument("--out", type=Path, required=True, help="the engine model JSON (`envpipe search --engine-model`)")
+    p.add_argument("--details", type=Path, help="also the fit's per-run residuals, JSON")
+    p.add_argument("--date", default=None, help="the date in the label (default: the layer profiles')")
+    args = p.parse_args()
+    runs = load_runs(args.fit_dir)
+    if not runs:
+        raise SystemExit(f"no GPU runs under {args.fit_dir}")
+    date = args.date or min(r.layers.date for r in runs)[:10]
+    engine, details = fit(runs, date)
+    args.out.write_text(json.dumps(engine.to_json(), indent=1) + "\n")
+    if args.details:
+        args.details.write_text(json.dumps(details, indent=1) + "\n")
+    print(json.dumps(replace(engine, label=engine.label).to_json(), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""What DeepSpeed's pipeline engine adds, on a GPU, to the layers' own time and memory that the layer profile
+measures one layer at a time.
+
+Time: the engine's host work before each forward's layers (its instructions, loading the micro-batch,
+the synchronization before the forward: envpipe.search.timing), once per iteration its work around the
+units and the optimizer step (the loss's aggregation, the end of the schedule), and how the host's time
+for a layer inside the engine's stage loop compares with the profile's (``host_scale``).
+Memory: the caching allocator's fragmentation, the memory it holds that it can neither reuse for a new
+block nor give back (split blocks partly in use, torch's `inactive_split_bytes`), over its allocated peak,
+with the allocator setting the found configuration trains with (``allocator``: PYTORCH_CUDA_ALLOC_CONF);
+and what the training process holds outside the allocator beyond the profile's CUDA context (NCCL's
+communicators and buffers). Not the allocator's reserved peak: what it reserves beyond its allocations
+is mostly a cache of free blocks, which it releases and retries before it would run out of memory (it
+grows where memory is plentiful: 4 to 39 % above the allocated peak in the fit runs), so it says what was
+free, not what was needed.
+
+These few numbers are properties of the engine and the host, not of a model: they are fitted once on
+declared configurations (benchmarks/search_fit.py over runs of benchmarks/search_accuracy.py: the fit set,
+never the configurations the accuracy is scored on), kept in a small JSON file (``--engine-model`` of
+`envpipe search`: fit your own host's), and the committed fit is the default below, checked by a test. On
+the CPU's simulated GPU (virtual time, no launches, torch's CPU allocator) there is nothing to add.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from envpipe.limits import parse_json, quote, read_text
+from envpipe.search.layers import LayerProfile
+from envpipe.search.memory import DeviceOverhead
+
+ENGINE_MODEL_VERSION = 1
+EXPANDABLE = "expandable_segments:True"
+_BOUNDS = {"unit_host_s": (0.0, 1.0), "iteration_s": (0.0, 60.0), "host_scale": (0.0, 10.0),
+           "fragmentation": (0.0, 10.0), "outside_allocator_bytes": (0, 2**40)}
+
+
+class EngineModelError(ValueError):
+    """A malformed engine model file; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    unit_host_s: float  # host work before each forward unit's layers
+    iteration_s: float  # per iteration, besides the units and the optimizer step
+    host_scale: float  # the host's time for a layer in the engine's stage loop over the profile's
+    fragmentation: float  # what the allocator can neither reuse nor give back, over its allocated peak
+    outside_allocator_bytes: int  # beyond the profile's: NCCL's communicators and buffers
+    allocator: str  # the PYTORCH_CUDA_ALLOC_CONF the numbers hold for ("" = torch's default)
+    label: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": ENGINE_MODEL_VERSION, **asdict(self)}
+
+
+SIMULATED_GPU = EngineModel(0.0, 0.0, 1.0, 0.0, 0, "", "none: the CPU's simulated GPU (virtual time, torch's CPU "
+                            "allocator)")
+
+# benchmarks/results/search_accuracy/fit.json (benchmarks/search_fit.py on its call2/fit runs, one H100, 2026-11-25);
+# tests/benchmarks/test_search_accuracy.py refits it from the committed runs and compares
+GPU = EngineModel(0.0, 0.0, 0.86, 0.0, 1_002_438_656, EXPANDABLE,
+                  "fitted 2026-11-25 by benchmarks/search_fit.py on 6 runs of gpt2_12x1024_s1024, llama_8x2048_s1024 "
+                  "(NVIDIA H100 80GB HBM3, allocator expandable_segments:True)")
+
+
+def engine_model(layers: LayerProfile) -> EngineModel:
+    return SIMULATED_GPU if layers.device == "cpu" else GPU
+
+
+def device_overhead(layers: LayerProfile, engine: EngineModel) -> DeviceOverhead:
+    """The device memory a training process needs besides its allocated peak (envpipe.search.memory)."""
+    measured = layers.device_memory
+    return DeviceOverhead(measured.workspace_bytes, engine.fragmentation,
+                          measured.outside_allocator_bytes + engine.outside_allocator_bytes)
+
+
+def load_engine_model(path: str | Path) -> EngineModel:
+    """An engine model file (benchmarks/search_fit.py's output); EngineModelError names the file and the problem."""
+    try:
+        data = parse_json(read_text(path, 1 << 20, "engine model"))
+    except OSError as exc:
+        raise EngineModelError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise EngineModelError(f"{path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("version") != ENGINE_MODEL_VERSION:
+        raise EngineModelError(f"{path}: not an engine model (a JSON object with \"version\": {ENGINE_MODEL_VERSION})")
+    values: dict[str, Any] = {}
+    for key, (low, high) in _BOUNDS.items():
+        value = data.get(key)
+        integer = isinstance(low, int)
+        if (not isinstance(value, int if integer else int | float) or isinstance(value, bool)
+                or not math.isfinite(value) or not low <= value <= high):
+            kind = "an integer" if integer else "a number"
+            raise EngineModelError(f"{path}: '{key}' must be {kind} in [{low}, {high}], got {quote(value)}")
+        values[key] = value
+    for key in ("allocator", "label"):
+        if not isinstance(data.get(key), str) or len(data[key]) > 1000:
+            raise EngineModelError(f"{path}: '{key}' must be a string")
+        values[key] = data[key]
+    return EngineModel(**values)

@@ -1,0 +1,72 @@
+"""A stage's forward and backward unit time as DeepSpeed's pipeline engine runs its layers, from the layer
+profile's host and device times (envpipe.search.layers).
+
+The engine runs a stage's layers one after the other on one stream: the host issues a layer's kernels
+(Python, launches) and the device runs them behind it, never ahead. For layer l with host time c_l and
+device time g_l, issued by the host from C_{l-1} to C_l = C_{l-1} + c_l, the device is done with it at
+
+    G_l = max(max(G_{l-1}, C_{l-1}) + g_l, C_l)
+
+(it can start once the layer's first kernel is issued and its earlier work is done, and cannot finish
+before the last kernel is issued). A device-bound stage adds up its g's, a launch-bound one its c's; a
+stage whose layers differ lies between, which no sum of per-layer numbers gets right. Within a layer the
+host issues its kernels in bursts between Python work, so where host and device take about as long the
+device waits now and then even with the host ahead on average: the profile's repeat time r_l (the
+layer's units back to back, as the engine runs a stage of such layers) is then above max(c_l, g_l), and
+the difference joins the layer's device time, g_l + max(0, r_l - max(c_l, g_l)), so that a stage of equal
+layers takes r_l per layer.
+
+Across micro-batches there is no overlap: the engine synchronizes the device before every forward
+(DeepSpeed's throughput timer, `timers.throughput.synchronized`, on by default, and the pageable copy of
+the micro-batch's input). So a forward unit starts on an idle device, after the engine's own host work for
+the unit (``EngineModel.unit_host_s``: its instructions, the micro-batch's load, the synchronization's
+round trip); its backward's host work follows at once, overlapping the forward's last kernels. The forward
+unit lasts until its last layer is done on the device, the backward from there until the backward is done.
+The host's times are the profile's scaled by ``EngineModel.host_scale`` (fitted: how the host's time for a
+layer in the engine's stage loop compares with the profiler's, which issues one layer again and again).
+On the CPU's simulated GPU host times and the engine's host work are 0, and unit times are plain sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from envpipe.search.engine import EngineModel
+from envpipe.search.layers import LayerCost
+
+
+def issue(host_s: Sequence[float], device_s: Sequence[float], host_t: float = 0.0, device_t: float = 0.0
+          ) -> tuple[float, float]:
+    """Issue layers with these host and device times from host time ``host_t`` on a device busy until
+    ``device_t``: (when the host is done issuing, when the device is done)."""
+    for c, g in zip(host_s, device_s, strict=True):
+        start = host_t
+        host_t += c
+        device_t = max(max(device_t, start) + g, host_t)
+    return host_t, device_t
+
+
+def unit_times(costs: Sequence[LayerCost], engine: EngineModel) -> tuple[float, float]:
+    """(forward, backward) unit time of a stage whose layers have ``costs`` (in pipeline order); the host's
+    times as the engine's stage loop takes them (``EngineModel.host_scale``)."""
+    k = engine.host_scale
+    host = [k * c.forward_host_s for c in costs]
+    issued, done = issue(host, _device(host, [c.forward_s for c in costs], [c.forward_repeat_s for c in costs]),
+                         engine.unit_host_s)
+    back = costs[::-1]
+    host = [k * c.backward_host_s for c in back]
+    _, end = issue(host, _device(host, [c.backward_s for c in back], [c.backward_repeat_s for c in back]), issued,
+                   done)
+    return done, end - done
+
+
+def _device(host_s: Sequence[float], device_s: Sequence[float], repeat_s: Sequence[float]) -> list[float]:
+    """Each layer's device time with what host and device cannot overlap within it (see the module's docstring)."""
+    return [g + max(0.0, r - max(c, g)) for c, g, r in zip(host_s, device_s, repeat_s, strict=True)]
+
+
+def layer_weight(cost: LayerCost) -> float:
+    """One layer's share of a stage's forward and backward time, for choosing cuts: additive, so that the
+    dynamic program can sum it, and launch-aware (per unit the slowest of host, device and back to back)."""
+    return (max(cost.forward_s, cost.forward_host_s, cost.forward_repeat_s)
+            + max(cost.backward_s, cost.backward_host_s, cost.backward_repeat_s))

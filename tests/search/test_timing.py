@@ -1,0 +1,103 @@
+"""The stage time model with worked numbers: the host and the device issuing layers one after the other,
+launch-bound and device-bound stages, the engine's fixed host work per forward unit, the host scale, the
+repeat times' lost overlap, and the iteration of a one-stage pipeline that adds them up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from envpipe.search.cluster import Cluster
+from envpipe.search.cut import Cut
+from envpipe.search.engine import SIMULATED_GPU
+from envpipe.search.evaluate import build_pipeline
+from envpipe.search.layers import LayerCost
+from envpipe.search.memory import MemoryTables
+from envpipe.search.space import Shape
+from envpipe.search.timing import issue, layer_weight, unit_times
+from tests.search.profiles import layer_profile
+
+MS = 1e-3
+
+
+def cost(forward_device: float, forward_host: float, backward_device: float, backward_host: float,
+         forward_repeat: float = 0.0, backward_repeat: float = 0.0) -> LayerCost:
+    """A layer's costs in milliseconds (memory irrelevant here)."""
+    return LayerCost(forward_device * MS, backward_device * MS, 0, 0, 0, 0, forward_host * MS, backward_host * MS,
+                     forward_repeat * MS, backward_repeat * MS)
+
+
+def test_issue_by_hand() -> None:
+    # layer 1: host 0-1, device 0-0.5 but cannot end before its last kernel is issued: 1
+    # layer 2: host 1-2, device from max(1, 1) for 3: 4
+    assert issue([1.0, 1.0], [0.5, 3.0]) == (2.0, 4.0)
+    # a device busy until 10 delays everything behind it
+    assert issue([1.0], [2.0], host_t=0.0, device_t=10.0) == (1.0, 12.0)
+
+
+def test_launch_bound_stage_takes_the_hosts_time() -> None:
+    """Three layers the host needs 2 ms each to issue and the device 0.5 ms to run: 6 ms forward."""
+    forward, _ = unit_times([cost(0.5, 2.0, 1.0, 3.0)] * 3, SIMULATED_GPU)
+    assert forward == pytest.approx(6 * MS)
+
+
+def test_device_bound_stage_takes_the_devices_time() -> None:
+    """The host issues in 0.5 ms what the device runs in 2 ms: the device starts with the first kernel and
+    never waits, 3 x 2 ms."""
+    forward, backward = unit_times([cost(2.0, 0.5, 4.0, 1.0)] * 3, SIMULATED_GPU)
+    assert forward == pytest.approx(6 * MS)
+    # the backward's host work started right after the forward's (1.5 ms), its device work waits for the
+    # forward's end (6 ms): 3 x 4 ms after it
+    assert backward == pytest.approx(12 * MS)
+
+
+def test_mixed_stage_is_not_a_sum_of_per_layer_maxima() -> None:
+    """A launch-bound block (host 2 ms, device 0.2) and a device-bound head (host 0.1, device 3): the sum of
+    per-layer maxima, 5 ms, holds in one order and is 1.8 ms long in the other."""
+    block, head = cost(0.2, 2.0, 0.4, 4.0), cost(3.0, 0.1, 6.0, 0.2)
+    forward, _ = unit_times([block, head], SIMULATED_GPU)
+    assert forward == pytest.approx(5.0 * MS)  # block issued by 2.0 (device done at 2.0), head runs 2.0-5.0
+    forward, _ = unit_times([head, block], SIMULATED_GPU)
+    # head issued 0-0.1, runs 0-3; block issued 0.1-2.1, its 0.2 ms after the head: 3.2
+    assert forward == pytest.approx(3.2 * MS)
+
+
+def test_the_engines_fixed_host_work_per_forward_unit() -> None:
+    """Every forward starts on an idle device after the engine's own host work: it shifts the whole unit."""
+    layers = [cost(0.5, 2.0, 1.0, 3.0)] * 3
+    engine = replace(SIMULATED_GPU, unit_host_s=0.4 * MS)
+    forward, backward = unit_times(layers, engine)
+    assert forward == pytest.approx(6.4 * MS) and backward == pytest.approx(9 * MS)
+
+
+def test_host_scale() -> None:
+    """The host's times as the engine's stage loop takes them: a launch-bound stage scales with them."""
+    layers = [cost(0.5, 2.0, 1.0, 3.0)] * 3
+    forward, backward = unit_times(layers, replace(SIMULATED_GPU, host_scale=0.5))
+    assert forward == pytest.approx(3 * MS) and backward == pytest.approx(4.5 * MS)
+
+
+def test_repeat_time_adds_the_overlap_a_layer_loses() -> None:
+    """Host 1 ms, device 1 ms, but back to back 1.5 ms per unit: a stage of four such layers takes 6 ms, not 4."""
+    layers = [cost(1.0, 1.0, 2.0, 2.0, forward_repeat=1.5, backward_repeat=2.0)] * 4
+    forward, backward = unit_times(layers, SIMULATED_GPU)
+    assert forward == pytest.approx(6 * MS) and backward == pytest.approx(8 * MS)
+    assert layer_weight(layers[0]) == pytest.approx(3.5 * MS)
+
+
+def test_one_stage_iteration_adds_units_steps_and_engine_work() -> None:
+    """P = 1: M x (forward + backward) + the optimizer steps + the engine's work per iteration; the fixed
+    host work per forward unit adds M times itself (exactly: every forward starts on an idle device)."""
+    profile = layer_profile([3.0, 3.0, 3.0], host_ms=[6.0, 6.0, 6.0], params=[1_000_000] * 3)
+    L, M = profile.num_layers, 4
+    cluster = Cluster(1, 1, 1 << 34, 1e11, 1e10, 1e-5, 1e11)
+
+    def iteration(engine) -> float:
+        return build_pipeline(profile, cluster, Shape(1, 1, 1, M), Cut((L,), 0.0), MemoryTables(profile, 1, 1, M),
+                              engine).baseline_time_s
+
+    # each layer: device 1 + 2 ms, host 2 + 4 ms (launch-bound): 18 ms per micro-batch; steps 3 x 1 ms
+    assert iteration(SIMULATED_GPU) == pytest.approx(M * 18 * MS + 3 * MS)
+    engine = replace(SIMULATED_GPU, unit_host_s=0.5 * MS, iteration_s=2 * MS)
+    assert iteration(engine) == pytest.approx(M * 18.5 * MS + 3 * MS + 2 * MS)
