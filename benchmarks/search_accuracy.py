@@ -9,17 +9,18 @@ benchmarks/results/search_accuracy/shapes.json, committed before the runs. The f
 engine model is fitted (benchmarks/search_fit.py) and written beside its runs; then the held-out set is
 searched with that engine model (`envpipe search --engine-model`) and trained. Per model:
 
-1. its layer profile (examples/train_gpt.py's layers; envpipe.runtime.layer_profile) in a child process;
+1. its layer profile (envpipe.models.gpt's layers, as examples/train_gpt.py builds them;
+   envpipe.runtime.layer_profile) in a child process;
 2. `envpipe search --gpus-per-node 1 --global-batch G --top-k 100`: every micro-batch size whose predicted
    device peak fits the device's memory less the default margin, each with its found configuration and
    predictions (made here, before any training run of the model);
-3. every found configuration trained in a child process of its own: examples/train_gpt.py's model and found
-   configuration (`apply_found`), the EnvPipe engine running the plan's order with its units timed by CUDA
+3. every found configuration trained in a child process of its own: its model (envpipe.models.gpt) and found
+   configuration (envpipe.search.found), a bare EnvPipe engine running the plan's order with its units timed by CUDA
    events as the runtime does, ``warmup`` iterations then ``iterations`` timed ones (the device synchronized
    after each). Peak memory: the caching allocator's allocated and reserved peaks from before the model is
    built, and what the process holds outside the allocator at the end (cudaMemGetInfo; the process is alone
    on its GPU). The device peak is reserved + outside. The model is built on its GPU (a torch.device context
-   around examples/train_gpt.py's `pipeline`), not on the CPU and moved: the same tensors, minutes sooner.
+   around `envpipe.models.gpt.pipeline`), not on the CPU and moved: the same tensors, minutes sooner.
 
 Children are forked from a parent that imported torch, DeepSpeed and transformers without touching CUDA
 (PYTORCH_NVML_BASED_CUDA_CHECK), so that a run does not pay the imports; if a forked child cannot use CUDA,
@@ -49,75 +50,78 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_ava
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = ROOT / "benchmarks" / "results" / "search_accuracy" / "shapes.json"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
 
 TINY = {"family": "gpt2", "layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256}  # --tiny: the CPU check
 _RUN_TIMEOUT_S = 300
 
 
-def model_args(model: dict[str, Any]) -> list[str]:
-    return ["--model", model["family"], *[a for k in ("layers", "hidden", "heads", "seq", "vocab")
-                                          for a in (f"--{k}", str(model[k]))]]
-
-
 # --- children: one profile or one training run each, in a process of its own -----------------------------------
 
-def _profile(spec: dict[str, Any]) -> None:
-    """examples/train_gpt.py --profile-layers, with the declared repetitions."""
+def _on_gpu() -> bool:
     import torch
-    import train_gpt
 
+    return os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
+
+
+def _profile(spec: dict[str, Any]) -> None:
+    """The layer profile of the declared model (envpipe.models.gpt, as examples/train_gpt.py --profile-layers
+    builds it), with the declared repetitions."""
+    import torch
+
+    from envpipe.models.gpt import counting, layer_specs, lm_loss
     from envpipe.runtime.layer_profile import Target, profile_layers
     from envpipe.search.layers import ModelShape
 
-    args = train_gpt.parse_args(model_args(spec["model"]))
-    on_gpu = train_gpt.uses_gpu()
+    on_gpu = _on_gpu()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     torch.manual_seed(1234)
-    shape = ModelShape(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab)
+    shape = ModelShape(**spec["model"])
 
     def batch(b: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return next(train_gpt.tokens(argparse.Namespace(vocab=args.vocab, seq=args.seq, micro_batch=b), dev))
+        return next(counting(shape, b, dev))
 
-    target = Target([layer.build for layer in train_gpt.layer_specs(args)], batch, train_gpt.lm_loss, shape)
+    target = Target([layer.build for layer in layer_specs(shape)], batch, lm_loss, shape)
     profile = profile_layers(target, spec["sizes"], device, "bf16" if on_gpu else "fp32", reps=spec["reps"],
                              warmup=spec["warmup"], idle_seconds=spec["idle_seconds"])
     profile.save(spec["out"])
 
 
 def _train(spec: dict[str, Any]) -> None:
-    """One found configuration, trained as examples/train_gpt.py trains it; its measurements to spec["out"]."""
+    """One found configuration, its model as examples/train_gpt.py builds it (envpipe.models.gpt) on a bare
+    EnvPipe engine running the plan's order; its measurements to spec["out"]."""
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(spec["port"]))
     if spec.get("allocator"):  # read when CUDA starts in this process
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec["allocator"]
     import torch
-    import train_gpt
 
+    from envpipe.models.gpt import counting, pipeline
     from envpipe.plan.planfile import Plan
-    from envpipe.runtime import config as envpipe_config
     from envpipe.runtime import distributed
-    from envpipe.runtime.engine import initialize
+    from envpipe.runtime.engine import build
+    from envpipe.runtime.entry import read_config, settings
+    from envpipe.search.found import train_settings
+    from envpipe.search.layers import ModelShape
 
-    on_gpu = train_gpt.uses_gpu()
+    on_gpu = _on_gpu()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     distributed.init_distributed(on_gpu)
-    args = train_gpt.parse_args(["--config", spec["config"]])
-    ds_config = train_gpt.apply_found(args, train_gpt.read_config(args.config), args.config)
-    ds_config, cfg = envpipe_config.split(ds_config)
-    # train_gpt.build_engine, with the model built on its device
-    ds_config = {**ds_config, "train_micro_batch_size_per_gpu": args.micro_batch,
-                 "gradient_accumulation_steps": args.microbatches, "steps_per_print": 10**9}
+    config, path = read_config(None, spec["config"])
+    job, _ = train_settings(config["envpipe_search"], config)
+    ds_config, cfg, found = settings(config, path)
+    shape = ModelShape(job["model"], job["layers"], job["hidden"], job["heads"], job["seq"], job["vocab"])
+    ds_config = {**ds_config, "train_micro_batch_size_per_gpu": job["micro_batch"],
+                 "gradient_accumulation_steps": job["microbatches"], "steps_per_print": 10**9}
     torch.manual_seed(1234)
-    with torch.device(device):
-        model = train_gpt.pipeline(args, 1)
-    engine = initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4), config=ds_config)[0]
+    with torch.device(device):  # built on its device: the same tensors, minutes sooner
+        model = pipeline(shape, 1, job["stage_layers"])
+    engine = build(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4), config=ds_config)
     assert cfg.plan is not None, "a found configuration carries its plan"
     engine.set_unit_orders(Plan.load(cfg.plan).orders())
     engine.time_units(True)  # CUDA events around every unit, as the runtime's iterations have them
-    data = train_gpt.tokens(args, engine.device)
+    data = counting(shape, job["micro_batch"], engine.device)
     times, units = [], []
     for i in range(spec["warmup"] + spec["iterations"]):
         t0 = time.perf_counter()
@@ -138,8 +142,8 @@ def _train(spec: dict[str, Any]) -> None:
                   "device_peak_bytes": stats["reserved_bytes.all.peak"] + total - free - reserved_now,
                   "inactive_split_peak_bytes": stats["inactive_split_bytes.all.peak"],
                   "alloc_retries": stats["num_alloc_retries"], "ooms": stats["num_ooms"]}
-    found = train_gpt.read_config(spec["config"])["envpipe_search"]
-    result = {"config": Path(spec["config"]).name, "micro_batch": args.micro_batch, "microbatches": args.microbatches,
+    result = {"config": Path(spec["config"]).name, "micro_batch": job["micro_batch"],
+              "microbatches": job["microbatches"],
               "allocator": spec.get("allocator") or "default",
               "predicted": found["predicted"], "predicted_label": found["label"],
               "measured": {"device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
@@ -290,7 +294,8 @@ def main() -> None:
     declared = json.loads(SHAPES.read_text())
     import deepspeed  # noqa: F401  (the heavy imports once, before any child is forked)
     import torch
-    import train_gpt  # noqa: F401
+
+    import envpipe.models.gpt  # noqa: F401  (transformers too)
 
     assert not torch.cuda.is_initialized(), "the parent must not hold a CUDA context before forking"
     bench = Bench(args.out, args.archive or args.out, args.deadline_s, declared)

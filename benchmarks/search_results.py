@@ -69,6 +69,9 @@ def model_section(model_dir: Path) -> tuple[list[str], list[Scored]]:
     for path in sorted((model_dir / "runs").glob("*.json")):
         run = json.loads(path.read_text())
         s, pred, meas = run["shape"], run["predicted"], run["measured"]
+        if meas["ran"] == "order":  # an EnvPipe order at default clocks: the search predicted no such run
+            lines.append(md_row(path.stem, "its order ran at default clocks: no prediction of that run"))
+            continue
         # the prediction of what ran: the plan, or (clocks not under control) 1F1B at the top clock
         predicted_s = pred["iteration_time_s"] if meas["ran"] == "plan" else pred["baseline_iteration_time_s"]
         order = pred["order"] if meas["ran"] == "plan" else "1f1b (baseline ran)"

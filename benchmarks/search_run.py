@@ -4,96 +4,93 @@ search predicted (rank 0: ``--out``, JSON). Run under torchrun with the configur
     torchrun --standalone --nproc-per-node 2 benchmarks/search_run.py --out run.json -- --config found.json --steps 10
     DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/search_run.py --out run.json -- --config ...
 
-The arguments after ``--`` are examples/train_gpt.py's. The job is built exactly as that script builds it
-(train_gpt.build_engine after train_gpt.apply_found). Peak memory: the allocator's peak from before the
-model is built through ``--memory-iterations`` iterations in the plan's order (torch.cuda's counters on
-GPUs, torch's CPU allocator through the profiler's memory events on CPU: envpipe.runtime.layer_profile.
-AllocationWindows), per stage the largest over its replicas. Iteration time: then the EnvPipe runtime
-runs the plan (calibration, ``--steps`` steady iterations; its summary: per steady iteration the slowest
-rank, median and least). Clocks: the sim clock on CPU runs the plan with its clocks; on GPUs without
-envpipe-clockd the runtime runs 1F1B at default clocks and reports the plan (``ran``: "baseline"), to be
-compared with the search's 1F1B all-max prediction. This script never changes clocks or power limits.
+The job is built as examples/train_gpt.py builds it from a found configuration: its model (envpipe.models.gpt,
+the shape and stage cut of the configuration's `envpipe_search` block) on `envpipe.initialize`, the found
+plan run by the EnvPipe runtime (calibration, then the plan; no comparison iterations). Peak memory: the
+allocator's peak from before the model is built to the end of the run, whose steady iterations run the plan's
+order (torch.cuda's counters on GPUs, torch's CPU allocator through the profiler's memory events on CPU:
+envpipe.runtime.layer_profile.AllocationWindows), per stage the largest over its replicas. Iteration time: the
+runtime's summary (per steady iteration the slowest rank, median and least). Clocks: a simulated GPU on CPU runs
+the plan with its clocks; on GPUs without envpipe-clockd the runtime runs the plan's order at default clocks
+(``ran``: "order"), to be compared with the search's prediction at the top clock. This script never changes
+clocks or power limits.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
+import envpipe
+from envpipe.models.gpt import counting, pipeline
+from envpipe.runtime import collective, distributed
+from envpipe.runtime.entry import read_config
+from envpipe.runtime.layer_profile import AllocationWindows
+from envpipe.search.found import train_settings
+from envpipe.search.layers import ModelShape
 
-import train_gpt  # noqa: E402  (examples/train_gpt.py: the model, the found configuration)
 
-from envpipe.plan.planfile import Plan  # noqa: E402
-from envpipe.runtime import collective, distributed, replicas  # noqa: E402
-from envpipe.runtime import config as envpipe_config  # noqa: E402
-from envpipe.runtime.clocks import Device, make_clock  # noqa: E402
-from envpipe.runtime.layer_profile import AllocationWindows  # noqa: E402
-from envpipe.runtime.runner import Runner  # noqa: E402
+def parse() -> tuple[argparse.Namespace, argparse.Namespace]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    bench, rest = p.parse_known_args()
+    job = argparse.ArgumentParser(prog="search_run.py ... --")
+    job.add_argument("--config", required=True, help="the found configuration")
+    job.add_argument("--steps", type=int, default=10, help="training iterations (calibration included)")
+    job.add_argument("--calibration-steps", type=int, default=2)
+    job.add_argument("--report-dir", default="envpipe-report")
+    return bench, job.parse_args([a for a in rest if a != "--"])
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--memory-iterations", type=int, default=2)
-    bench, rest = p.parse_known_args()
-    args = train_gpt.parse_args([a for a in rest if a != "--"])
-    if not args.config:
-        p.error("give examples/train_gpt.py's --config (a found configuration) after --")
-    # the allocator setting the search's memory model holds for, as its printed launch command sets it
-    allocator = train_gpt.read_config(args.config).get("envpipe_search", {}).get("allocator")
-    if allocator:
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", allocator)
-    ds_config = train_gpt.apply_found(args, train_gpt.read_config(args.config), args.config)
-    ds_config, cfg = envpipe_config.split(ds_config)
-    # the plan alone: no interleaved 1F1B comparison iterations
-    cfg = dataclasses.replace(cfg, report_dir=args.report_dir, compare_iterations=0)
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    stages, dp = replicas.pipeline_shape(world, cfg.pipeline_stages)
-    train_gpt.check_stage_layers(args, stages)
-    on_gpu = train_gpt.uses_gpu()
+    bench, args = parse()
+    config, path = read_config(None, args.config)
+    found, plan = train_settings(config["envpipe_search"], config)
+    assert path is not None and plan is not None, "a found configuration carries its plan"
+    if config["envpipe_search"].get("allocator"):  # the setting the search's memory model holds for
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", config["envpipe_search"]["allocator"])
+    config["envpipe"] = {**config["envpipe"], "plan": str(path.parent / plan), "report_dir": args.report_dir,
+                         "compare_iterations": 0, "calibration_iterations": args.calibration_steps}
+    shape = ModelShape(found["model"], found["layers"], found["hidden"], found["heads"], found["seq"], found["vocab"])
+    on_gpu = os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    clock = make_clock(cfg, Device(on_gpu, local, replica=rank % dp))
     distributed.init_distributed(on_gpu)
     device = torch.device("cuda", local) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    assert cfg.plan is not None, "a found configuration carries its plan"
-    try:
-        with AllocationWindows(device) as probe, probe.window("train"):
-            engine = train_gpt.build_engine(args, ds_config, "envpipe", stages)
-            engine.set_unit_orders(Plan.load(cfg.plan).orders())
-            data = train_gpt.tokens(args, engine.device)
-            for _ in range(bench.memory_iterations):
-                engine.train_batch(data)
-        peaks = collective.gather((engine.stage_id, probe.peak("train")))
-        summary = Runner(engine, cfg, clock, engine.train_batch_size()).train(data, args.steps,
-                                                                              args.calibration_steps)
-    finally:
-        if clock is not None:
-            clock.close()  # back to default clocks
+    torch.manual_seed(1234)
+    with AllocationWindows(device) as probe, probe.window("train"):
+        model = pipeline(shape, len(found["stage_layers"]), found["stage_layers"])
+        engine = envpipe.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                    config=config)[0]
+        data = counting(shape, found["micro_batch"], engine.device, seed=engine.grid.get_data_parallel_id())
+        for _ in range(args.steps):
+            engine.train_batch(data)
+    peaks = collective.gather((engine.stage_id, probe.peak("train")))
+    summary = engine.envpipe_report()
     if summary is None:
         return
-    found = train_gpt.read_config(args.config)["envpipe_search"]
-    ran = "plan" if summary.plan is not None and summary.plan.deployed else "baseline"
+    stages = len(found["stage_layers"])
+    block = config["envpipe_search"]
+    info = summary.plan
+    # the plan with its clocks; or, clocks not under control, its order at default clocks ("baseline" when that
+    # order is 1F1B: the search's 1F1B all-max prediction applies)
+    ran = "plan" if info is not None and info.deployed else "order" if info is not None and info.order_deployed \
+        else "baseline"
     result = {
         "config": args.config,
-        "shape": {"stages": stages, "replicas": dp, "micro_batch": args.micro_batch,
-                  "microbatches": args.microbatches, "stage_layers": args.stage_layers},
-        "predicted": found["predicted"],
-        "predicted_label": found["label"],
+        "shape": {"stages": stages, "replicas": summary.data_parallel, "micro_batch": found["micro_batch"],
+                  "microbatches": found["microbatches"], "stage_layers": found["stage_layers"]},
+        "predicted": block["predicted"],
+        "predicted_label": block["label"],
         "measured": {
             "label": f"measured on {torch.cuda.get_device_name(device) if on_gpu else 'cpu'}, clock "
                      f"{summary.clock.kind}",
-            "ran": ran,  # the plan (clocks under control), or 1F1B at default clocks (the plan reported only)
+            "ran": ran,
             "iteration_time_s": summary.steady.time_s.median,
             "iteration_time_least_s": summary.steady.time_s.min,
             "iterations": summary.steady.time_s.n,
@@ -101,15 +98,14 @@ def main() -> None:
             "memory_probe": "torch.cuda allocator peak" if on_gpu else "torch CPU allocator peak (profiler "
                             "memory events)",
             "runtime_predicted_iteration_time_s": summary.predicted_iteration_time_s,
-            "calibration": dataclasses.asdict(summary.calibration) if summary.calibration else None,
         },
     }
     Path(bench.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"ran": ran, "predicted_s": found["predicted"]["iteration_time_s" if ran == "plan" else
+    print(json.dumps({"ran": ran, "predicted_s": block["predicted"]["iteration_time_s" if ran == "plan" else
                                                                    "baseline_iteration_time_s"],
                       "measured_s": summary.steady.time_s.median,
                       "peaks": result["measured"]["peak_memory_bytes_per_stage"],
-                      "predicted_peaks": found["predicted"]["peak_memory_bytes_per_stage"]}))
+                      "predicted_peaks": block["predicted"]["peak_memory_bytes_per_stage"]}))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -217,15 +216,16 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
     import deepspeed
     import torch
 
+    from envpipe.models.gpt import counting, pipeline
     from envpipe.runtime.stock import StockRecorder
     from envpipe.runtime.textreport import render
 
     torch.manual_seed(1234)
-    model = pipeline(args, stages)
+    model = pipeline(shape(args), stages, args.stage_layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)  # a torch optimizer: no JIT-built ops
     init = deepspeed.initialize if args.engine == "stock" else envpipe.initialize
     engine, *_ = init(model=model, optimizer=optimizer, config=config)
-    data = tokens(args, engine.device, seed=engine.grid.get_data_parallel_id())
+    data = counting(shape(args), args.micro_batch, engine.device, seed=engine.grid.get_data_parallel_id())
     report_dir = (config.get("envpipe") or {}).get("report_dir", args.report_dir or "envpipe-report")
     stock = StockRecorder(engine, report_dir) if args.engine == "stock" else None
     for _ in range(args.steps):
@@ -235,58 +235,11 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
         print(render(summary, report_dir), flush=True)
 
 
-def tokens(args: argparse.Namespace, device: Any, seed: int = 0) -> Iterator[tuple[Any, Any]]:
-    """Counting sequences: a random start, a stride of 1, 2 or 3 (mod the vocabulary); inputs and next tokens."""
-    import torch
+def shape(args: argparse.Namespace) -> Any:
+    """The model's shape (envpipe.search.layers.ModelShape, as the layer profiler records it)."""
+    from envpipe.search.layers import ModelShape
 
-    g = torch.Generator().manual_seed(seed)
-    steps = torch.arange(args.seq + 1)
-    while True:
-        start = torch.randint(0, args.vocab, (args.micro_batch, 1), generator=g)
-        stride = torch.randint(1, 4, (args.micro_batch, 1), generator=g)
-        ids = (start + stride * steps) % args.vocab
-        yield ids[:, :-1].to(device), ids[:, 1:].to(device)
-
-
-# --- the model: embedding, one pipeline layer per transformer block, head ----------------------------------------
-
-def model_config(args: argparse.Namespace) -> Any:
-    """The Hugging Face config of the chosen family (GPT2Config or LlamaConfig)."""
-    if args.model == "gpt2":
-        from transformers import GPT2Config
-
-        cfg: Any = GPT2Config(n_embd=args.hidden, n_layer=args.layers, n_head=args.heads, n_positions=args.seq,
-                              vocab_size=args.vocab, bos_token_id=0, eos_token_id=0)
-    else:
-        from transformers import LlamaConfig
-
-        cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
-                          num_attention_heads=args.heads, num_key_value_heads=args.heads, vocab_size=args.vocab,
-                          max_position_embeddings=args.seq, bos_token_id=0, eos_token_id=0)
-    cfg._attn_implementation = "sdpa"
-    return cfg
-
-
-def layer_specs(args: argparse.Namespace) -> list[Any]:
-    """The pipeline's layers: embedding, one per transformer block, head (args.layers + 2)."""
-    from deepspeed.pipe import LayerSpec
-    from gpt_layers import Block, Embedding, Head
-
-    cfg = model_config(args)
-    layers = [LayerSpec(Embedding, cfg, args.model == "gpt2")]
-    layers += [LayerSpec(Block, cfg, args.model, i) for i in range(args.layers)]
-    layers.append(LayerSpec(Head, cfg, args.model))
-    return layers
-
-
-def pipeline(args: argparse.Namespace, stages: int) -> Any:
-    from deepspeed.pipe import PipelineModule
-    from gpt_layers import CutPipelineModule, lm_loss
-
-    layers = layer_specs(args)
-    if args.stage_layers:
-        return CutPipelineModule(args.stage_layers, layers=layers, num_stages=stages, loss_fn=lm_loss)
-    return PipelineModule(layers=layers, num_stages=stages, loss_fn=lm_loss, partition_method="type:Block")
+    return ModelShape(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab)
 
 
 def check_stage_layers(args: argparse.Namespace, stages: int) -> None:
@@ -304,21 +257,20 @@ def check_stage_layers(args: argparse.Namespace, stages: int) -> None:
 def profile_layers(args: argparse.Namespace) -> None:
     """Measure every pipeline layer of this model on this process's device (--profile-layers)."""
     import torch
-    from gpt_layers import lm_loss
 
+    from envpipe.models.gpt import counting, layer_specs, lm_loss
     from envpipe.runtime.layer_profile import Target, profile_layers
-    from envpipe.search.layers import ModelShape
 
     on_gpu = uses_gpu()
     local = args.local_rank or int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local) if on_gpu else torch.device("cpu")
     torch.manual_seed(1234)
-    shape = ModelShape(args.model, args.layers, args.hidden, args.heads, args.seq, args.vocab)
+    model = shape(args)
 
     def batch(b: int, dev: Any) -> tuple[Any, Any]:
-        return next(tokens(argparse.Namespace(vocab=args.vocab, seq=args.seq, micro_batch=b), dev))
+        return next(counting(model, b, dev))
 
-    target = Target([spec.build for spec in layer_specs(args)], batch, lm_loss, shape)
+    target = Target([spec.build for spec in layer_specs(model)], batch, lm_loss, model)
     dtype = args.dtype or ("bf16" if on_gpu else "fp32")
     profile = profile_layers(target, args.profile_micro_batches, device, dtype, progress=print)
     profile.save(args.profile_layers)
