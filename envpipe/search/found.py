@@ -60,6 +60,7 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
         "stage_layers": list(candidate.pipeline.cut.counts),
         "gpus": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node},
         "allocator": engine.allocator,  # PYTORCH_CUDA_ALLOC_CONF the memory predictions hold for (launch_command)
+        "torch_threads": layers.cpu_threads,  # a CPU profile's threads: envpipe.initialize warns when they differ
         "predicted": predicted(candidate),
         "label": simulated_label(layers),
         "engine_model": engine.label,
@@ -88,13 +89,15 @@ def launch_command(cluster: Cluster, config_path: str, layers: LayerProfile, eng
                    launch_args: str = "") -> str:
     """The envpipe-launch command that trains the configuration (``launch_args``: backend options). A profile
     measured on CPU holds for processes with its thread count, and the memory model for the allocator
-    setting it was fitted with: the command sets them."""
-    words = ["envpipe-launch", "--nodes", str(cluster.nodes), "--gpus-per-node", str(cluster.gpus_per_node),
-             *shlex.split(launch_args), "--", TRAIN_SCRIPT, "--config", config_path]
+    setting it was fitted with: the command hands both to every rank with `--env` (a shell prefix would reach
+    the launcher only, not ranks started over ssh or in pods)."""
     env = [f"OMP_NUM_THREADS={layers.cpu_threads}"] if layers.cpu_threads is not None else []
     if engine.allocator:
         env.append(f"PYTORCH_CUDA_ALLOC_CONF={engine.allocator}")
-    return " ".join([*env, shlex.join(words)])
+    words = ["envpipe-launch", "--nodes", str(cluster.nodes), "--gpus-per-node", str(cluster.gpus_per_node),
+             *[w for e in env for w in ("--env", e)], *shlex.split(launch_args), "--", TRAIN_SCRIPT,
+             "--config", config_path]
+    return shlex.join(words)
 
 
 def train_settings(block: Any, ds_config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

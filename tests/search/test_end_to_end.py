@@ -59,10 +59,10 @@ def test_profile_search_train_two_stages(tmp_path: Path) -> None:
     config = json.loads((out / "found.json").read_text())
     assert config["envpipe"]["pipeline_stages"] == 2 and len(config["envpipe_search"]["stage_layers"]) == 2
     launch = shlex.split(res.output.strip().splitlines()[-1])
-    assert launch[:6] == ["OMP_NUM_THREADS=1", "envpipe-launch", "--nodes", "1", "--gpus-per-node", "2"]
+    assert launch[:7] == ["envpipe-launch", "--nodes", "1", "--gpus-per-node", "2", "--env", "OMP_NUM_THREADS=1"]
     launcher = str(Path(sys.executable).with_name("envpipe-launch"))
     report = tmp_path / "report"
-    train = subprocess.run([launcher, *launch[2:], "--steps", "2", "--calibration-steps", "1", "--report-dir",
+    train = subprocess.run([launcher, *launch[1:], "--steps", "2", "--calibration-steps", "1", "--report-dir",
                             str(report)], cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True,
                            text=True, timeout=300)
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
