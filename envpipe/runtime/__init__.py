@@ -1,1 +1,20 @@
-"""EnvPipe's runtime on DeepSpeed's PipelineEngine: unit orders, non-blocking p2p, clock hooks."""
+"""EnvPipe on DeepSpeed's pipeline engine. The public entry is `envpipe.initialize` (entry.py); the rest, by layer:
+
+- the entry and the job: `entry` (initialize: config, clock, engine, exits), `config` (the `envpipe` block),
+  `clocks` (sim, clockd, NVML read-only), `distributed` (process groups in and out), `stock` (stock DeepSpeed
+  timed and metered alike, for comparisons);
+- the engine: `engine` (PipelineEngine subclass: unit orders, clocks, unit timing, a simulated GPU's virtual
+  time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams), `memory`
+  (activation bytes, static bytes);
+- the run: `run` (EnvPipeRun: the phases inside train_batch, the report, checkpoints), `rig` (what the phases
+  work on, and the `Step` they yield), the phases `calibrate`, `profiling`, `decide` (+ `straggler`),
+  `reconfigure`, `steady`; `state` (what a checkpoint carries);
+- measurement: `timing` (unit times -> the simulator's inputs), `replicas` (data parallelism), `iterations`
+  (per-iteration lines), `collective` (gather, agree);
+- the report: `summary` (the typed RunSummary and its schema), `collect` (every rank's record -> the summary),
+  `prediction` (the energy model against the counter, the oracle), `report` and `textreport` (files and text),
+  `monitor` (events to DeepSpeed's monitors);
+- `layer_profile`: the per-layer profiler behind `envpipe search` (a tool of its own).
+
+Importing this package loads nothing heavy; its modules import torch and DeepSpeed.
+"""
