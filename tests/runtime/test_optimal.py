@@ -22,7 +22,7 @@ STEPS = 20  # calibrate 2, profile 4, reconfigure 4 or 8, then steady: 4 compare
 def _optimal_checks(out: Path, stages: int) -> None:
     s = read_summary(out)
     assert s.plan is not None and s.plan.policy == "optimal" and s.plan.deployed
-    assert s.plan.source == "planner (optimal) on the online profile"
+    assert s.plan.source.startswith("planner (optimal) on a profile: online: profiled at ")
     assert s.plan.budget_s is not None and s.plan.clocks is not None and len(s.plan.clocks) == stages
     p = s.predicted  # simulated, against its own baseline
     assert p is not None and p.energy_saving >= 0 and p.slowdown <= 1e-9
@@ -36,6 +36,9 @@ def _optimal_checks(out: Path, stages: int) -> None:
     steady = [x["runs"] for x in iterations(out, 0) if x["phase"] == "steady"]
     assert steady[:4] == ["plan", "baseline", "baseline", "plan"] and set(steady[4:]) == {"plan"}
     assert s.baseline is not None and s.baseline.time_s.n == 2 and s.steady.time_s.n == len(steady) - 2
+    e = s.energy  # the energy model (each phase at its measured power) against the simulated GPU's hidden truth
+    assert e is not None and e.energy == "simulated GPU" and abs(e.error) < 0.03, e
+    assert len(e.stages) == stages and all(abs(x.error) < 0.03 for x in e.stages), e
 
 
 @pytest.mark.slow
