@@ -47,16 +47,19 @@ class Peer:
             text += f" container={self.container[:12]}"
         return text
 
-    def rate_key(self, claimed_pod: str | None) -> str:
-        """The bucket a request is counted in: the proven pod where known; a hidden peer's claimed pod
-        (honest pods are kept apart; a liar can only spend the named pod's bucket); else the uid."""
+    @property
+    def key(self) -> str:
+        """Who the kernel says the caller is, as the edge counts callers: the proven pod where known, else
+        the process, else (hidden in another PID namespace) the uid. Never what the caller claims: a
+        claim costs nothing to change, so it cannot keep floods apart (requests that name a lease are
+        counted per lease instead: edge.Caller)."""
         if self.address is not None:
             return f"tcp:{self.address}"
         if self.pod_uid:
             return f"pod-uid:{self.pod_uid}"
         if self.pid is not None:
             return f"pid:{self.pid}"
-        return f"claimed-pod:{claimed_pod}" if claimed_pod else f"uid:{self.uid}"
+        return f"uid:{self.uid}"
 
 
 def pod_of_cgroup(text: str) -> tuple[str, str | None] | None:

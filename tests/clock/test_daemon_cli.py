@@ -60,7 +60,7 @@ def test_tcp_and_metrics_listeners(tmp_path) -> None:
         health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{metrics}/healthz", timeout=5))
         assert health["ok"] is True
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
-        assert "envpipe_clockd_sm_clock_mhz" in text
+        assert "envpipe_clockd_sm_clock_hertz" in text
         with pytest.raises(urllib.error.HTTPError) as exc:  # the metrics port serves no clock API
             urllib.request.urlopen(f"http://127.0.0.1:{metrics}/v1/gpus", timeout=5)
         assert exc.value.code == 404

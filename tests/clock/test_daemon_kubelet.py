@@ -68,7 +68,7 @@ def test_policy_allows_the_pods_own_gpus_only(kubelet, gpus) -> None:
     path, fake = kubelet
     policy = KubeletPolicy(path)
     pod = PodRef("team", "trainer-0")
-    assert policy.pod_gpus(pod) == set(gpus[:2])
+    assert policy.pod_gpus(pod) == dict.fromkeys(gpus[:2], "trainer")
     policy.check(Peer(pid=1), pod, gpus[:2])
     with pytest.raises(NotOwned, match=f"does not own GPU.*{gpus[2]}"):
         policy.check(Peer(pid=1), pod, [gpus[0], gpus[2]])
