@@ -120,7 +120,10 @@ def _refused(request: web.Request, exc: ClockError) -> None:
 @web.middleware
 async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     edge = request.app[EDGE]
-    conn = request[CONN] = edge.gate.conn(request.protocol)
+    conn = edge.gate.conn(request.protocol)
+    if conn is None:  # closed to make room while its request head was on the way
+        return web.Response(status=499)
+    request[CONN] = conn
     request[CALLER] = conn.caller
     edge.gate.begin(conn)
     try:

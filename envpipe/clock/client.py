@@ -41,6 +41,10 @@ __all__ = ["DEFAULT_SOCKET", "SOCKET_ENV", "ClockClient", "ClockDaemonUnavailabl
 # Below the daemon's --header-timeout (it closes idle connections): never reuse one it is closing.
 KEEPALIVE_S = 2.0
 REATTACH_PAUSE_S = (0.05, 2.0)  # first and longest pause between tries to open a new lease
+# Pauses before each try of one request whose connection failed before an answer came: under a flood of
+# connections the daemon's listen backlog can be full for a moment (and asyncio reports that late, as a
+# write to a socket that never connected), or the daemon closed the idle connection as the request left.
+RETRY_PAUSES_S = (0.0, 0.05, 0.2, 0.5)
 log = logging.getLogger("envpipe.clock.client")
 _attach_fds: set[int] = set()  # this process's attach connections
 
@@ -91,18 +95,21 @@ def _socket(socket_path: str | None) -> str:
 
 
 async def _send(session: aiohttp.ClientSession, socket_path: str, method: str, where: str, json: Any = None) -> Any:
-    """One request. A connection the daemon closed before answering (it closes idle ones, and under load
-    the ones doing nothing, never one it serves) is retried once on a new connection."""
-    for attempt in (1, 2):
+    """One request, tried again on a new connection when the connection failed before an answer came
+    (RETRY_PAUSES_S). Every request of the API is safe to repeat: locks, resets, renewals and reads are
+    idempotent, and a lease opened twice makes the second try a 409, which the caller tries again."""
+    failure: aiohttp.ClientConnectionError | None = None
+    for pause in RETRY_PAUSES_S:
+        await asyncio.sleep(pause)
         try:
             async with session.request(method, "http://clockd" + where, json=json) as resp:
                 body = await resp.json(content_type=None)
             break
-        except aiohttp.ServerDisconnectedError as exc:
-            if attempt == 2:
-                raise _unreachable(socket_path, exc) from exc
         except aiohttp.ClientConnectionError as exc:
-            raise _unreachable(socket_path, exc) from exc
+            failure = exc
+    else:
+        assert failure is not None
+        raise _unreachable(socket_path, failure) from failure
     if resp.status >= 400:
         raise ClockRequestError(resp.status, body if isinstance(body, dict) else {"message": str(body)})
     return body
@@ -263,32 +270,46 @@ class ClockClient:
                 log.warning("clock lease heartbeat failed: %s", exc)
 
     async def _attach(self, lease: str) -> None:
-        # A second connection, held open: the daemon resets our GPUs the moment it closes. It ends when
-        # the lease ends or the daemon goes: either way the lease is lost.
+        # A second connection, held open: the daemon resets our GPUs the moment it closes. Once the stream
+        # runs, its end means the lease ended or the daemon went: the lease is lost. Before it runs, a
+        # failure to reach the daemon is tried again (the heartbeats tell whether the lease lives).
         why = "the attach stream ended"
         try:
-            async with self._session.get(
-                "http://clockd" + path(ATTACH, lease=lease), timeout=aiohttp.ClientTimeout(total=None)
-            ) as resp:
-                if resp.status >= 400:
-                    why = f"attach refused with {resp.status}"
-                    return
-                transport = resp.connection.transport if resp.connection else None
-                sock = transport.get_extra_info("socket") if transport else None
-                fd = sock.fileno() if sock is not None else None
-                if fd is not None:
-                    _attach_fds.add(fd)
-                try:
-                    async for _ in resp.content.iter_any():
-                        pass
-                finally:
-                    if fd is not None:
-                        _attach_fds.discard(fd)
+            while not await self._attach_once(lease):
+                await asyncio.sleep(0.1)
+        except ClockRequestError as exc:
+            why = f"attach refused: {exc}"
         except aiohttp.ClientError as exc:
             why = f"the attach stream broke ({type(exc).__name__})"
         finally:
             if not asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 self._lose(lease, why)
+
+    async def _attach_once(self, lease: str) -> bool:
+        """Hold the attach stream until it ends (True); False if it could not be opened this time."""
+        try:
+            resp = await self._session.get(
+                "http://clockd" + path(ATTACH, lease=lease), timeout=aiohttp.ClientTimeout(total=None)
+            )
+        except aiohttp.ClientConnectionError:
+            return False
+        async with resp:
+            if resp.status == 404 or (400 <= resp.status < 500 and resp.status not in (409, 429)):
+                raise ClockRequestError(resp.status, await resp.json(content_type=None))
+            if resp.status >= 400:  # busy for now (429, 503) or our previous stream not yet gone (409)
+                return False
+            transport = resp.connection.transport if resp.connection else None
+            sock = transport.get_extra_info("socket") if transport else None
+            fd = sock.fileno() if sock is not None else None
+            if fd is not None:
+                _attach_fds.add(fd)
+            try:
+                async for _ in resp.content.iter_any():
+                    pass
+            finally:
+                if fd is not None:
+                    _attach_fds.discard(fd)
+        return True
 
     async def _apply(self) -> None:
         while True:

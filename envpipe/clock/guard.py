@@ -4,17 +4,20 @@ aiohttp parses HTTP; this module decides before it does. Connections are accepte
 identified once (identity.peer_of), and the connection is handed to aiohttp only while there is room.
 Connections are counted per caller (``Conn.caller``): the lease the connection has served, once it served
 one (the lease id is a secret: nobody else can be counted there), else the peer as the kernel names it.
-A caller at its own limit makes room among its own connections; at the total limit, room is made among the
-connections of the caller that holds the most. Only a connection doing no work for the daemon is closed
-to make room (idle, a request head or body still arriving: what a slow-loris attack holds), never one whose
-request the daemon is serving nor an attach stream; with none to close, the newcomer is refused. The limit
-is kept under the process's descriptor limit, and running out of descriptors anyway costs one log line a
-second, not a traceback per accept.
+A caller at its own limit is refused more (closed at once, before aiohttp sees it: the cheapest answer to
+a connection flood). At the total limit, room is made among the connections of the caller that holds the
+most: only a connection doing no work for the daemon is closed (idle, or a request head or body still
+arriving: what a slow-loris attack holds), never one whose request the daemon is serving nor an attach
+stream; with none to close, the newcomer is refused. Connections are accepted in batches, so that a
+flood of them drains the listen backlog fast and other callers' connections are not left waiting in it.
+The limit is kept under the process's descriptor limit, and running out of descriptors anyway costs one
+log line a second, not a traceback per accept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import resource
@@ -28,6 +31,7 @@ from envpipe.clock.identity import Peer, peer_of
 from envpipe.clock.logs import Throttle, event, log
 
 RESERVED_FDS = 32  # above those open at start: NVML, the kubelet channel, the state file, logs
+ACCEPT_BATCH = 64  # connections accepted in one go before the loop serves anything else
 
 
 @dataclass
@@ -76,9 +80,10 @@ class ConnectionGate:
         self._listeners: set[str] = set()
         self._say = Throttle(1.0)  # "refused" and "out of descriptors": one line a second
 
-    def conn(self, protocol: asyncio.BaseProtocol) -> Conn:
-        """The connection a request came on (every one was accepted here)."""
-        return self._conns[protocol]
+    def conn(self, protocol: asyncio.BaseProtocol) -> Conn | None:
+        """The connection a request came on; None once it was closed (a request it had sent may still
+        reach a handler: nobody is left to answer)."""
+        return self._conns.get(protocol)
 
     def count(self) -> int:
         self._prune()
@@ -103,15 +108,14 @@ class ConnectionGate:
             return False
         victim = min(closable, key=lambda c: (c.served > 0, c.last_active))
         assert victim.transport is not None  # pruned otherwise
-        victim.transport.close()
-        del self._conns[victim.protocol]
+        victim.transport.close()  # is_closing() from now on: pruned
         return True
 
     def _make_room(self, caller: str) -> bool:
         self._prune()
         held = Counter(c.caller for c in self._conns.values())
         if held[caller] >= self.per_caller:
-            return self._close_one(caller)
+            return False
         if len(self._conns) < self.limit:
             return True
         return any(self._close_one(other) for other, _ in held.most_common())
@@ -133,34 +137,44 @@ class ConnectionGate:
         self._listeners.add(listener)
         while True:
             try:
-                client, _ = await loop.sock_accept(sock)
+                first = await loop.sock_accept(sock)
             except OSError as exc:
                 if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     raise
                 self._warn("descriptors", "accept_failed", listener=listener, error=exc.strerror)
                 await asyncio.sleep(0.1)
                 continue
-            try:
-                peer = peer_of(client)
-            except OSError:  # gone before we looked
-                client.close()
-                continue
-            if not self._make_room(peer.key):
-                self._warn(
-                    "refused",
-                    "connection_refused",
-                    caller=peer.key,
-                    listener=listener,
-                    limit=self.limit,
-                    per_caller=self.per_caller,
-                    why="every connection it could replace is being served",
-                )
-                client.close()
-                continue
-            conn = Conn(peer, listener, protocol_factory())
-            if configure is not None:
-                configure(conn)
-            await self._hand_over(client, conn)
+            batch = [first[0]]
+            with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
+                while len(batch) < ACCEPT_BATCH:  # what else waits in the backlog, without a round trip each
+                    batch.append(sock.accept()[0])
+            for client in batch:
+                await self._admit(client, listener, protocol_factory, configure)
+
+    async def _admit(
+        self,
+        client: socket.socket,
+        listener: str,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        configure: Callable[[Conn], None] | None,
+    ) -> None:
+        try:
+            peer = peer_of(client)
+        except OSError:  # gone before we looked
+            client.close()
+            return
+        if not self._make_room(peer.key):
+            self._warn(
+                f"refused {peer.key}", "connection_refused", caller=peer.key, listener=listener, limit=self.limit,
+                per_caller=self.per_caller,
+            )
+            client.close()
+            return
+        client.setblocking(False)
+        conn = Conn(peer, listener, protocol_factory())
+        if configure is not None:
+            configure(conn)
+        await self._hand_over(client, conn)
 
     async def _hand_over(self, client: socket.socket, conn: Conn) -> None:
         self._conns[conn.protocol] = conn  # before its first request can arrive
