@@ -252,8 +252,11 @@ def test_reset_all_and_exit(tmp_path) -> None:
     assert [g.sm_mhz for g in FakeNvml.from_store(store).gpus] == [MAX, MAX] and not os.path.exists(sock)
 
 
-def test_reset_all_and_exit_leaves_a_daemon_that_holds_the_state_file_alone(tmp_path) -> None:
-    """The guard may run while the daemon stops: the socket is gone already, the state file is not."""
+@pytest.mark.parametrize("its_socket", ["b.sock", ""], ids=["another-socket", "no-socket"])
+def test_reset_all_and_exit_leaves_a_daemon_that_holds_the_state_file_alone(tmp_path, its_socket) -> None:
+    """Whatever socket it is given (another one, or none), a reset of everything needs the daemon's lock,
+    the state file's: while a live daemon holds it, nothing is reset (the guard may run while the daemon
+    stops: the socket is gone already, the state file is not)."""
     from envpipe.clock.state import StateFile
 
     store, state = str(tmp_path / "gpus.json"), str(tmp_path / "state.json")
@@ -261,11 +264,13 @@ def test_reset_all_and_exit_leaves_a_daemon_that_holds_the_state_file_alone(tmp_
     with daemon_thread(str(tmp_path / "a.sock"), backend=NvmlBackend(fake), state=StateFile(state)):
         lease = open_lease(str(tmp_path / "a.sock"), A)
         assert lock(str(tmp_path / "a.sock"), A, lease, 1005)[0] == 200
+        sock = str(tmp_path / its_socket) if its_socket else ""
         done = subprocess.run(
-            daemon_argv(str(tmp_path / "b.sock"), "--state-file", state, "--reset-all-and-exit", nvml_store=store),
+            daemon_argv(sock, "--state-file", state, "--reset-all-and-exit", nvml_store=store),
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": ROOT},
         )
         assert done.returncode == 0 and "live_daemon" in done.stdout, done.stderr
         assert fake.refresh()[0].sm_mhz == 1005 and not (tmp_path / "b.sock").exists()
+        assert fake.gpus[0].calls[-1] == ("lock", 1005, 1005)  # not one driver call
