@@ -43,16 +43,20 @@ def test_each_lease_counts_the_energy_its_gpus_used_while_it_held_them(tmp_path)
         call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 1200})
         time.sleep(0.2)
         labels = {"pod": "trainer-0", "namespace": "team", "lease": lease[:8], "UUID": gpu, "gpu": "0"}
-        first = one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_lease_energy_joules_total", **labels)
+
+        def joules() -> float:
+            return one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_lease_energy_joules_total", **labels)
+
+        first = joules()
         time.sleep(0.2)
-        second = one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_lease_energy_joules_total", **labels)
+        second = joules()
         assert 0 < first < second  # a counter: it grows while the lease holds the GPU
         call(sock, "DELETE", f"/v1/leases/{lease}")
         after = call(sock, "GET", f"/v1/gpus/{gpu}")[1]["energy_mj"]
-        final = one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_lease_energy_joules_total", **labels)
+        final = joules()
         assert second <= final <= (after - before) / 1000  # read at the lease's end, kept for the next scrape
         time.sleep(0.1)
-        assert one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_lease_energy_joules_total", **labels) == final
+        assert joules() == final
 
 
 def test_an_ended_lease_counter_is_kept_a_while_and_a_counter_reset_adds_nothing() -> None:
