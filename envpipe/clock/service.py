@@ -1,6 +1,6 @@
 """The daemon's core, free of HTTP: allow-list, snapping, leases, ownership, GPU health and reset retries,
-the leased-clock state file, metrics and the audit log. The HTTP layer (api.py) parses requests into calls
-on this and reaches nothing else.
+metrics and the audit log; the leased-clock state file through recorded.py. The HTTP layer (api.py) parses
+requests into calls on this and reaches nothing else.
 
 Every change to a GPU (lock, reset, a retried reset) and to its line in the state file runs on that GPU's
 serial path (gpus.py): one operation at a time, in the order asked, each to its end. So the state file
@@ -38,8 +38,8 @@ from envpipe.clock.leases import MAX_TTL_S, MIN_TTL_S, Lease, LeaseTable
 from envpipe.clock.logs import audit, event, log
 from envpipe.clock.metrics import DaemonMetrics, GpuSample
 from envpipe.clock.ownership import OwnershipPolicy, PodRef
+from envpipe.clock.recorded import Recorded
 from envpipe.clock.state import Entry, StateFile
-from envpipe.clock.workers import SerialWorker
 
 T = TypeVar("T")
 STATE_RETRY_S = 1.0  # after a failed write, how often the state file is written again
@@ -70,10 +70,7 @@ class ClockService:
         self._leases = LeaseTable(clock)
         self._gpus = {g.uuid: ManagedGpu(g, config.driver_deadline_s, backend.blocking) for g in backend.gpus()}
         self.metrics = DaemonMetrics(backend.name, policy.name, self._samples)
-        # GPUs that may be off their default clock: the state file's content, kept in memory too.
-        self._recorded: dict[str, Entry] = {}
-        self._state_writer = SerialWorker("state file", config.driver_deadline_s) if state else None
-        self.state_error: str | None = None  # why the last write of the state file failed
+        self._recorded = Recorded(state, config.driver_deadline_s, self._note_state)
         self._tasks: set[asyncio.Task[Any]] = set()  # lease ends and reset retries in flight
         self._retrying: set[str] = set()
         self.started = False
@@ -88,7 +85,12 @@ class ClockService:
 
     def recorded(self) -> set[str]:
         """The GPUs the state file names (as last written, or being written)."""
-        return set(self._recorded)
+        return self._recorded.gpus()
+
+    @property
+    def state_error(self) -> str | None:
+        """Why the last write of the state file failed; None while it is written."""
+        return self._recorded.error
 
     # ---- health -------------------------------------------------------------------------------
     def faults(self) -> dict[str, str]:
@@ -112,6 +114,10 @@ class ClockService:
 
     def _note_ready(self) -> None:
         self.metrics.ready.set(int(self.ready))
+
+    def _note_state(self) -> None:
+        self.metrics.state_writable.set(int(self.state_error is None))
+        self._note_ready()
 
     def health(self) -> dict[str, Any]:
         faults = self.faults()
@@ -202,48 +208,8 @@ class ClockService:
         gpu.fault = None
         audit.info(event("gpu_recovered", gpu=gpu.uuid))
         self._audit_change(gpu.uuid, None, "reset retry")
-        await self._unrecord(gpu.uuid)
+        await self._recorded.drop(gpu.uuid)
         self._note_ready()
-
-    # ---- the leased-clock state ---------------------------------------------------------------
-    async def _persist(self) -> None:
-        if self.state is None or self._state_writer is None:
-            return
-        try:
-            await self._state_writer.call(self.state.save, dict(self._recorded))
-        except (OSError, GpuTimeout) as exc:
-            why = exc.message if isinstance(exc, GpuTimeout) else f"{exc.strerror or exc}"
-            if self.state_error is None:
-                log.error(event("state_unwritable", path=self.state.path, error=why))
-            self.state_error = why
-            self.metrics.state_writable.set(0)
-            self._note_ready()
-            raise StateUnwritable(f"cannot write the state file {self.state.path}: {why}") from None
-        if self.state_error is not None:
-            log.info(event("state_writable", path=self.state.path))
-            self.state_error = None
-            self.metrics.state_writable.set(1)
-            self._note_ready()
-
-    async def _record(self, uuid: str, lease: Lease) -> None:
-        """Write ahead: the state file names the GPU, and its lease, before its clock changes."""
-        before = self._recorded.get(uuid)
-        if before is not None and before.lease == lease.short:
-            return
-        self._recorded[uuid] = Entry(lease.short, lease.owner, time.time())
-        try:
-            await self._persist()
-        except StateUnwritable:
-            if before is None:
-                del self._recorded[uuid]
-            else:
-                self._recorded[uuid] = before
-            raise
-
-    async def _unrecord(self, uuid: str) -> None:
-        if self._recorded.pop(uuid, None) is not None:
-            with contextlib.suppress(StateUnwritable):  # stays named on disk, and rewritten once it can be
-                await self._persist()
 
     # ---- start and stop -----------------------------------------------------------------------
     async def start(self, previous: dict[str, Entry] | None, why: str = "daemon start") -> None:
@@ -257,8 +223,7 @@ class ClockService:
                 left = previous[uuid]
                 audit.info(event("left_by_dead_daemon", gpu=uuid, lease=left.lease, owner=left.owner, since=left.since))
         unknown = Entry("unknown", why, time.time())  # no state to say who left it
-        self._recorded = {u: previous[u] if previous else unknown for u in todo}
-        await self._persist()  # a state file that cannot be written fails here, before any clock changes
+        await self._recorded.start({u: previous[u] if previous else unknown for u in todo})
         await self._reset_each(todo, why)
         self.started = True
         self._note_ready()
@@ -273,7 +238,7 @@ class ClockService:
         for lease in self._leases.all():
             self._forget(lease.id, "daemon shutdown")
         await self.idle()
-        await self._reset_each(list(self._recorded), "daemon shutdown", unhealthy_too=True)
+        await self._reset_each(self._recorded.gpus(), "daemon shutdown", unhealthy_too=True)
 
     async def idle(self) -> None:
         """Wait until every operation queued on a GPU so far has ended."""
@@ -284,8 +249,7 @@ class ClockService:
         for g in self._gpus.values():
             if g.worker is not None:
                 g.worker.stop()
-        if self._state_writer is not None:
-            self._state_writer.stop()
+        self._recorded.stop()
         if stuck:  # shutting the driver down under a thread still inside it is asking for trouble
             log.warning(event("driver_busy_at_exit", gpus=stuck))
         else:
@@ -446,12 +410,12 @@ class ClockService:
         self._healthy(gpu.uuid)
         if gpu.locked_mhz == mhz:  # the GPU has it: no driver call
             return
-        await self._record(gpu.uuid, lease)
+        await self._recorded.name(gpu.uuid, lease.short, lease.owner)
         try:
             await self._call(gpu, self.backend.lock, gpu.uuid, mhz)
         except ClockError:
             if gpu.locked_mhz is None and gpu.fault is None:  # refused: still at default, so not recorded
-                await self._unrecord(gpu.uuid)
+                await self._recorded.drop(gpu.uuid)
             raise
         gpu.locked_mhz = mhz
         self._audit_change(gpu.uuid, mhz, f"lease {lease.short} ({lease.owner})")
@@ -481,7 +445,7 @@ class ClockService:
             raise
         gpu.locked_mhz = None
         self._audit_change(gpu.uuid, None, why)
-        await self._unrecord(gpu.uuid)
+        await self._recorded.drop(gpu.uuid)
 
     async def _release_op(self, gpu: ManagedGpu, lease: Lease, why: str) -> None:
         """A lease's end on one GPU: its last energy reading, then the reset."""
@@ -522,7 +486,7 @@ class ClockService:
             if self.state_error is not None and now >= next_state_try:
                 next_state_try = now + STATE_RETRY_S
                 with contextlib.suppress(StateUnwritable):
-                    await self._persist()
+                    await self._recorded.write()
             await asyncio.sleep(self.config.reap_interval_s)
 
     async def refresh_metrics(self) -> None:
