@@ -285,7 +285,7 @@ class _OneLineErrors(click.Command):
     type=click.IntRange(1, 65536),
     default=32,
     show_default=True,
-    help="Open connections of one caller at most; its own idle ones make room first.",
+    help="Open connections of one caller at most; its idle ones make room for its new ones.",
 )
 @click.option(
     "--max-in-flight",

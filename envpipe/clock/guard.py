@@ -4,11 +4,13 @@ aiohttp parses HTTP; this module decides before it does. Connections are accepte
 identified once (identity.peer_of), and the connection is handed to aiohttp only while there is room.
 Connections are counted per caller (``Conn.caller``): the lease the connection has served, once it served
 one (the lease id is a secret: nobody else can be counted there), else the peer as the kernel names it.
-A caller at its own limit is refused more (closed at once, before aiohttp sees it: the cheapest answer to
-a connection flood). At the total limit, room is made among the connections of the caller that holds the
-most: only a connection doing no work for the daemon is closed (idle, or a request head or body still
-arriving: what a slow-loris attack holds), never one whose request the daemon is serving nor an attach
-stream; with none to close, the newcomer is refused. Connections are accepted in batches, so that a
+A caller at its own limit makes room among its own connections; at the total limit, room is made among
+the connections of the caller that holds the most. Only a connection doing no work for the daemon is
+closed (idle, or a request head or body still arriving: what a slow-loris attack holds), one that never
+sent a request first, then the longest quiet; never one whose request the daemon is serving, nor an
+attach stream. With none to close, the newcomer is refused. So a flood of connections costs the caller
+that floods its own older connections, and a newcomer of another caller sharing its identity (pods of
+one uid, pids hidden) is not refused. Connections are accepted in batches, so that a
 flood of them drains the listen backlog fast and other callers' connections are not left waiting in it.
 The limit is kept under the process's descriptor limit, and running out of descriptors anyway costs one
 log line a second, not a traceback per accept.
@@ -115,7 +117,7 @@ class ConnectionGate:
         self._prune()
         held = Counter(c.caller for c in self._conns.values())
         if held[caller] >= self.per_caller:
-            return False
+            return self._close_one(caller)
         if len(self._conns) < self.limit:
             return True
         return any(self._close_one(other) for other, _ in held.most_common())
