@@ -110,11 +110,15 @@ async def slow_body(sock: str, tally: Tally) -> None:
             reader, writer = await asyncio.open_unix_connection(sock)
             writer.write(head)
             answer = asyncio.ensure_future(read_answer(reader))
-            while not answer.done():
-                writer.write(b" ")  # one byte a second: never the whole body
-                await asyncio.wait([answer], timeout=1.0)
-            tally[f"slow body {answer.result()}"] += 1
-            writer.close()
+            answer.add_done_callback(lambda t: t.cancelled() or t.exception())  # read even if we stop first
+            try:
+                while not answer.done():
+                    writer.write(b" ")  # one byte a second: never the whole body
+                    await asyncio.wait([answer], timeout=1.0)
+                tally[f"slow body {answer.result()}"] += 1
+            finally:
+                answer.cancel()
+                writer.close()
         except LOST:
             tally["slow body: connection lost"] += 1
         await again()

@@ -335,10 +335,16 @@ def make_app(service: ClockService, edge: Edge, probes_only: bool = False) -> we
     return app
 
 
-def _edges(opts: ServeOptions, tcp_hosts: frozenset[str], connection_limit: int) -> tuple[Edge, Edge]:
+def _edges(
+    opts: ServeOptions, tcp_hosts: frozenset[str], connection_limit: int, metrics: DaemonMetrics
+) -> tuple[Edge, Edge]:
     """The API's edge (Unix socket and loopback TCP share it) and the metrics port's."""
+
+    def closed(listener: str, why: str) -> None:
+        metrics.connections_closed.labels(listener=listener, why=why).inc()
+
     api = Edge(
-        ConnectionGate(connection_limit, opts.max_connections_per_caller),
+        ConnectionGate(connection_limit, opts.max_connections_per_caller, closed),
         RateLimiter(opts.max_rps, opts.max_rps),
         InFlight(opts.max_in_flight_per_caller, opts.max_in_flight),
         tcp_hosts,
@@ -346,7 +352,7 @@ def _edges(opts: ServeOptions, tcp_hosts: frozenset[str], connection_limit: int)
         Throttle(1.0),
     )
     probes = Edge(
-        ConnectionGate(PROBE_CONNECTIONS, PROBE_CONNECTIONS_PER_CALLER),
+        ConnectionGate(PROBE_CONNECTIONS, PROBE_CONNECTIONS_PER_CALLER, closed),
         RateLimiter(opts.max_rps, opts.max_rps),
         InFlight(PROBE_IN_FLIGHT, PROBE_IN_FLIGHT),
         frozenset(),
@@ -365,7 +371,7 @@ async def serve_http(
     ready: Callable[[], None] | None = None,
 ) -> None:
     """Serve the API on the listeners until ``stop``, then stop the service (its GPUs reset) and clean up."""
-    api, probes = _edges(opts, listeners.tcp_hosts, connection_limit)
+    api, probes = _edges(opts, listeners.tcp_hosts, connection_limit, service.metrics)
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[None]] = []
     for sock, name in ((listeners.unix, "unix"), (listeners.tcp, "tcp"), (listeners.metrics, "metrics")):

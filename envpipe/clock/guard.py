@@ -76,8 +76,10 @@ def connection_limit(wanted: int) -> int:
 
 
 class ConnectionGate:
-    def __init__(self, limit: int, per_caller: int) -> None:
+    def __init__(self, limit: int, per_caller: int, on_close: Callable[[str, str], None] | None = None) -> None:
+        """``on_close(listener, why)`` hears of each connection the gate closes: "refused" or "made_room"."""
         self.limit, self.per_caller = limit, min(per_caller, limit)
+        self.on_close = on_close
         self._conns: dict[asyncio.BaseProtocol, Conn] = {}
         self._listeners: set[str] = set()
         self._say = Throttle(1.0)  # "refused" and "out of descriptors": one line a second
@@ -111,6 +113,8 @@ class ConnectionGate:
         victim = min(closable, key=lambda c: (c.served > 0, c.last_active))
         assert victim.transport is not None  # pruned otherwise
         victim.transport.close()  # is_closing() from now on: pruned
+        if self.on_close is not None:
+            self.on_close(victim.listener, "made_room")
         return True
 
     def _make_room(self, caller: str) -> bool:
@@ -171,6 +175,8 @@ class ConnectionGate:
                 per_caller=self.per_caller,
             )
             client.close()
+            if self.on_close is not None:
+                self.on_close(listener, "refused")
             return
         client.setblocking(False)
         conn = Conn(peer, listener, protocol_factory())

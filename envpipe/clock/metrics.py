@@ -168,6 +168,12 @@ class DaemonMetrics:
         )
         self.internal_errors = Counter("envpipe_clockd_internal_errors", "Requests answered 500 (bugs)", registry=r)
         self.connections = Gauge("envpipe_clockd_connections", "Open client connections", ["listener"], registry=r)
+        self.connections_closed = Counter(
+            "envpipe_clockd_connections_closed",
+            "Connections the daemon closed: refused at accept, or idle ones closed to make room",
+            ["listener", "why"],
+            registry=r,
+        )
         self.attached = Gauge("envpipe_clockd_attach_streams", "Open attach streams (one per lease)", registry=r)
         self.in_flight = Gauge("envpipe_clockd_requests_in_flight", "Requests being served", registry=r)
         Info("envpipe_clockd_build", "Build of the running daemon", registry=r).info(

@@ -101,6 +101,8 @@ def test_a_flood_of_idle_connections_starves_nobody(node) -> None:
     with abuser(sock, gpus[0], "--connections", "2000") as tally:
         assert trainer_beside(sock, gpus[1], port) == []
     assert tally["idle"]["idle: connected"] > 2000  # it kept trying: its old connections made room
+    closed = one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_connections_closed_total", why="made_room")
+    assert closed > 1000
 
 
 def test_a_request_flood_gets_429_and_one_log_line_a_second_whatever_pod_it_claims(tmp_path) -> None:
