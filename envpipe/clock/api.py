@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,6 +275,10 @@ async def attach(request: web.Request) -> web.StreamResponse:
     unwatch = watch_exit(conn.peer, lambda: svc.end_lease_soon(lease_id, "owner process exited"))
     resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
     try:
+        if request.transport is None or request.transport.is_closing():
+            # closed before the stream began (to make room, while this request waited to be served):
+            # the client never had the stream, so its going ends nothing; the client asks again
+            raise ConnectionResetError("the connection closed before the attach stream began")
         await resp.prepare(request)
         while svc.lease_exists(lease_id):
             transport = request.transport
@@ -284,7 +288,8 @@ async def attach(request: web.Request) -> web.StreamResponse:
             await resp.write(b".")
             await asyncio.sleep(0.1)
     except (ConnectionError, asyncio.CancelledError):
-        await asyncio.shield(svc.end_lease(lease_id, "client disconnected"))
+        if resp.prepared:
+            await asyncio.shield(svc.end_lease(lease_id, "client disconnected"))
         raise
     finally:
         conn.working -= 1
@@ -317,9 +322,6 @@ class HttpErrorLog(logging.LoggerAdapter):  # type: ignore[type-arg]
                 log.log(level, event("http_error", message=str(msg)[:200]), exc_info=exc)
         else:
             log.log(level, event("http", message=str(msg)[:200]))
-
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        return msg, kwargs
 
 
 def make_app(service: ClockService, edge: Edge, probes_only: bool = False) -> web.Application:

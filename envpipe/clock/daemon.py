@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import os
 import signal
@@ -34,14 +33,12 @@ from envpipe.clock.listen import (
     take_tcp,
     take_unix,
 )
-from envpipe.clock.logs import configure, event
+from envpipe.clock.logs import configure, event, log
 from envpipe.clock.metrics import envpipe_version
 from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, LocalPolicy, OwnershipPolicy
 from envpipe.clock.protocol import DEFAULT_SOCKET
 from envpipe.clock.service import ClockService, ServiceConfig
 from envpipe.clock.state import Entry, StateBusy, StateError, StateFile, StateUnreadable
-
-log = logging.getLogger("envpipe.clockd")
 
 
 def make_policy(name: str, pod_resources_socket: str) -> OwnershipPolicy:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from envpipe.clock.client import ClockClient
-from tests.support.clockd_helpers import ROOT, call, daemon_thread, metric, one_metric
+from tests.support.clockd_helpers import ROOT, call, daemon_thread, metric, one_metric, wait_for
 from tests.support.ports import free_port
 
 ATTACK_S = 1.5
@@ -79,13 +80,30 @@ def node(tmp_path) -> Iterator[tuple[str, int, list[str]]]:
 
 def test_a_flood_of_attach_streams_on_one_lease_starves_nobody(node) -> None:
     sock, port, gpus = node
-    with abuser(sock, gpus[0], "--attach", "256") as tally:
+    with abuser(sock, gpus[0], "--attach", "256"):
         assert trainer_beside(sock, gpus[1], port) == []
         text = call(sock, "GET", "/metrics")[1]
         assert one_metric(text, "envpipe_clockd_attach_streams") <= one_metric(text, "envpipe_clockd_leases")
-    assert tally["attach"].get("attach 409", 0) > 0  # one stream per lease: the rest are refused at once
+
+
+def test_a_lease_has_one_attach_stream(node) -> None:
+    sock, _, gpus = node
+    lease = call(sock, "POST", "/v1/leases", {"gpus": gpus[:1]})[1]["lease"]
+    streams = []
+    for _ in range(20):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(sock)
+        s.sendall(f"GET /v1/leases/{lease}/attach HTTP/1.1\r\nHost: clockd\r\n\r\n".encode())
+        streams.append(s)
+    statuses = sorted(int(s.recv(100).split()[1]) for s in streams)
+    assert statuses == [200] + [409] * 19
     text = call(sock, "GET", "/metrics")[1]
-    assert one_metric(text, "envpipe_clockd_refused_requests_total", code="already_attached") > 0
+    assert one_metric(text, "envpipe_clockd_refused_requests_total", code="already_attached") == 19
+    assert one_metric(text, "envpipe_clockd_attach_streams") == 1
+    for s in streams:
+        s.close()
+    wait_for(lambda: call(sock, "POST", f"/v1/leases/{lease}/renew")[0] == 404, 5.0)  # its stream went: so did it
 
 
 def test_slow_request_bodies_starve_nobody(node) -> None:
