@@ -26,6 +26,7 @@ class GpuStatic:
     uuid: str
     name: str
     supported_mhz: tuple[int, ...]  # descending
+    index: int  # NVML's index on the node (nvidia-smi's and dcgm-exporter's `gpu` label); pods number GPUs apart
 
 
 class Backend(Protocol):
@@ -74,7 +75,7 @@ class SimBackend:
         for i in range(count):
             digest = hashlib.sha1(f"envpipe-sim-{i}".encode()).hexdigest()
             uuid = f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
-            static = GpuStatic(uuid, f"Simulated {self.model.name}", self.model.clocks_mhz)
+            static = GpuStatic(uuid, f"Simulated {self.model.name}", self.model.clocks_mhz, i)
             self._gpus[uuid] = _SimGpu(static, last_t=self._now())
 
     def _gpu(self, uuid: str) -> _SimGpu:
@@ -139,7 +140,7 @@ class NvmlBackend:
             uuid = _text(self._call(nvml.nvmlDeviceGetUUID, handle))
             name = _text(self._call(nvml.nvmlDeviceGetName, handle))
             self._handles[uuid] = handle
-            self._static.append(GpuStatic(uuid, name, self._supported(handle)))
+            self._static.append(GpuStatic(uuid, name, self._supported(handle), i))
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call NVML; its errors become the daemon's answers (one mapping for every call)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import math
 import os
 import signal
 import sys
@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from envpipe.clock.backends import make_backend
-from envpipe.clock.errors import ClockError
+from envpipe.clock.errors import BadRequest, ClockError
 from envpipe.clock.guard import connection_limit
 from envpipe.clock.listen import (
     Listeners,
@@ -33,12 +33,23 @@ from envpipe.clock.listen import (
     take_tcp,
     take_unix,
 )
+from envpipe.clock.logs import configure, event, log
 from envpipe.clock.metrics import envpipe_version
-from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, make_policy
+from envpipe.clock.ownership import DEFAULT_POD_RESOURCES_SOCKET, LocalPolicy, OwnershipPolicy
+from envpipe.clock.protocol import DEFAULT_SOCKET
 from envpipe.clock.service import ClockService, ServiceConfig
 from envpipe.clock.state import Entry, StateBusy, StateError, StateFile, StateUnreadable
 
-log = logging.getLogger("envpipe.clockd")
+
+def make_policy(name: str, pod_resources_socket: str) -> OwnershipPolicy:
+    if name == "local":
+        return LocalPolicy()
+    if name == "kubelet":
+        # grpc and the PodResources stubs are only needed (and imported) on Kubernetes
+        from envpipe.clock.kubelet import KubeletPolicy
+
+        return KubeletPolicy(pod_resources_socket)
+    raise BadRequest(f"unknown ownership policy {name!r} (choose kubelet or local)")
 
 
 def take_listeners(opts: ServeOptions) -> Listeners:
@@ -68,15 +79,15 @@ def process_age_s() -> float:
 def read_state(state: StateFile | None) -> dict[str, Entry] | None:
     """What a previous daemon left, or None when every GPU must be reset (StateError: unusable file)."""
     if state is None:
-        log.info("no --state-file: resetting every GPU at start")
+        log.info(event("no_state_file", then="resetting every GPU at start"))
         return None
     try:
         previous = state.open()
     except StateUnreadable as exc:
-        log.error("state file unreadable (%s): resetting every GPU at start", exc)
+        log.error(event("state_file_unreadable", error=str(exc), then="resetting every GPU at start"))
         return None
     if previous is None:
-        log.info("no state file at %s yet: resetting every GPU at start", state.path)
+        log.info(event("no_state_file_yet", path=state.path, then="resetting every GPU at start"))
     return previous
 
 
@@ -97,9 +108,11 @@ async def serve(
         service.close()
         raise StartupError(str(exc)) from None
     log.info(
-        "start-up resets done %.0f ms after the process started (%.0f ms of CPU)",
-        process_age_s() * 1000,
-        time.process_time() * 1000,
+        event(
+            "start_up_resets_done",
+            ms_since_process_start=round(process_age_s() * 1000),
+            cpu_ms=round(time.process_time() * 1000),
+        )
     )
     # The HTTP stack (aiohttp: a quarter of a second of imports) loads only now: GPUs a dead daemon
     # left slow are reset first.
@@ -111,21 +124,23 @@ async def serve(
 def reset_every_gpu(
     socket_path: str | None,
     socket_mode: int,
-    state: StateFile | None,
+    state: StateFile,
     build: Callable[[StateFile | None], ClockService],
 ) -> dict[str, object]:
-    """Reset every GPU unless a live daemon answers on the socket or holds the state file (it resets its
-    own GPUs as it stops: resetting behind its back would make its records wrong)."""
+    """Reset every GPU, holding the daemon's own lock (the state file's): refused while a live daemon holds
+    it, whatever socket that daemon serves, or answers on ``socket_path``. A live daemon resets its own GPUs
+    as it stops; resetting behind its back would make its records wrong."""
     listeners = Listeners()
     try:
+        state.open()  # first: while we hold it, no daemon starts on any socket
         if socket_path:
-            take_unix(listeners, socket_path, socket_mode)  # no daemon starts while we reset
-        if state is not None:
-            state.open()
+            take_unix(listeners, socket_path, socket_mode)  # a daemon that runs without the state file
     except (SocketInUse, StateBusy) as exc:
+        state.close()
         listeners.close()
         return {"reset": [], "failed": {}, "live_daemon": str(exc)}
     except BaseException:
+        state.close(failed_start=True)
         listeners.close(failed_start=True)
         raise
     try:
@@ -135,8 +150,7 @@ def reset_every_gpu(
         service.close()
         return {"reset": [u for u in service.gpu_uuids() if u not in faults], "failed": faults}
     finally:
-        if state is not None:
-            state.close()
+        state.close()
         listeners.close()
 
 
@@ -147,6 +161,16 @@ def _guard_until_sigterm(socket_path: str | None) -> None:
     print(json.dumps({"guard": "waiting for SIGTERM", "socket": socket_path}), flush=True)
     while not stop.wait(1.0):
         pass
+
+
+class Seconds(click.FloatRange):
+    """A finite number in a range: click's FloatRange lets nan through (every comparison with it is false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 class _OneLineErrors(click.Command):
@@ -174,7 +198,7 @@ class _OneLineErrors(click.Command):
 @click.option(
     "--socket",
     "socket_path",
-    default="/run/envpipe/clockd.sock",
+    default=DEFAULT_SOCKET,
     show_default=True,
     help="Unix socket to serve on ('' for none).",
 )
@@ -203,7 +227,7 @@ class _OneLineErrors(click.Command):
 )
 @click.option(
     "--lease-ttl",
-    type=click.FloatRange(0.5, 300),
+    type=Seconds(0.5, 300),
     default=5.0,
     show_default=True,
     help="Default lease TTL in seconds (clients renew by heartbeats).",
@@ -227,10 +251,10 @@ class _OneLineErrors(click.Command):
 )
 @click.option(
     "--max-rps",
-    type=click.FloatRange(1),
+    type=Seconds(1, 1e6),
     default=5000.0,
     show_default=True,
-    help="Requests per second per caller (pod, process or uid) before 429.",
+    help="Requests per second per caller (lease, pod, process or uid) before 429.",
 )
 @click.option(
     "--state-file",
@@ -241,7 +265,7 @@ class _OneLineErrors(click.Command):
 )
 @click.option(
     "--driver-deadline",
-    type=click.FloatRange(0.05, 600),
+    type=Seconds(0.05, 600),
     default=3.0,
     show_default=True,
     help="Seconds a driver call may take before its GPU is marked unhealthy.",
@@ -254,15 +278,36 @@ class _OneLineErrors(click.Command):
     help="Open client connections at most (lowered to fit the descriptor limit).",
 )
 @click.option(
+    "--max-connections-per-caller",
+    type=click.IntRange(1, 65536),
+    default=32,
+    show_default=True,
+    help="Open connections of one caller at most; its idle ones make room for its new ones.",
+)
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(1, 65536),
+    default=128,
+    show_default=True,
+    help="Requests served at once, in all (429 above).",
+)
+@click.option(
+    "--max-in-flight-per-caller",
+    type=click.IntRange(1, 65536),
+    default=16,
+    show_default=True,
+    help="Requests of one caller served at once (429 above).",
+)
+@click.option(
     "--header-timeout",
-    type=click.FloatRange(0.1, 3600),
+    type=Seconds(0.1, 3600),
     default=10.0,
     show_default=True,
     help="Seconds to send a request head; idle connections close after as long.",
 )
 @click.option(
     "--body-timeout",
-    type=click.FloatRange(0.1, 3600),
+    type=Seconds(0.1, 3600),
     default=10.0,
     show_default=True,
     help="Seconds to send a request body (408 after).",
@@ -270,7 +315,8 @@ class _OneLineErrors(click.Command):
 @click.option(
     "--reset-all-and-exit",
     is_flag=True,
-    help="Reset every GPU and exit (unless a live daemon serves --socket: it resets its own GPUs when it stops).",
+    help="Reset every GPU and exit, holding the daemon's lock (--state-file, required): refused while a live "
+    "daemon holds it or serves --socket (it resets its own GPUs when it stops).",
 )
 @click.option(
     "--guard",
@@ -296,6 +342,9 @@ def main(
     state_file: str,
     driver_deadline: float,
     max_connections: int,
+    max_connections_per_caller: int,
+    max_in_flight: int,
+    max_in_flight_per_caller: int,
     header_timeout: float,
     body_timeout: float,
     reset_all_and_exit: bool,
@@ -303,7 +352,7 @@ def main(
     log_level: str,
 ) -> None:
     """The EnvPipe clock daemon: locks GPU SM clocks for unprivileged pods, by lease."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure(log_level)
     try:
         mode = int(socket_mode, 8)
     except ValueError:
@@ -325,6 +374,12 @@ def main(
         )
     if reset_all_and_exit and guard:
         raise click.UsageError("give --reset-all-and-exit or --guard, not both")
+    if (reset_all_and_exit or guard) and not state_file:
+        flag = "--guard" if guard else "--reset-all-and-exit"
+        raise click.UsageError(
+            f"{flag} needs --state-file: it resets only while holding the daemon's lock on it, so that it never "
+            "resets a live daemon's GPUs"
+        )
     config = ServiceConfig(min_mhz, max_mhz, lease_ttl, driver_deadline_s=driver_deadline)
     state = StateFile(state_file) if state_file else None
 
@@ -337,6 +392,7 @@ def main(
             raise StartupError(f"cannot start with backend {backend!r}: {exc.message}") from None
 
     if reset_all_and_exit or guard:
+        assert state is not None  # checked above
         if guard:
             _guard_until_sigterm(socket_path or None)
         try:
@@ -353,6 +409,9 @@ def main(
         socket_mode=mode,
         max_rps=max_rps,
         max_connections=max_connections,
+        max_connections_per_caller=max_connections_per_caller,
+        max_in_flight=max_in_flight,
+        max_in_flight_per_caller=max_in_flight_per_caller,
         header_timeout_s=header_timeout,
         body_timeout_s=body_timeout,
         socket_gid=socket_gid,

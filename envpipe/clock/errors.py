@@ -57,11 +57,19 @@ class Held(ClockError):
     status, code = 409, "held_by_other_lease"
 
 
+class AlreadyAttached(ClockError):
+    """A lease has one attach stream: a second one is refused (so streams never outnumber leases)."""
+
+    status, code = 409, "already_attached"
+
+
 class NotSupported(ClockError):
     status, code = 501, "not_supported"
 
 
 class TooManyRequests(ClockError):
+    """Over the caller's request rate, or over its (or everyone's) requests in flight."""
+
     status, code = 429, "too_many_requests"
 
 

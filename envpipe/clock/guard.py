@@ -1,50 +1,39 @@
-"""The daemon's edge: who may connect, how many, how fast, and one log line per refusal.
+"""The daemon's door: who may connect, how many, and whose connection goes when there is no room.
 
 aiohttp parses HTTP; this module decides before it does. Connections are accepted here, the peer is
-identified once (identity.peer_of), and the connection is handed to aiohttp only while the count is
-under the limit. At the limit, the longest-idle connection that is not serving a request is closed to
-make room (a half-sent request head first: what a slow-loris attack holds), and only when every
-connection is busy is the newcomer refused. The limit is kept under the process's descriptor limit,
-and running out of descriptors anyway costs one log line a second, not a traceback per accept.
+identified once (identity.peer_of), and the connection is handed to aiohttp only while there is room.
+Connections are counted per caller (``Conn.caller``): the lease the connection has served, once it served
+one (the lease id is a secret: nobody else can be counted there), else the peer as the kernel names it.
+A caller at its own limit makes room among its own connections; at the total limit, room is made among
+the connections of the caller that holds the most. Only a connection doing no work for the daemon is
+closed (idle, or a request head or body still arriving: what a slow-loris attack holds), one that never
+sent a request first, then the longest quiet; never one whose request the daemon is serving, nor an
+attach stream. With none to close, the newcomer is refused. So a flood of connections costs the caller
+that floods its own older connections, and a newcomer of another caller sharing its identity (pods of
+one uid, pids hidden) is not refused. Connections are accepted in batches, so that a
+flood of them drains the listen backlog fast and other callers' connections are not left waiting in it.
+The limit is kept under the process's descriptor limit, and running out of descriptors anyway costs one
+log line a second, not a traceback per accept.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import errno
-import logging
 import os
 import resource
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envpipe.clock.identity import Peer, peer_of
+from envpipe.clock.logs import Throttle, event, log
 
-log = logging.getLogger("envpipe.clockd")
 RESERVED_FDS = 32  # above those open at start: NVML, the kubelet channel, the state file, logs
-
-
-class RateLimiter:
-    """Token bucket per caller key (identity.Peer.rate_key): floods get 429."""
-
-    MAX_KEYS = 10_000
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate, self.burst = rate, burst
-        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
-
-    def take(self, key: str) -> bool:
-        now = time.monotonic()
-        tokens, last = self._buckets.pop(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if len(self._buckets) >= self.MAX_KEYS:  # forget the longest-quiet caller, not everyone
-            self._buckets.popitem(last=False)
-        ok = tokens >= 1
-        self._buckets[key] = (tokens - 1 if ok else tokens, now)
-        return ok
+ACCEPT_BATCH = 64  # connections accepted in one go before the loop serves anything else
 
 
 @dataclass
@@ -52,10 +41,15 @@ class Conn:
     peer: Peer
     listener: str  # "unix", "tcp" or "metrics"
     protocol: asyncio.BaseProtocol
-    busy: int = 0  # requests being served (an attach stream is one for its whole life)
+    working: int = 0  # requests the daemon is serving (admitted past their body; an attach for its whole life)
     served: int = 0  # requests whose head arrived
     last_active: float = field(default_factory=time.monotonic)
     connected: bool = False  # handed to aiohttp; until then it has no transport yet
+    lease_key: str | None = None  # the lease whose requests this connection carried ("lease:<prefix>")
+
+    @property
+    def caller(self) -> str:
+        return self.lease_key or self.peer.key
 
     @property
     def transport(self) -> asyncio.BaseTransport | None:
@@ -63,6 +57,10 @@ class Conn:
 
     def open(self) -> bool:
         return not self.connected or (self.transport is not None and not self.transport.is_closing())
+
+    def closable(self) -> bool:
+        """Doing no work for the daemon: closing it loses nothing its client cannot send again."""
+        return self.connected and self.working == 0
 
 
 def connection_limit(wanted: int) -> int:
@@ -73,116 +71,132 @@ def connection_limit(wanted: int) -> int:
     if room < 4:
         raise ValueError(f"the descriptor limit ({soft}) leaves room for {max(room, 0)} connections; raise ulimit -n")
     if room < wanted:
-        log.warning("--max-connections %d lowered to %d to stay under the descriptor limit %d", wanted, room, soft)
+        log.warning(event("max_connections_lowered", wanted=wanted, to=room, descriptor_limit=soft))
     return min(wanted, room)
 
 
 class ConnectionGate:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self, limit: int, per_caller: int, on_close: Callable[[str, str], None] | None = None) -> None:
+        """``on_close(listener, why)`` hears of each connection the gate closes: "refused" or "made_room"."""
+        self.limit, self.per_caller = limit, min(per_caller, limit)
+        self.on_close = on_close
         self._conns: dict[asyncio.BaseProtocol, Conn] = {}
-        self._quiet_until = 0.0  # one "refused/out of descriptors" line a second
+        self._listeners: set[str] = set()
+        self._say = Throttle(1.0)  # "refused" and "out of descriptors": one line a second
 
-    def conn(self, protocol: asyncio.BaseProtocol) -> Conn:
-        """The connection a request came on (every one was accepted here)."""
-        return self._conns[protocol]
+    def conn(self, protocol: asyncio.BaseProtocol) -> Conn | None:
+        """The connection a request came on; None once it was closed (a request it had sent may still
+        reach a handler: nobody is left to answer)."""
+        return self._conns.get(protocol)
 
     def count(self) -> int:
         self._prune()
         return len(self._conns)
 
+    def by_listener(self) -> dict[str, int]:
+        """Open connections per listener (every listener this gate serves, 0 included)."""
+        self._prune()
+        counts = dict.fromkeys(self._listeners, 0)
+        for c in self._conns.values():
+            counts[c.listener] += 1
+        return counts
+
     def _prune(self) -> None:
         for p in [p for p, c in self._conns.items() if not c.open()]:
             del self._conns[p]
 
-    def _make_room(self) -> bool:
-        self._prune()
-        if len(self._conns) < self.limit:
-            return True
-        idle = [c for c in self._conns.values() if c.busy == 0 and c.connected]
-        if not idle:
+    def _close_one(self, caller: str) -> bool:
+        """Close ``caller``'s connection that matters least: never used first, then the longest quiet."""
+        closable = [c for c in self._conns.values() if c.caller == caller and c.closable()]
+        if not closable:
             return False
-        victim = min(idle, key=lambda c: (c.served > 0, c.last_active))  # never-used first, then oldest
+        victim = min(closable, key=lambda c: (c.served > 0, c.last_active))
         assert victim.transport is not None  # pruned otherwise
-        victim.transport.close()
-        self._prune()
+        victim.transport.close()  # is_closing() from now on: pruned
+        if self.on_close is not None:
+            self.on_close(victim.listener, "made_room")
         return True
 
-    def _say(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now >= self._quiet_until:
-            self._quiet_until = now + 1.0
-            log.warning(message, *args)
+    def _make_room(self, caller: str) -> bool:
+        self._prune()
+        held = Counter(c.caller for c in self._conns.values())
+        if held[caller] >= self.per_caller:
+            return self._close_one(caller)
+        if len(self._conns) < self.limit:
+            return True
+        return any(self._close_one(other) for other, _ in held.most_common())
+
+    def _warn(self, key: str, name: str, **fields: object) -> None:
+        held = self._say.pass_(key)
+        if held is not None:
+            log.warning(event(name, **fields, more=held))
 
     async def accept_forever(
-        self, sock: socket.socket, listener: str, protocol_factory: Callable[[], asyncio.Protocol]
+        self,
+        sock: socket.socket,
+        listener: str,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        configure: Callable[[Conn], None] | None = None,
     ) -> None:
+        """Accept on ``sock`` for ever; ``configure`` sees each connection before it is served."""
         loop = asyncio.get_running_loop()
+        self._listeners.add(listener)
         while True:
             try:
-                client, _ = await loop.sock_accept(sock)
+                first = await loop.sock_accept(sock)
             except OSError as exc:
                 if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     raise
-                self._say("accepting on %s: %s; waiting for descriptors", listener, exc.strerror)
+                self._warn("descriptors", "accept_failed", listener=listener, error=exc.strerror)
                 await asyncio.sleep(0.1)
                 continue
-            try:
-                peer = peer_of(client)
-            except OSError:  # gone before we looked
-                client.close()
-                continue
-            if not self._make_room():
-                self._say(
-                    "refused a connection from %s on %s: all %d connections are busy",
-                    peer.describe(),
-                    listener,
-                    self.limit,
-                )
-                client.close()
-                continue
-            await self._hand_over(client, Conn(peer, listener, protocol_factory()))
+            batch = [first[0]]
+            with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
+                while len(batch) < ACCEPT_BATCH:  # what else waits in the backlog, without a round trip each
+                    batch.append(sock.accept()[0])
+            for client in batch:
+                await self._admit(client, listener, protocol_factory, configure)
+
+    async def _admit(
+        self,
+        client: socket.socket,
+        listener: str,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        configure: Callable[[Conn], None] | None,
+    ) -> None:
+        try:
+            peer = peer_of(client)
+        except OSError:  # gone before we looked
+            client.close()
+            return
+        if not self._make_room(peer.key):
+            self._warn(
+                f"refused {peer.key}", "connection_refused", caller=peer.key, listener=listener, limit=self.limit,
+                per_caller=self.per_caller,
+            )
+            client.close()
+            if self.on_close is not None:
+                self.on_close(listener, "refused")
+            return
+        client.setblocking(False)
+        conn = Conn(peer, listener, protocol_factory())
+        if configure is not None:
+            configure(conn)
+        await self._hand_over(client, conn)
 
     async def _hand_over(self, client: socket.socket, conn: Conn) -> None:
         self._conns[conn.protocol] = conn  # before its first request can arrive
         try:
             await asyncio.get_running_loop().connect_accepted_socket(lambda: conn.protocol, client)
         except OSError:
-            del self._conns[conn.protocol]
+            self._conns.pop(conn.protocol, None)
             client.close()
             return
         conn.connected = True
 
     def begin(self, conn: Conn) -> None:
-        conn.busy += 1
         conn.served += 1
         conn.last_active = time.monotonic()
 
     def end(self, conn: Conn) -> None:
-        conn.busy -= 1
         conn.last_active = time.monotonic()
-
-
-class RefusalLog:
-    """One line per refused request; a flood of 429s from one caller is one line a second, with the
-    number of refusals it stands for."""
-
-    def __init__(self) -> None:
-        self._floods: dict[str, tuple[float, int]] = {}
-
-    def refused(self, status: int, code: str, what: str, key: str, message: str) -> None:
-        """``key`` (the caller's rate-limit key) names the caller: its proven pod, its pid, the pod it
-        claims when hidden, or its uid."""
-        if status == 429:
-            now = time.monotonic()
-            since, count = self._floods.get(key, (0.0, 0))
-            if now - since < 1.0:
-                self._floods[key] = (since, count + 1)
-                return
-            self._floods[key] = (now, 0)
-            if len(self._floods) > RateLimiter.MAX_KEYS:
-                self._floods.clear()
-            if count:
-                message += f" ({count} more refused in the second before)"
-        level = logging.WARNING if status >= 500 else logging.INFO
-        log.log(level, "refused %d %s %s from %s: %s", status, code, what, key, message)

@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,16 +48,19 @@ class Peer:
             text += f" container={self.container[:12]}"
         return text
 
-    def rate_key(self, claimed_pod: str | None) -> str:
-        """The bucket a request is counted in: the proven pod where known; a hidden peer's claimed pod
-        (honest pods are kept apart; a liar can only spend the named pod's bucket); else the uid."""
+    @property
+    def key(self) -> str:
+        """Who the kernel says the caller is, as the edge counts callers: the proven pod where known, else
+        the process, else (hidden in another PID namespace) the uid. Never what the caller claims: a
+        claim costs nothing to change, so it cannot keep floods apart (requests that name a lease are
+        counted per lease instead: limits.py)."""
         if self.address is not None:
             return f"tcp:{self.address}"
         if self.pod_uid:
             return f"pod-uid:{self.pod_uid}"
         if self.pid is not None:
             return f"pid:{self.pid}"
-        return f"claimed-pod:{claimed_pod}" if claimed_pod else f"uid:{self.uid}"
+        return f"uid:{self.uid}"
 
 
 def pod_of_cgroup(text: str) -> tuple[str, str | None] | None:
@@ -91,10 +95,36 @@ def resolve(pid: int, uid: int, gid: int, proc_root: str = "/proc") -> Peer:
     return Peer(pid, uid, gid, pod_uid=pod_uid, container=container, start_ticks=_start_ticks(pid, proc_root))
 
 
+class _RecentPeers:
+    """Peers resolved in the last second, by their credentials: a process that opens thousands of
+    connections costs the daemon one read of its /proc files a second, not two per connection. A pid
+    reused by another process within that second would be taken for the old one for the rest of it;
+    watch_exit checks the start time again before it trusts a pid."""
+
+    TTL_S, MAX = 1.0, 4096
+
+    def __init__(self) -> None:
+        self._peers: dict[tuple[int, int, int], tuple[float, Peer]] = {}
+
+    def resolve(self, pid: int, uid: int, gid: int) -> Peer:
+        now = time.monotonic()
+        known = self._peers.get((pid, uid, gid))
+        if known is not None and known[0] > now:
+            return known[1]
+        if len(self._peers) >= self.MAX:
+            self._peers.clear()
+        peer = resolve(pid, uid, gid)
+        self._peers[(pid, uid, gid)] = (now + self.TTL_S, peer)
+        return peer
+
+
+_recent = _RecentPeers()
+
+
 def peer_of(sock: socket.socket) -> Peer:
     if sock.family == socket.AF_UNIX:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return resolve(*struct.unpack("3i", raw))
+        return _recent.resolve(*struct.unpack("3i", raw))
     return Peer(address=str(sock.getpeername()[0]))
 
 

@@ -21,8 +21,9 @@ class KubeletPolicy:
         self._channel = grpc.insecure_channel(f"unix://{socket_path}")
         self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
 
-    def pod_gpus(self, pod: PodRef) -> set[str] | None:
-        """Device ids (GPU UUIDs) given to ``pod``, or None if the kubelet does not know the pod."""
+    def pod_gpus(self, pod: PodRef) -> dict[str, str] | None:
+        """The device ids (GPU UUIDs) given to ``pod``, each with the name of the container that got it;
+        None if the kubelet does not know the pod."""
         try:
             reply = self._stub.Get(
                 api_pb2.GetPodResourcesRequest(pod_name=pod.name, pod_namespace=pod.namespace),
@@ -38,7 +39,7 @@ class KubeletPolicy:
         if not found:
             return None
         return {
-            d
+            d: c.name
             for r in found
             for c in r.containers
             for dev in c.devices
@@ -54,7 +55,7 @@ class KubeletPolicy:
                 f"kubelet PodResources API at {self.socket_path} failed: {exc.code().name} {exc.details()}"
             ) from exc
 
-    def check(self, peer: Peer, pod: PodRef | None, gpus: list[str]) -> None:
+    def check(self, peer: Peer, pod: PodRef | None, gpus: list[str]) -> dict[str, str]:
         if pod is None:
             raise BadRequest(
                 "ownership is 'kubelet': the lease request must name its pod "
@@ -69,6 +70,7 @@ class KubeletPolicy:
                 f"pod {pod} does not own GPU(s) {', '.join(foreign)} "
                 f"(kubelet assigned: {', '.join(sorted(owned)) or 'none'})"
             )
+        return {g: owned[g] for g in gpus}
 
     def close(self) -> None:
         self._channel.close()

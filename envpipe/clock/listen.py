@@ -26,8 +26,11 @@ class ServeOptions:
     tcp: str | None  # host:port, loopback only
     metrics_port: int = 0  # 0: no separate metrics listener
     socket_mode: int = 0o660
-    max_rps: float = 5000.0
+    max_rps: float = 5000.0  # per caller (limits.py)
     max_connections: int = 256
+    max_connections_per_caller: int = 32
+    max_in_flight: int = 128
+    max_in_flight_per_caller: int = 16
     socket_gid: int | None = None  # the group that may connect (the chart's socket GID); None: the daemon's own
     header_timeout_s: float = 10.0  # to send a request head; also how long an idle connection stays
     body_timeout_s: float = 10.0

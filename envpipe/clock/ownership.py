@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from envpipe.clock.errors import BadRequest
 from envpipe.clock.identity import Peer
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"  # nvidia.com/gpu and MIG resources (nvidia.com/mig-1g.10gb, ...)
@@ -31,23 +30,13 @@ class PodRef:
 class OwnershipPolicy(Protocol):
     name: str
 
-    def check(self, peer: Peer, pod: PodRef | None, gpus: list[str]) -> None:
-        """Raise NotOwned (or BadRequest) unless the caller may lease all of ``gpus``."""
+    def check(self, peer: Peer, pod: PodRef | None, gpus: list[str]) -> dict[str, str]:
+        """Raise NotOwned (or BadRequest) unless the caller may lease all of ``gpus``; else the name of
+        the container that was given each GPU, where the policy knows it (metrics label GPUs with it)."""
 
 
 class LocalPolicy:
     name = "local"
 
-    def check(self, peer: Peer, pod: PodRef | None, gpus: list[str]) -> None:
-        return None  # the socket's permissions are the gate; see the module docstring
-
-
-def make_policy(name: str, pod_resources_socket: str) -> OwnershipPolicy:
-    if name == "local":
-        return LocalPolicy()
-    if name == "kubelet":
-        # grpc and the PodResources stubs are only needed (and imported) on Kubernetes
-        from envpipe.clock.kubelet import KubeletPolicy
-
-        return KubeletPolicy(pod_resources_socket)
-    raise BadRequest(f"unknown ownership policy {name!r} (choose kubelet or local)")
+    def check(self, peer: Peer, pod: PodRef | None, gpus: list[str]) -> dict[str, str]:
+        return {}  # the socket's permissions are the gate; see the module docstring

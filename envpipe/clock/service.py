@@ -1,20 +1,27 @@
-"""The daemon's core, free of HTTP: allow-list, snapping, leases, ownership, one serial worker per GPU
-with deadlines, GPU health and reset retries, the leased-clock state, metrics and the audit log. The
-HTTP layer (daemon.py) only parses requests into calls on this."""
+"""The daemon's core, free of HTTP: allow-list, snapping, leases, ownership, GPU health and reset retries,
+metrics and the audit log; the leased-clock state file through recorded.py. The HTTP layer (api.py) parses
+requests into calls on this and reaches nothing else.
+
+Every change to a GPU (lock, reset, a retried reset) and to its line in the state file runs on that GPU's
+serial path (gpus.py): one operation at a time, in the order asked, each to its end. So the state file
+names every GPU whose clock the daemon moved off its default, a lock answers ``applied`` only once the GPU
+has that clock, and a lease's reset finishes before the next lease's lock of the same GPU starts.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from envpipe.clock.backends import Backend, GpuStatic
+from envpipe.clock.backends import Backend
 from envpipe.clock.errors import (
+    AlreadyAttached,
     ClockError,
     GpuTimeout,
     GpuUnhealthy,
@@ -25,16 +32,17 @@ from envpipe.clock.errors import (
     UnknownGpu,
     UnknownLease,
 )
+from envpipe.clock.gpus import ManagedGpu
 from envpipe.clock.identity import Peer
 from envpipe.clock.leases import MAX_TTL_S, MIN_TTL_S, Lease, LeaseTable
-from envpipe.clock.metrics import DaemonMetrics
+from envpipe.clock.logs import audit, event, log
+from envpipe.clock.metrics import DaemonMetrics, GpuSample
 from envpipe.clock.ownership import OwnershipPolicy, PodRef
+from envpipe.clock.recorded import Recorded
 from envpipe.clock.state import Entry, StateFile
-from envpipe.clock.workers import SerialWorker
 
-audit = logging.getLogger("envpipe.clockd.audit")
-log = logging.getLogger("envpipe.clockd")
 T = TypeVar("T")
+STATE_RETRY_S = 1.0  # after a failed write, how often the state file is written again
 
 
 @dataclass(frozen=True)
@@ -45,23 +53,6 @@ class ServiceConfig:
     reap_interval_s: float = 0.2
     driver_deadline_s: float = 3.0  # a driver call that takes longer marks its GPU unhealthy
     retry_s: tuple[float, float] = (0.5, 30.0)  # first and longest pause between reset retries
-
-
-class ManagedGpu:
-    """One GPU as the daemon runs it: its serial worker, the clock the daemon set, its health."""
-
-    def __init__(self, static: GpuStatic, deadline_s: float, blocking: bool) -> None:
-        self.static = static
-        self.uuid = static.uuid
-        self.locked_mhz: int | None = None  # what the daemon locked; None: default (or unknown after a fault)
-        self.fault: str | None = None  # why the GPU is unhealthy; None while healthy
-        self.current_mhz: int | None = None  # the last reading, answered while the GPU is unhealthy
-        self.energy_mj: int | None = None
-        # A backend whose calls cannot block (sim) runs inline: in order anyway on the one loop thread.
-        self.worker = SerialWorker(f"GPU {self.uuid}", deadline_s) if blocking else None
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return fn(*args) if self.worker is None else await self.worker.call(fn, *args)
 
 
 class ClockService:
@@ -76,14 +67,10 @@ class ClockService:
         if config.min_mhz > config.max_mhz:
             raise ClockError(f"allow-list is empty: min {config.min_mhz} MHz > max {config.max_mhz} MHz")
         self.backend, self.policy, self.config, self.state = backend, policy, config, state
-        self.leases = LeaseTable(clock)
+        self._leases = LeaseTable(clock)
         self._gpus = {g.uuid: ManagedGpu(g, config.driver_deadline_s, backend.blocking) for g in backend.gpus()}
-        self.metrics = DaemonMetrics(backend.name, policy.name)
-        for uuid in self._gpus:
-            self.metrics.healthy.labels(gpu=uuid).set(1)
-        # GPUs that may be off their default clock: the state file's content, kept in memory too.
-        self._dirty: dict[str, Entry] = {}
-        self._state_writer = SerialWorker("state file", config.driver_deadline_s) if state else None
+        self.metrics = DaemonMetrics(backend.name, policy.name, self._samples)
+        self._recorded = Recorded(state, config.driver_deadline_s, self._note_state)
         self._tasks: set[asyncio.Task[Any]] = set()  # lease ends and reset retries in flight
         self._retrying: set[str] = set()
         self.started = False
@@ -96,27 +83,64 @@ class ClockService:
         """The SM clock the daemon locked, per GPU that it locked (what the audit log says it set)."""
         return {u: g.locked_mhz for u, g in self._gpus.items() if g.locked_mhz is not None}
 
+    def recorded(self) -> set[str]:
+        """The GPUs the state file names (as last written, or being written)."""
+        return self._recorded.gpus()
+
+    @property
+    def state_error(self) -> str | None:
+        """Why the last write of the state file failed; None while it is written."""
+        return self._recorded.error
+
     # ---- health -------------------------------------------------------------------------------
     def faults(self) -> dict[str, str]:
         return {u: g.fault for u, g in self._gpus.items() if g.fault is not None}
 
+    def not_ready(self) -> str | None:
+        """Why /readyz is not 200, or None: start-up resets done, every GPU healthy (at default or held by
+        a lease), and the state file written (a lock could outlive a crash unrecorded otherwise)."""
+        faults = self.faults()
+        if not self.started:
+            return "start-up resets still running"
+        if faults:
+            return f"unhealthy GPU(s): {faults}"
+        if self.state_error is not None:
+            return f"the state file cannot be written: {self.state_error}"
+        return None
+
     @property
     def ready(self) -> bool:
-        """Start-up resets done and every GPU healthy: every GPU is at default or held by a lease."""
-        return self.started and not self.faults()
+        return self.not_ready() is None
+
+    def _note_ready(self) -> None:
+        self.metrics.ready.set(int(self.ready))
+
+    def _note_state(self) -> None:
+        self.metrics.state_writable.set(int(self.state_error is None))
+        self._note_ready()
 
     def health(self) -> dict[str, Any]:
         faults = self.faults()
-        status = "starting" if not self.started else "degraded" if faults else "ok"
+        degraded = faults or self.state_error is not None
+        status = "starting" if not self.started else "degraded" if degraded else "ok"
         return {
             "ok": status == "ok",
             "status": status,
             "backend": self.backend.name,
             "ownership": self.policy.name,
             "gpus": len(self._gpus),
-            "leases": len(self.leases),
+            "leases": len(self._leases),
             "unhealthy": faults,
+            "state_writable": self.state_error is None,
         }
+
+    def _samples(self) -> list[GpuSample]:
+        samples = []
+        for g in self._gpus.values():
+            lease = self._leases.holder(g.uuid)
+            pod, container = (lease.pod, lease.containers.get(g.uuid, "")) if lease else (None, "")
+            samples.append(GpuSample(g.static, g.current_mhz, g.energy_mj, g.fault is None, g.timeouts, pod, container))
+        return samples
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -127,7 +151,7 @@ class ClockService:
         try:
             return self._gpus[uuid]
         except KeyError:
-            raise UnknownGpu(f"no GPU with UUID {uuid!r} on this node (GPUs are addressed by UUID)") from None
+            raise UnknownGpu(f"no GPU with UUID {uuid[:80]!r} on this node (GPUs are addressed by UUID)") from None
 
     def _healthy(self, uuid: str) -> ManagedGpu:
         gpu = self._gpu(uuid)
@@ -140,22 +164,21 @@ class ClockService:
         try:
             return await gpu.run(fn, *args)
         except GpuTimeout as exc:
-            self.metrics.timeouts.labels(gpu=gpu.uuid).inc()
+            gpu.timeouts += 1
             self._fault(gpu, exc.message)
             raise
 
     def _fault(self, gpu: ManagedGpu, why: str) -> None:
         """Mark the GPU unhealthy, end its lease in the books (its other GPUs are reset) and retry the
-        reset until it succeeds. Its clock is unknown until then."""
+        reset until it succeeds. Its clock is unknown until then: the state file keeps naming it."""
         if gpu.fault is None:
-            log.error("GPU %s is unhealthy: %s", gpu.uuid, why)
-            audit.info(json.dumps({"event": "gpu_unhealthy", "gpu": gpu.uuid, "why": why}))
+            log.error(event("gpu_unhealthy", gpu=gpu.uuid, why=why))
+            audit.info(event("gpu_unhealthy", gpu=gpu.uuid, why=why))
         gpu.fault, gpu.locked_mhz = why, None
-        self.metrics.healthy.labels(gpu=gpu.uuid).set(0)
-        self.metrics.ready.set(0)
-        holder = self.leases.holder(gpu.uuid)
+        self._note_ready()
+        holder = self._leases.holder(gpu.uuid)
         if holder is not None:
-            self.end_lease_soon(holder, f"GPU {gpu.uuid} unhealthy")
+            self.end_lease_soon(holder.id, f"GPU {gpu.uuid} unhealthy")
         if gpu.uuid not in self._retrying and not self._stopping:
             self._retrying.add(gpu.uuid)
             self._spawn(self._retry_reset(gpu))
@@ -166,46 +189,27 @@ class ClockService:
             while gpu.fault is not None:
                 await asyncio.sleep(pause)
                 try:
-                    await gpu.run(self.backend.reset, gpu.uuid)  # queued behind a stuck call, if one runs
+                    await asyncio.shield(gpu.serial(lambda: self._recover(gpu)))
                 except ClockError as exc:
-                    log.warning("GPU %s: reset retry failed (%s); next in %g s", gpu.uuid, exc, min(2 * pause, longest))
                     pause = min(2 * pause, longest)
-                    continue
-                gpu.fault = None
-                self.metrics.healthy.labels(gpu=gpu.uuid).set(1)
-                self.metrics.ready.set(int(self.ready))
-                audit.info(json.dumps({"event": "gpu_recovered", "gpu": gpu.uuid}))
-                self._audit_change(gpu.uuid, None, "reset retry")
-                await self._clean(gpu.uuid)
+                    log.warning(event("reset_retry_failed", gpu=gpu.uuid, error=exc.message, next_s=pause))
         finally:
             self._retrying.discard(gpu.uuid)
 
-    # ---- the leased-clock state ---------------------------------------------------------------
-    async def _persist(self) -> None:
-        if self.state is None or self._state_writer is None:
+    async def _recover(self, gpu: ManagedGpu) -> None:
+        """One retried reset, on the serial path: queued behind a stuck call, if one runs."""
+        if gpu.fault is None:
             return
         try:
-            await self._state_writer.call(self.state.save, dict(self._dirty))
-        except (OSError, GpuTimeout) as exc:
-            raise StateUnwritable(f"cannot write the state file {self.state.path}: {exc}") from None
-
-    async def _mark_dirty(self, uuid: str, lease: Lease) -> None:
-        """Write ahead: the state file names the GPU before its clock first changes."""
-        if uuid in self._dirty:
-            return
-        self._dirty[uuid] = Entry(lease.id[:8], lease.owner, time.time())
-        try:
-            await self._persist()
-        except StateUnwritable:
-            del self._dirty[uuid]
+            await gpu.run(self.backend.reset, gpu.uuid)
+        except GpuTimeout:
+            gpu.timeouts += 1
             raise
-
-    async def _clean(self, uuid: str) -> None:
-        if self._dirty.pop(uuid, None) is not None:
-            try:
-                await self._persist()
-            except StateUnwritable as exc:  # stays named on disk: the next start resets it once more
-                log.error("%s", exc.message)
+        gpu.fault = None
+        audit.info(event("gpu_recovered", gpu=gpu.uuid))
+        self._audit_change(gpu.uuid, None, "reset retry")
+        await self._recorded.drop(gpu.uuid)
+        self._note_ready()
 
     # ---- start and stop -----------------------------------------------------------------------
     async def start(self, previous: dict[str, Entry] | None, why: str = "daemon start") -> None:
@@ -217,23 +221,12 @@ class ClockService:
             todo = [u for u in previous if u in self._gpus]
             for uuid in todo:
                 left = previous[uuid]
-                audit.info(
-                    json.dumps(
-                        {
-                            "event": "left_by_dead_daemon",
-                            "gpu": uuid,
-                            "lease": left.lease,
-                            "owner": left.owner,
-                            "since": left.since,
-                        }
-                    )
-                )
+                audit.info(event("left_by_dead_daemon", gpu=uuid, lease=left.lease, owner=left.owner, since=left.since))
         unknown = Entry("unknown", why, time.time())  # no state to say who left it
-        self._dirty = {u: previous[u] if previous else unknown for u in todo}
-        await self._persist()  # a state file that cannot be written fails here, before any clock changes
+        await self._recorded.start({u: previous[u] if previous else unknown for u in todo})
         await self._reset_each(todo, why)
         self.started = True
-        self.metrics.ready.set(int(self.ready))
+        self._note_ready()
 
     async def stop(self) -> None:
         """Forget every lease and reset every GPU the daemon may have changed (never waits past the
@@ -242,39 +235,54 @@ class ClockService:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for lease in self.leases.all():
-            self.leases.remove(lease.id)
-        self.metrics.leases.set(0)
-        await self._reset_each(list(self._dirty), "daemon shutdown", unhealthy_too=True)
+        for lease in self._leases.all():
+            self._forget(lease.id, "daemon shutdown")
+        await self.idle()
+        await self._reset_each(self._recorded.gpus(), "daemon shutdown", unhealthy_too=True)
+
+    async def idle(self) -> None:
+        """Wait until every operation queued on a GPU so far has ended."""
+        await asyncio.gather(*(g.idle() for g in self._gpus.values()))
 
     def close(self) -> None:
         stuck = [g.uuid for g in self._gpus.values() if g.worker is not None and g.worker.busy]
         for g in self._gpus.values():
             if g.worker is not None:
                 g.worker.stop()
-        if self._state_writer is not None:
-            self._state_writer.stop()
+        self._recorded.stop()
         if stuck:  # shutting the driver down under a thread still inside it is asking for trouble
-            log.warning("driver calls still running on %s at exit; not shutting the driver down", stuck)
+            log.warning(event("driver_busy_at_exit", gpus=stuck))
         else:
             self.backend.close()
 
     # ---- GPUs -------------------------------------------------------------------------------
+    async def _read(self, gpu: ManagedGpu) -> None:
+        """Read the GPU's clock and energy counter (unhealthy: keep the last reading)."""
+        if gpu.fault is not None:
+            return
+        uuid = gpu.uuid
+
+        def clock_and_energy() -> tuple[int, int | None]:
+            return self.backend.current_mhz(uuid), self.backend.energy_mj(uuid)
+
+        with contextlib.suppress(GpuTimeout):
+            gpu.current_mhz, gpu.energy_mj = await self._call(gpu, clock_and_energy)
+            holder = self._leases.holder(uuid)
+            if holder is not None and gpu.energy_mj is not None:
+                self.metrics.lease_energy.update(holder.id, uuid, gpu.energy_mj)
+
     async def gpu(self, uuid: str) -> dict[str, Any]:
         gpu = self._gpu(uuid)
-        if gpu.fault is None:
-            with contextlib.suppress(GpuTimeout):  # unhealthy now: answer the last reading
-                gpu.current_mhz, gpu.energy_mj = await self._call(
-                    gpu, lambda: (self.backend.current_mhz(uuid), self.backend.energy_mj(uuid))
-                )
+        await self._read(gpu)
         return {
             "uuid": uuid,
+            "index": gpu.static.index,
             "name": gpu.static.name,
             "supported_mhz": list(gpu.static.supported_mhz),
             "current_mhz": gpu.current_mhz,
             "energy_mj": gpu.energy_mj,
             "locked": None if gpu.locked_mhz is None else {"min_mhz": gpu.locked_mhz, "max_mhz": gpu.locked_mhz},
-            "lease_held": self.leases.holder(uuid) is not None,
+            "lease_held": self._leases.holder(uuid) is not None,
             "healthy": gpu.fault is None,
         }
 
@@ -294,136 +302,194 @@ class ClockService:
     # ---- leases -----------------------------------------------------------------------------
     async def open_lease(
         self, peer: Peer, pod: PodRef | None, gpus: list[str], ttl_s: float | None, claimed: str | None = None
-    ) -> Lease:
+    ) -> dict[str, object]:
         """``pod`` is checked by the ownership policy; ``claimed`` (the X-Envpipe-Pod header) only
         names the caller in the audit log when the body names no pod."""
         for g in gpus:
             self._healthy(g)
         ttl = self.config.default_ttl_s if ttl_s is None else ttl_s
         if not MIN_TTL_S <= ttl <= MAX_TTL_S:
-            raise OutOfRange(f"ttl_s {ttl} is outside [{MIN_TTL_S}, {MAX_TTL_S}] s")
+            raise OutOfRange(f"ttl_s {ttl:g} is outside [{MIN_TTL_S}, {MAX_TTL_S}] s")
         # The kubelet call blocks: off the loop. The lease table is only touched on the loop.
-        await asyncio.to_thread(self.policy.check, peer, pod, gpus)
+        containers = await asyncio.to_thread(self.policy.check, peer, pod, gpus)
         for g in gpus:
             self._healthy(g)  # again: a GPU may have failed during the check
         owner = peer.describe() + (f" pod={pod}" if pod else f" claims pod={claimed}" if claimed else "")
-        lease = self.leases.open(gpus, ttl, owner)
-        self.metrics.leases.set(len(self.leases))
-        event = {"event": "lease_open", "lease": lease.id[:8], "gpus": list(lease.gpus), "ttl_s": ttl}
-        audit.info(json.dumps({**event, "owner": owner}))
-        return lease
+        lease = self._leases.open(gpus, ttl, owner, pod, containers)
+        self.metrics.leases.set(len(self._leases))
+        audit.info(event("lease_open", lease=lease.short, gpus=list(lease.gpus), ttl_s=ttl, owner=owner))
+        for uuid in lease.gpus:  # where the lease's energy counter starts
+            gpu = self._gpus[uuid]
+            with contextlib.suppress(ClockError):
+                await self._read(gpu)
+            if gpu.energy_mj is not None:
+                self.metrics.lease_energy.start(
+                    lease.id, lease.short, pod, lease.containers.get(uuid, ""), gpu.static, gpu.energy_mj
+                )
+        return lease.to_json(self._leases.now())
+
+    def lease_exists(self, lease_id: str) -> bool:
+        return self._leases.find(lease_id) is not None
+
+    def renew(self, lease_id: str) -> dict[str, object]:
+        return self._leases.renew(lease_id).to_json(self._leases.now())
+
+    async def close_lease(self, lease_id: str) -> None:
+        self._leases.get(lease_id)  # UnknownLease (404) if it is gone
+        await self.end_lease(lease_id, "closed by client")
+
+    def attach(self, lease_id: str) -> None:
+        """Take the lease's one attach stream; ``detach`` gives it back."""
+        lease = self._leases.get(lease_id)
+        if lease.attached:
+            raise AlreadyAttached(f"lease {lease.short} already has its attach stream; one per lease")
+        lease.attached = True
+
+    def detach(self, lease_id: str) -> None:
+        lease = self._leases.find(lease_id)
+        if lease is not None:
+            lease.attached = False
+
+    def attached_count(self) -> int:
+        return sum(lease.attached for lease in self._leases.all())
 
     def _forget(self, lease_id: str, why: str) -> Lease | None:
         """End the lease in the books (at once, never waiting on a GPU); None if already gone."""
-        lease = self.leases.remove(lease_id)
+        lease = self._leases.remove(lease_id)
         if lease is not None:
-            self.metrics.leases.set(len(self.leases))
-            audit.info(json.dumps({"event": "lease_end", "lease": lease.id[:8], "why": why, "owner": lease.owner}))
+            self.metrics.leases.set(len(self._leases))
+            audit.info(event("lease_end", lease=lease.short, why=why, owner=lease.owner))
         return lease
+
+    def _release(self, lease: Lease, why: str) -> list[asyncio.Task[None]]:
+        """Queue the reset of each of the lease's GPUs behind whatever runs on it now."""
+        gpus = [self._gpus[u] for u in lease.gpus]
+        return [g.serial(functools.partial(self._release_op, g, lease, why)) for g in gpus]
 
     async def end_lease(self, lease_id: str, why: str) -> bool:
         """Reset the lease's GPUs and forget it; False if it was already gone."""
         lease = self._forget(lease_id, why)
         if lease is None:
             return False
-        await self._reset_each(lease.gpus, f"lease {lease.id[:8]} {why}")
+        await asyncio.shield(asyncio.gather(*self._release(lease, why)))
         return True
 
     def end_lease_soon(self, lease_id: str, why: str) -> None:
         lease = self._forget(lease_id, why)
         if lease is not None:
-            self._spawn(self._reset_each(lease.gpus, f"lease {lease.id[:8]} {why}"))
+            self._release(lease, why)
 
     def _held(self, uuid: str, lease_id: str) -> Lease:
         self._gpu(uuid)
-        lease = self.leases.get(lease_id)
+        lease = self._leases.get(lease_id)
         if uuid not in lease.gpus:
-            holder = self.leases.holder(uuid)
-            if holder is not None:
+            if self._leases.holder(uuid) is not None:
                 raise Held(f"GPU {uuid} is held by another lease")
-            raise NotOwned(f"lease {lease_id[:8]} does not hold GPU {uuid}; open a lease on it first")
+            raise NotOwned(f"lease {lease.short} does not hold GPU {uuid}; open a lease on it first")
         return lease
 
-    # ---- clocks -----------------------------------------------------------------------------
+    def _still_held(self, uuid: str, lease: Lease) -> None:
+        if self._leases.holder(uuid) is not lease:
+            raise UnknownLease(f"lease {lease.short} ended before this request ran on {uuid}; the GPU is reset")
+
+    # ---- clocks: the operations on a GPU's serial path ------------------------------------------
     async def lock(self, uuid: str, lease_id: str, mhz: int) -> dict[str, Any]:
         try:
             lease = self._held(uuid, lease_id)
             gpu = self._healthy(uuid)
             applied = self.snap(uuid, mhz)
-            if gpu.locked_mhz != applied:  # repeating the same clock costs no driver call
-                await self._mark_dirty(uuid, lease)
-                if self.leases.holder(uuid) != lease.id:  # ended while the state was written
-                    raise UnknownLease(f"lease {lease.id[:8]} ended while locking {uuid}")
-                await self._call(gpu, self.backend.lock, uuid, applied)
-                if self.leases.holder(uuid) != lease.id:  # the lease ended meanwhile: its reset follows
-                    raise UnknownLease(f"lease {lease.id[:8]} ended while locking {uuid}; the GPU is reset")
-                gpu.locked_mhz = applied
-                self._audit_change(uuid, applied, f"lease {lease.id[:8]} ({lease.owner})")
+            await asyncio.shield(gpu.serial(lambda: self._lock_op(gpu, lease, applied)))
         except ClockError as exc:
             self.metrics.locks.labels(outcome=exc.code).inc()
             raise
         self.metrics.locks.labels(outcome="ok").inc()
-        return {
-            "uuid": uuid,
-            "requested_mhz": mhz,
-            "applied_mhz": applied,
-            "applied": self.backend.applies_writes,
-        }
+        return {"uuid": uuid, "requested_mhz": mhz, "applied_mhz": applied, "applied": self.backend.applies_writes}
+
+    async def _lock_op(self, gpu: ManagedGpu, lease: Lease, mhz: int) -> None:
+        self._still_held(gpu.uuid, lease)
+        self._healthy(gpu.uuid)
+        if gpu.locked_mhz == mhz:  # the GPU has it: no driver call
+            return
+        await self._recorded.name(gpu.uuid, lease.short, lease.owner)
+        try:
+            await self._call(gpu, self.backend.lock, gpu.uuid, mhz)
+        except ClockError:
+            if gpu.locked_mhz is None and gpu.fault is None:  # refused: still at default, so not recorded
+                await self._recorded.drop(gpu.uuid)
+            raise
+        gpu.locked_mhz = mhz
+        self._audit_change(gpu.uuid, mhz, f"lease {lease.short} ({lease.owner})")
+        self._still_held(gpu.uuid, lease)  # ended during the call: its reset is queued behind this
 
     async def reset(self, uuid: str, lease_id: str) -> None:
         lease = self._held(uuid, lease_id)
-        self._healthy(uuid)
-        await self._reset(uuid, f"lease {lease.id[:8]} ({lease.owner})")
+        gpu = self._healthy(uuid)
 
-    async def _reset(self, uuid: str, why: str) -> None:
-        """Reset one GPU; a failure (error or deadline) makes it unhealthy and starts the retries."""
-        gpu = self._gpus[uuid]
+        async def reset_held() -> None:
+            self._still_held(uuid, lease)
+            await self._reset_op(gpu, f"lease {lease.short} ({lease.owner})")
+
+        await asyncio.shield(gpu.serial(reset_held))
+
+    async def _reset_op(self, gpu: ManagedGpu, why: str, unhealthy_too: bool = False) -> None:
+        """Reset one GPU; a failure (error or deadline) makes it unhealthy and starts the retries.
+        Unhealthy GPUs are left to their retries, but for the last try on the way out."""
+        if gpu.fault is not None and not unhealthy_too:
+            return
         try:
-            await self._call(gpu, self.backend.reset, uuid)
+            await self._call(gpu, self.backend.reset, gpu.uuid)
         except GpuTimeout:
             raise
         except ClockError as exc:
             self._fault(gpu, f"reset failed: {exc.message}")
             raise
         gpu.locked_mhz = None
-        self._audit_change(uuid, None, why)
-        await self._clean(uuid)
+        self._audit_change(gpu.uuid, None, why)
+        await self._recorded.drop(gpu.uuid)
 
-    async def _reset_each(self, gpus: Iterable[str], why: str, unhealthy_too: bool = False) -> None:
-        """Reset GPUs concurrently; one failing GPU neither stops the others nor goes unreported.
-        Unhealthy GPUs are left to their retries, except at the last try on the way out."""
-        todo = [u for u in gpus if unhealthy_too or self._gpus[u].fault is None]
-        results = await asyncio.gather(*(self._reset(u, why) for u in todo), return_exceptions=True)
+    async def _release_op(self, gpu: ManagedGpu, lease: Lease, why: str) -> None:
+        """A lease's end on one GPU: its last energy reading, then the reset."""
+        with contextlib.suppress(ClockError):
+            await self._read(gpu)
+        if gpu.energy_mj is not None:
+            self.metrics.lease_energy.update(lease.id, gpu.uuid, gpu.energy_mj)
+        self.metrics.lease_energy.end(lease.id, gpu.uuid)
+        try:
+            await self._reset_op(gpu, f"lease {lease.short} {why}")
+        except ClockError as exc:
+            log.error(event("reset_failed", gpu=gpu.uuid, why=f"lease {lease.short} {why}", error=exc.message))
+
+    async def _reset_each(self, uuids: Iterable[str], why: str, unhealthy_too: bool = False) -> None:
+        """Reset GPUs concurrently; one failing GPU neither stops the others nor goes unreported."""
+        todo = list(uuids)
+        gpus = [self._gpus[u] for u in todo]
+        tasks = [g.serial(functools.partial(self._reset_op, g, why, unhealthy_too)) for g in gpus]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         for uuid, res in zip(todo, results, strict=True):
             if isinstance(res, BaseException):
-                log.error("could not reset GPU %s (%s): %s", uuid, why, res)
+                log.error(event("reset_failed", gpu=uuid, why=why, error=str(res)))
 
     def _audit_change(self, uuid: str, mhz: int | None, why: str) -> None:
         if not audit.isEnabledFor(logging.INFO):
             return  # no JSON encoding on the hot path when nobody reads it
-        audit.info(
-            json.dumps(
-                {
-                    "event": "clock_lock" if mhz else "clock_reset",
-                    "gpu": uuid,
-                    "mhz": mhz,
-                    "applied": self.backend.applies_writes,
-                    "by": why,
-                }
-            )
-        )
+        kind = "clock_lock" if mhz else "clock_reset"
+        audit.info(event(kind, gpu=uuid, mhz=mhz, applied=self.backend.applies_writes, by=why))
 
     async def reap_forever(self) -> None:
-        """End expired leases. Never waits on a GPU: their resets run as tasks of their own."""
+        """End expired leases, and write the state file again while its last write failed. Never waits
+        on a GPU: resets run on the GPUs' serial paths."""
+        next_state_try = 0.0
         while True:
-            for lease in self.leases.expired():
+            for lease in self._leases.expired():
                 self.end_lease_soon(lease.id, "expired")
+            now = time.monotonic()
+            if self.state_error is not None and now >= next_state_try:
+                next_state_try = now + STATE_RETRY_S
+                with contextlib.suppress(StateUnwritable):
+                    await self._recorded.write()
             await asyncio.sleep(self.config.reap_interval_s)
 
-    # ---- metrics ----------------------------------------------------------------------------
     async def refresh_metrics(self) -> None:
-        for g in await self.gpus():
-            if g["current_mhz"] is not None:
-                self.metrics.sm_clock.labels(gpu=g["uuid"]).set(g["current_mhz"])
-            if g["energy_mj"] is not None:
-                self.metrics.energy.mj[g["uuid"]] = g["energy_mj"]
+        """Read every healthy GPU for a scrape (clocks, energy: the leases' energy counters too)."""
+        await asyncio.gather(*(self._read(g) for g in self._gpus.values()), return_exceptions=True)
+        self.metrics.attached.set(self.attached_count())

@@ -1,11 +1,14 @@
 """The leased-clock state file: which GPUs the daemon may have moved off their default clocks.
 
 A GPU is written into the file before its clock is first locked (write ahead) and taken out after its
-reset succeeds, so whatever kills the daemon (SIGKILL, OOM, a node-level crash), the next start, the
-guard container or ``--reset-all-and-exit`` knows which GPUs a dead daemon left slow, and for whom.
+reset succeeds (both on the GPU's serial path, service.py), so whatever kills the daemon (SIGKILL, OOM,
+a node-level crash), the next start, the guard container or ``--reset-all-and-exit`` knows which GPUs a
+dead daemon left slow, and for whom.
 Writes are atomic (a temporary file, fsync, rename, fsync of the directory): a crash mid-write leaves
 the old file or the new one, never half of one. An exclusive lock on ``<file>.lock`` keeps a second
-daemon from sharing the file.
+daemon from sharing the file: it is the daemon's own lock on the node, which ``--reset-all-and-exit``
+and the reset guard take too. Only regular files are read or written: a FIFO, a device or a directory at
+either path is refused at once (a FIFO would block the open for ever).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 
 VERSION = 1
@@ -61,9 +65,12 @@ class StateFile:
         lock_path = self.path + ".lock"
         try:
             self._created_lock = not os.path.exists(lock_path)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         except OSError as exc:
             raise StateError(f"{where}: cannot write in {parent}: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StateError(f"{where}: {lock_path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -74,12 +81,18 @@ class StateFile:
 
     def _read(self) -> dict[str, Entry] | None:
         try:
-            with open(self.path) as f:
-                raw = json.load(f)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block us
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            raise StateUnreadable(f"{self.path}: {exc}") from None
+        except OSError as exc:
+            raise StateUnreadable(f"{self.path}: {exc.strerror}") from None
+        with open(fd) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StateError(f"--state-file {self.path}: is not a regular file (a FIFO or a device?); remove it")
+            try:
+                raw = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise StateUnreadable(f"{self.path}: {exc}") from None
         try:
             if raw["version"] != VERSION:
                 raise StateUnreadable(f"{self.path}: version {raw['version']!r}, this daemon reads {VERSION}")
@@ -90,7 +103,10 @@ class StateFile:
     def save(self, gpus: dict[str, Entry]) -> None:
         """Replace the file with ``gpus``, atomically and durably."""
         tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # whatever a crash (or anyone) left there: never write into a FIFO or a link
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:
             json.dump({"version": VERSION, "gpus": {u: asdict(e) for u, e in sorted(gpus.items())}}, f)
             f.flush()
             os.fsync(f.fileno())

@@ -1,7 +1,9 @@
 """What the runtime image, the envpipe-clockd chart and the launcher's pods agree on: the one source of
 these defaults. tests/deploy/test_pod_contract.py compares it with charts/envpipe-clockd/values.yaml (the
 `socket` block), with images/runtime/Dockerfile (ARG CLOCKD_GID, USER) and with envpipe.clock's
-default socket path, and renders the chart to check that the launcher's pods match it.
+socket path (envpipe.clock.protocol.DEFAULT_SOCKET: the launcher never imports envpipe, so each package
+has its one definition and the test keeps them equal), and renders the chart to check that the
+launcher's pods match it.
 
 - clockd (the chart) creates DIR/NAME on a hostPath, mode 0660, owner root, group GID;
 - worker pods run as RUNTIME_UID, add GID to supplementalGroups (the image's user is in GID too),
@@ -20,7 +22,8 @@ SOCKET_ENV = "ENVPIPE_CLOCKD_SOCKET"
 
 @dataclass(frozen=True)
 class ClockdSocket:
-    """Where a node's clockd listens and which group may talk to it (chart values socket.*)."""
+    """Where a node's clockd listens and which group may talk to it (chart values socket.*); ``path`` is
+    the launcher's one definition of the socket path."""
 
     host_dir: str = "/run/envpipe"
     name: str = "clockd.sock"

@@ -59,7 +59,7 @@ def test_set_is_non_blocking_latest_wins_and_close_resets(tmp_path) -> None:
             client.set(gpu, 5)  # refused by the allow-list: reported, not raised in the training thread
             client.flush()
             assert isinstance(client.last_error, ClockRequestError) and client.last_error.status == 422
-        assert locked(sock, gpu) is None and len(service.leases) == 0
+        assert locked(sock, gpu) is None and service.health()["leases"] == 0
         with pytest.raises(RuntimeError, match="closed"):
             client.set(gpu, 1000)
 
@@ -72,7 +72,7 @@ def test_heartbeats_keep_a_short_lease_alive(tmp_path) -> None:
             client.set(gpu, 1000)
             client.flush()
             time.sleep(1.5)  # more than two TTLs
-            assert locked(sock, gpu) is not None and len(service.leases) == 1
+            assert locked(sock, gpu) is not None and service.health()["leases"] == 1
 
 
 def test_two_clients_race_for_one_gpu(tmp_path) -> None:
@@ -135,8 +135,36 @@ def test_client_killed_with_sigkill_resets_within_ttl(tmp_path) -> None:
         daemon.communicate(timeout=10)
 
 
+def test_the_client_reattaches_after_a_daemon_restart_and_counts_the_time_without_control(tmp_path) -> None:
+    sock = str(tmp_path / "c.sock")
+    with daemon_thread(sock):
+        gpu = first_gpu(sock)
+        client = ClockClient(sock, gpu_uuids=[gpu], ttl_s=2.0)
+        client.set(gpu, 1200)
+        client.flush()
+        assert client.controlled and client.uncontrolled_s() == 0 and client.reattaches == 0
+    # the daemon stopped (its GPUs reset): the attach stream ended, so the client knows at once
+    wait_for(lambda: not client.controlled, 5)
+    time.sleep(0.3)
+    assert client.uncontrolled_s() >= 0.3
+    with daemon_thread(sock) as second:
+        wait_for(lambda: client.controlled, 10)
+        assert client.reattaches == 1 and second.health()["leases"] == 1
+        assert locked(sock, gpu) == {"min_mhz": 1200, "max_mhz": 1200}  # the clock asked for, locked again
+        gap = client.uncontrolled_s()
+        time.sleep(0.1)
+        assert client.uncontrolled_s() == gap < 10  # the count stopped at the re-lock
+        client.set(gpu, 1305)  # and the new lease serves the next request
+        client.flush()
+        assert locked(sock, gpu) == {"min_mhz": 1305, "max_mhz": 1305}
+        client.close()
+        assert second.health()["leases"] == 0 and client.uncontrolled_s() == gap
+
+
 @pytest.mark.slow
 def test_daemon_killed_and_restarted(tmp_path) -> None:
+    """SIGKILL leaves a stale socket and the GPU locked; the restarted daemon resets it first thing, and
+    the client opens a new lease and locks the GPU again."""
     sock = str(tmp_path / "c.sock")
     daemon = daemon_process(sock)
     gpu = first_gpu(sock)
@@ -145,14 +173,13 @@ def test_daemon_killed_and_restarted(tmp_path) -> None:
     daemon.send_signal(signal.SIGKILL)
     daemon.communicate()
     assert os.path.exists(sock)  # a SIGKILLed daemon leaves its socket file behind
-    client.set(gpu, 1100)
-    wait_for(lambda: isinstance(client.last_error, ClockDaemonUnavailable), 5)
+    wait_for(lambda: not client.controlled, 5)
+    client.set(gpu, 1100)  # asked for while no daemon answers: kept for the next lease
     daemon = daemon_process(sock)  # replaces the stale socket and resets every GPU at start
     try:
-        assert locked(sock, gpu) is None
-        wait_for(
-            lambda: isinstance(client.last_error, ClockRequestError) and client.last_error.status == 404, 5
-        )  # the old lease is gone: heartbeats say so
+        wait_for(lambda: client.controlled, 10)
+        assert client.reattaches == 1 and locked(sock, gpu) == {"min_mhz": 1095, "max_mhz": 1095}
+        assert client.uncontrolled_s() > 0
         client.close()
         again = ClockClient(sock, gpu_uuids=[gpu])
         assert again.lock_now(gpu, 1100)["applied_mhz"] == 1095

@@ -12,7 +12,7 @@ import pytest
 from envpipe.clock.backends import SimBackend
 from envpipe.clock.metrics import envpipe_version
 from envpipe.clock.service import ServiceConfig
-from tests.support.clockd_helpers import call, daemon_thread
+from tests.support.clockd_helpers import call, daemon_thread, one_metric
 
 LOW, HIGH = 900, 1410  # allow-list used below; the sim A100 supports 1410 MHz down to 210 MHz
 
@@ -124,6 +124,14 @@ def test_lease_expires_without_heartbeats_and_resets(sock) -> None:
         ("POST", "/v1/leases", b'{"gpus": ["GPU-x"]}', 404),
         ("POST", "/v1/leases", b'{"gpus": [], "ttl_s": 5}', 400),
         ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": true}', 400),
+        # numbers that are not finite, or that no float holds, are refused, never a 500
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": 1e400}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": ' + b"1" + b"0" * 400 + b"}", 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": NaN}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": -Infinity}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "ttl_s": ' + b"9" * 5000 + b"}", 400),
+        ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": 1e400}', 400),
+        ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "pod": {"namespace": "a", "name": "x\\ny"}}', 400),
         ("POST", "/v1/leases", b'{"gpus": ["GPU-x"], "pod": {"name": "a"}}', 400),
         ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": 1000}', 404),
         ("POST", "/v1/gpus/GPU-nope/lock", b'{"lease": "x", "mhz": "1000"}', 400),
@@ -167,14 +175,15 @@ def test_health_and_metrics(daemon, sock) -> None:
         "gpus": 4,
         "leases": 1,
         "unhealthy": {},
+        "state_writable": True,
         "version": envpipe_version(),
     }
     assert call(sock, "GET", "/readyz") == (200, {"ready": True})
     text = call(sock, "GET", "/metrics")[1]
-    assert f'envpipe_clockd_sm_clock_mhz{{gpu="{gpu}"}} 1005.0' in text
-    assert 'envpipe_clockd_lock_requests_total{outcome="ok"} 1.0' in text
-    assert 'envpipe_clockd_lock_requests_total{outcome="out_of_range"} 1.0' in text
-    assert "envpipe_clockd_leases 1.0" in text and "envpipe_clockd_ready 1.0" in text
+    assert one_metric(text, "envpipe_clockd_sm_clock_hertz", UUID=gpu, gpu="0") == 1005e6
+    assert one_metric(text, "envpipe_clockd_lock_requests_total", outcome="ok") == 1
+    assert one_metric(text, "envpipe_clockd_lock_requests_total", outcome="out_of_range") == 1
+    assert one_metric(text, "envpipe_clockd_leases") == 1 and one_metric(text, "envpipe_clockd_ready") == 1
 
 
 def test_start_and_shutdown_reset_every_gpu(sock) -> None:
@@ -214,7 +223,7 @@ def test_concurrent_lease_requests_with_a_slow_ownership_check_cannot_both_win()
         )
 
     results = asyncio.run(race())
-    assert sum(isinstance(r, Held) for r in results) == 1 and len(service.leases) == 1
+    assert sum(isinstance(r, Held) for r in results) == 1 and service.health()["leases"] == 1
     service.close()
 
 
@@ -230,7 +239,7 @@ def test_nvml_and_readonly_backends_through_the_daemon(tmp_path) -> None:
         denied.writable = False  # a lock the driver refuses leaves the GPU as it was
         status, body = call(sock, "POST", f"/v1/gpus/{denied.uuid}/lock", {"lease": lease, "mhz": 1500})
         assert status == 403 and body["error"] == "no_permission" and "CAP_SYS_ADMIN" in body["message"]
-        assert service.leases.holder(denied.uuid) == lease  # the daemon keeps serving the lease
+        assert service.lease_exists(lease) and service.health()["leases"] == 1  # the daemon keeps serving the lease
     real = FakeGpu("GPU-real-0001", sm_mhz=1755)
     backend = ReadonlyBackend(FakeNvml([real]))
     sock = str(tmp_path / "ro.sock")

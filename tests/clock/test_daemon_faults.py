@@ -17,7 +17,15 @@ import pytest
 from envpipe.clock.backends import NvmlBackend
 from envpipe.clock.client import ClockClient
 from envpipe.clock.service import ServiceConfig
-from tests.support.clockd_helpers import ROOT, call, daemon_argv, daemon_process, daemon_thread, wait_for
+from tests.support.clockd_helpers import (
+    ROOT,
+    call,
+    daemon_argv,
+    daemon_process,
+    daemon_thread,
+    one_metric,
+    wait_for,
+)
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 A, B, C = (f"GPU-{c * 8}-0000-0000-0000-00000000000{i}" for i, c in enumerate("abc"))
@@ -86,7 +94,7 @@ def test_a_driver_call_past_its_deadline_marks_the_gpu_unhealthy_ends_its_lease_
             status, health = call(sock, "GET", "/healthz")
             assert status == 200 and health["status"] == "degraded" and B in health["unhealthy"]
             assert call(sock, "GET", "/readyz")[0] == 503
-            assert f'envpipe_clockd_gpu_healthy{{gpu="{B}"}} 0.0' in call(sock, "GET", "/metrics")[1]
+            assert one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_gpu_healthy", UUID=B) == 0
             status, body = call(sock, "POST", "/v1/leases", {"gpus": [B]})
             assert status == 503 and body["error"] == "gpu_unhealthy"
             assert lock(sock, A, open_lease(sock, A), 1200)[0] == 200  # the other GPU serves on
@@ -230,19 +238,25 @@ def test_the_guard_resets_what_a_dead_daemon_left_and_leaves_a_live_daemon_alone
 
 
 def test_reset_all_and_exit(tmp_path) -> None:
-    store, sock = str(tmp_path / "gpus.json"), str(tmp_path / "c.sock")
+    store, sock, state = str(tmp_path / "gpus.json"), str(tmp_path / "c.sock"), str(tmp_path / "state.json")
     FakeNvml([FakeGpu(A, sm_mhz=900), FakeGpu(B, sm_mhz=1005)], store=store)
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
-        daemon_argv(sock, "--reset-all-and-exit", nvml_store=store), capture_output=True, text=True, env=env
+        daemon_argv(sock, "--reset-all-and-exit", "--state-file", state, nvml_store=store),
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"reset": [A, B], "failed": {}}
     assert [g.sm_mhz for g in FakeNvml.from_store(store).gpus] == [MAX, MAX] and not os.path.exists(sock)
 
 
-def test_reset_all_and_exit_leaves_a_daemon_that_holds_the_state_file_alone(tmp_path) -> None:
-    """The guard may run while the daemon stops: the socket is gone already, the state file is not."""
+@pytest.mark.parametrize("its_socket", ["b.sock", ""], ids=["another-socket", "no-socket"])
+def test_reset_all_and_exit_leaves_a_daemon_that_holds_the_state_file_alone(tmp_path, its_socket) -> None:
+    """Whatever socket it is given (another one, or none), a reset of everything needs the daemon's lock,
+    the state file's: while a live daemon holds it, nothing is reset (the guard may run while the daemon
+    stops: the socket is gone already, the state file is not)."""
     from envpipe.clock.state import StateFile
 
     store, state = str(tmp_path / "gpus.json"), str(tmp_path / "state.json")
@@ -250,11 +264,13 @@ def test_reset_all_and_exit_leaves_a_daemon_that_holds_the_state_file_alone(tmp_
     with daemon_thread(str(tmp_path / "a.sock"), backend=NvmlBackend(fake), state=StateFile(state)):
         lease = open_lease(str(tmp_path / "a.sock"), A)
         assert lock(str(tmp_path / "a.sock"), A, lease, 1005)[0] == 200
+        sock = str(tmp_path / its_socket) if its_socket else ""
         done = subprocess.run(
-            daemon_argv(str(tmp_path / "b.sock"), "--state-file", state, "--reset-all-and-exit", nvml_store=store),
+            daemon_argv(sock, "--state-file", state, "--reset-all-and-exit", nvml_store=store),
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": ROOT},
         )
         assert done.returncode == 0 and "live_daemon" in done.stdout, done.stderr
         assert fake.refresh()[0].sm_mhz == 1005 and not (tmp_path / "b.sock").exists()
+        assert fake.gpus[0].calls[-1] == ("lock", 1005, 1005)  # not one driver call

@@ -5,7 +5,9 @@ no tracebacks for ordinary disconnects; and its metrics (energy counter, build i
 from __future__ import annotations
 
 import http.client
+import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import time
 
 import pytest
 
-from tests.support.clockd_helpers import ROOT, call, daemon_process, daemon_thread
+from tests.support.clockd_helpers import ROOT, call, daemon_process, daemon_thread, one_metric
 from tests.support.ports import free_port
 
 HALF_REQUEST = b"POST /v1/leases HTTP/1.1\r\nHost: clockd\r\nContent-Type: application/json\r\n"
@@ -153,9 +155,15 @@ def test_each_refused_request_logs_one_line(sock, caplog) -> None:
         assert call(sock, "POST", "/v1/leases", raw=b"{oops")[0] == 400
         assert call(sock, "GET", "/v1/gpus/GPU-nope")[0] == 404
         refusals = [
-            r.getMessage() for r in caplog.records if r.name == "envpipe.clockd" and "refused" in r.getMessage()
+            json.loads(r.getMessage())
+            for r in caplog.records
+            if r.name == "envpipe.clockd" and '"refused"' in r.getMessage()
         ]
-    assert len(refusals) == 2 and "refused 400 bad_request" in refusals[0] and "refused 404 unknown_gpu" in refusals[1]
+    assert [(r["status"], r["code"], r["path"]) for r in refusals] == [
+        (400, "bad_request", "/v1/leases"),
+        (404, "unknown_gpu", "/v1/gpus/GPU-nope"),
+    ]
+    assert refusals[0]["caller"] == f"pid:{os.getpid()}"
 
 
 def test_clients_that_vanish_mid_request_log_no_traceback(sock, caplog) -> None:
@@ -181,9 +189,9 @@ def test_energy_is_a_counter_and_build_info_is_exported(sock) -> None:
     with daemon_thread(sock):
         gpu = uuids(sock)[0]
         text = call(sock, "GET", "/metrics")[1]
-    assert "# TYPE envpipe_clockd_energy_millijoules_total counter" in text
-    assert f'envpipe_clockd_energy_millijoules_total{{gpu="{gpu}"}}' in text
-    assert "envpipe_clockd_energy_mj" not in text
+    assert "# TYPE envpipe_clockd_energy_joules_total counter" in text
+    assert one_metric(text, "envpipe_clockd_energy_joules_total", UUID=gpu, gpu="0") > 0
+    assert "millijoules" not in text and "_mhz" not in text  # base units only
     assert f'version="{version("envpipe")}"' in text and "envpipe_clockd_build_info{" in text
 
 

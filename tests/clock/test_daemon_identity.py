@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -52,15 +53,14 @@ def test_resolve_reads_the_peers_cgroup_and_tolerates_a_hidden_or_vanished_peer(
     (tmp_path / "4242" / "cgroup").write_text(f"0::/kubepods/besteffort/pod{POD_UID}/{CONTAINER}\n")
     seen = resolve(4242, 1000, 1000, proc_root=str(tmp_path))
     assert seen.pod_uid == POD_UID and seen.container == CONTAINER
-    assert seen.rate_key(None) == f"pod-uid:{POD_UID}"
+    assert seen.key == f"pod-uid:{POD_UID}"
     assert "pod_uid=" + POD_UID in seen.describe()
     hidden = resolve(0, 1000, 1000, proc_root=str(tmp_path))  # SO_PEERCRED of another PID namespace
     assert hidden.pid is None and hidden.pod_uid is None and "pid=0" not in hidden.describe()
-    assert hidden.rate_key("team/trainer-0") == "claimed-pod:team/trainer-0"
-    assert hidden.rate_key(None) == "uid:1000"
+    assert hidden.key == "uid:1000"  # what it claims never picks its budget
     gone = resolve(999999, 1000, 1000, proc_root=str(tmp_path))  # exited before we looked
-    assert gone.pod_uid is None and gone.rate_key(None) == "pid:999999"
-    assert Peer(address="127.0.0.1").rate_key("team/x") == "tcp:127.0.0.1"
+    assert gone.pod_uid is None and gone.key == "pid:999999"
+    assert Peer(address="127.0.0.1").key == "tcp:127.0.0.1"
 
 
 def pid_namespace_prefix() -> tuple[str, ...]:
@@ -93,18 +93,23 @@ def daemon_in_pid_namespace(sock: str) -> Iterator[None]:
 
 
 @pytest.mark.slow
-def test_in_its_own_pid_namespace_pods_get_their_own_rate_limit_and_audit_lines(tmp_path) -> None:
+def test_in_its_own_pid_namespace_a_lease_keeps_its_budget_and_claims_buy_none(tmp_path) -> None:
+    """Pids hidden (the chart's daemon): every pod of one uid is one caller until it names a lease. A flood
+    that rotates the pod it claims still spends one budget; the leased pod's requests count on its lease."""
     sock = str(tmp_path / "c.sock")
     daemon = daemon_process(sock, "--max-rps", "20", "--max-mhz", "1400", prefix=pid_namespace_prefix())
     try:
-        flood = {"X-Envpipe-Pod": "team/flooder-0"}
-        calm = {"X-Envpipe-Pod": "team/trainer-0"}
-        assert 429 in [call(sock, "GET", "/v1/gpus", headers=flood)[0] for _ in range(60)]
-        assert [call(sock, "GET", "/v1/gpus", headers=calm)[0] for _ in range(10)] == [200] * 10
-        gpus = [g["uuid"] for g in call(sock, "GET", "/v1/gpus", headers=calm)[1]["gpus"]]
+        gpus = [g["uuid"] for g in call(sock, "GET", "/v1/gpus")[1]["gpus"]]
         body = {"gpus": gpus[:1], "pod": {"namespace": "team", "name": "trainer-0"}}
-        assert call(sock, "POST", "/v1/leases", body, headers=calm)[0] == 201
-        # the bundled client names its pod on every request: its refusals are counted and logged per pod
+        status, lease = call(sock, "POST", "/v1/leases", body, headers={"X-Envpipe-Pod": "team/trainer-0"})
+        assert status == 201
+        rotating = [{"X-Envpipe-Pod": f"team/flooder-{i}"} for i in range(60)]
+        assert 429 in [call(sock, "GET", "/v1/gpus", headers=h)[0] for h in rotating]
+        renew = f"/v1/leases/{lease['lease']}/renew"
+        assert [call(sock, "POST", renew)[0] for _ in range(10)] == [200] * 10  # its own budget
+        lock = {"lease": lease["lease"], "mhz": 1200}
+        assert call(sock, "POST", f"/v1/gpus/{gpus[0]}/lock", lock)[0] == 200
+        time.sleep(1.1)  # the uid's budget refills: the next pod may open its lease
         with ClockClient(sock, gpu_uuids=gpus[1:2], pod={"namespace": "team", "name": "trainer-1"}) as client:
             client.set(gpus[1], 1410)  # above --max-mhz: 422
             client.flush()
@@ -113,7 +118,10 @@ def test_in_its_own_pid_namespace_pods_get_their_own_rate_limit_and_audit_lines(
     opened = [json.loads(line.split(" INFO ", 1)[1]) for line in out.splitlines() if '"lease_open"' in line]
     assert len(opened) == 2 and "pod=team/trainer-0" in opened[0]["owner"]
     assert "pid=0" not in opened[0]["owner"] and "pid=hidden" in opened[0]["owner"]
-    assert "refused 422 out_of_range POST" in out and "from claimed-pod:team/trainer-1" in out
+    refused = [json.loads(line.split(" INFO ", 1)[1]) for line in out.splitlines() if '"refused"' in line]
+    # one caller for the whole flood: uid 0 (root here, or the root that unshare --map-root-user maps us to)
+    assert {r["caller"] for r in refused if r["code"] == "too_many_requests"} == {"uid:0"}
+    assert any(r["code"] == "out_of_range" and r["caller"].startswith("lease:") for r in refused)
 
 
 FORKING_CLIENT = """

@@ -13,7 +13,7 @@ from envpipe.clock.errors import BackendFailure, BadRequest, NotOwned
 from envpipe.clock.kubelet import KubeletPolicy
 from envpipe.clock.ownership import Peer, PodRef
 from envpipe.clock.podresources import api_pb2, api_pb2_grpc
-from tests.support.clockd_helpers import call, daemon_thread
+from tests.support.clockd_helpers import call, daemon_thread, metric
 
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
@@ -68,7 +68,7 @@ def test_policy_allows_the_pods_own_gpus_only(kubelet, gpus) -> None:
     path, fake = kubelet
     policy = KubeletPolicy(path)
     pod = PodRef("team", "trainer-0")
-    assert policy.pod_gpus(pod) == set(gpus[:2])
+    assert policy.pod_gpus(pod) == dict.fromkeys(gpus[:2], "trainer")
     policy.check(Peer(pid=1), pod, gpus[:2])
     with pytest.raises(NotOwned, match=f"does not own GPU.*{gpus[2]}"):
         policy.check(Peer(pid=1), pod, [gpus[0], gpus[2]])
@@ -98,3 +98,8 @@ def test_daemon_refuses_gpus_of_other_pods(kubelet, gpus, tmp_path) -> None:
         assert status == 403 and body["error"] == "not_owned" and "team/trainer-0" in body["message"]
         status, body = call(sock, "POST", "/v1/leases", {"gpus": [gpus[3]]})
         assert status == 400 and "must name its pod" in body["message"]
+        # metrics name the pod and the container the kubelet gave each leased GPU (dcgm-exporter's labels)
+        text = call(sock, "GET", "/metrics")[1]
+        labels = {"pod": "trainer-0", "namespace": "team", "container": "trainer"}
+        assert {s["UUID"] for s, _ in metric(text, "envpipe_clockd_sm_clock_hertz", **labels)} == set(gpus[:2])
+        assert metric(text, "envpipe_clockd_sm_clock_hertz", UUID=gpus[2])[0][0]["pod"] == ""

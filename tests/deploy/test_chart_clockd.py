@@ -3,6 +3,8 @@ the official Kubernetes JSON schemas of two Kubernetes versions (kubernetes-vali
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
+from envpipe.clock.protocol import DEFAULT_SOCKET
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "envpipe-clockd"
@@ -67,7 +71,7 @@ def test_helm_lint(helm: Path) -> None:
 @pytest.mark.parametrize(
     "sets",
     [(), ("backend=readonly", "ownership=local", "runtimeClassName=nvidia"),
-     ("metrics.serviceMonitor.enabled=true", "serviceAccount.create=false")],
+     ("metrics.serviceMonitor.enabled=true", "serviceAccount.create=false", "metrics.grafanaDashboard.enabled=true")],
 )
 def test_objects_match_official_schemas(helm: Path, kube_version: str, sets: tuple[str, ...]) -> None:
     objs = objects(helm, *sets, kube_version=kube_version)
@@ -129,7 +133,7 @@ def test_sockets_on_host_paths(helm: Path) -> None:
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert mounts["pod-resources"]["readOnly"] is True
     args = container(objs)["args"]
-    assert "--socket=/run/envpipe/clockd.sock" in args
+    assert f"--socket={DEFAULT_SOCKET}" in args  # the daemon's own default, where the client looks
     assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in args
     assert "--ownership=kubelet" in args
 
@@ -206,6 +210,8 @@ def test_update_strategy_and_resources(helm: Path) -> None:
         ("tolerations=notalist", "/tolerations"),
         ("updateStrategy.type=Recreate", "/updateStrategy/type"),
         ("extraArgs={--max-rps,100}", "/extraArgs/1"),
+        ("metrics.grafanaDashboard.enabled=maybe", "/metrics/grafanaDashboard/enabled"),
+        ("metrics.grafanaDashboard.namespace=Not_A_Namespace", "/metrics/grafanaDashboard/namespace"),
         ("unknownKey=1", "unknownKey"),
     ],
 )
@@ -236,7 +242,7 @@ def test_notes_tell_what_to_do_next(helm: Path) -> None:
     assert notes.returncode == 0, notes.stderr
     text = notes.stdout[notes.stdout.index("NOTES:"):]
     assert "kubectl -n gpu-system get pods -l app.kubernetes.io/instance=clockd" in text
-    assert "/run/envpipe/clockd.sock (root:2500, mode 660)" in text
+    assert f"{DEFAULT_SOCKET} (root:2500, mode 660)" in text
     assert "curl -s localhost:9464/healthz" in text
     assert "kubectl label namespace gpu-system pod-security.kubernetes.io/enforce=privileged" in text
     assert "pod-security.kubernetes.io/warn=restricted" in text
@@ -298,3 +304,50 @@ def test_probes_tell_a_starting_a_stuck_and_an_unready_daemon_apart(helm: Path) 
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 60
     assert liveness["periodSeconds"] * liveness["failureThreshold"] <= 15  # a stuck loop restarts soon
     assert "/startupProbe/failureThreshold" in render(helm, "startupProbe.failureThreshold=0").stderr
+
+
+# Monitoring: the ServiceMonitor keeps the pod labels of leased GPUs, and the Grafana dashboard ships with
+# the chart and asks only for series the daemon exports.
+
+DASHBOARD = CHART / "dashboards" / "envpipe-clockd.json"
+
+
+def test_the_service_monitor_keeps_the_labels_of_leased_gpus(helm: Path) -> None:
+    (endpoint,) = objects(helm, "metrics.serviceMonitor.enabled=true")["ServiceMonitor"]["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True  # not exported_pod
+    assert {"action": "labeldrop", "regex": "pod|container|namespace"} in endpoint["relabelings"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+
+
+def test_the_grafana_dashboard_ships_with_the_chart(helm: Path) -> None:
+    assert "ConfigMap" not in objects(helm)
+    objs = objects(helm, "metrics.grafanaDashboard.enabled=true")
+    config_map = objs["ConfigMap"]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["namespace"] == "gpu-system"
+    assert json.loads(config_map["data"]["envpipe-clockd.json"]) == json.loads(DASHBOARD.read_text())
+    moved = objects(helm, "metrics.grafanaDashboard.enabled=true", "metrics.grafanaDashboard.namespace=monitoring")
+    assert moved["ConfigMap"]["metadata"]["namespace"] == "monitoring"
+
+
+def test_the_dashboard_asks_only_for_series_the_daemon_exports(tmp_path: Path) -> None:
+    from tests.support.clockd_helpers import call, daemon_thread, metric
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    asked = {name for e in exprs for name in re.findall(r"envpipe_clockd_[a-z_]+", e)}
+    sock = str(tmp_path / "c.sock")
+    with daemon_thread(sock):
+        gpu = call(sock, "GET", "/v1/gpus")[1]["gpus"][0]["uuid"]
+        pod = {"namespace": "team", "name": "job-worker-0"}
+        lease = call(sock, "POST", "/v1/leases", {"gpus": [gpu], "pod": pod})[1]["lease"]
+        call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 1200})
+        text = call(sock, "GET", "/metrics")[1]
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE envpipe_clockd_")}
+    assert asked and asked <= exported, asked - exported
+    labels = {k for s, _ in metric(text, "envpipe_clockd_lease_energy_joules_total") for k in s}
+    assert {"namespace", "pod"} <= labels  # what the per-job panel groups by
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and dashboard["uid"] == "envpipe-clockd"
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    assert all(topic in titles for topic in ("energy per job", "clock per gpu", "leases"))

@@ -20,7 +20,7 @@ from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import KubeJob
 from envpipe_launch.pod_contract import RUNTIME_GID, RUNTIME_UID, ClockdSocket
 
-from envpipe.clock.client import DEFAULT_SOCKET
+from envpipe.clock.protocol import DEFAULT_SOCKET
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "envpipe-clockd"

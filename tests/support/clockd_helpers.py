@@ -152,3 +152,22 @@ def wait_for(pred: Any, timeout: float = 10.0) -> float:
             return time.monotonic() - t0
         time.sleep(0.02)
     raise AssertionError("condition not met in time")
+
+
+def metric(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of ``name`` in a /metrics text whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        (dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
+
+
+def one_metric(text: str, name: str, **labels: str) -> float:
+    """The one sample of ``name`` with ``labels`` (AssertionError unless exactly one)."""
+    found = metric(text, name, **labels)
+    assert len(found) == 1, (name, labels, found)
+    return found[0][1]

@@ -1,0 +1,182 @@
+"""The attacks on envpipe-clockd of issue #26, each against a real daemon over its real socket, from another
+process (benchmarks/clockd_abuser.py): one lease with a flood of attach streams, slow request bodies, a
+flood of idle connections, a request flood that claims a new pod each time, and bytes that are not HTTP
+(a newline in the path included). Each time, a trainer beside the abuser (the bundled ClockClient, its
+own lease, a short TTL) must see every request answered and keep its lease, and the kubelet's probe on the
+metrics port must answer. The fair-service benchmark (benchmarks/clockd_fair.py) runs them all at once,
+at full strength, for longer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from envpipe.clock.client import ClockClient
+from tests.support.clockd_helpers import ROOT, call, daemon_thread, metric, one_metric, wait_for
+from tests.support.ports import free_port
+
+ATTACK_S = 1.5
+LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} envpipe\.clockd(\.audit)? (DEBUG|INFO|WARNING|ERROR) [{]")
+
+
+@contextlib.contextmanager
+def abuser(sock: str, gpu: str, *attack: str) -> Iterator[dict]:
+    """The abuser, attacking from its own process until the block ends; then what it counted."""
+    tally: dict = {}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.clockd_abuser", sock, "--gpu", gpu, *attack],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    try:
+        assert proc.stdout is not None and "abusing" in proc.stdout.readline()
+        time.sleep(0.3)  # at full strength before the trainer is measured
+        yield tally
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    tally.update(json.loads(out.strip().splitlines()[-1]))
+
+
+def trainer_beside(sock: str, gpu: str, port: int, seconds: float = ATTACK_S) -> list[str]:
+    """A trainer's lease and locks (20 a second) and the kubelet's probes while the abuser attacks: every
+    failure, as text. The lease's TTL is 2 s (the default is 5 s): a trainer starved that long loses it."""
+    failures: list[str] = []
+    with ClockClient(sock, gpu_uuids=[gpu], ttl_s=2.0) as client:
+        end, i = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            i += 1
+            try:
+                client.lock_now(gpu, 1005 if i % 2 else 1200)
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
+            except Exception as exc:  # every failure is what this test looks for
+                failures.append(f"{type(exc).__name__}: {exc}")
+            time.sleep(0.05)
+        if client.reattaches or client.uncontrolled_s():
+            failures.append(f"lease lost {client.reattaches} times, {client.uncontrolled_s():.2f} s without control")
+    return failures
+
+
+@pytest.fixture()
+def node(tmp_path) -> Iterator[tuple[str, int, list[str]]]:
+    sock, port = str(tmp_path / "c.sock"), free_port()
+    with daemon_thread(sock, metrics_port=port):
+        yield sock, port, [g["uuid"] for g in call(sock, "GET", "/v1/gpus")[1]["gpus"]]
+
+
+def test_a_flood_of_attach_streams_on_one_lease_starves_nobody(node) -> None:
+    sock, port, gpus = node
+    with abuser(sock, gpus[0], "--attach", "256"):
+        assert trainer_beside(sock, gpus[1], port) == []
+        text = call(sock, "GET", "/metrics")[1]
+        assert one_metric(text, "envpipe_clockd_attach_streams") <= one_metric(text, "envpipe_clockd_leases")
+
+
+def test_a_lease_has_one_attach_stream(node) -> None:
+    sock, _, gpus = node
+    lease = call(sock, "POST", "/v1/leases", {"gpus": gpus[:1]})[1]["lease"]
+    streams = []
+    for _ in range(20):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(sock)
+        s.sendall(f"GET /v1/leases/{lease}/attach HTTP/1.1\r\nHost: clockd\r\n\r\n".encode())
+        streams.append(s)
+    statuses = sorted(int(s.recv(100).split()[1]) for s in streams)
+    assert statuses == [200] + [409] * 19
+    text = call(sock, "GET", "/metrics")[1]
+    assert one_metric(text, "envpipe_clockd_refused_requests_total", code="already_attached") == 19
+    assert one_metric(text, "envpipe_clockd_attach_streams") == 1
+    for s in streams:
+        s.close()
+    wait_for(lambda: call(sock, "POST", f"/v1/leases/{lease}/renew")[0] == 404, 5.0)  # its stream went: so did it
+
+
+def test_slow_request_bodies_starve_nobody(node) -> None:
+    sock, port, gpus = node
+    with abuser(sock, gpus[0], "--slow-bodies", "300"):
+        assert trainer_beside(sock, gpus[1], port) == []
+        connections = sum(v for _, v in metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_connections"))
+    assert connections <= 32 + 8  # the abuser's share (--max-connections-per-caller) and the trainer's
+
+
+def test_a_flood_of_idle_connections_starves_nobody(node) -> None:
+    sock, port, gpus = node
+    with abuser(sock, gpus[0], "--connections", "2000") as tally:
+        assert trainer_beside(sock, gpus[1], port) == []
+    assert tally["idle"]["idle: connected"] > 2000  # it kept trying: its old connections made room
+    closed = one_metric(call(sock, "GET", "/metrics")[1], "envpipe_clockd_connections_closed_total", why="made_room")
+    assert closed > 1000
+
+
+def test_a_request_flood_gets_429_and_one_log_line_a_second_whatever_pod_it_claims(tmp_path) -> None:
+    sock, port, log = str(tmp_path / "c.sock"), free_port(), tmp_path / "clockd.log"
+    daemon = daemon_with_log(sock, log, "--metrics-port", str(port), "--max-rps", "200")
+    try:
+        gpus = [g["uuid"] for g in call(sock, "GET", "/v1/gpus")[1]["gpus"]]
+        t0 = time.monotonic()
+        with abuser(sock, gpus[0], "--flood", "4") as tally:
+            assert trainer_beside(sock, gpus[1], port) == []
+        seconds = time.monotonic() - t0
+    finally:
+        daemon.terminate()
+        daemon.communicate(timeout=20)
+    assert tally["flood"]["flood 429"] > 10 * tally["flood"].get("flood 200", 0)  # rotating claims buy nothing
+    floods = [json.loads(line.split(" ", 4)[4]) for line in log.read_text().splitlines() if "too_many_requests" in line]
+    (caller,) = {f["caller"] for f in floods}  # the abuser's process, and nobody else
+    assert caller.startswith("pid:") and caller != f"pid:{os.getpid()}"
+    assert len(floods) <= seconds + 2 and sum(f.get("more", 0) for f in floods) > 100
+
+
+def daemon_with_log(sock: str, log: Path, *args: str) -> subprocess.Popen[str]:
+    """A daemon process whose log goes to a file (a pipe nobody reads would block it)."""
+    with open(log, "w") as f:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock, *args],
+            stdout=subprocess.PIPE,
+            stderr=f,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
+    assert daemon.stdout is not None and '"ready"' in daemon.stdout.readline()
+    return daemon
+
+
+def test_bytes_that_are_not_http_forge_no_line_and_are_counted_not_traced(tmp_path) -> None:
+    sock, port, log = str(tmp_path / "c.sock"), free_port(), tmp_path / "clockd.log"
+    daemon = daemon_with_log(sock, log, "--metrics-port", str(port))
+    try:
+        gpus = [g["uuid"] for g in call(sock, "GET", "/v1/gpus")[1]["gpus"]]
+        with abuser(sock, gpus[0], "--bad-http", "2") as tally:
+            assert trainer_beside(sock, gpus[1], port, seconds=1.0) == []
+        forged = "/v1/gpus/GPU-x%0a2026-11-24%2001:00:00,000%20envpipe.clockd.audit%20INFO%20{}"
+        assert call(sock, "GET", forged)[0] == 404
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        daemon.terminate()
+        daemon.communicate(timeout=20)
+    bad = sum(v for _, v in metric(text, "envpipe_clockd_bad_http_requests_total"))
+    assert bad >= sum(v for k, v in tally["bad"].items() if k.startswith("bad http 400"))
+    assert bad > 10
+    lines = log.read_text().splitlines()
+    assert [line for line in lines if not LINE.match(line)] == []  # every line is the daemon's own
+    assert "Traceback" not in log.read_text()
+    opened = [line for line in lines if '"event": "lease_open"' in line.split(" INFO ", 1)[-1][:30]]
+    assert len(opened) == 2  # the abuser's and the trainer's leases; the forged ones are inside strings
+    assert any('"path": "/v1/gpus/GPU-x\\n2026-11-24 01:00:00,000' in line for line in lines)  # escaped
+    per_second = [line for line in lines if '"bad_http"' in line]
+    assert 0 < len(per_second) <= 2 * 3  # once a second per caller: not one per request
