@@ -79,10 +79,13 @@ test-deps:
 # ENVPIPE_E2E_KEEP=1 ENVPIPE_E2E_DIR=/var/tmp/e2e keeps the images for the next run;
 # ENVPIPE_E2E_STORAGE=vfs where overlay is refused (about 4x slower).
 e2e: $(STAMP)
-	@if [ "$$(id -u)" != 0 ]; then echo "make e2e: skipped: podman runs rootful here; run 'sudo make e2e'"; exit 0; fi
+ifneq ($(shell id -u),0)
+	@echo "make e2e: skipped: podman runs rootful here; run 'sudo make e2e'"
+else
 	$(call step,system packages (.ci/apt-deps),.ci/apt-deps)
 	@why=$$($(PY) -m tests.e2e.podman); if [ -n "$$why" ]; then echo "make e2e: skipped: $$why"; exit 0; fi; \
 	ENVPIPE_E2E=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests/e2e
+endif
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
