@@ -7,7 +7,9 @@ mounts of <host root>/<path>, created for DirectoryOrCreate, read-only where the
 memory emptyDirs (tmpfs with the size limit); Secret and ConfigMap volumes (files written with the
 mode and fsGroup the kubelet gives them); env values and downward-API fieldRefs; $(VAR) and $$ in
 command, args and env values; CPU and memory limits; args after the image's entrypoint; the
-hostname. Ignored, because one host has no use for them: scheduling fields, probes, ports, the
+hostname, and hostname.subdomain as a network alias (the pod's DNS name under a headless Service);
+downward-API fieldRefs of labels and annotations (JOB_COMPLETION_INDEX). Ignored, because one host
+has no use for them: scheduling fields, probes, ports, the
 service-account token (never mounted by our pods).
 """
 
@@ -90,7 +92,10 @@ class Node:
             container = next(c for c in containers if c["name"] == container_name)
         pod_ctx, ctx = spec.get("securityContext", {}), container.get("securityContext", {})
         name = meta["name"] if container is containers[0] else f"{meta['name']}-{container['name']}"
-        args = ["run", "-d", "--name", name, "--network", self.network, "--hostname", spec.get("hostname", name)]
+        hostname = spec.get("hostname", name)
+        args = ["run", "-d", "--name", name, "--network", self.network, "--hostname", hostname]
+        if "subdomain" in spec:  # the pod's DNS name under its headless Service, <hostname>.<subdomain>
+            args += ["--network-alias", f"{hostname}.{spec['subdomain']}"]
         user = ctx.get("runAsUser", pod_ctx.get("runAsUser"))
         group = ctx.get("runAsGroup", pod_ctx.get("runAsGroup"))
         if user is not None:
@@ -112,6 +117,8 @@ class Node:
             args += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))]
         uid = str(uuid.uuid4())
         fields = {"metadata.name": name, "metadata.namespace": meta.get("namespace", "default"), "metadata.uid": uid}
+        for part in ("labels", "annotations"):  # e.g. the Job controller's completion index
+            fields.update({f"metadata.{part}['{k}']": v for k, v in (meta.get(part) or {}).items()})
         env: dict[str, str] = {}
         for e in container.get("env", []):  # in order: a value may refer to the variables before it
             raw = e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
