@@ -151,10 +151,16 @@ def build_job(spec: JobSpec, opts: KubeOptions) -> KubeJob:
 
 
 class _ManifestDumper(yaml.SafeDumper):
-    """Quotes y/n too: YAML 1.1 parsers (Go's, in kubectl) read them as booleans, PyYAML does not."""
+    """Quotes y/n too: YAML 1.1 parsers (Go's, in kubectl) read them as booleans, PyYAML does not.
+    Text of several lines (the ssh key, the hostfile) as a literal block, as a person would write it."""
+
+
+def _text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
 
 
 _ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^[yYnN]$"), list("yYnN"))
+_ManifestDumper.add_representer(str, _text)
 
 
 def dry_run(job: KubeJob) -> str:

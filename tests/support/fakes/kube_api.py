@@ -452,7 +452,6 @@ class FakeKubeAPI:
     async def _watch(
         self, req: web.Request, ns: str, plural: str, labels: str | None, fields: str | None
     ) -> web.StreamResponse:
-        since = int(req.query.get("resourceVersion") or 0)
         timeout = float(req.query.get("timeoutSeconds") or 30)
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         await resp.prepare(req)
@@ -460,6 +459,13 @@ class FakeKubeAPI:
         end = loop.time() + timeout
         assert self._changed is not None
         try:
+            if req.query.get("resourceVersion") in (None, "", "0"):
+                # no resourceVersion: the current state as ADDED events, then the changes from now on
+                since = self.events[-1][0] if self.events else 0
+                for obj in [o for o in self.items(plural, ns) if _matches(o, labels, fields)]:
+                    await resp.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+            else:
+                since = int(req.query["resourceVersion"])
             while loop.time() < end:
                 for rv, p, kind, obj in [e for e in self.events if e[0] > since]:
                     since = rv
