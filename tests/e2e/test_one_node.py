@@ -6,9 +6,9 @@ serves ssh and, as the job's launcher, runs `deepspeed --launcher pdsh` over bot
 training a 2-node CPU job with the `daemon` clock.
 
 What is not real: no kubelet, scheduler, API server or CoreDNS (tests/e2e/node.py runs the pod objects
-with podman the way a kubelet would, and a podman network alias stands for each pod's name under the
-job's headless Service), simulated GPUs in clockd, and ENVPIPE_GPU_UUID standing in for the NVIDIA
-device plugin's assignment of one GPU to each pod.
+with podman the way a kubelet would, and /etc/hosts entries stand for the pods' names under the job's
+headless Service), simulated GPUs in clockd, and ENVPIPE_GPU_UUID standing in for the NVIDIA device
+plugin's assignment of one GPU to each pod.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _port_open(host: str, port: int) -> bool:
 def one_node(podman: Podman, images: image_build.Images, stopwatch: Stopwatch) -> Iterator[OneNode]:
     node = Node(podman, NETWORK)
     try:
-        with stopwatch.lap("start clockd and two workers"):
+        with stopwatch.lap("start clockd and node 1"):
             clockd = chart_clockd_pod()
             node.start(clockd, images.clockd)
             args = next(c for c in clockd["spec"]["containers"] if c["name"] == "clockd")["args"]
@@ -153,6 +153,7 @@ def one_node(podman: Podman, images: image_build.Images, stopwatch: Stopwatch) -
             for obj in job.dependents(keys.private, keys.public):
                 if obj["kind"] in ("Secret", "ConfigMap"):
                     node.add_object(obj)
+            node.dns(*job.hosts())  # the headless Service's names of both nodes
             workload = job.workload(suspend=False)
             workload["metadata"]["uid"] = "00000000-0000-4000-8000-000000000001"
             one = OneNode(node, job, workload, sock, gpus, images.runtime)
