@@ -270,13 +270,24 @@ class KubeRun:
             raise api_error(f"streaming logs of {name}", e) from e
 
     def _watch_pod(self, name: str, done: Callable[[Any], bool]) -> Any:
-        with _watching(self.core.list_namespaced_pod, self.job.namespace, field_selector=f"metadata.name={name}",
+        """List, then watch from the list's resourceVersion: a pod deleted before the watch began is
+        seen as gone, not waited for."""
+        selector = f"metadata.name={name}"
+        listing = self.core.list_namespaced_pod(self.job.namespace, field_selector=selector)
+        if not listing.items:
+            raise PodGone(f"pod {name} was deleted")
+        pod = listing.items[0]
+        _check_pod(pod, fatal_phases=())  # here Failed is a result, not a launch error
+        if done(pod):
+            return pod
+        with _watching(self.core.list_namespaced_pod, self.job.namespace, field_selector=selector,
+                       resource_version=listing.metadata.resource_version if listing.metadata else None,
                        timeout_seconds=int(self.timeout_s)) as events:
             for event in events:
                 pod = event["object"]
                 if event["type"] == "DELETED":
                     raise PodGone(f"pod {name} was deleted")
-                _check_pod(pod, fatal_phases=())  # here Failed is a result, not a launch error
+                _check_pod(pod, fatal_phases=())
                 if done(pod):
                     return pod
         raise LaunchError(f"timed out waiting for pod {name}")
