@@ -177,6 +177,7 @@ def test_a_finished_job_is_deleted_by_the_cluster_after_its_ttl(api: FakeKubeAPI
     wait_for(lambda: _leftovers(api) == {}, timeout=10)
 
 
+@pytest.mark.slow  # ~5 s; the TTL's cleanup alone: test_a_finished_job_is_deleted_by_the_cluster_after_its_ttl
 def test_a_sigkilled_launcher_leaves_nothing_the_cluster_does_not_clean(api: FakeKubeAPI, tmp_path: Path) -> None:
     """SIGKILL while node 0 trains: the job runs to its end, then its TTL and the owner references
     remove every object (here a 1 s TTL)."""
