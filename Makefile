@@ -3,23 +3,36 @@ SHELL   := /bin/bash
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip install --disable-pip-version-check
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP   := $(VENV)/.installed
 PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
 OUTDIR  ?= out
+, := ,
 
-.PHONY: install demo demo-plan test test-deps lint clean e2e
+.PHONY: install demo-install demo demo-plan test test-deps lint clean e2e
 
-install: $(STAMP)
+# $(call step,WHAT,COMMAND): one progress line, "make: WHAT ... 12.3 s"; the command's own output is
+# shown only when it fails (its last 40 lines).
+define step
+@t0=$${EPOCHREALTIME/./}; printf 'make: %s ... ' "$(1)"; \
+if out=$$( { $(2); } 2>&1 ); then t=$$(( ($${EPOCHREALTIME/./} - t0) / 100000 )); echo "$$((t / 10)).$$((t % 10)) s"; \
+else rc=$$?; echo "failed:" >&2; tail -n 40 <<<"$$out" >&2; exit $$rc; fi
+endef
 
+# What `make demo` needs and nothing more: DeepSpeed, torch, transformers and the planner (no test tools).
 # torch is pinned to the CPU build that lies on disk (plain `torch` would pull a multi-GB CUDA build).
-$(STAMP): pyproject.toml
-	@echo "make: setting up $(VENV) (one time, about 2 minutes)"
-	$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install -q --upgrade pip
-	@echo "make: installing torch 2.13.0 (the CPU build)"
-	@$(PY) -m pip install -q torch==2.13.0
-	@echo "make: installing envpipe with every extra (DeepSpeed, the planner, the launcher, clockd, test tools)"
-	@$(PY) -m pip install -q -e '.[all,test]'
+demo-install: $(DEMO_STAMP)
+$(DEMO_STAMP): pyproject.toml
+	$(call step,python venv $(VENV),$(PYTHON) -m venv $(VENV) && $(PIP) -q --upgrade pip)
+	$(call step,torch 2.13.0 (the CPU build),$(PIP) -q torch==2.13.0)
+	$(call step,envpipe[train]: DeepSpeed$(,) transformers$(,) the planner,$(PIP) -q -e '.[train]')
+	@touch $@
+
+# Everything: every extra (the launcher, clockd, TensorBoard) and the test tools, on top of the demo's.
+install: $(STAMP)
+$(STAMP): $(DEMO_STAMP)
+	$(call step,envpipe[all$(,)test]: launcher$(,) clockd$(,) test tools,$(PIP) -q -e '.[all$(,)test]')
 	@touch $@
 	@echo "make: $(VENV) is ready; its commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
@@ -29,7 +42,7 @@ $(STAMP): pyproject.toml
 # state (the plan interleaved with 1F1B all-max iterations); one progress line per iteration, then the report.
 DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 512 --micro-batch 4 --microbatches 8 \
 	--steps 30 --compare-iterations 4 --log-interval 1
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	@mkdir -p $(OUTDIR)
 	@echo "make demo: GPT-2 split into 2 pipeline stages on 2 CPU processes, simulated GPU clocks (about a minute)"
 	@echo "           rank 0's progress below; every rank's output in $(OUTDIR)/demo.log"
@@ -42,7 +55,7 @@ demo: $(STAMP)
 	@cat $(OUTDIR)/runtime/report.txt
 
 # The planner alone on a real measured profile (8-stage GPT-3 on A100s): plan, text trace, Gantt, re-simulation.
-demo-plan: $(STAMP)
+demo-plan: $(DEMO_STAMP)
 	mkdir -p $(OUTDIR)
 	$(VENV)/bin/envpipe plan --profile $(PROFILE) --microbatches 12 --schedule envpipe \
 	  --policy envelope --reconfig balanced --idle-power 83.64 --gpu a100 \
@@ -61,11 +74,18 @@ test-deps:
 
 # Real containers (tests/e2e, root): both images built with podman from a local Debian base, then
 # clockd and two training containers on this host like one Kubernetes node, and a 2-node job across
-# them. Needs podman, buildah, runc, debootstrap (.ci/apt-deps); skipped with one line where podman
-# cannot run. ENVPIPE_E2E_KEEP=1 ENVPIPE_E2E_DIR=/var/tmp/e2e keeps the images for the next run;
+# them. Needs podman, buildah, runc, debootstrap (.ci/apt-deps, installed here as root); where podman
+# cannot run, one line says why and it exits 0. One line per stage with its time (not pytest's dots).
+# ENVPIPE_E2E_KEEP=1 ENVPIPE_E2E_DIR=/var/tmp/e2e keeps the images for the next run;
 # ENVPIPE_E2E_STORAGE=vfs where overlay is refused (about 4x slower).
 e2e: $(STAMP)
+ifneq ($(shell id -u),0)
+	@echo "make e2e: skipped: podman runs rootful here; run 'sudo make e2e'"
+else
+	$(call step,system packages (.ci/apt-deps),.ci/apt-deps)
+	@why=$$($(PY) -m tests.e2e.podman); if [ -n "$$why" ]; then echo "make e2e: skipped: $$why"; exit 0; fi; \
 	ENVPIPE_E2E=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests/e2e
+endif
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # envpipe-entrypoint: `worker` runs sshd on 2222 in the foreground (pdsh/deepspeed connect to it);
-# `launcher` (or any other command) prepares the ssh client and runs that command.
+# `launcher` (or any other command) prepares the ssh client and runs that command; `node CMD...` is one
+# pod of an Indexed Job: sshd as in `worker` on every node, and node 0 (JOB_COMPLETION_INDEX 0) also
+# runs CMD, the job's launcher, whose exit status is the container's.
 # Keys: ENVPIPE_SSH_AUTHORIZED_KEYS (text) or a file mounted at $ENVPIPE_SSH_DIR/authorized_keys;
 # the launcher's private key at $ENVPIPE_SSH_DIR/id_ed25519. Host keys are made at start, per pod.
 set -euo pipefail
@@ -63,6 +65,19 @@ case "$mode" in
     install_session_environment
     generate_host_keys
     exec /usr/sbin/sshd -D -e -f "$SSHD_CONFIG"
+    ;;
+  node)
+    shift
+    [ "$#" -gt 0 ] || die "node needs the command that node 0 runs, e.g. 'node deepspeed --hostfile /job/hostfile train.py'"
+    install_client_config
+    install_authorized_keys
+    install_session_environment
+    generate_host_keys
+    if [ "${JOB_COMPLETION_INDEX:-0}" != 0 ]; then exec /usr/sbin/sshd -D -e -f "$SSHD_CONFIG"; fi
+    # node 0: its sshd in the background (pdsh logs into every node, this one too); the command takes
+    # this process's place, so tini's signals reach it and its exit status ends the container
+    /usr/sbin/sshd -D -e -f "$SSHD_CONFIG" &
+    exec "$@"
     ;;
   launcher)
     shift

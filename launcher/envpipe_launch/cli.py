@@ -10,9 +10,11 @@ import click
 from . import __version__
 from .errors import LaunchError, Stopped, handling, one_line, raise_stopped
 from .job import BACKENDS, DS_LAUNCHERS, MAX_NODES, MAX_PROCS_PER_NODE, JobSpec
-from .params import HOST, IMAGE, JOB_NAME, NAMESPACE, EnvPair, RegularFile, Seconds
+from .kube_manifests import DEFAULT_TTL_S, WORKLOADS
+from .params import HOST, IMAGE, JOB_NAME, NAMESPACE, QUEUE, EnvPair, RegularFile, Seconds
 
 PORT = click.IntRange(1, 65535)
+INT32_SECONDS = 2**31 - 1  # the Job API's fields are int32
 
 
 class LaunchCommand(click.Command):
@@ -101,9 +103,35 @@ def _exit(message: str, status: int) -> None:
     show_default=True,
     help="kube/cml: seconds to wait for all workers.",
 )
-@click.option("--keep", is_flag=True, help="kube: keep pods, service and secret after the job.")
-@click.option("--dry-run", is_flag=True, help="kube: print the manifests and exit.")
-@click.option("--no-ssh", "no_ssh", is_flag=True, help="kube: DeepSpeed's ssh-free mode (--no_ssh per node).")
+@click.option(
+    "--workload",
+    type=click.Choice(list(WORKLOADS)),
+    default="job",
+    show_default=True,
+    help="kube: the nodes as an Indexed batch/v1 Job, or a JobSet (where the cluster runs the JobSet controller).",
+)
+@click.option(
+    "--queue",
+    type=QUEUE,
+    default=None,
+    help="kube: Kueue LocalQueue; the job is created suspended and starts, all pods at once, when Kueue admits it.",
+)
+@click.option(
+    "--ttl-after-finished",
+    type=click.IntRange(0, INT32_SECONDS),
+    default=DEFAULT_TTL_S,
+    show_default=True,
+    help="kube: seconds the cluster keeps a finished job (with --keep, or after a killed launcher) before deleting it.",
+)
+@click.option(
+    "--active-deadline",
+    type=click.IntRange(1, INT32_SECONDS),
+    default=None,
+    help="kube: seconds a started job may run before the cluster fails it [default: no limit].",
+)
+@click.option("--keep", is_flag=True, help="kube: keep the job's objects after it ends (until --ttl-after-finished).")
+@click.option("--dry-run", is_flag=True, help="kube: print the manifests (for kubectl apply -f) and exit.")
+@click.option("--no-ssh", "no_ssh", is_flag=True, help="kube: DeepSpeed's ssh-free mode (--no_ssh on every node).")
 @click.option(
     "--worker-cpu", type=click.IntRange(1, 1024), default=4, show_default=True, help="cml/kube: vCPUs per worker."
 )
@@ -146,6 +174,10 @@ def main(
     name: str | None,
     cpu_only: bool,
     ready_timeout: float,
+    workload: str,
+    queue: str | None,
+    ttl_after_finished: int,
+    active_deadline: int | None,
     keep: bool,
     dry_run: bool,
     no_ssh: bool,
@@ -204,6 +236,7 @@ def main(
                 ready_timeout_s=ready_timeout,
                 keep=keep,
                 no_ssh=no_ssh,
+                batch=kube.Batch(workload, queue, ttl_after_finished, active_deadline),
                 pods=kube.pod_settings(
                     cpu=worker_cpu,
                     memory_gib=worker_memory,

@@ -1,22 +1,35 @@
 """The Kubernetes objects of one job, as plain dicts (printed by --dry-run, sent by the kube backend).
 
-Every object is complete before anything exists on the cluster: names come from the job name, workers
-are addressed by their DNS names under the job's headless Service (<job>-worker-<i>.<job>), and the
-launcher pod waits for the workers' sshd itself. So `--dry-run` prints objects that `kubectl apply`
-accepts as they are. One ConfigMap named after the job is the job object; when the launcher creates
-the others it adds an ownerReference to it (`owned_by`), so deleting it (`kubectl delete cm <job>`)
-lets the garbage collector remove everything. Objects applied from a dry run carry no owner: delete
-them by label (`kubectl delete pod,svc,secret,cm -l envpipe.io/job=<job>`).
+A job is a batch workload that the cluster's own machinery runs, queues and cleans up (the shape of
+Kubeflow Trainer's DeepSpeed runtime on JobSet, and of mpi-operator's objects):
 
-Pods are bare Pods with restartPolicy Never, not an Indexed Job or JobSet: a DeepSpeed job is not
-elastic (a replaced worker has lost its ranks and the rendezvous), so a controller's restarts would
-only hold GPUs; the launcher gang-waits with a deadline and removes the whole job on any failure.
+- the workload `<job>`: an Indexed batch/v1 Job with one pod per node (`--workload job`), or a JobSet
+  whose one replicated Job `node` is that same Job (`--workload jobset`, where the cluster runs the
+  JobSet controller); the Job controller names each pod's host `<Job name>-<index>`, reachable as
+  `<host>.<job>` through the headless Service `<job>`;
+- with ssh (the default) every node runs the image's sshd and node 0 (JOB_COMPLETION_INDEX 0) is
+  also the launcher (Trainer's "launcher as a node"): the image's `node` mode starts sshd, then node 0
+  waits for every node's sshd, bounded, and runs `deepspeed --launcher pdsh` against them. The Job's
+  successPolicy ends the job when node 0 succeeds; the other nodes' sshd stop with it. With --no-ssh
+  every node runs `deepspeed --no_ssh --node_rank=$JOB_COMPLETION_INDEX`, and all must succeed;
+- one failed pod fails the whole job at once: backoffLimit 0 and a podFailurePolicy that fails the
+  Job on a non-zero exit and on a disruption (node drain, preemption). A DeepSpeed job is not
+  elastic: a replaced pod has lost its ranks and the rendezvous, so retries would only hold GPUs;
+- with a Kueue queue the workload carries `kueue.x-k8s.io/queue-name` and is created suspended:
+  Kueue admits the whole job at once (one Workload, every pod) and unsuspends it;
+- ttlSecondsAfterFinished: the cluster deletes a finished job even when no launcher is left to do it;
+- the Secret (the job's ssh key), the ConfigMap (hostfile, DeepSpeed's env file) and, for a Job, the
+  headless Service (a JobSet's controller makes its own) are owned by the workload (`owned_by`, once
+  the launcher knows the workload's uid), so deleting the workload deletes everything.
+
+Every object is complete before anything exists on the cluster (names come from the job name, hosts
+from the Job controller's naming), so `--dry-run` prints objects that `kubectl apply` accepts as they
+are; only the owner references must wait for the workload's uid.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,16 +42,53 @@ from .pod_contract import RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
 
 LABEL = "envpipe.io/job"
 ROLE = "envpipe.io/role"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set on each pod by the Job controller
 SSH_DIR = "/etc/envpipe/ssh"  # the image's entrypoint reads authorized_keys and id_ed25519 here
 JOB_DIR = "/etc/envpipe/job"  # hostfile and deepspeed_env
-LAUNCHER_CPU = "1"
-LAUNCHER_MEMORY = "2Gi"
+CONTAINER = "node"
+REPLICATED_JOB = "node"  # the JobSet's one replicated Job
+DEFAULT_TTL_S = 86_400  # a finished job stays a day (its pods' logs), then the cluster deletes it
 Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class WorkloadKind:
+    """The API of a workload kind, and the condition types that end it."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    succeeded: str  # condition type of success; failure is "Failed" for both
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+JOB = WorkloadKind("Job", "batch", "v1", "jobs", "Complete")
+JOBSET = WorkloadKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "Completed")
+WORKLOADS = {"job": JOB, "jobset": JOBSET}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What the cluster's batch machinery gets: the workload kind, the queue, the time limits."""
+
+    workload: str = "job"  # a key of WORKLOADS
+    queue: str | None = None  # Kueue LocalQueue in the job's namespace
+    ttl_after_finished_s: int = DEFAULT_TTL_S
+    active_deadline_s: int | None = None  # running time after which the cluster fails the job
+
+    @property
+    def kind(self) -> WorkloadKind:
+        return WORKLOADS[self.workload]
+
+
+@dataclass(frozen=True)
 class PodSettings:
-    """What every worker pod gets besides the job itself: resources, placement, the clockd socket."""
+    """What every pod gets besides the job itself: resources, placement, the clockd socket."""
 
     cpu: str = "4"
     memory_gib: int = 16
@@ -59,33 +109,32 @@ class KubeJob:
     image: str
     no_ssh: bool = False
     pods: PodSettings = field(default_factory=PodSettings)
-    worker_wait_s: int = 600  # how long the launcher pod waits for the workers' sshd
+    batch: Batch = field(default_factory=Batch)
+    worker_wait_s: int = 600  # how long node 0 waits for every node's sshd
 
-    def worker(self, i: int) -> str:
-        return f"{self.name}-worker-{i}"
+    @property
+    def kind(self) -> WorkloadKind:
+        return self.batch.kind
 
-    def launcher(self) -> str:
-        return f"{self.name}-launcher"
+    def hostname(self, index: int) -> str:
+        """The host name the Job controller gives node `index`: <Job name>-<index>, where a JobSet's
+        Job is <jobset>-<replicated job>-<job index>."""
+        job = self.name if self.kind is JOB else f"{self.name}-{REPLICATED_JOB}-0"
+        return f"{job}-{index}"
+
+    def hosts(self) -> list[str]:
+        return [f"{self.hostname(i)}.{self.name}" for i in range(self.spec.nodes)]
+
+    def hostfile(self) -> str:
+        return hostfile.render([hostfile.Host(h, max(self.spec.gpus_per_node, 1)) for h in self.hosts()])
 
     def meta(self, name: str, role: str) -> Obj:
         return {"name": name, "namespace": self.namespace, "labels": {LABEL: self.name, ROLE: role}}
 
-    def job_object(self) -> Obj:
-        desc = {
-            "nodes": self.spec.nodes,
-            "gpusPerNode": self.spec.gpus_per_node,
-            "image": self.image,
-            "script": self.spec.script,
-            "args": self.spec.script_args,
-            "noSsh": self.no_ssh,
-        }
-        return {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": self.meta(self.name, "job"),
-            "data": {"job.json": json.dumps(desc)},
-        }
+    def pod_labels(self) -> dict[str, str]:
+        return {LABEL: self.name, ROLE: "node"}
 
+    # ---- the objects the workload owns ----
     def ssh_secret(self, private: str, public: str) -> Obj:
         return {
             "apiVersion": "v1",
@@ -95,8 +144,16 @@ class KubeJob:
             "stringData": {"ssh-privatekey": private, "ssh-publickey": public, "authorized_keys": public},
         }
 
+    def config_map(self) -> Obj:
+        """The hostfile, and the --env variables that DeepSpeed's runner exports on every node."""
+        data = {"hostfile": self.hostfile()}
+        if self.spec.env:
+            data["deepspeed_env"] = "".join(f"{pair.strip()}\n" for pair in self.spec.env)
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self.meta(f"{self.name}-config", "config"),
+                "data": data}
+
     def service(self) -> Obj:
-        # Headless: stable DNS names <pod>.<job> for every worker, ready or not.
+        """Headless: the DNS names <host>.<job> of every node, ready or not (a Job's; a JobSet makes its own)."""
         return {
             "apiVersion": "v1",
             "kind": "Service",
@@ -104,59 +161,177 @@ class KubeJob:
             "spec": {
                 "clusterIP": "None",
                 "publishNotReadyAddresses": True,
-                "selector": {LABEL: self.name, ROLE: "worker"},
+                "selector": self.pod_labels(),
                 "ports": [{"name": "ssh", "port": self.spec.ssh_port}],
             },
         }
 
-    def hosts(self) -> list[str]:
-        return [f"{self.worker(i)}.{self.name}" for i in range(self.spec.nodes)]
+    def dependents(self, private_key: str, public_key: str) -> list[Obj]:
+        """What the workload owns, in creation order."""
+        objs = [] if self.no_ssh else [self.ssh_secret(private_key, public_key)]
+        objs.append(self.config_map())
+        if self.kind is JOB:
+            objs.append(self.service())
+        return objs
 
-    def hostfile(self) -> str:
-        return hostfile.render([hostfile.Host(h, max(self.spec.gpus_per_node, 1)) for h in self.hosts()])
+    def manifests(self, private_key: str, public_key: str) -> list[Obj]:
+        """Everything, for `kubectl apply -f`: the workload last, so its pods find what they mount.
+        Suspended only for Kueue to admit; without a queue the job starts when applied."""
+        return [*self.dependents(private_key, public_key), self.workload(suspend=self.batch.queue is not None)]
 
-    def job_files(self) -> Obj:
-        """The hostfile, and the --env variables that DeepSpeed's runner exports on every node."""
-        data = {"hostfile": self.hostfile()}
-        if self.spec.env:
-            data["deepspeed_env"] = "".join(f"{pair.strip()}\n" for pair in self.spec.env)
-        return {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": self.meta(f"{self.name}-job", "files"),
-            "data": data,
-        }
-
-    def _deepspeed(self, extra: list[str]) -> str:
-        argv = [
-            "deepspeed",
-            "--hostfile",
-            f"{JOB_DIR}/hostfile",
-            "--master_addr",
-            self.hosts()[0],
-            "--master_port",
-            str(self.spec.master_port or DEFAULT_MASTER_PORT),  # a pod's network is its own: free there
-            *extra,
-            self.spec.script,
-            *self.spec.script_args,
+    def owned_by(self, obj: Obj, owner_uid: str) -> Obj:
+        """A copy of obj that the garbage collector deletes with the workload."""
+        out = copy.deepcopy(obj)
+        out["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": self.kind.api_version,
+                "kind": self.kind.kind,
+                "name": self.name,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
         ]
-        return shlex.join(argv)
+        return out
 
-    def _wait_for_workers(self) -> str:
-        """Bash: every worker's sshd answers (DNS and port), bounded, before DeepSpeed starts."""
+    # ---- the workload ----
+    def workload(self, suspend: bool) -> Obj:
+        meta = self.meta(self.name, "job")
+        if self.batch.queue:
+            meta["labels"][QUEUE_LABEL] = self.batch.queue
+        common = {"suspend": suspend, "ttlSecondsAfterFinished": self.batch.ttl_after_finished_s}
+        if self.kind is JOB:
+            return {"apiVersion": JOB.api_version, "kind": "Job", "metadata": meta,
+                    "spec": {**common, **self.job_spec()}}
+        spec = {
+            **common,
+            # the JobSet controller makes the headless Service <job> and sets the pods' subdomain
+            "network": {"enableDNSHostnames": True, "subdomain": self.name, "publishNotReadyAddresses": True},
+            # no failurePolicy: the first failed Job fails the JobSet, which deletes its other Jobs
+            "replicatedJobs": [
+                {"name": REPLICATED_JOB, "replicas": 1,
+                 "template": {"metadata": {"labels": self.pod_labels()}, "spec": self.job_spec()}}
+            ],
+        }
+        return {"apiVersion": JOBSET.api_version, "kind": "JobSet", "metadata": meta, "spec": spec}
+
+    def job_spec(self) -> Obj:
+        n = self.spec.nodes
+        spec: Obj = {
+            "completionMode": "Indexed",
+            "completions": n,
+            "parallelism": n,
+            "backoffLimit": 0,
+            # rules match in order: a drained or preempted pod (which also exits non-zero) is named as such
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    {"action": "FailJob",
+                     "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}},
+                ]
+            },
+        }
+        if not self.no_ssh:  # node 0 is the launcher: its success is the job's
+            spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
+        if self.batch.active_deadline_s is not None:
+            spec["activeDeadlineSeconds"] = self.batch.active_deadline_s
+        spec["template"] = self.pod_template()
+        return spec
+
+    # ---- the pods ----
+    def _deepspeed(self, extra: str) -> str:
+        head = ["deepspeed", "--hostfile", f"{JOB_DIR}/hostfile", "--master_addr", self.hosts()[0],
+                # a pod's network is its own: the default port is free there
+                "--master_port", str(self.spec.master_port or DEFAULT_MASTER_PORT)]
+        return f"{shlex.join(head)} {extra} {shlex.join([self.spec.script, *self.spec.script_args])}"
+
+    def _wait_for_nodes(self) -> str:
+        """Bash: every node's sshd answers (DNS and port), bounded, before DeepSpeed starts."""
         hosts = " ".join(self.hosts())
-        port = self.spec.ssh_port
+        port, wait = self.spec.ssh_port, self.worker_wait_s
         return (
-            f"deadline=$((SECONDS + {self.worker_wait_s})); for h in {hosts}; do "
+            f"deadline=$((SECONDS + {wait})); for h in {hosts}; do "
             f"until (exec 3<>/dev/tcp/$h/{port}) 2>/dev/null; do "
-            f'if [ $SECONDS -ge $deadline ]; then echo "worker $h:{port} unreachable after {self.worker_wait_s}s" >&2; '
+            f'if [ $SECONDS -ge $deadline ]; then echo "node $h:{port} unreachable after {wait}s" >&2; '
             "exit 1; fi; sleep 1; done; done"
         )
 
-    def _pod(self, name: str, role: str, container: Obj, volumes: list[Obj], gpu_node: bool) -> Obj:
-        groups = [self.pods.clockd.gid] if gpu_node and self.pods.clockd else []
+    def command(self) -> list[str]:
+        """The container's args after the image's entrypoint."""
+        if self.no_ssh:  # every node runs DeepSpeed itself, torchrun-style
+            ds = self._deepspeed("--no_ssh --node_rank=$JOB_COMPLETION_INDEX")
+            return ["launcher", "bash", "-c", f"exec {ds}"]
+        ds = self._deepspeed(shlex.join(["--launcher", "pdsh", "--ssh_port", str(self.spec.ssh_port),
+                                         "--no_ssh_check"]))
+        return ["node", "bash", "-c", f"{self._wait_for_nodes()}; exec {ds}"]  # run on node 0 only
+
+    def _env(self) -> list[Obj]:
+        env: list[Obj] = [
+            {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+            for var, path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"),
+                              ("POD_UID", "metadata.uid"))
+        ]
+        if self.pods.clockd:
+            env.append({"name": SOCKET_ENV, "value": self.pods.clockd.path})
+        if self.no_ssh:  # the container env is the job's
+            env += [{"name": k, "value": v} for k, _, v in (p.partition("=") for p in self.spec.env)]
+        else:  # node 0's pdsh and DeepSpeed's runner
+            env.append({"name": "PDSH_SSH_ARGS_APPEND", "value": SSH_CLIENT_OPTS})
+            if self.spec.env:
+                env.append({"name": "DS_ENV_FILE", "value": f"{JOB_DIR}/deepspeed_env"})
+        # the kubelet expands $(VAR) and $$ in env values: every $ meant literally is doubled
+        return [{**e, "value": escape_expansion(e["value"])} if "value" in e else e for e in env]
+
+    def _volumes(self) -> tuple[list[Obj], list[Obj]]:
+        shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{self.pods.shm_gib}Gi"}}
+        volumes = [shm, {"name": "job", "configMap": {"name": f"{self.name}-config"}}]
+        mounts: list[Obj] = [{"name": "dshm", "mountPath": "/dev/shm"},
+                             {"name": "job", "mountPath": JOB_DIR, "readOnly": True}]
+        if not self.no_ssh:
+            items = [{"key": "ssh-privatekey", "path": "id_ed25519"},
+                     {"key": "authorized_keys", "path": "authorized_keys"}]
+            volumes.append({"name": "ssh", "secret": {"secretName": f"{self.name}-ssh", "defaultMode": 0o440,
+                                                      "items": items}})
+            mounts.append({"name": "ssh", "mountPath": SSH_DIR, "readOnly": True})
+        if self.pods.clockd:
+            volumes.append({"name": "clockd",
+                            "hostPath": {"path": self.pods.clockd.host_dir, "type": "DirectoryOrCreate"}})
+            mounts.append({"name": "clockd", "mountPath": self.pods.clockd.host_dir, "readOnly": True})
+        return volumes, mounts
+
+    def _container(self) -> Obj:
+        s, pods = self.spec, self.pods
+        _, mounts = self._volumes()
+        memory = f"{pods.memory_gib}Gi"
+        limits: Obj = {"cpu": pods.cpu, "memory": memory}
+        if s.gpus_per_node > 0:
+            limits["nvidia.com/gpu"] = str(s.gpus_per_node)
+        container: Obj = {
+            "name": CONTAINER,
+            "image": self.image,
+            # the image's entrypoint (tini, envpipe-entrypoint) stays in charge; the kubelet expands
+            # $(VAR) and $$ in args, so every $ meant literally is doubled
+            "args": [escape_expansion(a) for a in self.command()],
+            "env": self._env(),
+            "volumeMounts": mounts,
+            "resources": {"requests": {"cpu": pods.cpu, "memory": memory}, "limits": limits},
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "runAsNonRoot": True,
+            },
+        }
+        if not self.no_ssh:
+            container["ports"] = [{"name": "ssh", "containerPort": s.ssh_port}]
+            container["readinessProbe"] = {"tcpSocket": {"port": s.ssh_port}, "periodSeconds": 2}
+        return container
+
+    def pod_template(self) -> Obj:
+        pods = self.pods
+        groups = [pods.clockd.gid] if pods.clockd else []
+        volumes, _ = self._volumes()
         spec: Obj = {
-            "restartPolicy": "Never",
+            "restartPolicy": "Never",  # the Job, not the kubelet, decides about failures
             "automountServiceAccountToken": False,  # the pods never call the API server
             "enableServiceLinks": False,
             "securityContext": {
@@ -167,127 +342,19 @@ class KubeJob:
                 **({"supplementalGroups": groups} if groups else {}),
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
-            "containers": [container],
+            "containers": [self._container()],
             "volumes": volumes,
         }
-        if self.pods.image_pull_secrets:
-            spec["imagePullSecrets"] = [{"name": s} for s in self.pods.image_pull_secrets]
-        if self.pods.priority_class:
-            spec["priorityClassName"] = self.pods.priority_class
-        if gpu_node:
-            if self.pods.node_selector:
-                spec["nodeSelector"] = dict(self.pods.node_selector)
-            if self.pods.tolerations:
-                spec["tolerations"] = copy.deepcopy(list(self.pods.tolerations))
-            if self.pods.affinity:
-                spec["affinity"] = copy.deepcopy(self.pods.affinity)
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": self.meta(name, role), "spec": spec}
-
-    def _container(self, name: str, args: list[str], env: list[Obj], mounts: list[Obj], resources: Obj) -> Obj:
-        return {
-            "name": name,
-            "image": self.image,
-            # the image's entrypoint (tini, envpipe-entrypoint) stays in charge; the kubelet expands
-            # $(VAR) and $$ in args and env values, so every $ meant literally is doubled
-            "args": [escape_expansion(a) for a in args],
-            "env": [{**e, "value": escape_expansion(e["value"])} if "value" in e else e for e in env],
-            "volumeMounts": mounts,
-            "resources": resources,
-            "securityContext": {
-                "allowPrivilegeEscalation": False,
-                "capabilities": {"drop": ["ALL"]},
-                "runAsNonRoot": True,
-            },
-        }
-
-    def _ssh_volume(self) -> Obj:
-        items = [{"key": "ssh-privatekey", "path": "id_ed25519"}, {"key": "authorized_keys", "path": "authorized_keys"}]
-        return {"name": "ssh", "secret": {"secretName": f"{self.name}-ssh", "defaultMode": 0o440, "items": items}}
-
-    def _job_files_volume(self) -> Obj:
-        return {"name": "job", "configMap": {"name": f"{self.name}-job"}}
-
-    def worker_pod(self, i: int) -> Obj:
-        s, pods = self.spec, self.pods
-        env: list[Obj] = [
-            {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-            for var, path in (
-                ("POD_NAME", "metadata.name"),
-                ("POD_NAMESPACE", "metadata.namespace"),
-                ("POD_UID", "metadata.uid"),
-            )
-        ]
-        shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{pods.shm_gib}Gi"}}
-        volumes = [self._ssh_volume(), shm]
-        mounts: list[Obj] = [
-            {"name": "ssh", "mountPath": SSH_DIR, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ]
-        if pods.clockd:
-            env.append({"name": SOCKET_ENV, "value": pods.clockd.path})
-            volumes.append({"name": "clockd", "hostPath": {"path": pods.clockd.host_dir, "type": "DirectoryOrCreate"}})
-            mounts.append({"name": "clockd", "mountPath": pods.clockd.host_dir, "readOnly": True})
-        if self.no_ssh:  # every node runs DeepSpeed itself, torchrun-style; the container env is the job's
-            env += [{"name": k, "value": v} for k, _, v in (p.partition("=") for p in s.env)]
-            args = ["launcher", "bash", "-c", self._deepspeed(["--no_ssh", f"--node_rank={i}"])]
-            volumes.append(self._job_files_volume())
-            mounts.append({"name": "job", "mountPath": JOB_DIR, "readOnly": True})
-        else:
-            args = ["worker"]  # sshd on the image's port 2222, keys from SSH_DIR
-        memory = f"{pods.memory_gib}Gi"
-        limits: Obj = {"cpu": pods.cpu, "memory": memory}
-        if s.gpus_per_node > 0:
-            limits["nvidia.com/gpu"] = str(s.gpus_per_node)
-        container = self._container(
-            "worker", args, env, mounts, {"requests": {"cpu": pods.cpu, "memory": memory}, "limits": limits}
-        )
-        container["ports"] = [{"name": "ssh", "containerPort": s.ssh_port}]
-        if not self.no_ssh:
-            container["readinessProbe"] = {"tcpSocket": {"port": s.ssh_port}, "periodSeconds": 2}
-        pod = self._pod(self.worker(i), "worker", container, volumes, gpu_node=True)
-        pod["spec"].update(hostname=self.worker(i), subdomain=self.name)
-        return pod
-
-    def objects(self, private_key: str, public_key: str) -> list[Obj]:
-        """Everything but the launcher pod, in creation order: the job object first."""
-        workers = [self.worker_pod(i) for i in range(self.spec.nodes)]
-        return [self.job_object(), self.ssh_secret(private_key, public_key), self.service(), self.job_files(), *workers]
-
-    def launcher_pod(self) -> Obj:
-        """Runs `deepspeed --launcher pdsh` against the workers once their sshd answers; no GPU, no clockd."""
-        ds = self._deepspeed(["--launcher", "pdsh", "--ssh_port", str(self.spec.ssh_port), "--no_ssh_check"])
-        env = [
-            {"name": "PDSH_SSH_ARGS_APPEND", "value": SSH_CLIENT_OPTS},
-            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},  # the NVIDIA runtime gives it no GPU
-        ]
-        if self.spec.env:
-            env.append({"name": "DS_ENV_FILE", "value": f"{JOB_DIR}/deepspeed_env"})
-        mounts = [
-            {"name": "ssh", "mountPath": SSH_DIR, "readOnly": True},
-            {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
-        ]
-        resources = {
-            "requests": {"cpu": LAUNCHER_CPU, "memory": LAUNCHER_MEMORY},
-            "limits": {"cpu": LAUNCHER_CPU, "memory": LAUNCHER_MEMORY},
-        }
-        args = ["launcher", "bash", "-c", f"{self._wait_for_workers()}; exec {ds}"]
-        container = self._container("launcher", args, env, mounts, resources)
-        return self._pod(
-            self.launcher(), "launcher", container, [self._ssh_volume(), self._job_files_volume()], gpu_node=False
-        )
-
-
-def owned_by(obj: Obj, owner_name: str, owner_uid: str) -> Obj:
-    """A copy of obj whose garbage collection follows the job object (set when the launcher creates it)."""
-    out = copy.deepcopy(obj)
-    out["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "name": owner_name,
-            "uid": owner_uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-    return out
+        if self.kind is JOB:
+            spec["subdomain"] = self.name  # the Job controller sets hostname <job>-<index>
+        if pods.image_pull_secrets:
+            spec["imagePullSecrets"] = [{"name": s} for s in pods.image_pull_secrets]
+        if pods.priority_class:
+            spec["priorityClassName"] = pods.priority_class
+        if pods.node_selector:
+            spec["nodeSelector"] = dict(pods.node_selector)
+        if pods.tolerations:
+            spec["tolerations"] = copy.deepcopy(list(pods.tolerations))
+        if pods.affinity:
+            spec["affinity"] = copy.deepcopy(pods.affinity)
+        return {"metadata": {"labels": self.pod_labels()}, "spec": spec}

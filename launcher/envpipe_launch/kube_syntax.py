@@ -2,7 +2,8 @@
 
 Pure string rules, checked on the client so a bad value is one clear line before any object exists:
 - names: DNS labels, RFC 1123 (namespaces) or RFC 1035 (Service names: first character a letter),
-  as apimachinery's IsDNS1123Label / IsDNS1035Label;
+  and DNS subdomains (object names such as a Kueue LocalQueue's), as apimachinery's IsDNS1123Label,
+  IsDNS1035Label and IsDNS1123Subdomain;
 - image references: the grammar of distribution/reference (what container runtimes parse; a pod
   with another image string is created and then stuck in InvalidImageName);
 - `$(VAR)` in a container's command, args and env values is expanded by the kubelet and `$$` becomes
@@ -16,6 +17,7 @@ import re
 LABEL_MAX = 63
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 # distribution/reference: [domain[:port]/]path-component[/path-component...][:tag][@digest]
 _ALNUM = r"[a-z0-9]+"
@@ -36,6 +38,10 @@ def is_dns1123_label(text: str) -> bool:
 
 def is_dns1035_label(text: str, max_len: int = LABEL_MAX) -> bool:
     return len(text) <= max_len and _DNS1035_LABEL.fullmatch(text) is not None
+
+
+def is_dns1123_subdomain(text: str, max_len: int = 253) -> bool:
+    return len(text) <= max_len and _DNS1123_SUBDOMAIN.fullmatch(text) is not None
 
 
 def is_image_reference(text: str) -> bool:

@@ -105,3 +105,9 @@ IMAGE = Checked(
     kube_syntax.is_image_reference,
     "not an image reference ([registry[:port]/]repository[:tag][@digest], repository in lowercase)",
 )
+QUEUE = Checked(
+    "queue",
+    lambda s: kube_syntax.is_dns1123_subdomain(s, kube_syntax.LABEL_MAX),
+    "a Kueue LocalQueue name is 1-63 lowercase letters, digits, '-' and '.', starting and ending with a "
+    "letter or digit (an object name that is also the value of the kueue.x-k8s.io/queue-name label)",
+)

@@ -8,7 +8,7 @@ launcher's pods match it.
 - clockd (the chart) creates DIR/NAME on a hostPath, mode 0660, owner root, group GID;
 - worker pods run as RUNTIME_UID, add GID to supplementalGroups (the image's user is in GID too),
   mount DIR read-only from the same hostPath and find the socket through ENVPIPE_CLOCKD_SOCKET;
-- pods that use no GPU (the launcher pod) and jobs run with --no-clockd do not mount it.
+- jobs run with --no-clockd do not mount it (every node of a job uses GPUs, node 0 the launcher too).
 """
 
 from __future__ import annotations

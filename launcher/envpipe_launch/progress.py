@@ -1,4 +1,4 @@
-"""Progress of a count (workers ready) on stderr: a tqdm bar on a terminal (tqdm, like the planner's
+"""Progress of a count (nodes ready) on stderr: a tqdm bar on a terminal (tqdm, like the planner's
 progress and a dependency of DeepSpeed's already), one line per change in a log (kubectl logs, CI),
 where a redrawn bar would show nothing but carriage returns."""
 
@@ -12,7 +12,7 @@ from tqdm import tqdm
 class Progress:
     def __init__(self, label: str, total: int) -> None:
         self.label, self.total, self.last = label, total, -1
-        self.bar = tqdm(total=total, desc=label, unit="worker", file=sys.stderr, disable=None)  # None: tty only
+        self.bar = tqdm(total=total, desc=label, unit="node", file=sys.stderr, disable=None)  # None: tty only
 
     def update(self, n: int) -> None:
         if n == self.last:

@@ -10,6 +10,10 @@
   signal sends SIGKILL at once. When the command itself ends, anything it left running is stopped too.
 - The launcher holds the write end of a pipe: if the launcher dies, even by SIGKILL, the pipe closes
   and the supervisor stops the job as on SIGTERM.
+- A forked guard waits for the supervisor's death (PR_SET_PDEATHSIG): if the supervisor itself is
+  killed with SIGKILL, the guard stops the job's process group (the supervisor's: it leads its own
+  session) the same way, SIGTERM then SIGKILL after the stop timeout. What left the group (a setsid
+  escapee) is out of its reach: only the living supervisor, their subreaper, still finds those.
 Why not a cgroup: creating one needs root or a delegated cgroup v2 subtree, and inside most containers
 /sys/fs/cgroup is read-only; a subreaper and a pipe need neither (Linux >= 3.4, any user). What it
 cannot reach: processes on other hosts (DeepSpeed's runner stops those with `pkill` over pdsh when
@@ -30,10 +34,13 @@ import time
 from types import FrameType
 from typing import Any
 
+import psutil
+
 from . import proctree
 from .errors import STOP_SIGNALS, Stopped, handling
 
-PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PR_SET_CHILD_SUBREAPER = 36
 KILL_WAIT_S = 5.0  # after SIGKILL: only a process stuck in the kernel takes longer
 STOP_POLL_S = 0.05
 
@@ -118,11 +125,22 @@ class Supervisor:
         self.status: int | None = None  # the command's, once it is reaped
         self.stop_signal: int | None = None
         self.kill_at = self.give_up_at = float("inf")
+        self.guard: int | None = None
 
     def run(self) -> int:
         if not _become_subreaper():
             print("envpipe-launch: warning: not a child subreaper (Linux only): processes that leave "
                   "the job's tree are not stopped with it", file=sys.stderr)
+        self.guard = _start_guard(self.stop_timeout_s)
+        try:
+            return self._supervise()
+        finally:
+            if self.guard is not None:  # the job is over: the guard has nothing left to guard
+                with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                    os.kill(self.guard, signal.SIGKILL)
+                    os.waitpid(self.guard, 0)
+
+    def _supervise(self) -> int:
         wake_r, wake_w = os.pipe()
         for fd in (wake_r, wake_w):
             os.set_blocking(fd, False)
@@ -170,13 +188,19 @@ class Supervisor:
             if pid == self.leader:
                 code = os.waitstatus_to_exitcode(wait_status)
                 self.status = code if code >= 0 else 128 - code
+            elif pid == self.guard:  # gone early (killed by someone): the job runs unguarded
+                self.guard = None
+
+    def job(self) -> list[psutil.Process]:
+        """Every process of the job: the supervisor's descendants but its guard."""
+        return [p for p in proctree.descendants() if p.pid != self.guard]
 
     def begin_stop(self, signum: int, leftovers: bool = False) -> None:
         now = time.monotonic()
         if self.stop_signal is not None:  # asked again: no more waiting
             self.kill_at = min(self.kill_at, now)
             return
-        procs = proctree.descendants()
+        procs = self.job()
         self.stop_signal = signum
         self.kill_at, self.give_up_at = now + self.stop_timeout_s, now + self.stop_timeout_s + KILL_WAIT_S
         if leftovers and procs:
@@ -188,7 +212,7 @@ class Supervisor:
     def stopped(self) -> bool:
         """True once none of the job runs (or, after SIGKILL, when waiting longer is pointless)."""
         self.reap()
-        procs = proctree.descendants()
+        procs = self.job()
         if not procs:
             return True
         now = time.monotonic()
@@ -200,9 +224,35 @@ class Supervisor:
         return False
 
 
-def _become_subreaper() -> bool:
+def _prctl(option: int, value: int) -> bool:
     prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
-    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return prctl is not None and prctl(option, value, 0, 0, 0) == 0
+
+
+def _start_guard(stop_timeout_s: float) -> int | None:
+    """Fork the guard (see the module's docstring); its pid, or None where it cannot work: no prctl,
+    or this process does not lead its process group (stopping the group would reach the launcher)."""
+    supervisor = os.getpid()
+    if os.getpgrp() != supervisor:
+        return None
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the guard: it runs no Python code of the supervisor's after this point
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, *STOP_SIGNALS})  # its group's stop is not its
+        if _prctl(PR_SET_PDEATHSIG, signal.SIGUSR1) and os.getppid() == supervisor:
+            signal.sigwait({signal.SIGUSR1})  # the supervisor died (or it had, just before the prctl)
+        elif os.getppid() == supervisor:
+            os._exit(0)  # no prctl: no guard
+        os.killpg(supervisor, signal.SIGTERM)
+        time.sleep(stop_timeout_s)
+        os.killpg(supervisor, signal.SIGKILL)  # the guard included
+    finally:
+        os._exit(0)
+
+
+def _become_subreaper() -> bool:
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def main() -> None:

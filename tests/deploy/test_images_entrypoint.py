@@ -1,11 +1,15 @@
 """The runtime image's entrypoint, run for real: worker mode starts sshd with fresh host keys and
-accepts only the given public key; launcher mode runs the command with the ssh client prepared."""
+accepts only the given public key; launcher mode runs the command with the ssh client prepared; node
+mode (one pod of the launcher's Indexed Job) serves ssh on every index and runs the command on 0."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -122,3 +126,50 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     """Stop sshd and return its log, for the failure message."""
     proc.terminate()
     return proc.communicate(timeout=10)[1]
+
+
+def test_node_without_command_fails_clearly(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(ENTRYPOINT), "node"], env=entrypoint_env(tmp_path), capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "node needs the command that node 0 runs" in result.stderr
+
+
+def _port_answers(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@needs_ssh
+def test_node_mode_serves_ssh_everywhere_and_runs_the_command_on_node_zero(tmp_path: Path) -> None:
+    """The launcher's Indexed Job: on index 0 the command runs while this node's sshd serves (pdsh logs
+    into node 0 too) and its exit status is the container's; on any other index only sshd runs."""
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory when root
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    for index in ("0", "1"):
+        home = tmp_path / f"home{index}"
+        home.mkdir(mode=0o700)
+        port = free_port()
+        env = entrypoint_env(home, ENVPIPE_SSH_AUTHORIZED_KEYS=(tmp_path / "id_ed25519.pub").read_text(),
+                             ENVPIPE_SSHD_CONFIG=str(local_sshd_config(home, port)), JOB_COMPLETION_INDEX=index)
+        probe = (f"for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && exit 7; sleep 0.1; "
+                 f"done; exit 1")
+        node = subprocess.Popen(["bash", str(ENTRYPOINT), "node", "bash", "-c", probe], env=env,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            if index == "0":  # the command saw its own node's sshd answer, and its status is the node's
+                assert node.wait(timeout=20) == 7, node.stderr.read() if node.stderr else ""
+            else:  # sshd in the foreground, the command never runs
+                deadline = time.monotonic() + 10
+                while not _port_answers(port) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert _port_answers(port) and node.poll() is None
+        finally:
+            node.terminate()
+            node.wait(timeout=10)
+            pid_file = home / "sshd.pid"  # node 0's sshd, left in the background (tini ends it in a pod)
+            if pid_file.exists():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid_file.read_text()), signal.SIGTERM)

@@ -80,22 +80,23 @@ def _torch_index(podman: Podman) -> Path:
 def build(podman: Podman, clock: Stopwatch) -> Images:
     """Everything from scratch, or what an earlier run with ENVPIPE_E2E_KEEP=1 left (then rebuilt by make)."""
     if not podman.has_image(DEBIAN):
-        with clock.lap("debootstrap + import the Debian base"):
+        with clock.lap("base image: debootstrap Debian bookworm + import"):
             _debian_base(podman)
     if not podman.has_image(PYTHON):
-        with clock.lap("Python base (stand-in for python:3.11-slim)"):
+        with clock.lap("base image: Python (stand-in for python:3.11-slim)"):
             podman.run("build", "--format", "docker", "--pull=never", "--build-arg", f"BASE_IMAGE={DEBIAN}",
                        "-f", str(ROOT / "tests/e2e/python-base.Dockerfile"), "-t", PYTHON, str(ROOT / "tests/e2e"))
     with clock.lap("local torch index"):
         index = _torch_index(podman) if not (podman.dir / "torch-index").exists() else podman.dir / "torch-index"
     flags = f"BUILD_FLAGS=--format docker --pull=never -v {index}:/torchidx:ro"
-    with clock.lap("make image ENGINE=podman (runtime + clockd)"):
-        result = subprocess.run(
-            ["make", "--no-print-directory", "-C", str(ROOT), "image", "ENGINE=podman", f"REGISTRY={REGISTRY}",
-             f"TAG={TAG}", f"RUNTIME_BASE_IMAGE={DEBIAN}", f"CLOCKD_BASE_IMAGE={PYTHON}",
-             "TORCH_INDEX=file:///torchidx/simple", flags],
-            env=podman.env, capture_output=True, text=True, timeout=1500,
-        )
-    if result.returncode != 0:
-        raise RuntimeError(f"make image failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    for image in ("runtime", "clockd"):
+        with clock.lap(f"image envpipe-{image}: make image ENGINE=podman IMAGES={image}"):
+            result = subprocess.run(
+                ["make", "--no-print-directory", "-C", str(ROOT), "image", "ENGINE=podman", f"IMAGES={image}",
+                 f"REGISTRY={REGISTRY}", f"TAG={TAG}", f"RUNTIME_BASE_IMAGE={DEBIAN}", f"CLOCKD_BASE_IMAGE={PYTHON}",
+                 "TORCH_INDEX=file:///torchidx/simple", flags],
+                env=podman.env, capture_output=True, text=True, timeout=1500,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"make image failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return Images(runtime=f"{REGISTRY}/envpipe-runtime:{TAG}", clockd=f"{REGISTRY}/envpipe-clockd:{TAG}")

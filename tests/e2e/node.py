@@ -7,7 +7,11 @@ mounts of <host root>/<path>, created for DirectoryOrCreate, read-only where the
 memory emptyDirs (tmpfs with the size limit); Secret and ConfigMap volumes (files written with the
 mode and fsGroup the kubelet gives them); env values and downward-API fieldRefs; $(VAR) and $$ in
 command, args and env values; CPU and memory limits; args after the image's entrypoint; the
-hostname. Ignored, because one host has no use for them: scheduling fields, probes, ports, the
+hostname; downward-API fieldRefs of labels and annotations (JOB_COMPLETION_INDEX). The cluster DNS
+of a headless Service (`<hostname>.<subdomain>`) is played by `dns()`: names registered up front get
+fixed addresses on the node's network, every container finds them in its /etc/hosts (podman's own
+DNS needs netavark and aardvark-dns, which these machines lack), and the pod with that name gets that
+address. Ignored, because one host has no use for them: scheduling fields, probes, ports, the
 service-account token (never mounted by our pods).
 """
 
@@ -24,6 +28,7 @@ from tests.e2e.podman import Podman
 from tests.support.fakes.kubelet import kubelet_expand
 
 Obj = dict[str, Any]
+SUBNET = "10.213.47"  # the node's pod network (/24), fixed so that DNS names can have fixed addresses
 
 
 def _quantity_bytes(q: str) -> int:
@@ -41,7 +46,13 @@ class Node:
         for stale in (self.host_root, self.volumes):  # a node starts empty, whatever an earlier run left
             shutil.rmtree(stale, ignore_errors=True)
         self.files: dict[str, dict[str, str]] = {}  # Secrets and ConfigMaps by name: key -> text
-        podman.run("network", "create", network)
+        self.names: dict[str, str] = {}  # DNS name -> address: the cluster DNS of headless Services
+        podman.run("network", "create", "--subnet", f"{SUBNET}.0/24", network)
+
+    def dns(self, *names: str) -> None:
+        """Give each name an address of the node's network, as CoreDNS would for a Service's pods."""
+        for name in names:
+            self.names.setdefault(name, f"{SUBNET}.{10 + len(self.names)}")
 
     def host_path(self, path: str) -> Path:
         return self.host_root / path.lstrip("/")
@@ -90,7 +101,12 @@ class Node:
             container = next(c for c in containers if c["name"] == container_name)
         pod_ctx, ctx = spec.get("securityContext", {}), container.get("securityContext", {})
         name = meta["name"] if container is containers[0] else f"{meta['name']}-{container['name']}"
-        args = ["run", "-d", "--name", name, "--network", self.network, "--hostname", spec.get("hostname", name)]
+        hostname = spec.get("hostname", name)
+        args = ["run", "-d", "--name", name, "--network", self.network, "--hostname", hostname]
+        address = self.names.get(f"{hostname}.{spec.get('subdomain')}")
+        if address is not None:  # the pod behind a name of a headless Service
+            args += ["--ip", address]
+        args += [f"--add-host={n}:{a}" for n, a in self.names.items()]
         user = ctx.get("runAsUser", pod_ctx.get("runAsUser"))
         group = ctx.get("runAsGroup", pod_ctx.get("runAsGroup"))
         if user is not None:
@@ -112,6 +128,8 @@ class Node:
             args += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))]
         uid = str(uuid.uuid4())
         fields = {"metadata.name": name, "metadata.namespace": meta.get("namespace", "default"), "metadata.uid": uid}
+        for part in ("labels", "annotations"):  # e.g. the Job controller's completion index
+            fields.update({f"metadata.{part}['{k}']": v for k, v in (meta.get(part) or {}).items()})
         env: dict[str, str] = {}
         for e in container.get("env", []):  # in order: a value may refer to the variables before it
             raw = e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SYSTEM_STATE = (Path("/var/lib/containers"), Path("/run/containers"))
@@ -101,21 +102,30 @@ class Podman:
 
 
 class Stopwatch:
-    """Named durations of one e2e run, printed at its end (measured, this machine)."""
+    """Named durations of one e2e run (measured, this machine): each one line as it ends, through
+    `say` (the conftest prints it past pytest's capture), and all of them again at the run's end."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None] = print) -> None:
         self.laps: list[tuple[str, float]] = []
+        self.say = say
 
     @contextlib.contextmanager
     def lap(self, name: str):  # type: ignore[no-untyped-def]
         start = time.monotonic()
         try:
             yield
-        finally:
-            self.laps.append((name, time.monotonic() - start))
+        except BaseException:
+            self.say(f"e2e: {name}: failed after {time.monotonic() - start:.1f} s")
+            raise
+        self.record(name, time.monotonic() - start)
 
     def record(self, name: str, seconds: float) -> None:
         self.laps.append((name, seconds))
+        self.say(f"e2e: {name}: {seconds:.1f} s")
 
     def lines(self) -> list[str]:
         return [f"{name:<44} {seconds:8.2f} s" for name, seconds in self.laps]
+
+
+if __name__ == "__main__":  # `make e2e` asks first: prints why podman cannot run here, or nothing
+    print(unavailable() or "", end="")

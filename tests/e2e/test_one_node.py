@@ -1,18 +1,20 @@
 """One host as one Kubernetes node, in real containers: both images built with podman, the clockd
-DaemonSet pod exactly as `helm template` renders the chart (sim backend: no GPU here), two worker pods
-and the launcher pod exactly as envpipe-launch's kube backend builds them, and `envpipe-launch
---backend ssh` training a 2-node CPU job across the workers with the `daemon` clock.
+DaemonSet pod exactly as `helm template` renders the chart (sim backend: no GPU here), and the two pods
+of envpipe-launch's kube job exactly as the Job controller makes them from the Indexed Job that the
+kube backend builds (tests/support/fakes/kube_controllers.pod_for_index): node 1 serves ssh, node 0
+serves ssh and, as the job's launcher, runs `deepspeed --launcher pdsh` over both nodes' DNS names,
+training a 2-node CPU job with the `daemon` clock.
 
-What is not real: no kubelet, scheduler or API server (tests/e2e/node.py runs the pod objects with
-podman the way a kubelet would), simulated GPUs in clockd, and ENVPIPE_GPU_UUID standing in for the
-NVIDIA device plugin's assignment of one GPU to each worker pod.
+What is not real: no kubelet, scheduler, API server or CoreDNS (tests/e2e/node.py runs the pod objects
+with podman the way a kubelet would, and /etc/hosts entries stand for the pods' names under the job's
+headless Service), simulated GPUs in clockd, and ENVPIPE_GPU_UUID standing in for the NVIDIA device
+plugin's assignment of one GPU to each pod.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import subprocess
 import sys
@@ -25,16 +27,17 @@ from typing import Any
 
 import pytest
 import yaml
-from envpipe_launch.backends.kube import _ssh_keypair, pod_settings
+from envpipe_launch import sshkeys
+from envpipe_launch.backends.kube import pod_settings
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import KubeJob
-from envpipe_launch.kube_syntax import escape_expansion
 
 from envpipe.runtime.summary import RunSummary
 from tests.e2e import images as image_build
 from tests.e2e.node import Node
 from tests.e2e.podman import Podman, Stopwatch, unavailable
 from tests.support.clockd_helpers import call
+from tests.support.fakes.kube_controllers import pod_for_index
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -48,8 +51,8 @@ NETWORK = "envpipe-e2e"
 METRICS_PORT = 9464
 REPORT_DIR = "/tmp/envpipe-report"
 # A tiny GPT on CPU: calibrate, profile two clocks, plan (the runtime's default policy), steady steps.
-TRAIN = ["examples/train_gpt.py", "--tiny", "--steps", "14", "--calibration-steps", "1", "--profile-points", "2",
-         "--reconfigure-rounds", "2", "--compare-iterations", "1", "--report-dir", REPORT_DIR]
+TRAIN = ["/opt/envpipe/examples/train_gpt.py", "--tiny", "--steps", "14", "--calibration-steps", "1",
+         "--profile-points", "2", "--reconfigure-rounds", "2", "--compare-iterations", "1", "--report-dir", REPORT_DIR]
 JOB_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "ENVPIPE_CLOCK": "daemon"}
 Obj = dict[str, Any]
 
@@ -84,8 +87,9 @@ def chart_clockd_pod() -> Obj:
 class OneNode:
     node: Node
     job: KubeJob
+    workload: Obj  # the Job as the API server stores it (uid, namespace)
     socket: Path  # the clockd socket on the host
-    gpus: list[str]  # sim GPU UUIDs; worker i got gpus[i]
+    gpus: list[str]  # sim GPU UUIDs; node i got gpus[i]
     image: str  # the runtime image
 
     def audit(self) -> list[Obj]:
@@ -97,17 +101,11 @@ class OneNode:
         assert status == 200, body
         return body
 
-    def start_launcher(self, name: str) -> str:
-        """The launcher pod of the kube backend, running `envpipe-launch --backend ssh` across the workers."""
-        pod = self.job.launcher_pod()
-        pod["metadata"]["name"] = name
-        ips = ",".join(self.node.podman.ip(self.job.worker(i), NETWORK) for i in range(2))
-        env = [a for k, v in JOB_ENV.items() for a in ("--env", f"{k}={v}")]
-        launch = ["envpipe-launch", "--backend", "ssh", "--hosts", ips, "--nodes", "2", "--gpus-per-node", "1",
-                  "--ssh-key", "/home/envpipe/.ssh/id_ed25519", *env, "--", *TRAIN]
-        script = escape_expansion(f"cd /opt/envpipe && {shlex.join(launch)}")  # as the builders write args
-        pod["spec"]["containers"][0]["args"] = ["launcher", "bash", "-c", script]
-        return self.node.start(pod, self.image)[0]
+    def start_node(self, index: int) -> str:
+        """Node `index`'s pod as the Job controller makes it, with its GPU; its container's name."""
+        pod = pod_for_index(self.workload, index)
+        self.node.start(pod, self.image, extra_env={"ENVPIPE_GPU_UUID": self.gpus[index]})
+        return str(pod["metadata"]["name"])
 
 
 def _wait(pred: Any, timeout: float, what: str, poll: float = 0.2) -> float:
@@ -138,7 +136,7 @@ def _port_open(host: str, port: int) -> bool:
 def one_node(podman: Podman, images: image_build.Images, stopwatch: Stopwatch) -> Iterator[OneNode]:
     node = Node(podman, NETWORK)
     try:
-        with stopwatch.lap("start clockd and two workers"):
+        with stopwatch.lap("start clockd and node 1"):
             clockd = chart_clockd_pod()
             node.start(clockd, images.clockd)
             args = next(c for c in clockd["spec"]["containers"] if c["name"] == "clockd")["args"]
@@ -148,17 +146,21 @@ def one_node(podman: Podman, images: image_build.Images, stopwatch: Stopwatch) -
             assert status == 200, listing
             gpus = [g["uuid"] for g in listing["gpus"]]
             spec = JobSpec(nodes=2, gpus_per_node=1, script=TRAIN[0], script_args=TRAIN[1:], backend="kube",
-                           script_on_workers=True)
-            job = KubeJob(spec, "j", "team", images.runtime, pods=pod_settings(cpu=2, memory_gib=3, shm_gib=1))
-            for obj in job.objects(*_ssh_keypair()):
+                           env=[f"{k}={v}" for k, v in JOB_ENV.items()], script_on_workers=True)
+            job = KubeJob(spec, "j", "team", images.runtime, pods=pod_settings(cpu=2, memory_gib=3, shm_gib=1),
+                          worker_wait_s=120)
+            keys = sshkeys.generate()
+            for obj in job.dependents(keys.private, keys.public):
                 if obj["kind"] in ("Secret", "ConfigMap"):
                     node.add_object(obj)
-            for i in range(2):  # the device plugin's part: one GPU per worker pod
-                node.start(job.worker_pod(i), images.runtime, extra_env={"ENVPIPE_GPU_UUID": gpus[i]})
-            for i in range(2):
-                ip = podman.ip(job.worker(i), NETWORK)
-                _wait(lambda ip=ip: _port_open(ip, 2222), 60, f"sshd of worker {i} on {ip}:2222")
-        yield OneNode(node, job, sock, gpus, images.runtime)
+            node.dns(*job.hosts())  # the headless Service's names of both nodes
+            workload = job.workload(suspend=False)
+            workload["metadata"]["uid"] = "00000000-0000-4000-8000-000000000001"
+            one = OneNode(node, job, workload, sock, gpus, images.runtime)
+            name = one.start_node(1)  # node 1 serves ssh; node 0 (the launcher) starts in the tests
+            ip = podman.ip(name, NETWORK)
+            _wait(lambda: _port_open(ip, 2222), 60, f"sshd of node 1 on {ip}:2222")
+        yield one
     finally:
         for line in podman.run("logs", "clockd", check=False).stderr.splitlines()[-5:]:
             print(f"clockd: {line}")
@@ -174,7 +176,8 @@ def test_clockd_runs_with_the_charts_settings(one_node: OneNode) -> None:
 
 
 def test_worker_reaches_clockd_through_a_read_only_mount(one_node: OneNode) -> None:
-    podman, w0 = one_node.node.podman, one_node.job.worker(0)
+    podman = one_node.node.podman
+    (w0,) = [c for c in podman.run("ps", "--format", "{{.Names}}").stdout.split() if c.startswith("j-1-")]
     probe = ("import os, socket; s = socket.socket(socket.AF_UNIX); s.connect(os.environ['ENVPIPE_CLOCKD_SOCKET']);"
              " s.sendall(b'GET /healthz HTTP/1.0\\r\\n\\r\\n'); print(s.recv(200).split()[1].decode(), os.getuid())")
     out = podman.run("exec", w0, "/opt/venv/bin/python", "-c", probe).stdout.split()
@@ -196,19 +199,23 @@ def test_a_container_without_the_socket_group_is_refused(one_node: OneNode, imag
 
 
 def test_two_node_training_with_the_daemon_clock(one_node: OneNode, stopwatch: Stopwatch) -> None:
+    """Node 0 of the kube job as built: its sshd, the wait for both nodes' sshd by DNS name, DeepSpeed's
+    pdsh launcher over the hostfile and env file of the job's ConfigMap, the ssh key of its Secret."""
     podman = one_node.node.podman
-    with stopwatch.lap("envpipe-launch --backend ssh: 2-node job"):
-        name = one_node.start_launcher("j-launcher")
+    with stopwatch.lap("node 0 of the kube job: 2-node training"):
+        name = one_node.start_node(0)
         code = podman.run("wait", name, timeout=600).stdout.strip()
     logs = podman.run("logs", name).stdout + podman.run("logs", name).stderr
     assert code == "0", logs[-4000:]
     audit = one_node.audit()
     opened = [e for e in audit if e["event"] == "lease_open"]
-    for i, gpu in enumerate(one_node.gpus):  # each worker leased its own GPU, as uid 1000 of its pod
+    for i, gpu in enumerate(one_node.gpus):  # each node leased its own GPU, as uid 1000 of its pod
         owners = [e["owner"] for e in opened if e["gpus"] == [gpu]]
-        assert owners and all("uid=1000" in o and f"pod=team/j-worker-{i}" in o for o in owners), opened
-    text = podman.run("exec", one_node.job.worker(0), "cat", f"{REPORT_DIR}/summary.json").stdout
-    summary = RunSummary.from_json(json.loads(text))
+        assert owners and all("uid=1000" in o and f"pod=team/j-{i}-" in o for o in owners), opened
+    copied = one_node.node.podman.dir / "summary.json"  # node 0 has ended: copy out of its container
+    podman.run("cp", f"{name}:{REPORT_DIR}/summary.json", str(copied))
+    podman.run("rm", name)  # its host name j-0 is free for the next test's node 0
+    summary = RunSummary.from_json(json.loads(copied.read_text()))
     assert summary.clock.kind == "daemon" and summary.clock.controls_clocks and summary.clock.refusals == []
     assert summary.plan is not None and summary.plan.clocks is not None and summary.plan.deployed
     for stage, gpu in enumerate(one_node.gpus):  # rank s (stage s) runs on worker s
@@ -220,10 +227,11 @@ def test_two_node_training_with_the_daemon_clock(one_node: OneNode, stopwatch: S
 
 def test_killing_a_training_container_resets_its_gpu_within_a_second(one_node: OneNode, stopwatch: Stopwatch) -> None:
     podman, gpu = one_node.node.podman, one_node.gpus[1]
-    one_node.start_launcher("j-launcher-2")
+    one_node.start_node(0)
     resets_before = len([e for e in one_node.audit() if e["event"] == "clock_reset" and e["gpu"] == gpu])
     _wait(lambda: one_node.gpu(gpu)["locked"] is not None, 240, f"a clock lock on {gpu}", poll=0.05)
-    podman.run("kill", "--signal", "KILL", one_node.job.worker(1))
+    (node1,) = [c for c in podman.run("ps", "--format", "{{.Names}}").stdout.split() if c.startswith("j-1-")]
+    podman.run("kill", "--signal", "KILL", node1)
     killed = time.monotonic()
     _wait(lambda: one_node.gpu(gpu)["locked"] is None and not one_node.gpu(gpu)["lease_held"], 5,
           f"the reset of {gpu}", poll=0.01)

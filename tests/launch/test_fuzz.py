@@ -27,6 +27,7 @@ from envpipe_launch import net, supervise
 from envpipe_launch.cli import main
 from envpipe_launch.errors import MESSAGE_LIMIT
 from envpipe_launch.job import BACKENDS, DS_LAUNCHERS
+from envpipe_launch.kube_manifests import WORKLOADS
 from envpipe_launch.params import EnvPair, RegularFile, Seconds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -58,7 +59,7 @@ def pools(inputs: dict[str, str]) -> dict[str, list[str]]:
         "env": ["A=1", "NOEQ", "A=$HOME", "A=x\ny", "A= b", "=1", "A=a b", "A=\"q\"", "É=1", "A=\udcff", "A=1=2"],
         "name": ["My_Job", "a" * 64, "ok-name", "Bad NS", "Bad Image!!", IMAGE, "img@sha256:ab", "1job", "a-", "ä"],
         "host": ["127.0.0.1", "127.0.0.1,127.0.0.2", "a,,b", "unknown", "a b", "node[1-3]", "x" * 300, "::1"],
-        "choice": [*BACKENDS, *DS_LAUNCHERS, "slurm", "LOCAL"],
+        "choice": [*BACKENDS, *DS_LAUNCHERS, *WORKLOADS, "slurm", "LOCAL", "JobSet"],
         "other": ["--", "-", "-h", "$(HOME)", "x" * 1000],
     }
 
@@ -91,6 +92,7 @@ def bases(inputs: dict[str, str]) -> list[list[str]]:
         ["--backend", "ssh", "--nodes", "2", "--hostfile", inputs["hostfile"], "--env", "A=1"],
         ["--backend", "kube", "--image", IMAGE, "--dry-run"],
         ["--backend", "kube", "--image", IMAGE, "--no-ssh"],
+        ["--backend", "kube", "--image", IMAGE, "--workload", "jobset", "--queue", "team-a", "--dry-run"],
         ["--backend", "cml", "--nodes", "2"],
     ]
 

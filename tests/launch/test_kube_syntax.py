@@ -33,15 +33,16 @@ def test_pods_run_script_args_and_env_values_as_given() -> None:
     spec = JobSpec(nodes=2, gpus_per_node=1, script="train.py", script_args=args, backend="kube",
                    env=["GREETING=$(HOSTNAME)"], script_on_workers=True)
     no_ssh, ssh = KubeJob(spec, "j", "default", "img:1", no_ssh=True), KubeJob(spec, "j", "default", "img:1")
-    for pod in (no_ssh.worker_pod(0), ssh.launcher_pod()):
-        (container,) = pod["spec"]["containers"]
+    for job in (no_ssh, ssh):
+        (container,) = job.pod_template()["spec"]["containers"]
         env = {e["name"]: kubelet_expand(e["value"], {}) for e in container["env"] if "value" in e}
-        # no_ssh: the worker's env is the job's; ssh: DeepSpeed's env file (no kubelet expansion there)
+        # no_ssh: the node's env is the job's; ssh: DeepSpeed's env file (no kubelet expansion there)
         assert env.get("GREETING", "$(HOSTNAME)") == "$(HOSTNAME)"
         argv = [kubelet_expand(part, {**env, "HOSTNAME": "pod-0"}) for part in container["args"]]
-        assert argv[:3] == ["launcher", "bash", "-c"] and shlex.split(argv[3])[-5:] == ["train.py", *args]
-    assert no_ssh.worker_pod(0)["spec"]["containers"][0]["env"][-1] == {"name": "GREETING", "value": "$$(HOSTNAME)"}
-    assert ssh.job_files()["data"]["deepspeed_env"] == "GREETING=$(HOSTNAME)\n"
+        assert argv[1:3] == ["bash", "-c"] and shlex.split(argv[3])[-5:] == ["train.py", *args]
+    no_ssh_env = no_ssh.pod_template()["spec"]["containers"][0]["env"]
+    assert no_ssh_env[-1] == {"name": "GREETING", "value": "$$(HOSTNAME)"}
+    assert ssh.config_map()["data"]["deepspeed_env"] == "GREETING=$(HOSTNAME)\n"
 
 
 @pytest.mark.parametrize("name", ["a", "envpipe-1a2b3c", "a" * 63, "0abc", "a-b-c"])

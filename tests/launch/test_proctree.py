@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from envpipe_launch import deepspeed_cmd, supervise
 from envpipe_launch.errors import Stopped
@@ -77,6 +78,38 @@ def test_sigkill_of_the_launcher_stops_the_job(tmp_path: Path) -> None:
     launcher.kill()
     launcher.wait()
     wait_for(lambda: marked(mark) == [], timeout=1.0 + supervise.KILL_WAIT_S)
+
+
+def test_sigkill_of_the_supervisor_stops_its_process_group(tmp_path: Path) -> None:
+    """The guard: SIGKILL of the supervisor itself stops what is left of the job in its process group,
+    the stubborn ones by SIGKILL after the stop timeout. The setsid escapee is beyond it (documented)."""
+    job, mark = _stubborn_job(tmp_path, stop_timeout_s=1.0)
+    group = os.getpgid(job.pid)
+    escapees = [p for p in marked(mark) if os.getsid(p.pid) != os.getsid(job.pid)]
+    try:
+        os.kill(job.pid, signal.SIGKILL)
+        assert job.wait() == -signal.SIGKILL
+        wait_for(lambda: [p for p in marked(mark) if p not in escapees] == [], timeout=1.0 + supervise.KILL_WAIT_S)
+        wait_for(lambda: not any(_in_group(p, group) for p in psutil.process_iter()), timeout=5)  # the guard too
+    finally:
+        for p in escapees:
+            p.kill()
+
+
+def _in_group(p: psutil.Process, group: int) -> bool:
+    try:
+        return os.getpgid(p.pid) == group and p.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        return False
+
+
+def test_the_guard_ends_with_a_job_that_ends_normally(tmp_path: Path) -> None:
+    job = supervise.Supervised(["bash", "-c", f"touch {tmp_path}/started; sleep 0.5"])
+    group = os.getpgid(job.pid)
+    wait_for(lambda: (tmp_path / "started").exists(), timeout=20)  # the guard is forked before the command
+    assert sum(_in_group(p, group) for p in psutil.process_iter()) == 3  # the supervisor, its guard, the command
+    assert job.wait() == 0
+    assert not any(_in_group(p, group) for p in psutil.process_iter())
 
 
 def test_run_forwards_the_signal_and_raises_stopped_once_the_job_is_gone(tmp_path: Path) -> None:

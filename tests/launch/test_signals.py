@@ -5,7 +5,6 @@ SIGINT, one takes 0.5 s over them, one leaves a setsid'd grandchild behind); wit
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -61,13 +60,7 @@ def test_sigterm_while_kube_workers_start_cleans_up_and_gives_143(tmp_path: Path
     api = FakeKubeAPI().start()
     try:
         api.start_delay_s = 60  # the workers never get ready: the launcher is waiting when SIGTERM comes
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "u", "user": {"token": "x"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        }))
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
         argv = [sys.executable, "-m", "envpipe_launch", "--backend", "kube", "--nodes", "2", "--image", "img:1",
                 "--name", "t", "--", "train.py"]
         proc = subprocess.Popen(argv, env={**ENV, "KUBECONFIG": str(kubeconfig)}, stderr=subprocess.PIPE, text=True)
@@ -76,6 +69,6 @@ def test_sigterm_while_kube_workers_start_cleans_up_and_gives_143(tmp_path: Path
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 143, err
         assert err.endswith("envpipe-launch: interrupted by SIGTERM\n"), err
-        assert not any(api.names(kind) for kind in ("pods", "services", "secrets", "configmaps"))
+        assert not any(api.names(kind) for kind in ("pods", "jobs", "services", "secrets", "configmaps"))
     finally:
         api.stop()

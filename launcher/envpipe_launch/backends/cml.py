@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from .. import deepspeed_cmd, hostfile, net
+from .. import deepspeed_cmd, hostfile, net, sshkeys
 from ..errors import LaunchError
 from ..job import JobSpec
 from ..supervise import Supervised
@@ -32,8 +32,8 @@ SSHD = "/usr/sbin/sshd"
 def sshd_code(port: int) -> str:
     """`code` starting with "!" runs as a shell command on a CML worker."""
     return (
-        f"!mkdir -p {SSH_DIR} && (test -f {SSH_DIR}/host_key || ssh-keygen -q -t ed25519 -N '' "
-        f"-f {SSH_DIR}/host_key) && exec /usr/sbin/sshd -D -e -p {port} -f /dev/null "
+        # the host key is prepare_keys' (shared through the project filesystem), made before any worker
+        f"!exec /usr/sbin/sshd -D -e -p {port} -f /dev/null "
         f"-h {SSH_DIR}/host_key -o PidFile={SSH_DIR}/sshd.pid -o StrictModes=no "
         f"-o AuthorizedKeysFile={SSH_DIR}/authorized_keys -o PasswordAuthentication=no"
     )
@@ -41,12 +41,6 @@ def sshd_code(port: int) -> str:
 
 def _ssh_dir() -> str:
     return os.path.expandvars(SSH_DIR)
-
-
-def _keygen(path: str) -> None:
-    r = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise LaunchError(f"ssh-keygen -f {path} failed: {r.stderr.strip()}")
 
 
 def prepare_keys(ssh_key: str | None) -> str:
@@ -57,20 +51,17 @@ def prepare_keys(ssh_key: str | None) -> str:
     d = _ssh_dir()
     os.makedirs(d, mode=0o700, exist_ok=True)
     if not os.path.exists(os.path.join(d, "host_key")):
-        _keygen(os.path.join(d, "host_key"))
+        sshkeys.write(os.path.join(d, "host_key"))
     key = ssh_key or os.path.join(d, "id_ed25519")
     if not os.path.exists(key):
         if ssh_key:
             raise LaunchError(f"--ssh-key {ssh_key}: no such file")
-        _keygen(key)
+        sshkeys.write(key)
     if os.path.exists(key + ".pub"):
         with open(key + ".pub") as f:
             pub = f.read().strip()
     else:
-        r = subprocess.run(["ssh-keygen", "-y", "-f", key], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise LaunchError(f"cannot read the public half of {key}: {r.stderr.strip()}")
-        pub = r.stdout.strip()
+        pub = sshkeys.public_of(key).strip()
     auth = os.path.join(d, "authorized_keys")
     known = Path(auth).read_text().splitlines() if os.path.exists(auth) else []
     if pub not in known:
