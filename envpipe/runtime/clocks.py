@@ -129,6 +129,10 @@ class DaemonClock:
     def refusals(self) -> list[Refusal]:
         return [Refusal(mhz, err.status, str(err.body.get("message", err))) for mhz, err in self._client.refused]
 
+    def lost_control(self) -> tuple[float, int]:
+        """(seconds without a lease and its clocks, new leases opened): the daemon restarted under the job."""
+        return self._client.uncontrolled_s(), self._client.reattaches
+
     def close(self) -> None:
         self._client.close()  # ends the lease: the daemon resets the GPU
 

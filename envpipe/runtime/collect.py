@@ -35,6 +35,7 @@ class RankRecord:
     allreduce_s: list[float]  # steady timed plan iterations: ReduceTiedGrads + ReduceGrads (engine marks)
     tail_s: list[float]  # step end - last unit end, as calibration measures it
     refusals: list[S.Refusal]
+    lost_control: tuple[float, int] | None = None  # clockd: (seconds without control, re-attaches)
 
     def energy(self, runs: str) -> float | None:
         """This GPU's median energy over the steady iterations that ran ``runs``; None if any lacks it."""
@@ -133,9 +134,11 @@ def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | N
         predicted_s = chosen.predicted_time_s if order_ran and controls else predict_time(
             chosen.plans[0].orders() if order_ran else one_f_one_b(stages, microbatches), cal)
     info = None if chosen is None else replace(chosen.info, deployed=order_ran and controls, order_deployed=order_ran)
+    lost = [r.lost_control for r in records if r.lost_control is not None]
     clock_info = S.ClockInfo(
         "none" if clock is None else clock.kind, controls, label, time_label(clock),
-        None if clock is None else clock.note, [x for r in records for x in r.refusals])
+        None if clock is None else clock.note, [x for r in records for x in r.refusals],
+        sum(s for s, _ in lost) if lost else None, sum(n for _, n in lost) if lost else None)
     sim_tails = [max(0.0, t - cal.head_s) for t in cal.tail_s] if cal is not None else []
     rule = chosen.straggler_rule if chosen is not None else None
     measured = steady.time_s.median

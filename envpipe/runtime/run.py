@@ -35,7 +35,7 @@ import torch
 from envpipe.runtime import collective, decide, prediction, state
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated, calibrate
-from envpipe.runtime.clocks import Clock, energy_label, simulated_gpu, time_label
+from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.collect import RankRecord, assemble
 from envpipe.runtime.collective import progress
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
@@ -223,9 +223,10 @@ class EnvPipeRun:
                            else None) for k, mb, a, b in last.units]
         refusals = [S.Refusal(self.rig.place.rank, r.mhz, r.status, r.message) for r in
                     (self.clock.refusals() if self.clock is not None else [])]
+        lost = self.clock.lost_control() if isinstance(self.clock, DaemonClock) else None
         mine = RankRecord(self.rig.place, [(it.runs, it.time_s, it.energy_j) for it in record.iterations()], peak,
                           unit, units, record.digest, [a for a, _ in record.tails], [t for _, t in record.tails],
-                          refusals)
+                          refusals, lost)
         everyone = collective.gather(mine)
         flops = self.rig.gather(None if self.rig.sim is None else self.rig.sim.unit_flops)
         if collective.rank() != 0:

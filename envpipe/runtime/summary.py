@@ -137,7 +137,8 @@ class ClockInfo:
     time: str  # "measured (wall clock)", or on CPU "simulated (sim clock's GPU time)": the GPU's virtual time
     note: str | None  # why clocks are not controlled
     refusals: list[Refusal]
-    uncontrolled_s: float | None = None  # time the clock daemon's lease was lost (it restarted), summed over ranks
+    uncontrolled_s: float | None = None  # clockd: time without a lease and its clocks (it restarted), every rank's
+    reattaches: int | None = None  # clockd: new leases the ranks opened after losing one
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -136,6 +136,9 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
                          f"activations per micro-batch in flight, {fits}; the order keeps {mem.planned_in_flight}")
     for why in plan.refused_orders if plan is not None else []:
         lines.append(f"  order not taken: {why}")
+    if s.clock.uncontrolled_s:
+        lines.append(f"  clock control lost for {s.clock.uncontrolled_s:.1f} s over all ranks (envpipe-clockd "
+                     f"restarted; {s.clock.reattaches or 0} new lease(s)): those iterations ran at default clocks")
     if s.clock.refusals:
         first = s.clock.refusals[0]
         lines.append(f"  clock requests refused by the daemon: {len(s.clock.refusals)} "

@@ -74,7 +74,7 @@ def test_daemon_refusals_reach_the_summary(tmp_path: Path) -> None:
         run_pipeline(2, runs, tmp_path, env_extra={"ENVPIPE_CLOCKD_SOCKET": sock})
         assert not service.locked()  # both leases ended with the job: every GPU reset
     s = read_summary(tmp_path / "runtime")
-    assert s.clock.kind == "daemon" and s.clock.controls_clocks
+    assert s.clock.kind == "daemon" and s.clock.controls_clocks and s.clock.reattaches == 0
     assert s.clock.refusals and {(r.mhz, r.status) for r in s.clock.refusals} == {(1410, 422)}
     assert {r.rank for r in s.clock.refusals} == {0, 1} and "outside the allowed range" in s.clock.refusals[0].message
     assert "clock requests refused by the daemon" in (tmp_path / "runtime" / "report.txt").read_text()
