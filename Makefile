@@ -10,7 +10,7 @@ PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
 OUTDIR  ?= out
 , := ,
 
-.PHONY: install demo-install demo demo-plan test test-deps lint clean e2e
+.PHONY: install demo-install demo demo-plan test test-slow test-all test-deps lint clean e2e
 
 # $(call step,WHAT,COMMAND): one progress line, "make: WHAT ... 12.3 s"; the command's own output is
 # shown only when it fails (its last 40 lines).
@@ -62,9 +62,16 @@ demo-plan: $(DEMO_STAMP)
 	  --out $(OUTDIR)/plan.json --text --gantt $(OUTDIR)/gantt.png
 	$(VENV)/bin/envpipe simulate --profile $(PROFILE) --plan $(OUTDIR)/plan.json --idle-power 83.64
 
-# pytest exits 5 when it collects nothing; that is not a failure of the code under test.
+# Two tiers (CONTRIBUTING.md): `make test` is the developer's (every part by a fast test, a few minutes);
+# `make test-slow` runs the tests marked slow (real multi-process training, sshd, notebooks, fuzzing);
+# `make test-all` both. pytest exits 5 when it collects nothing: not a failure of the code under test.
+PYTEST = rc=0; $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(1) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 test: $(STAMP) test-deps
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+	@$(call PYTEST,-m "not slow")
+test-slow: $(STAMP) test-deps
+	@$(call PYTEST,-m slow)
+test-all: test test-slow
 
 # The real ssh/pdsh and container tests need system packages (.ci/apt-deps): installed here as root,
 # else one line says how (those tests skip themselves, each with its reason, without them).
@@ -89,7 +96,7 @@ endif
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy envpipe examples
+	$(VENV)/bin/mypy envpipe examples launcher
 
 clean:
 	rm -rf $(VENV) $(OUTDIR) .pytest_cache .ruff_cache .mypy_cache
