@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = {"sh", "bash"}
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>.*)$")
 MARKER = re.compile(r"^\s*<!-- (?P<kind>not run by tests|slow test): (?P<why>\S.*?) -->\s*$")
