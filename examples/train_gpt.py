@@ -135,9 +135,11 @@ def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
     from envpipe.runtime.entry import read_config
 
     config, path = read_config(None, args.deepspeed_config) if args.deepspeed_config else ({}, None)
+    block = dict(config.get("envpipe") or {})
     if "envpipe_search" in config:
         apply_found(args, config, path)
-    block = dict(config.get("envpipe") or {})
+        if block.get("plan") and path is not None:  # a found configuration's plan lies beside it
+            block["plan"] = str(path.parent / block["plan"])
     if args.pipeline_stages is None and isinstance(block.get("pipeline_stages"), int):
         args.pipeline_stages = block["pipeline_stages"]
     block.update({key: getattr(args, flag) for flag, key in BLOCK_FLAGS.items() if getattr(args, flag) is not None})
