@@ -36,6 +36,24 @@ _MIN_THRESHOLD_S = 1e-6  # when no last-stage unit ever stalls (exact, noise-fre
 
 
 @dataclass(frozen=True)
+class Reconfig:
+    """How EnvPipe reconfigures: ``method`` (default | greedy | balanced), the critical-path walk's threshold
+    (``threshold_scale`` x the smallest positive last-stage recv stall) and a round cap."""
+
+    method: str = "balanced"
+    threshold_scale: float = 4.0
+    max_rounds: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.method not in RECONFIGS:
+            raise ValueError(f"unknown reconfiguration {self.method!r}; choose one of {', '.join(RECONFIGS)}")
+        if not self.threshold_scale > 0:
+            raise ValueError("the reconfiguration threshold scale must be positive")
+        if self.max_rounds < 1:
+            raise ValueError("the reconfiguration round limit must be at least 1")
+
+
+@dataclass(frozen=True)
 class ReconfigResult:
     freqs_mhz: np.ndarray
     timeline: Timeline
@@ -81,14 +99,11 @@ def reconfigure(
     freqs_mhz: np.ndarray,
     profile_clocks: np.ndarray,
     simulate_freqs: Callable[[np.ndarray, Timeline | None, np.ndarray | None], Timeline],
-    method: str,
-    threshold_scale: float = 4.0,
-    max_rounds: int = 100_000,
+    how: Reconfig,
 ) -> ReconfigResult:
-    if method not in RECONFIGS:
-        raise ValueError(f"unknown reconfiguration {method!r}; choose one of {', '.join(RECONFIGS)}")
-    if threshold_scale <= 0:
-        raise ValueError("the reconfiguration threshold scale must be positive")
+    """Raise ``freqs_mhz`` (per unit of ``dag``) round by round; ``simulate_freqs(freqs, previous, changed)``
+    gives the timeline of an assignment (``previous``, ``changed``: the last one and the units raised since)."""
+    method, max_rounds = how.method, how.max_rounds
     freqs = np.array(freqs_mhz, dtype=np.int64)
     ascending = np.sort(np.asarray(profile_clocks))
     f_max = int(ascending[-1])
@@ -98,7 +113,7 @@ def reconfigure(
         return ReconfigResult(freqs, tl, 0, 0, "reconfiguration off (default)")
     raises = 0
     for rnd in range(1, max_rounds + 1):
-        path = envpipe_critical_path(tl, threshold_scale)
+        path = envpipe_critical_path(tl, how.threshold_scale)
         on_path = np.asarray(path)
         if envelope[on_path].all():
             return ReconfigResult(freqs, tl, rnd, raises, "critical path is the envelope")

@@ -13,17 +13,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import ScheduleError, engine_order_dag
+from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
 from envpipe.plan.memory import StageMemory, warmup_caps
-from envpipe.plan.planfile import Plan, PlanError, PlannedUnit, baseline_timeline, evaluate_plan
+from envpipe.plan.planfile import Plan, PlanError, PlannedUnit
+from envpipe.plan.reconfig import Reconfig
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
-from envpipe.plan.simulate import Timeline
+from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
@@ -169,27 +172,25 @@ def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, ca
     model, only_1f1b = usable_memory(memory)
     schedule = "1f1b" if only_1f1b else cfg.scheduling
     refused = over_memory(memory, M)
+    case = PipelineCase(profile, M, Overheads.broadcast(profile.num_stages, idle_power_w, cal.transfer_s, tail),
+                        model)
     if cfg.type == "optimal":
         from envpipe.plan.optimal import candidate_orders, optimal_plan
 
-        result = optimal_plan(profile, M, idle_power_w=idle_power_w, schedule=schedule,
-                              time_budget_s=cfg.time_budget_s, max_slowdown=cfg.max_slowdown,
-                              transfer_s=cal.transfer_s, memory=model, tail_s=tail)
+        result = optimal_plan(case, schedule, cfg.time_budget_s, cfg.max_slowdown)
         plan, timeline, base_tl, r = result.plan, result.timeline, result.baseline, result.reschedule
         budget: float | None = result.budget_s
         refused += [f"{order_name(t)}: no plan within the budget" for t, e in result.tried if e is None]
-        wanted = candidate_orders(profile, M, cfg.scheduling, idle_power_w, cal.transfer_s, None)
-        allowed = candidate_orders(profile, M, schedule, idle_power_w, cal.transfer_s, model)
+        wanted = candidate_orders(replace(case, memory=None), cfg.scheduling)
+        allowed = candidate_orders(case, schedule)
         refused += [f"{order_name(w)}: more in-flight activations than fit in memory" for w in wanted
                     if w not in allowed]
     else:
         from envpipe.plan.planner import make_plan
 
         def planned(memory_model: StageMemory | None, order: str) -> Any:
-            return make_plan(profile, M, schedule=order, policy=cfg.type,
-                             reconfig="default" if online_reconfig else cfg.reconfig_method,
-                             idle_power_w=idle_power_w, gpu=cfg.gpu or "all", transfer_s=cal.transfer_s,
-                             memory=memory_model, tail_s=tail)
+            return make_plan(replace(case, memory=memory_model), order, cfg.type,
+                             Reconfig("default" if online_reconfig else cfg.reconfig_method), cfg.gpu or "all")
 
         made = planned(model, schedule)
         plan, timeline, base_tl, r, budget = made.plan, made.timeline, made.baseline, made.reschedule, None
@@ -208,8 +209,8 @@ def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: in
     from envpipe.runtime.straggler import relaxed_plan
 
     assert decision.predicted_time_s is not None
-    found = relaxed_plan(fast_profile, decision.plans[0].num_microbatches, schedule, idle_power_w, cal.tail_s,
-                         decision.predicted_time_s, cal.transfer_s)
+    case = PipelineCase.of(fast_profile, decision.plans[0].num_microbatches, idle_power_w, cal.transfer_s, cal.tail_s)
+    found = relaxed_plan(case, schedule, decision.predicted_time_s)
     if found is None:
         rule = S.StragglerRule(straggler, False, "no frontier plan of the other replicas fits the straggler's time",
                                decision.predicted_time_s, None, None)
@@ -224,8 +225,8 @@ def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: in
 def replanned(decision: Decision, plan: Plan, order: str, profile: Profile, cal: Calibration, idle_power_w: float,
               replicas: int, budget_s: float | None) -> Decision:
     """The decision with a re-planned (or raised) plan for every replica, re-predicted on ``profile``."""
-    tl = evaluate_plan(plan, profile, idle_power_w, cal.transfer_s, np.asarray(cal.tail_s))
-    base = baseline_timeline(profile, plan.num_microbatches, idle_power_w, cal.transfer_s, np.asarray(cal.tail_s))
+    case = PipelineCase.of(profile, plan.num_microbatches, idle_power_w, cal.transfer_s, cal.tail_s)
+    tl, base = evaluate_plan(plan, case), baseline_timeline(case)
     info = S.PlanInfo(decision.info.policy, order, decision.info.source, plan_digest(plan), budget_s,
                       _unit_names(plan), plan.clocks(), decision.info.memory, decision.info.refused_orders,
                       decision.info.deployed)

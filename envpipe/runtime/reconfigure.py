@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from envpipe.plan.dag import PipelineDag
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.planfile import Plan
-from envpipe.plan.reconfig import reconfigure
-from envpipe.plan.simulate import Timeline
+from envpipe.plan.reconfig import Reconfig, reconfigure
+from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import collective, decide, replicas
 from envpipe.runtime import summary as S
@@ -124,9 +124,9 @@ def _replan(runner: Runner, chosen: decide.Decision, cal: Calibration, iteration
     idle = runner.idle_power_w or 0.0
     model, only_1f1b = decide.usable_memory(chosen.info.memory)
     try:
-        result = optimal_plan(profile, runner.M, idle_power_w=idle, schedule="1f1b" if only_1f1b else
-                              runner.cfg.scheduling, time_budget_s=budget, transfer_s=cal.transfer_s, memory=model,
-                              tail_s=np.asarray(cal.tail_s))
+        case = PipelineCase(profile, runner.M, Overheads.broadcast(profile.num_stages, idle, cal.transfer_s,
+                                                                   cal.tail_s), model)
+        result = optimal_plan(case, "1f1b" if only_1f1b else runner.cfg.scheduling, budget)
     except InfeasibleBudget:  # faster than the fastest plan: nothing to save within this budget
         return decide.replanned(chosen, runner.baseline, "1f1b", profile, cal, idle, runner.dp, budget)
     return decide.replanned(chosen, result.plan, decide.order_name(result.reschedule), profile, cal, idle,
@@ -141,7 +141,7 @@ def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_roun
     """
     if max_rounds < 1:
         raise ValueError("the reconfiguration round limit must be at least 1")
-    dag = PipelineDag.from_orders(plan.orders(), plan.num_microbatches)
+    dag = plan.dag
     top = max(max(c) for c in plan.clocks())
     candidates = np.asarray(sorted({int(f) for f in supported_mhz if f <= top} | {top}))
     rounds: list[S.ReconfigRound] = []
@@ -152,7 +152,7 @@ def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_roun
         rounds.append(S.ReconfigRound(len(rounds), float(tl.stage_end.max()), clocks))
         return tl
 
-    result = reconfigure(dag, dag.scatter(plan.clocks()), candidates, measure, method, max_rounds=max_rounds)
+    result = reconfigure(dag, dag.scatter(plan.clocks()), candidates, measure, Reconfig(method, max_rounds=max_rounds))
     raised = plan.with_clocks(dag.per_stage(result.freqs_mhz))
     return raised, S.Reconfiguration(method, rounds, None, result.stop_reason, result.raises)
 

@@ -36,4 +36,4 @@ def gantt(summary: RunSummary, path: str | Path) -> None:
         return  # no timed iteration (a run of stock DeepSpeed): nothing to draw
     plan = summary.plan
     title = "measured units" if plan is None else f"measured units: {plan.policy}, {plan.order}"
-    draw_bars(bars, path, title, xlabel="seconds from the iteration's start (measured)")
+    draw_bars(bars, path, title, label="measured")

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from envpipe.atomicfile import new_file_mode
 from envpipe.cli import main
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.planfile import Plan
 from envpipe.profile import embedded_profile_path, load_profile
 from tests.conftest import IDLE_W
@@ -50,7 +51,8 @@ def test_text_trace_format_and_svg(tmp_path):
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("Stage ")]
     assert len(lines) == 4 and lines[0].startswith("Stage 0 | [F0 1410 0.0]")
-    assert "idle power 83.64 W" in res.output  # the A100's measured blocking power by default
+    assert "blocking power 83.64 W" in res.output  # the A100's measured blocking power by default
+    assert res.output.index("legend: each unit is") < res.output.index("Stage 0 | ")  # the trace says how to read it
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
 
 
@@ -60,8 +62,10 @@ def test_text_trace_format_and_svg(tmp_path):
         (["--profile", "missing.csv", "-m", "4", "--idle-power", "80"], "cannot open"),
         (["-m", "4", "--idle-power", "80"], "Missing option '--profile'"),
         (["--profile", "{p}", "-m", "0", "--idle-power", "80"], "0 is not in the range"),
-        (["--profile", "{p}", "-m", "4"], "give --idle-power"),
+        (["--profile", "{p}", "-m", "4"], "give --blocking-power"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "-3"], "must be in [0, 10000], got -3"),
+        (["--profile", "{p}", "-m", "4", "--idle-power", "80,90"], "2 blocking powers given for 8 stages"),
+        (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--tail-power", "x"], "expected watts"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--policy", "turbo"], "Invalid value for '--policy'"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--gantt", "g.pdf"], "must end in .png or .svg"),
         (["--profile", "{bad}", "-m", "4", "--idle-power", "80"], "bad.csv:2: time must be in (0, 3600], got 0"),
@@ -175,8 +179,10 @@ PLAN_ARGS = ("plan", "--profile", GPT3, "-m", "4", "--gpu", "a100")
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--idle-power", "nan"], "Invalid value for '--idle-power': must be a finite number, got nan"),
-        (["--idle-power", "inf"], "Invalid value for '--idle-power': must be a finite number, got inf"),
+        (["--idle-power", "nan"], "'--blocking-power' / '--idle-power': blocking powers must be a finite number, "
+                                  "got nan"),
+        (["--idle-power", "inf"], "blocking powers must be a finite number, got inf"),
+        (["--tail-power", "1e308"], "Invalid value for '--tail-power': tail powers must be in [0, 10000]"),
         (["--transfer-time", "1e308"], "Invalid value for '--transfer-time': must be in [0, 3600], got 1e+308"),
         (["--tail-time", "nan"], "tail times must be a finite number, got nan"),
         (["--threshold-scale", "inf"], "must be a finite number, got inf"),
@@ -286,7 +292,7 @@ def test_frontier_rows_tell_points_apart_and_progress_is_counted(tmp_path):
 
     calls = []
     profile = load_profile(embedded_profile_path()).with_stages(3)
-    frontier(profile, 4, idle_power_w=83.64, points=3, on_point=lambda: calls.append(1))
+    frontier(PipelineCase.of(profile, 4, 83.64), points=3, on_point=lambda: calls.append(1))
     assert len(calls) == 3  # what drives the progress bar
     front = tmp_path / "f" / "front.csv"
     res = invoke("plan", "--profile", GPT3, "--stages", "3", "-m", "4", "--gpu", "a100", "--policy", "optimal",
