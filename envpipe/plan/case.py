@@ -80,6 +80,7 @@ class Planned:
     budget_s: float | None
     tried: list[tuple[list[int], float | None]]  # every order tried: (r_s, its energy, or None if none fit)
     bound_j: float | None = None  # a lower bound on the energy of the plan's order within the budget, if known
+    reconfig_rounds: int = 0  # simulated iterations of EnvPipe's reconfiguration (0: none ran)
     notes: tuple[str, ...] = ()  # what the planner did, one line each (for people, not for programs)
 
     @property

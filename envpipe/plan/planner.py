@@ -70,4 +70,4 @@ def make_plan(case: PipelineCase, schedule: str = "envpipe", policy: str = "enve
     if result.rounds:
         notes.append(f"reconfiguration: {result.raises} raises in {result.rounds} rounds ({result.stop_reason})")
     return Planned(plan, result.timeline, baseline, reschedule, None, [(reschedule, result.timeline.energy)],
-                   notes=tuple(notes))
+                   reconfig_rounds=result.rounds, notes=tuple(notes))
