@@ -400,4 +400,4 @@ def optimal_plan(case: PipelineCase, schedule: str = "1f1b", time_budget_s: floa
     plan = replace(plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline),
                    peak_memory_bytes=problem.peak_memory_bytes)
     notes = () if sol.lp_energy is None else (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
-    return Planned(plan, sol.timeline, baseline, r, budget, tried, sol.lp_energy, notes)
+    return Planned(plan, sol.timeline, baseline, r, budget, tried, sol.lp_energy, notes=notes)
