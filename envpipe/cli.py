@@ -16,8 +16,8 @@ from envpipe.cli_common import (
     Shown,
     output_option,
     per_stage_count,
+    powers,
     show,
-    watts,
     write_outputs,
 )
 from envpipe.cli_optimal import PlanOptions, optimal_options, run_optimal
@@ -222,7 +222,7 @@ def plan(**options: Any) -> None:
         click.echo(note, err=True)
     p = replace(result.plan, profile_digest=profile.digest)
     click.echo(f"{order_name(o.schedule, result.reschedule, layout.chunks)}, policy {p.policy}: {p.num_stages} "
-               f"stages x {o.microbatches} micro-batches, blocking power {watts(case.overheads.blocking_power_w)}")
+               f"stages x {o.microbatches} micro-batches, {powers(case.overheads)}")
     for line in result.notes:
         click.echo(line)
     if p.peak_memory_bytes is not None:

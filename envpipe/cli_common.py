@@ -17,7 +17,7 @@ import numpy as np
 from envpipe.limits import MAX_STAGES, quote, range_error
 from envpipe.plan.planfile import Plan
 from envpipe.plan.render import summary_table, text_trace
-from envpipe.plan.simulate import Timeline
+from envpipe.plan.simulate import Overheads, Timeline
 
 _MAX_ERROR_CHARS = 300
 F = TypeVar("F", bound=Callable[..., Any])
@@ -173,6 +173,14 @@ def watts(power_w: np.ndarray) -> str:
     if np.all(power_w == power_w[0]):
         return f"{power_w[0]:g} W"
     return f"{', '.join(f'{w:g}' for w in power_w)} W per stage"
+
+
+def powers(overheads: Overheads) -> str:
+    """``blocking power 83.64 W``, and the tail power where it is not the blocking power."""
+    text = f"blocking power {watts(overheads.blocking_power_w)}"
+    if np.any(overheads.tail_power_w != overheads.blocking_power_w):
+        text += f", tail power {watts(overheads.tail_power_w)}"
+    return text
 
 
 def show(shown: Shown, title: str, outputs: Outputs) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 import numpy as np
 
-from envpipe.cli_common import Finite, Outputs, Shown, output_option, show, watts, write_outputs
+from envpipe.cli_common import Finite, Outputs, Shown, output_option, powers, show, write_outputs
 from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS, MAX_SLOWDOWN
 from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.evaluate import SCHEDULE_NAMES, baseline_name, unit_clocks
@@ -99,8 +99,8 @@ def run_optimal(case: PipelineCase, options: PlanOptions, note: str | None) -> N
         click.echo(note, err=True)
     p = replace(result.plan, profile_digest=case.profile.digest)
     base = baseline_name(case.layout)
-    click.echo(f"{SCHEDULE_NAMES[schedule]}, policy optimal: {p.num_stages} stages x {M} micro-batches, blocking "
-               f"power {watts(case.overheads.blocking_power_w)}, time budget {result.budget_s:.4f} s "
+    click.echo(f"{SCHEDULE_NAMES[schedule]}, policy optimal: {p.num_stages} stages x {M} micro-batches, "
+               f"{powers(case.overheads)}, time budget {result.budget_s:.4f} s "
                f"({_budget_source(options, base)})")
     if len(result.tried) > 1:
         for r, energy in result.tried:

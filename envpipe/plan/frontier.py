@@ -3,8 +3,9 @@
 Budgets run from the fastest possible iteration (every unit at its fastest clock) to the time of
 the least-energy plan (planned with the all-cheapest time as budget), as Perseus does for stragglers: a job
 that must wait anyway takes the least-energy plan for the longer time. A plan that fits a budget
-also fits every longer one, so each point keeps the better of its own plan and the previous
-point's: the frontier is monotone (more time never costs more energy) by construction.
+also fits every longer one, so each point is planned from the previous point's plan as well as afresh
+(envpipe.plan.optimal.solve) and keeps the best feasible: the frontier is monotone (more time never costs
+more energy), and no point is worse than a fresh plan at its budget.
 """
 
 from __future__ import annotations

@@ -9,17 +9,22 @@ Method (docs/optimal-planner.md has the long form):
    (fold.py). Gives fractional durations, and a lower bound when not folded.
 3. Rounding, three ways, keeping the best result: (a) each unit takes the slowest menu clock not
    slower than its LP duration (durations only shrink, so the budget holds); (b) error diffusion along
-   each stage; (c) each unit takes the clock nearest its LP duration (small DAGs; in a frontier sweep,
-   the previous budget's clocks instead); then *repair* speeds up the critical units with the least
-   extra cost per second saved until the simulated time meets the budget exactly.
+   each stage; (c) each unit takes the clock nearest its LP duration (small DAGs); then *repair* speeds
+   up the critical units with the least extra cost per second saved until the simulated time meets the
+   budget exactly.
 4. Improve: alternately give each unit its *free float* in the earliest schedule and in the latest
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
-   safe; passes repeat until nothing changes.
+   safe; passes repeat until nothing changes. Float that lengthens the iteration costs every stage's
+   blocking power, which can outweigh what the units save: each rounding is kept improved or not,
+   whichever costs less (the best feasible).
 5. Polish (small DAGs): a large-neighbourhood search, the exact MILP restricted to options within
    a few menu steps of each unit's current one, repeated around each improvement under a node limit
    and a time limit scaled to the DAG; kept only if the simulator confirms it is better.
-6. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
+6. In a frontier sweep, the plan of the previous, shorter budget (a warm start) is improved too and
+   kept if it is better: a point is never worse than a fresh plan at its budget, nor than the point
+   before it.
+7. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
 
 A per-stage tail (gradient all-reduce, optimizer step after the stage's last unit) enters as the
 simulator has it: the iteration ends when every stage has finished its tail, so each stage's last
@@ -158,8 +163,9 @@ def infeasible(budget_s: float, fastest_s: float) -> InfeasibleBudget:
 def solve(problem: ClockProblem, budget_s: float, start: np.ndarray | None = None) -> Solution:
     """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish).
 
-    ``start``: an option known to meet the budget (a frontier's plan for the next shorter budget), improved
-    from instead of the nearest rounding, which needs many repair steps: the warm start of a sweep."""
+    ``start``: an option known to meet the budget (a frontier's plan for the next shorter budget): the warm
+    start of a sweep. It is improved after the plan without it is made, and the better one kept, so the result
+    is never worse than a fresh plan nor than ``start``."""
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
         raise infeasible(budget_s, fastest)
@@ -167,24 +173,35 @@ def solve(problem: ClockProblem, budget_s: float, start: np.ndarray | None = Non
     segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
     relax = solve_relaxation(problem.menus, problem.edges, budget_s, problem.fold, segments)
     roundings = [problem.fit(relax.duration + 1e-9), _diffused(problem, relax.duration)]
-    if start is not None:
-        roundings.append(start)
-    elif problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
+    if problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
         roundings.append(_nearest(problem, relax.duration))
-    best: tuple[np.ndarray, Timeline] | None = None
-    for option in roundings:
-        # improve hands out free float up to a relative 1e-12 (fit's tolerance): the last repair makes sure
-        option = _repair(problem, _improve(problem, _repair(problem, option, budget_s), budget_s), budget_s)
-        tl = problem.simulate(option)
-        if best is None or tl.energy < best[1].energy:
-            best = (option, tl)
-    assert best is not None
-    option, tl = best
+    option, tl = _best_finished(problem, roundings, budget_s)
     if problem.dag.num_units <= _POLISH_UNITS:
         allowed = _neighbourhood(problem, option)
         if allowed.sum() <= _POLISH_BINARIES:
             option, tl = _polish(problem, option, tl, allowed, budget_s)
+    if start is not None:
+        warm, warm_tl = _best_finished(problem, [start], budget_s)
+        if warm_tl.energy < tl.energy:
+            option, tl = warm, warm_tl
     return Solution(option, tl, relax.energy if segments is None and not relax.folded else None)
+
+
+def _best_finished(problem: ClockProblem, options: list[np.ndarray], budget_s: float) -> tuple[np.ndarray, Timeline]:
+    """The least-energy feasible plan made from ``options``: each one repaired to the budget, then taken with its
+    free float handed out (improve) or without, whichever costs less. Float that lengthens the iteration costs
+    every stage's blocking power for the extra time, which can be more than the slower units save."""
+    best: tuple[np.ndarray, Timeline] | None = None
+    for option in options:
+        repaired = _repair(problem, option, budget_s)
+        # improve hands out free float up to a relative 1e-12 (fit's tolerance): the last repair makes sure
+        improved = _repair(problem, _improve(problem, repaired, budget_s), budget_s)
+        for candidate in (improved, repaired):  # on a tie, the improved one
+            tl = problem.simulate(candidate)
+            if best is None or tl.energy < best[1].energy:
+                best = (candidate, tl)
+    assert best is not None
+    return best
 
 
 def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, allowed: np.ndarray,
