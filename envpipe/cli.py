@@ -13,6 +13,7 @@ from envpipe.cli_common import (
     OneLineErrors,
     Outputs,
     PerStage,
+    PlanOptions,
     Shown,
     output_option,
     per_stage_count,
@@ -20,7 +21,7 @@ from envpipe.cli_common import (
     show,
     write_outputs,
 )
-from envpipe.cli_optimal import PlanOptions, optimal_options, run_optimal
+from envpipe.cli_optimal import optimal_options, run_optimal
 from envpipe.cli_search import search_command
 from envpipe.limits import MAX_MICROBATCHES, MAX_POWER_W, MAX_SECONDS, MAX_STAGES, MAX_THRESHOLD_SCALE, units_error
 from envpipe.plan.case import PipelineCase
@@ -42,8 +43,8 @@ _USER_ERRORS = (ProfileError, PlanError, ScheduleError, ValueError, KeyError)
 
 
 @dataclass(frozen=True)
-class Measured:
-    """What the user measured about the pipeline, as the options give it: powers, times, memory."""
+class CaseOptions:
+    """What the options of `plan` and `simulate` say about the pipeline (powers, times, memory): the case."""
 
     blocking_power: float | np.ndarray | None
     tail_power: float | np.ndarray | None
@@ -54,7 +55,7 @@ class Measured:
     memory_available: int | list[int] | None = None
 
     @classmethod
-    def of(cls, options: dict[str, Any]) -> Measured:
+    def of(cls, options: dict[str, Any]) -> CaseOptions:
         names = ("blocking_power", "tail_power", "gpu", "transfer_time", "tail_time", "activation_bytes",
                  "memory_available")
         return cls(**{k: options[k] for k in names if k in options})
@@ -197,8 +198,8 @@ def _byte_amounts(ctx: click.Context, param: click.Parameter, value: str | None)
 def plan(**options: Any) -> None:
     """Plan clocks for one iteration and show the predicted time and energy."""
     o = PlanOptions(**options)
-    measured = replace(Measured.of(options), gpu=o.gpu.lower())
-    measured.blocking_power_w()  # a missing power is a usage error before any work
+    given = replace(CaseOptions.of(options), gpu=o.gpu.lower())
+    given.blocking_power_w()  # a missing power is a usage error before any work
     if o.policy != "optimal" and (o.max_slowdown, o.time_budget, o.frontier_csv) != (None, None, None):
         raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
     if o.chunks is not None and o.schedule != "interleaved":
@@ -208,14 +209,14 @@ def plan(**options: Any) -> None:
     pipeline = o.stages if o.stages is not None else profile.num_stages
     try:
         layout = schedule_layout(o.schedule, pipeline, o.chunks)
-        case = measured.case(profile, o.microbatches, layout)
+        case = given.case(profile, o.microbatches, layout)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     if o.policy == "optimal":
         run_optimal(case, o, note)
         return
     try:
-        result = make_plan(case, o.schedule, o.policy, Reconfig(o.reconfig, o.threshold_scale), measured.gpu)
+        result = make_plan(case, o.schedule, o.policy, Reconfig(o.reconfig, o.threshold_scale), given.gpu)
     except _USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     if note:
@@ -252,8 +253,8 @@ def plan(**options: Any) -> None:
 @gantt_option
 def simulate(**options: Any) -> None:
     """Recompute iteration time and energy of any plan (also one written by hand)."""
-    measured = replace(Measured.of(options), gpu=options["gpu"].lower())
-    measured.blocking_power_w()  # a missing power is a usage error before any work
+    given = replace(CaseOptions.of(options), gpu=options["gpu"].lower())
+    given.blocking_power_w()  # a missing power is a usage error before any work
     plan_path, outputs = options["plan_path"], Outputs(options["text"], None, options["gantt"])
     try:
         plan_obj = Plan.load(plan_path)
@@ -265,7 +266,7 @@ def simulate(**options: Any) -> None:
         layout = plan_obj.layout()
         if profile.num_stages not in (layout.num_stages, layout.num_model_stages):
             raise PlanError(f"plan has {plan_obj.num_stages} stages but the profile has {profile.num_stages}")
-        case = measured.case(profile, plan_obj.num_microbatches, layout)
+        case = given.case(profile, plan_obj.num_microbatches, layout)
         plan_obj.check_profile(profile)
         tl = evaluate_plan(plan_obj, case)
         base = baseline_timeline(case)

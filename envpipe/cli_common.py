@@ -158,6 +158,38 @@ class Outputs:
 
 
 @dataclass(frozen=True)
+class PlanOptions:
+    """`envpipe plan`'s options, as click parses them (one field per option)."""
+
+    profile_path: str
+    microbatches: int
+    stages: int | None
+    schedule: str
+    chunks: int | None
+    policy: str
+    reconfig: str
+    blocking_power: float | np.ndarray | None
+    tail_power: float | np.ndarray | None
+    gpu: str
+    transfer_time: float
+    tail_time: float | np.ndarray
+    activation_bytes: int | list[int] | None
+    memory_available: int | list[int] | None
+    threshold_scale: float
+    out: str | None
+    text: bool
+    gantt: str | None
+    max_slowdown: float | None
+    time_budget: float | None
+    frontier_csv: str | None
+    frontier_points: int
+
+    @property
+    def outputs(self) -> Outputs:
+        return Outputs(self.text, self.out, self.gantt)
+
+
+@dataclass(frozen=True)
 class Shown:
     """A simulated iteration to show: its timeline, each unit's clock (indexed like the timeline's DAG), the
     baseline it is compared with and that baseline's name (``1F1B all-max``)."""

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
-from envpipe.cli_common import Finite, Outputs, Shown, output_option, powers, show, write_outputs
+from envpipe.cli_common import Finite, PlanOptions, Shown, output_option, powers, show, write_outputs
 from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS, MAX_SLOWDOWN
 from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.evaluate import SCHEDULE_NAMES, baseline_name, unit_clocks
@@ -38,38 +37,6 @@ def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
     ]):
         func = option(func)
     return func
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """`envpipe plan`'s options, as click parses them (one field per option)."""
-
-    profile_path: str
-    microbatches: int
-    stages: int | None
-    schedule: str
-    chunks: int | None
-    policy: str
-    reconfig: str
-    blocking_power: float | np.ndarray | None
-    tail_power: float | np.ndarray | None
-    gpu: str
-    transfer_time: float
-    tail_time: float | np.ndarray
-    activation_bytes: int | list[int] | None
-    memory_available: int | list[int] | None
-    threshold_scale: float
-    out: str | None
-    text: bool
-    gantt: str | None
-    max_slowdown: float | None
-    time_budget: float | None
-    frontier_csv: str | None
-    frontier_points: int
-
-    @property
-    def outputs(self) -> Outputs:
-        return Outputs(self.text, self.out, self.gantt)
 
 
 def _budget_source(options: PlanOptions, base: str) -> str:
