@@ -2,10 +2,11 @@
 
 Budgets run from the fastest possible iteration (every unit at its fastest clock) to the time of
 the least-energy plan (planned with the all-cheapest time as budget), as Perseus does for stragglers: a job
-that must wait anyway takes the least-energy plan for the longer time. A plan that fits a budget
-also fits every longer one, so each point is planned from the previous point's plan as well as afresh
-(envpipe.plan.optimal.solve) and keeps the best feasible: the frontier is monotone (more time never costs
-more energy), and no point is worse than a fresh plan at its budget.
+that must wait anyway takes the least-energy plan for the longer time. Each point is a fresh plan at its
+budget (the one `optimal_plan` makes), unless the previous point's plan, which fits every longer budget too,
+costs less: the frontier is monotone (more time never costs more energy) and no point is worse than a fresh
+plan at its budget. (It used to warm-start each point from the previous one instead of the nearest rounding:
+quicker, but up to 0.052 points of saving worse than a fresh plan.)
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ def frontier(case: PipelineCase, schedule: str = "1f1b", points: int = 20,
     lo = min(p.fastest_time() for _, p in problems)
     slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
     # past the least-energy plan's time, more time only adds idle energy: end the sweep there
-    hi = _best_at(problems, slowest, {})[0].iteration_time
+    hi = _best_at(problems, slowest)[0].iteration_time
     result: list[Planned] = []
-    previous: dict[int, np.ndarray] = {}  # per order, the clocks planned for the last budget
     for budget in np.linspace(lo, max(hi, lo), points):
-        tl, option, problem, r = _best_at(problems, float(budget), previous)
+        tl, option, problem, r = _best_at(problems, float(budget))
         plan = replace(plan_from_timeline(tl, problem.freqs_mhz(option), schedule, "optimal", baseline),
                        peak_memory_bytes=problem.peak_memory_bytes)
         point = Planned(plan, tl, baseline, r, float(budget), [(r, tl.energy)])
@@ -49,16 +49,14 @@ def frontier(case: PipelineCase, schedule: str = "1f1b", points: int = 20,
     return result
 
 
-def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float, previous: dict[int, np.ndarray]
+def _best_at(problems: list[tuple[list[int], ClockProblem]], budget: float
              ) -> tuple[Timeline, np.ndarray, ClockProblem, list[int]]:
-    """The best order's plan at ``budget``; ``previous`` (per order, clocks that meet a shorter budget)
-    warm-starts each order and is updated."""
+    """The best order's plan at ``budget``."""
     best = None
-    for k, (r, problem) in enumerate(problems):
+    for r, problem in problems:
         if problem.fastest_time() > budget:
             continue
-        sol = solve(problem, budget, previous.get(k))
-        previous[k] = sol.option
+        sol = solve(problem, budget)
         if best is None or sol.timeline.energy < best[0].energy:
             best = (sol.timeline, sol.option, problem, r)
     assert best is not None  # the sweep starts at the fastest order's time

@@ -21,10 +21,7 @@ Method (docs/optimal-planner.md has the long form):
 5. Polish (small DAGs): a large-neighbourhood search, the exact MILP restricted to options within
    a few menu steps of each unit's current one, repeated around each improvement under a node limit
    and a time limit scaled to the DAG; kept only if the simulator confirms it is better.
-6. In a frontier sweep, the plan of the previous, shorter budget (a warm start) is improved too and
-   kept if it is better: a point is never worse than a fresh plan at its budget, nor than the point
-   before it.
-7. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
+6. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
 
 A per-stage tail (gradient all-reduce, optimizer step after the stage's last unit) enters as the
 simulator has it: the iteration ends when every stage has finished its tail, so each stage's last
@@ -160,12 +157,8 @@ def infeasible(budget_s: float, fastest_s: float) -> InfeasibleBudget:
                             f"the iteration takes {fastest_s:.12g} s ({fastest_s - budget_s:.3g} s more)")
 
 
-def solve(problem: ClockProblem, budget_s: float, start: np.ndarray | None = None) -> Solution:
-    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish).
-
-    ``start``: an option known to meet the budget (a frontier's plan for the next shorter budget): the warm
-    start of a sweep. It is improved after the plan without it is made, and the better one kept, so the result
-    is never worse than a fresh plan nor than ``start``."""
+def solve(problem: ClockProblem, budget_s: float) -> Solution:
+    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
         raise infeasible(budget_s, fastest)
@@ -180,10 +173,6 @@ def solve(problem: ClockProblem, budget_s: float, start: np.ndarray | None = Non
         allowed = _neighbourhood(problem, option)
         if allowed.sum() <= _POLISH_BINARIES:
             option, tl = _polish(problem, option, tl, allowed, budget_s)
-    if start is not None:
-        warm, warm_tl = _best_finished(problem, [start], budget_s)
-        if warm_tl.energy < tl.energy:
-            option, tl = warm, warm_tl
     return Solution(option, tl, relax.energy if segments is None and not relax.folded else None)
 
 
