@@ -2,7 +2,7 @@
 
 Writes a new dated file beside benchmarks/results/optimal.md (`--update` overwrites that one). Every
 energy/time number is *simulated on the measured profile* (the plan is saved as JSON, loaded back and
-re-simulated with envpipe.plan.evaluate_plan, which is what `envpipe simulate` runs); planner run times
+re-simulated with envpipe.plan.evaluate.evaluate_plan, which is what `envpipe simulate` runs); planner run times
 are *measured* on this machine.
 
     PYTHONPATH=$PWD python benchmarks/bench_optimal.py [--quick] [--update | --out FILE]
@@ -26,17 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the cases shared with the tests (tests/plan/optimal_cases.py)
 
 from benchmarks.common import add_output_options, write_results  # noqa: E402
+from envpipe.plan.case import PipelineCase, Planned  # noqa: E402
+from envpipe.plan.evaluate import evaluate_plan  # noqa: E402
 from envpipe.plan.fold import identity_fold  # noqa: E402
 from envpipe.plan.frontier import frontier  # noqa: E402
 from envpipe.plan.lp import InfeasibleBudget, solve_relaxation  # noqa: E402
 from envpipe.plan.milp import MilpTimeout  # noqa: E402
-from envpipe.plan.optimal import OptimalResult, build_problem, optimal_plan  # noqa: E402
-from envpipe.plan.planfile import Plan, evaluate_plan  # noqa: E402
+from envpipe.plan.optimal import build_problem, optimal_plan  # noqa: E402
+from envpipe.plan.planfile import Plan  # noqa: E402
 from envpipe.plan.planner import make_plan  # noqa: E402
 from envpipe.plan.policies import POLICIES  # noqa: E402
-from envpipe.plan.reconfig import RECONFIGS  # noqa: E402
+from envpipe.plan.reconfig import RECONFIGS, Reconfig  # noqa: E402
 from envpipe.plan.simulate import Timeline  # noqa: E402
-from envpipe.profile import Profile  # noqa: E402
 from tests.plan.optimal_cases import REAL, cut_down, milp_energy, random_case, real_profile, spread_clocks  # noqa: E402
 
 FRONTIERS = Path(os.environ.get("PERSEUS_FRONTIERS", "/work/shared/data/perseus_frontiers"))
@@ -49,12 +50,12 @@ PERSEUS_OTHER = {("bloom+a100_sxm_bf16", 12): 6316.46615047702,  # a100_sxm/bloo
                  ("gpt3-175b+a40_bf16", 96): 81796.70704770296}  # a40/gpt3-175b_bf16_mb96.csv, row 41.2823 s
 
 
-def resimulated(plan: Plan, profile: Profile, watts: float) -> tuple[float, float]:
+def resimulated(plan: Plan, case: PipelineCase) -> tuple[float, float]:
     """(time, energy) of a plan after a JSON round trip, as `envpipe simulate` computes them."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         plan.save(path)
-        tl = evaluate_plan(Plan.load(path), profile, watts)
+        tl = evaluate_plan(Plan.load(path), case)
     return tl.iteration_time, tl.energy
 
 
@@ -90,45 +91,43 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
               "| plan time (s, measured) |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in PROFILES:
-        prof, watts = real_profile(name), REAL[name][1]
         for M in Ms:
-            cells, base, env_sched, et = compared_cells(name, prof, M, watts)
+            case = PipelineCase.of(real_profile(name), M, REAL[name][1])
+            cells, base, env_sched, et = compared_cells(name, case)
             bt, be = base.iteration_time, base.energy
-            at_env = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe", time_budget_s=max(et, bt))
-            _, ae = resimulated(at_env.plan, prof, watts)
+            at_env = optimal_plan(case, "envpipe", max(et, bt))
+            _, ae = resimulated(at_env.plan, case)
             ref, aligned = perseus_savings(name, M, bt, be)
             lines.append(f"| {name} | {M} | {ref} | {aligned} | {' | '.join(cells[:4])} | {100 * (1 - ae / be):.2f} "
                          f"| {env_sched.reschedule} | {cells[4]} |")
     lines.append("")
 
 
-def compared_cells(name: str, prof: Profile, M: int, watts: float
-                   ) -> tuple[list[str], Timeline, OptimalResult, float]:
+def compared_cells(name: str, case: PipelineCase) -> tuple[list[str], Timeline, Planned, float]:
     """The cells every savings table shares: EnvPipe % (slowdown %) of its envelope+balanced plan, optimal 1F1B %,
     LP bound 1F1B %, optimal envpipe % (the planner over both orders) and that plan's measured planning time;
     with the 1F1B all-max baseline, the optimal envpipe result and EnvPipe's iteration time for the other cells."""
-    one = optimal_plan(prof, M, idle_power_w=watts, schedule="1f1b")
+    one = optimal_plan(case, "1f1b")
     t0 = time.perf_counter()
-    both = optimal_plan(prof, M, idle_power_w=watts, schedule="envpipe")
+    both = optimal_plan(case, "envpipe")
     wall = time.perf_counter() - t0
-    env = make_plan(prof, M, idle_power_w=watts)
+    env = make_plan(case)
     bt, be = one.baseline.iteration_time, one.baseline.energy
     savings = []
     for plan in (one.plan, both.plan):
-        t, e = resimulated(plan, prof, watts)
-        assert t <= bt * (1 + 1e-9), f"{name} M={M}: plan over budget ({t} > {bt})"
+        t, e = resimulated(plan, case)
+        assert t <= bt * (1 + 1e-9), f"{name} M={case.num_microbatches}: plan over budget ({t} > {bt})"
         savings.append(f"{100 * (1 - e / be):.2f}")
-    et, ee = resimulated(env.plan, prof, watts)
+    et, ee = resimulated(env.plan, case)
     cells = [f"{100 * (1 - ee / be):.2f} ({100 * (et / bt - 1):.1f})", savings[0],
-             f"{100 * (1 - lp_bound(prof, M, watts, bt) / be):.2f}", savings[1], f"{wall:.2f}"]
+             f"{100 * (1 - lp_bound(case, bt) / be):.2f}", savings[1], f"{wall:.2f}"]
     return cells, one.baseline, both, et
 
 
-def lp_bound(prof: Profile, M: int, watts: float, budget_s: float) -> float:
+def lp_bound(case: PipelineCase, budget_s: float) -> float:
     """The full (unfolded) LP's value on the 1F1B order: a lower bound on any 1F1B plan within the budget."""
-    problem = build_problem(prof, M, "1f1b", [0] * prof.num_stages, watts)
-    return solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, watts,
-                            fold=identity_fold(problem.dag.num_units)).energy
+    problem = build_problem(case, "1f1b", [0] * case.num_stages)
+    return solve_relaxation(problem.menus, problem.edges, budget_s, identity_fold(problem.dag.num_units)).energy
 
 
 def other_profiles_table(lines: list[str]) -> None:
@@ -139,8 +138,7 @@ def other_profiles_table(lines: list[str]) -> None:
               "| profile | M | Perseus (ref) % | EnvPipe % (slowdown %) | optimal 1F1B % | LP bound 1F1B % "
               "| optimal envpipe % | plan time (s, measured) |", "|---|---|---|---|---|---|---|---|"]
     for (name, M), perseus in PERSEUS_OTHER.items():
-        prof, watts = real_profile(name), REAL[name][1]
-        cells, base, _, _ = compared_cells(name, prof, M, watts)
+        cells, base, _, _ = compared_cells(name, PipelineCase.of(real_profile(name), M, REAL[name][1]))
         lines.append(f"| {name} | {M} | {100 * (1 - perseus / base.energy):.2f} | {' | '.join(cells)} |")
     lines.append("")
 
@@ -158,32 +156,32 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
               "|---|---|---|---|---|---|"]
     for name in REAL:
         full, watts = real_profile(name), REAL[name][1]
-        prof = cut_down(full, [0, 1, 2, 3], spread_clocks(full, 8))
+        case = PipelineCase.of(cut_down(full, [0, 1, 2, 3], spread_clocks(full, 8)), 8, watts)
         for slow in (0.0, 0.01, 0.03, 0.1):
-            res = optimal_plan(prof, 8, idle_power_w=watts, schedule="1f1b", max_slowdown=slow)
+            res = optimal_plan(case, "1f1b", max_slowdown=slow)
+            assert res.budget_s is not None
             try:
-                exact = milp_energy(prof, 8, "1f1b", watts, res.budget_s, time_limit_s=120)
+                exact = milp_energy(case, "1f1b", res.budget_s, time_limit_s=120)
             except MilpTimeout:
                 lines.append(f"| {name} | {slow:.0%} | MILP not solved in 120 s | | | |")
                 continue
             be = res.baseline.energy
             lines.append(f"| {name} | {slow:.0%} | {100 * (1 - exact / be):.2f} | "
                          f"{100 * (1 - res.timeline.energy / be):.2f} | {gap(res.timeline.energy, exact, be):.4f} | "
-                         f"{100 * (1 - (res.lp_energy or np.nan) / be):.2f} |")
+                         f"{100 * (1 - (res.bound_j or np.nan) / be):.2f} |")
     gaps, skipped, worse, compared, plan_s = [], 0, 0, 0, []
     for seed in range(random_cases):
         case = random_case(seed)
         t0 = time.perf_counter()
-        res = optimal_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
-                           max_slowdown=case.slowdown)
+        res = optimal_plan(case.case, case.schedule, max_slowdown=case.slowdown)
         plan_s.append(time.perf_counter() - t0)
+        assert res.budget_s is not None
         try:
-            exact = milp_energy(case.profile, case.microbatches, case.schedule, case.watts, res.budget_s,
-                                time_limit_s=30)
+            exact = milp_energy(case.case, case.schedule, res.budget_s, time_limit_s=30)
         except MilpTimeout:
             skipped += 1
             continue
-        gaps.append(gap(resimulated(res.plan, case.profile, case.watts)[1], exact, res.baseline.energy))
+        gaps.append(gap(resimulated(res.plan, case.case)[1], exact, res.baseline.energy))
         if seed < envpipe_cases:
             worse += envpipe_losses(case)
             compared += len(POLICIES) * len(RECONFIGS)
@@ -206,11 +204,9 @@ def envpipe_losses(case) -> int:  # type: ignore[no-untyped-def]
         # the baseline policy ignores the reconfiguration: plan it once and count it for each
         variants = [(RECONFIGS[0], len(RECONFIGS))] if policy == "baseline" else [(r, 1) for r in RECONFIGS]
         for reconfig, count in variants:
-            env = make_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
-                            policy=policy, reconfig=reconfig)
+            env = make_plan(case.case, case.schedule, policy, Reconfig(reconfig))
             try:
-                ours = optimal_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
-                                    time_budget_s=env.timeline.iteration_time)
+                ours = optimal_plan(case.case, case.schedule, env.timeline.iteration_time)
             except InfeasibleBudget:
                 losses += count
                 continue
@@ -227,19 +223,17 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
 def speed_table(lines: list[str], quick: bool) -> None:
     name = "gpt3-175b+a100_sxm_bf16"
     prof, W = real_profile(name), REAL[name][1]
+    case = PipelineCase.of(prof, 96, W)
     rows = [
-        ("S=8, M=96, 38 clocks: one plan, 1F1B order", lambda: optimal_plan(prof, 96, idle_power_w=W)),
-        ("S=8, M=96, 38 clocks: one plan, envpipe schedule (2 orders)",
-         lambda: optimal_plan(prof, 96, idle_power_w=W, schedule="envpipe")),
-        ("S=8, M=96, 38 clocks: frontier, 20 points, 1F1B order",
-         lambda: frontier(prof, 96, idle_power_w=W, points=20)),
+        ("S=8, M=96, 38 clocks: one plan, 1F1B order", lambda: optimal_plan(case)),
+        ("S=8, M=96, 38 clocks: one plan, envpipe schedule (2 orders)", lambda: optimal_plan(case, "envpipe")),
+        ("S=8, M=96, 38 clocks: frontier, 20 points, 1F1B order", lambda: frontier(case, points=20)),
         ("S=8, M=96, 38 clocks: frontier, 20 points, envpipe schedule (2 orders)",
-         lambda: frontier(prof, 96, idle_power_w=W, schedule="envpipe", points=20)),
+         lambda: frontier(case, "envpipe", points=20)),
     ]
     if not quick:
-        big = prof.with_stages(32)
-        rows.append(("S=32 (tiled), M=256, 38 clocks: one plan, 1F1B order",
-                     lambda: optimal_plan(big, 256, idle_power_w=W)))
+        big = PipelineCase.of(prof.with_stages(32), 256, W)
+        rows.append(("S=32 (tiled), M=256, 38 clocks: one plan, 1F1B order", lambda: optimal_plan(big)))
     lines += ["## Speed (measured wall time of the planner on this machine)", "", "| case | seconds |", "|---|---|"]
     for label, fn in rows:
         lines.append(f"| {label} | {timed(fn):.2f} |")
@@ -252,7 +246,7 @@ def speed_table(lines: list[str], quick: bool) -> None:
     for S, M, K in grid:
         p = prof.with_stages(S)
         p = p.restricted(p.freqs[spread_clocks(p, K)])
-        seconds = timed(lambda p=p, M=M: optimal_plan(p, M, idle_power_w=W))
+        seconds = timed(lambda p=p, M=M: optimal_plan(PipelineCase.of(p, M, W)))
         lines.append(f"| {S} | {M} | {K} | {2 * S * M} | {seconds:.2f} |")
     lines.append("")
 

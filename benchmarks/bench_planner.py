@@ -12,7 +12,9 @@ import argparse
 import time
 
 from benchmarks.common import add_output_options, header, write_results
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.planner import make_plan
+from envpipe.plan.reconfig import Reconfig
 from envpipe.profile import embedded_profile_path, load_profile
 
 PROFILES = {"gpt3-175b+a100_sxm_bf16": (83.64, "a100"), "bloom+a40_bf16": (70.38, "all")}
@@ -22,7 +24,7 @@ CONFIGS = [("1f1b", "baseline", "default"), ("1f1b", "uniform", "default"), ("en
 
 def timed_plan(profile, m, schedule, policy, reconfig, idle, gpu):
     t0 = time.perf_counter()
-    r = make_plan(profile, m, schedule=schedule, policy=policy, reconfig=reconfig, idle_power_w=idle, gpu=gpu)
+    r = make_plan(PipelineCase.of(profile, m, idle), schedule, policy, Reconfig(reconfig), gpu)
     return r, time.perf_counter() - t0
 
 
@@ -38,7 +40,7 @@ def policy_table() -> str:
                 saving = 100 * (1 - pr["energy_j"] / pr["baseline_energy_j"])
                 slow = 100 * (pr["iteration_time_s"] / pr["baseline_time_s"] - 1)
                 rows.append(f"| {name} | {m} | {schedule} | {r.plan.policy} | {pr['iteration_time_s']:.3f} | "
-                            f"{pr['energy_j']:.0f} | {saving:.2f} | {slow:.2f} | {r.reconfig.rounds} | {wall:.3f} |")
+                            f"{pr['energy_j']:.0f} | {saving:.2f} | {slow:.2f} | {r.reconfig_rounds} | {wall:.3f} |")
                 print(rows[-1], flush=True)
     return "\n".join(rows)
 
@@ -54,7 +56,7 @@ def speed_table() -> str:
                 continue  # one simulated iteration per 90 MHz raise: tens of thousands of rounds at this size
             r, wall = timed_plan(profile, m, schedule, policy, reconfig, 83.64, "a100")
             ok = "met" if wall < target else "missed"
-            rows.append(f"| {S} | {m} | {r.plan.policy} | {r.reconfig.rounds} | {wall:.3f} | < {target} s: {ok} |")
+            rows.append(f"| {S} | {m} | {r.plan.policy} | {r.reconfig_rounds} | {wall:.3f} | < {target} s: {ok} |")
             print(rows[-1], flush=True)
     return "\n".join(rows)
 

@@ -38,21 +38,39 @@ SPEED = [("S=8, M=96, one plan, 1F1B order", "plan", 8, 96, "1f1b"),
 SCALING = [(8, 24), (8, 48), (8, 96), (8, 192), (16, 128), (16, 256), (32, 256), (32, 512), (64, 1024)]
 
 
+def planners(watts: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``plan(profile, M, schedule, max_slowdown)`` and ``sweep(profile, M, schedule, points)`` (a list of plans) on
+    the planner of the ``envpipe`` on sys.path: this tree's, or a reference from before the planning case
+    (envpipe.plan.case, 2026-11-25), whose planners took the profile and the idle power as arguments."""
+    from envpipe.plan.frontier import frontier
+    from envpipe.plan.optimal import optimal_plan
+
+    try:
+        from envpipe.plan.case import PipelineCase
+    except ImportError:
+        return (lambda p, M, schedule="1f1b", slowdown=None: optimal_plan(p, M, idle_power_w=watts, schedule=schedule,
+                                                                          max_slowdown=slowdown),
+                lambda p, M, schedule, points: [x.plan for x in frontier(p, M, idle_power_w=watts, schedule=schedule,
+                                                                          points=points)])
+    return (lambda p, M, schedule="1f1b", slowdown=None: optimal_plan(PipelineCase.of(p, M, watts), schedule,
+                                                                      max_slowdown=slowdown),
+            lambda p, M, schedule, points: [x.plan for x in frontier(PipelineCase.of(p, M, watts), schedule, points)])
+
+
 def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict[str, float]:
     """One case in this process, on the planner of ``tree``: wall seconds (imports excluded) and saving %."""
     sys.path.insert(0, tree)
-    from envpipe.plan.frontier import frontier
-    from envpipe.plan.optimal import optimal_plan
     from envpipe.profile import embedded_profile_path, load_profile
 
+    plan, sweep = planners(W)
     prof = load_profile(embedded_profile_path(GPT3)).with_stages(stages)
-    optimal_plan(prof.with_stages(2), 4, idle_power_w=W)  # lazy imports and caches out of the timing
+    plan(prof.with_stages(2), 4)  # lazy imports and caches out of the timing
     t0 = time.perf_counter()
     if what == "frontier":
-        points = frontier(prof, micro, idle_power_w=W, schedule=schedule, points=20)
-        energy, base = points[-1].energy_j, points[-1].plan.predicted["baseline_energy_j"]
+        last = sweep(prof, micro, schedule, 20)[-1].predicted
+        energy, base = last["energy_j"], last["baseline_energy_j"]
     else:
-        res = optimal_plan(prof, micro, idle_power_w=W, schedule=schedule)
+        res = plan(prof, micro, schedule)
         energy, base = res.timeline.energy, res.baseline.energy
     return {"seconds": time.perf_counter() - t0, "saving_pct": 100 * (1 - energy / base)}
 
@@ -103,6 +121,7 @@ def phase_clock() -> Iterator[dict[str, float]]:
 
 def profile_table(lines: list[str], cases: list[tuple[str, str, int, int, str]]) -> None:
     from envpipe.plan import optimal
+    from envpipe.plan.case import PipelineCase
     from envpipe.profile import embedded_profile_path, load_profile
 
     lines += ["## Where the time goes (this tree, one plan)", "",
@@ -117,7 +136,7 @@ def profile_table(lines: list[str], cases: list[tuple[str, str, int, int, str]])
             continue
         with phase_clock() as spent:
             t0 = time.perf_counter()
-            optimal.optimal_plan(prof.with_stages(S), M, idle_power_w=W, schedule=schedule)
+            optimal.optimal_plan(PipelineCase.of(prof.with_stages(S), M, W), schedule)
             total = time.perf_counter() - t0
         cells = [f"{spent.get(p, 0.0):.2f}" for p in phases]
         lines.append(f"| {label} | {total:.2f} | {' | '.join(cells)} | {total - sum(spent.values()):.2f} |")
@@ -201,20 +220,20 @@ def savings_table(lines: list[str], reference: Path) -> None:
 
 def savings() -> dict[str, float]:
     """Savings of the planner on sys.path[0]'s tree (run through savings_table)."""
-    from envpipe.plan.optimal import optimal_plan
     from envpipe.profile import load_profile
     from tests.plan.optimal_cases import REAL, cut_down, spread_clocks
 
     out = {}
     for name, (path, watts) in REAL.items():
+        plan, _ = planners(watts)
         prof = load_profile(path)
         for M in (12, 24, 48, 96):
             for schedule in ("1f1b", "envpipe"):
-                res = optimal_plan(prof, M, idle_power_w=watts, schedule=schedule)
+                res = plan(prof, M, schedule)
                 out[f"{name} M={M} {schedule}"] = 100 * (1 - res.timeline.energy / res.baseline.energy)
         small = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
         for slowdown in (0.0, 0.01, 0.03, 0.1):
-            res = optimal_plan(small, 8, idle_power_w=watts, schedule="1f1b", max_slowdown=slowdown)
+            res = plan(small, 8, "1f1b", slowdown)
             out[f"{name} 4x8x8 slowdown {slowdown:.0%}"] = 100 * (1 - res.timeline.energy / res.baseline.energy)
     return out
 

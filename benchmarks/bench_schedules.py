@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import add_output_options, header, write_results  # noqa: E402
+from envpipe.plan.case import PipelineCase  # noqa: E402
 from envpipe.plan.memory import peak_in_flight  # noqa: E402
 from envpipe.plan.optimal import build_problem, optimal_plan  # noqa: E402
 from envpipe.plan.planner import make_plan  # noqa: E402
+from envpipe.plan.schedules import schedule_layout  # noqa: E402
 from envpipe.profile import embedded_profile_path, load_profile  # noqa: E402
 
 PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}  # Perseus's blocking power, W
@@ -50,22 +53,22 @@ def table(name: str, watts: float, M: int) -> list[str]:
              "| schedule | all-max time (s) | bubble | peak in flight (max; stage 0, P-1) | planned time (s) "
              "| saving % | vs 1F1B all-max % | at 1F1B's time % | plan time (s, measured) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    one_f_one_b = make_plan(prof, M, schedule="1f1b", policy="baseline", idle_power_w=watts).timeline
+    plain = PipelineCase.of(prof, M, watts)
+    one_f_one_b = make_plan(plain, "1f1b", "baseline").timeline
     for label, schedule, chunks in ROWS:
+        case = replace(plain, layout=schedule_layout(schedule, P, chunks))
         t0 = time.perf_counter()
-        res = optimal_plan(prof, M, idle_power_w=watts, schedule=schedule, chunks=chunks)
+        res = optimal_plan(case, schedule)
         seconds = time.perf_counter() - t0
         v = res.plan.chunks
         if schedule == "envpipe":  # the chosen order (EnvPipe's warm-up counts r_s) with every unit at its fastest
-            problem = build_problem(prof, M, schedule, res.reschedule, watts)
+            problem = build_problem(case, schedule, res.reschedule)
             allmax = problem.simulate(np.zeros(problem.dag.num_units, int))
         else:
-            allmax = make_plan(prof, M, schedule=schedule, policy="baseline", idle_power_w=watts,
-                               chunks=chunks).timeline
+            allmax = make_plan(case, schedule, "baseline").timeline
         bubble = allmax.idle_time.sum() / (P * allmax.iteration_time)
         peaks = [n / v for n in peak_in_flight(res.plan.chunk_orders() if v > 1 else res.plan.orders())]
-        relaxed = optimal_plan(prof, M, idle_power_w=watts, schedule=schedule, chunks=chunks,
-                               time_budget_s=one_f_one_b.iteration_time).timeline.energy
+        relaxed = optimal_plan(case, schedule, one_f_one_b.iteration_time).timeline.energy
         lines.append(f"| {label} | {allmax.iteration_time:.3f} | {bubble:.3f} | {max(peaks):g} ({peaks[0]:g}, "
                      f"{peaks[-1]:g}) | {res.timeline.iteration_time:.3f} | "
                      f"{100 * (1 - res.timeline.energy / res.baseline.energy):.2f} | "

@@ -8,28 +8,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
-import numpy as np
 
-from envpipe.cli_common import Finite, output_option, show, write_outputs
+from envpipe.cli_common import Finite, PlanOptions, Shown, output_option, powers, show, write_outputs
 from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS, MAX_SLOWDOWN
-from envpipe.plan.memory import StageMemory, describe_peaks
-from envpipe.plan.planfile import unit_clocks
+from envpipe.plan.case import PipelineCase, Planned
+from envpipe.plan.evaluate import SCHEDULE_NAMES, baseline_name, unit_clocks
+from envpipe.plan.memory import describe_peaks
+from envpipe.plan.render import order_name
 from envpipe.plan.simulate import Timeline
-from envpipe.profile import Profile
-
-if TYPE_CHECKING:
-    from envpipe.plan.frontier import FrontierPoint
 
 
 def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
         click.option("--max-slowdown", type=Finite(0, MAX_SLOWDOWN), default=None,
-                     help="optimal: allowed slowdown over the 1F1B all-max time, e.g. 0.01 for 1%"),
+                     help="optimal: allowed slowdown over the baseline, e.g. 0.01 for 1% (the baseline: 1F1B with "
+                          "every unit at the highest clock; for interleaved and dualpipev, that schedule's own)"),
         click.option("--time-budget", type=Finite(0, MAX_BUDGET_S, low_open=True), default=None,
                      help="optimal: iteration-time budget in seconds"),
         output_option("--frontier", "frontier_csv", suffixes=(".csv",),
@@ -41,95 +39,87 @@ def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-@dataclass(frozen=True)
-class OptimalArgs:
-    max_slowdown: float | None
-    time_budget: float | None
-    frontier_csv: str | None
-    frontier_points: int
-    out: str | None
-    text: bool
-    gantt: str | None
+def _budget_source(options: PlanOptions, base: str) -> str:
+    if options.time_budget is not None:
+        return "given"
+    if options.max_slowdown:
+        return f"{100 * options.max_slowdown:g} % over the {base} time"
+    return f"the {base} time: no slowdown"
 
 
-def run_optimal(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None, *,
-                chunks: int | None = None, stages: int | None = None) -> None:
-    """``tail_s``: each stage's work after its last unit (one number or one per stage); ``chunks``, ``stages``:
-    the layout of interleaved 1F1B and DualPipeV; as in make_plan. ``note``: what the user should know about
-    the profile, shown once planning worked."""
-    if args.frontier_csv is not None:
-        if args.max_slowdown is not None or args.time_budget is not None:
+def run_optimal(case: PipelineCase, options: PlanOptions, note: str | None) -> None:
+    """Plan ``case`` with the optimal planner (or its frontier) and show it. ``note``: what the user should know
+    about the profile, shown once planning worked."""
+    if options.frontier_csv is not None:
+        if options.max_slowdown is not None or options.time_budget is not None:
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
-        _run_frontier(profile, microbatches, schedule, watts, transfer_s, memory, args, tail_s, note, chunks, stages)
+        _run_frontier(case, options, note)
         return
     from envpipe.plan.optimal import optimal_plan
 
+    schedule, M, chunks = options.schedule, case.num_microbatches, case.layout.chunks
     try:
-        result = optimal_plan(profile, microbatches, idle_power_w=watts, schedule=schedule,
-                              time_budget_s=args.time_budget, max_slowdown=args.max_slowdown,
-                              transfer_s=transfer_s, memory=memory, tail_s=tail_s, chunks=chunks, stages=stages)
+        result = optimal_plan(case, schedule, options.time_budget, options.max_slowdown)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
         click.echo(note, err=True)
-    p = replace(result.plan, profile_digest=profile.digest)
-    click.echo(f"schedule {schedule}, policy optimal, {p.num_stages} stages x {microbatches} micro-batches, "
-               f"idle power {watts} W, time budget {result.budget_s:.4f} s")
-    for r, energy in result.tried:
-        shown = "infeasible" if energy is None else f"{energy:.1f} J"
-        click.echo(f"order with extra warm-up forwards r_s={r}: {shown}")
-    click.echo(f"chosen r_s: {result.reschedule}" + (" (plain 1F1B)" if not any(result.reschedule) else
-                                                     " (EnvPipe warm-up counts saved more)"))
-    if result.lp_energy is not None:
-        click.echo(f"LP lower bound for this order: {result.lp_energy:.1f} J")
+    p = replace(result.plan, profile_digest=case.profile.digest)
+    base = baseline_name(case.layout)
+    click.echo(f"{SCHEDULE_NAMES[schedule]}, policy optimal: {p.num_stages} stages x {M} micro-batches, "
+               f"{powers(case.overheads)}, time budget {result.budget_s:.4f} s "
+               f"({_budget_source(options, base)})")
+    if len(result.tried) > 1:
+        for r, energy in result.tried:
+            shown = "no plan within the budget" if energy is None else f"{energy:.1f} J"
+            click.echo(f"  tried {order_name(schedule, r, chunks)}: {shown}")
+    click.echo(f"chosen order: {order_name(schedule, result.reschedule, chunks)}")
+    for line in result.notes:
+        click.echo(line)
     if p.peak_memory_bytes is not None:
         click.echo(describe_peaks(p.peak_memory_bytes))
-    clocks = unit_clocks(p, result.timeline.dag)
-    show(result.timeline, result.baseline, clocks, "simulated on the measured profile:", args.text)
-    write_outputs(p, args.out, result.timeline, clocks, args.gantt,
-                  f"{schedule} / optimal: {p.num_stages} stages x {microbatches} micro-batches (simulated)")
+    shown_plan = Shown(result.timeline, unit_clocks(p, result.timeline.dag), result.baseline, base)
+    show(shown_plan, "simulated on the measured profile:", options.outputs)
+    write_outputs(shown_plan, p, options.outputs, f"{schedule} / optimal: {p.num_stages} stages x {M} micro-batches")
 
 
-def _run_frontier(profile: Profile, microbatches: int, schedule: str, watts: float, transfer_s: float,
-                  memory: StageMemory | None, args: OptimalArgs, tail_s: float | np.ndarray, note: str | None,
-                  chunks: int | None, stages: int | None) -> None:
-    assert args.frontier_csv is not None
+def _run_frontier(case: PipelineCase, options: PlanOptions, note: str | None) -> None:
+    assert options.frontier_csv is not None
     from tqdm import tqdm
 
     from envpipe.plan.frontier import frontier, write_frontier
 
     try:
         # on a terminal only (disable=None): a log or a pipe gets no carriage-return noise
-        with tqdm(total=args.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar:
-            points = frontier(profile, microbatches, idle_power_w=watts, schedule=schedule,
-                              points=args.frontier_points, transfer_s=transfer_s, memory=memory,
-                              tail_s=tail_s, chunks=chunks, stages=stages, on_point=bar.update)
+        with tqdm(total=options.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar:
+            points = frontier(case, options.schedule, options.frontier_points, on_point=bar.update)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
         click.echo(note, err=True)
-    points = [replace(pt, plan=replace(pt.plan, profile_digest=profile.digest)) for pt in points]
+    points = [replace(pt, plan=replace(pt.plan, profile_digest=case.profile.digest)) for pt in points]
     base = points[0].baseline
     try:
-        plan_dir, png = write_frontier(points, Path(args.frontier_csv), base)
+        plan_dir, png = write_frontier(points, Path(options.frontier_csv), base)
     except OSError as exc:
-        raise click.ClickException(f"cannot write the frontier to {args.frontier_csv}: {exc}") from None
-    click.echo(f"frontier ({len(points)} points, simulated on the measured profile; baseline 1F1B all-max "
-               f"{base.iteration_time:.4f} s, {base.energy:.1f} J):")
+        raise click.ClickException(f"cannot write the frontier to {options.frontier_csv}: {exc}") from None
+    click.echo(f"frontier ({len(points)} points of {SCHEDULE_NAMES[options.schedule]}, simulated on the measured "
+               f"profile; baseline {baseline_name(case.layout)} {base.iteration_time:.4f} s, {base.energy:.1f} J):")
     click.echo("\n".join(frontier_rows(points, base)))
-    click.echo(f"CSV written to {args.frontier_csv}, plans under {plan_dir}, plot {png}")
+    click.echo(f"CSV written to {options.frontier_csv}, plans under {plan_dir}, plot {png}")
 
 
-def frontier_rows(points: list[FrontierPoint], base: Timeline) -> list[str]:
+def frontier_rows(points: list[Planned], base: Timeline) -> list[str]:
     """A table with the budget of each point, time and energy with enough digits to tell neighbours apart,
     and a mark where a longer budget kept the previous plan (more time would only add idle energy)."""
-    step = (points[-1].budget_s - points[0].budget_s) / max(len(points) - 1, 1)
+    budgets = [p.budget_s or 0.0 for p in points]
+    step = (budgets[-1] - budgets[0]) / max(len(points) - 1, 1)
     digits = max(4, 1 - math.floor(math.log10(step))) if step > 0 else 4
     w = max(10, digits + 5)
     rows = [f"  {'budget (s)':>{w}}  {'time (s)':>{w}}  {'energy (J)':>12}  {'saving (%)':>10}"]
-    for i, p in enumerate(points):
-        same = i > 0 and (p.time_s, p.energy_j) == (points[i - 1].time_s, points[i - 1].energy_j)
-        rows.append(f"  {p.budget_s:{w}.{digits}f}  {p.time_s:{w}.{digits}f}  {p.energy_j:12.2f}  "
-                    f"{100 * (1 - p.energy_j / base.energy):10.3f}" + ("  same plan as above" if same else ""))
+    for i, (p, budget) in enumerate(zip(points, budgets, strict=True)):
+        time_s, energy = p.timeline.iteration_time, p.timeline.energy
+        same = i > 0 and (time_s, energy) == (points[i - 1].timeline.iteration_time, points[i - 1].timeline.energy)
+        rows.append(f"  {budget:{w}.{digits}f}  {time_s:{w}.{digits}f}  {energy:12.2f}  "
+                    f"{100 * (1 - energy / base.energy):10.3f}" + ("  same plan as above" if same else ""))
     return rows

@@ -1,14 +1,18 @@
 """Gantt picture of one iteration: one row per stage, units coloured by clock with a clock colour bar.
 
 Planned (simulated) and measured iterations are drawn by the same function, ``draw_bars``: the planner
-passes a simulated timeline (``timeline_bars``), the runtime its measured units. Backward units are
-drawn taller than forward ones, so the two stay apart when no label fits; a unit gets its label
-(``F12``) only where the label fits inside it. Idle time is hatched and the critical path outlined in red.
+passes a simulated timeline (``timeline_bars``), the runtime its measured units; every caller says which
+(``label``: "simulated", "measured", "simulated GPU"), and the title and time axis say it too. Backward
+units are drawn taller than forward ones, so the two stay apart when no label fits; a unit gets its label
+(``F12``) only where the label fits inside it. Idle time is hatched; the critical path, where the bars carry
+one, is outlined in red and joined by a red line (and only then named in the legend). The colour bar's ticks
+are clocks in MHz, also when every unit runs at one clock. Long titles wrap instead of being cut.
 PNG or SVG by the file's extension; the file is written atomically.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +24,9 @@ from envpipe.atomicfile import atomic_write
 from envpipe.plan.simulate import Timeline
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 FORMATS = (".png", ".svg")
 _DPI = 130
@@ -28,6 +34,9 @@ _FONT_PT = 6
 _HEIGHT = {"F": 0.5, "B": 0.8}  # fraction of a stage row
 _UNKNOWN_CLOCK = "#b0b0b0"
 _MAX_LABELS = 4000  # beyond this many, text costs more time than it helps
+_MAX_CLOCK_TICKS = 8  # up to this many distinct clocks, each gets its own tick on the colour bar
+_TITLE_PT = 10
+PATH_GID = "critical-path"  # the critical path's line, findable among the figure's artists
 
 
 @dataclass(frozen=True)
@@ -57,17 +66,31 @@ def timeline_bars(tl: Timeline, freqs_mhz: np.ndarray) -> list[GanttBar]:
                      int(tl.dag.chunk[i]) if chunked else None) for i in range(tl.dag.num_units)]
 
 
-def draw_gantt(tl: Timeline, freqs_mhz: np.ndarray, path: str | Path, title: str = "") -> Path:
+def draw_gantt(tl: Timeline, freqs_mhz: np.ndarray, path: str | Path, title: str = "", *,
+               label: str = "simulated") -> Path:
     """The planner's picture of a simulated iteration."""
-    return draw_bars(timeline_bars(tl, freqs_mhz), path, title or "simulated iteration", span_s=tl.iteration_time)
+    return draw_bars(timeline_bars(tl, freqs_mhz), path, title or "one iteration", label=label,
+                     span_s=tl.iteration_time)
 
 
-def draw_bars(bars: Sequence[GanttBar], path: str | Path, title: str, *, span_s: float | None = None,
-              xlabel: str = "time (s)") -> Path:
-    """Draw ``bars`` (stages 0..S-1, S from the bars) over ``[0, span_s]`` (default: the last end)."""
+def draw_bars(bars: Sequence[GanttBar], path: str | Path, title: str, *, label: str,
+              span_s: float | None = None) -> Path:
+    """Draw ``bars`` (see ``gantt_figure``) into ``path`` (.png or .svg, written atomically)."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise ValueError(f"Gantt picture must be .png or .svg, got {path.name!r}")
+    import matplotlib.pyplot as plt
+
+    fig = gantt_figure(bars, title, label=label, span_s=span_s)
+    with atomic_write(path, "wb") as fh:
+        fig.savefig(fh, format=path.suffix.lower()[1:], dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
+def gantt_figure(bars: Sequence[GanttBar], title: str, *, label: str, span_s: float | None = None) -> Figure:
+    """The figure of ``bars`` (stages 0..S-1, S from the bars) over ``[0, span_s]`` (default: the last end),
+    titled ``title (label)``; the caller closes it (``matplotlib.pyplot.close``)."""
     if not bars:
         raise ValueError("no units to draw")
     import matplotlib
@@ -76,15 +99,17 @@ def draw_bars(bars: Sequence[GanttBar], path: str | Path, title: str, *, span_s:
     import matplotlib.pyplot as plt
     from matplotlib.colors import Normalize, to_rgba
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     S = max(b.stage for b in bars) + 1
     span = span_s if span_s is not None else max(b.end_s for b in bars)
-    clocks = [b.clock_mhz for b in bars if b.clock_mhz is not None]
-    lo, hi = (min(clocks), max(clocks)) if clocks else (0, 1)
-    norm = Normalize(vmin=lo - 1 if lo == hi else lo, vmax=hi)
+    clocks = sorted({b.clock_mhz for b in bars if b.clock_mhz is not None})
+    lo, hi = (clocks[0], clocks[-1]) if clocks else (0, 1)
+    norm = Normalize(vmin=lo - 0.5, vmax=hi + 0.5) if lo == hi else Normalize(vmin=lo, vmax=hi)
     cmap = plt.get_cmap("viridis")
     per_stage = len(bars) / S
-    fig, ax = plt.subplots(figsize=(min(24.0, 6 + 0.06 * per_stage), min(30.0, 1.6 + 0.55 * S)), layout="constrained")
+    width = min(24.0, 6 + 0.06 * per_stage)
+    fig, ax = plt.subplots(figsize=(width, min(30.0, 1.8 + 0.55 * S)), layout="constrained")
 
     def row(stage: int) -> int:
         return S - 1 - stage
@@ -102,26 +127,34 @@ def draw_bars(bars: Sequence[GanttBar], path: str | Path, title: str, *, span_s:
                        (row(s) - height / 2, height), facecolors=[colours[i] for i in ids],
                        edgecolors=["red" if bars[i].critical else "black" for i in ids],
                        linewidths=[1.6 if bars[i].critical else 0.3 for i in ids])
+    handles: list[Artist] = [Patch(facecolor="white", edgecolor="black", linewidth=0.3,
+                                   label="forward (short), backward (tall)")]
+    critical = sorted((b for b in bars if b.critical), key=lambda b: b.start_s)
+    if critical:  # through each critical unit along its row, then on to the next one
+        xs = [x for b in critical for x in (b.start_s, b.end_s)]
+        ys = [float(row(b.stage)) for b in critical for _ in range(2)]
+        (line,) = ax.plot(xs, ys, color="red", linewidth=1.2, label="critical path", gid=PATH_GID, zorder=2.5)
+        handles.append(line)
+    handles.append(Patch(facecolor="#f3f3f3", hatch="////", edgecolor="#d0d0d0", label="idle (bubble)"))
     if S <= 64:
         ax.set_yticks(range(S))
         ax.set_yticklabels([f"stage {row(y)}" for y in range(S)])
     ax.set_ylim(-0.6, S - 0.4)
     ax.set_xlim(0, span * 1.01)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title)
+    ax.set_xlabel(f"time from the iteration's start (s, {label})")
+    # wrapped to the figure's width (about 0.6 em per character), so that a long title is never cut
+    chars = max(20, int(width * 72 / (0.6 * _TITLE_PT)))
+    ax.set_title(textwrap.fill(f"{title} ({label})", chars, break_on_hyphens=False), fontsize=_TITLE_PT)
     if clocks:
-        fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="SM clock (MHz)", pad=0.01)
-    fig.legend(handles=[Patch(facecolor="white", edgecolor="black", linewidth=0.3,
-                              label="forward (short), backward (tall)"),
-                        Patch(facecolor="white", edgecolor="red", linewidth=1.6, label="critical path"),
-                        Patch(facecolor="#f3f3f3", hatch="////", edgecolor="#d0d0d0", label="idle (bubble)")],
-               loc="outside lower center", ncol=3, fontsize=7, frameon=False)
+        bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="SM clock (MHz)", pad=0.01)
+        if len(clocks) <= _MAX_CLOCK_TICKS:
+            bar.set_ticks(clocks)
+        bar.formatter = FuncFormatter(lambda x, _: f"{x:.0f}")  # whole MHz, never an offset like "+1.41e3"
+        bar.update_ticks()
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.draw_without_rendering()  # settles the layout, so that label widths can be measured in pixels
     _label_where_fits(ax, bars, colours, S)
-    with atomic_write(path, "wb") as fh:
-        fig.savefig(fh, format=path.suffix.lower()[1:], dpi=_DPI)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def labels_that_fit(bars: Sequence[GanttBar], px_per_s: float, px_per_row: float) -> list[int]:

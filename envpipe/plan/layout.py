@@ -65,6 +65,8 @@ def model_profile(profile: Profile, layout: StageLayout) -> Profile:
     pipeline stages split evenly over the stage's chunks if it has one row per pipeline stage."""
     if profile.num_stages == layout.num_model_stages:
         return profile
+    if profile.num_stages != layout.num_stages and layout.chunks == 1:
+        raise ValueError(f"the profile has {profile.num_stages} stages, the pipeline {layout.num_stages}")
     if profile.num_stages != layout.num_stages:
         raise ValueError(f"the profile has {profile.num_stages} stages; a pipeline of {layout.num_stages} stages "
                          f"with {layout.chunks} chunks each needs {layout.num_stages} (split evenly) or "

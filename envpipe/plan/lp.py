@@ -4,9 +4,8 @@ Variables: start s_u per unit, the makespan T, and per unit and segment j of its
 the time delta_uj taken from that segment (duration d_u = fastest time + sum_j delta_uj, cost =
 fastest cost + sum_j slope_j delta_uj). Constraints: every DAG edge p -> u (s_p + d_p + lag <= s_u,
 lag = transfer time on cross-stage edges) and every stage's last unit plus the stage's tail ends
-by T <= budget. Minimising
-sum of costs + S*P*T (the iteration energy, see menus.py) gives
-the LP relaxation of the discrete problem: a lower bound on the energy of any plan within the
+by T <= budget. Minimising sum of costs + (sum_s P_s) T (the iteration energy less a constant, see
+menus.py) gives the LP relaxation of the discrete problem: a lower bound on the energy of any plan within the
 budget, and durations that envpipe.plan.optimal rounds to real clocks.
 """
 
@@ -21,7 +20,7 @@ from scipy.optimize import linprog
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.fold import Fold, identity_fold
 from envpipe.plan.menus import UnitMenus
-from envpipe.plan.simulate import stage_tails
+from envpipe.plan.simulate import per_stage
 
 _IPM_FROM_UNITS = 3000
 
@@ -47,7 +46,7 @@ def dag_edges(dag: PipelineDag, transfer_s: float, tail_s: float | np.ndarray = 
     succ = np.r_[units[has_same], units[has_data]]
     lag = np.r_[np.zeros(has_same.sum()), np.where(dag.data_crosses[has_data], transfer_s, 0.0)]
     last = np.asarray([ids[-1] for ids in dag.order])
-    return Edges(pred, succ, lag, last, stage_tails(tail_s, dag.num_stages))
+    return Edges(pred, succ, lag, last, per_stage(tail_s, dag.num_stages, "tail times"))
 
 
 @dataclass(frozen=True)
@@ -57,19 +56,19 @@ class Relaxation:
     folded: bool  # solved on a periodic fold (envpipe.plan.fold): a restriction, so `energy` is no bound
 
 
-def solve_relaxation(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float,
-                     idle_power_w: float, max_segments: int | None = None, fold: Fold | None = None) -> Relaxation:
-    """The LP on the DAG, or on ``fold`` of it (falling back to the full LP if the fold has no solution)."""
+def solve_relaxation(menus: UnitMenus, edges: Edges, budget_s: float, fold: Fold | None = None,
+                     max_segments: int | None = None) -> Relaxation:
+    """The LP on the DAG of ``menus`` and ``edges``, or on ``fold`` of it (falling back to the full LP if the
+    fold has no solution); ``max_segments``: at most that many hull segments per menu (large DAGs)."""
     if fold is not None and not fold.is_identity:
         try:
-            return _solve(dag, menus, edges, budget_s, idle_power_w, max_segments, fold)
+            return _solve(menus, edges, budget_s, fold, max_segments)
         except InfeasibleBudget:
             pass  # the budget leaves no room for a periodic middle: the full LP decides
-    return _solve(dag, menus, edges, budget_s, idle_power_w, max_segments, identity_fold(dag.num_units))
+    return _solve(menus, edges, budget_s, identity_fold(menus.time.shape[0]), max_segments)
 
 
-def _solve(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, idle_power_w: float,
-           max_segments: int | None, fold: Fold) -> Relaxation:
+def _solve(menus: UnitMenus, edges: Edges, budget_s: float, fold: Fold, max_segments: int | None) -> Relaxation:
     R = fold.size
     # d_r = fastest hull time + sum_j delta_rj, 0 <= delta_rj <= length of hull segment j, cost slope a_j
     # (times the number of units sharing r). The hull is convex (slopes increase), so the LP fills cheaper
@@ -94,12 +93,12 @@ def _solve(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, id
     fast_cost = np.asarray([m.cost[m.hull[0]] for m in menus.menus])[group]
 
     A_t, ub_t = timing_rows(edges, fold)
-    S, P = dag.num_stages, fold.num_periods
+    P = fold.num_periods
     to_units = sparse.csr_matrix((np.ones(D), (su, np.arange(D))), shape=(R, D))
     A_d = A_t[:, R:2 * R]
     A = sparse.hstack([A_t[:, :R], A_t[:, 2 * R:], A_d @ to_units], format="csr")  # columns [s, T, tau (P), delta]
     ub = ub_t - A_d @ fastest
-    objective = np.r_[np.zeros(R), S * idle_power_w, np.zeros(P), slope]
+    objective = np.r_[np.zeros(R), menus.makespan_power_w, np.zeros(P), slope]
     lb = np.zeros(R + 1 + P + D)
     hi = np.r_[np.full(R, np.inf), budget_s, np.full(P, np.inf), length]
     # dual simplex is quicker on small LPs, the interior-point method scales better on large ones
@@ -111,7 +110,8 @@ def _solve(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, id
     if res.status != 0 or res.x is None:
         raise RuntimeError(f"LP relaxation failed: {res.message}")
     duration = fastest + np.bincount(su, weights=res.x[R + 1 + P:], minlength=R)
-    return Relaxation(duration[fold.rep], float(res.fun + fast_cost @ weight), not fold.is_identity)
+    return Relaxation(duration[fold.rep], float(res.fun + fast_cost @ weight) + menus.constant_j,
+                      not fold.is_identity)
 
 
 def timing_rows(edges: Edges, fold: Fold) -> tuple[sparse.csc_matrix, np.ndarray]:

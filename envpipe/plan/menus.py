@@ -1,12 +1,14 @@
 """Per-(stage, kind) clock menus for the optimal planner: Pareto clocks and their lower convex hull.
 
-With the unit order fixed, one iteration's energy is
+With the unit order fixed, one iteration's energy (envpipe.plan.simulate) is
 
-    E = sum_u e_u + P * sum_s (T - busy_s) = sum_u (e_u - P * t_u) + S * P * T,
+    E = sum_u e_u + sum_s P_s (T - busy_s) + sum_s (Q_s - P_s) tail_s
+      = sum_u (e_u - P_s(u) t_u) + (sum_s P_s) T + sum_s (Q_s - P_s) tail_s,
 
-so each unit contributes an *effective cost* c = e - P*t that depends only on its own clock, and the
-idle power P only enters through that cost and the makespan T. A clock is useful only if no other
-clock is both faster and cheaper (Pareto); the LP relaxation uses the lower convex hull of those.
+with P_s the blocking power and Q_s the tail power of stage s. So each unit contributes an *effective cost*
+c = e - P t, P its own stage's blocking power, that depends only on its own clock; the blocking powers
+also enter through the makespan T, and the tails add a constant. A clock is useful only if no other clock is
+both faster and cheaper (Pareto); the LP relaxation uses the lower convex hull of those.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from functools import cached_property
 import numpy as np
 
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.simulate import Overheads, weighted_total
 from envpipe.profile import Profile
 
 
@@ -31,8 +34,9 @@ class Menu:
     hull: np.ndarray  # (h,) positions in the arrays above that are lower-hull vertices
 
 
-def pareto_menu(time: np.ndarray, energy: np.ndarray, idle_power_w: float) -> Menu:
-    cost = energy - idle_power_w * time
+def pareto_menu(time: np.ndarray, energy: np.ndarray, blocking_power_w: float) -> Menu:
+    """The Pareto clocks of one (stage, kind) whose stage blocks at ``blocking_power_w``."""
+    cost = energy - blocking_power_w * time
     order = np.lexsort((cost, time))  # time ascending, ties by cost
     keep: list[int] = []
     for k in order:
@@ -72,6 +76,8 @@ class UnitMenus:
     size: np.ndarray  # (N,) number of real options
     group: np.ndarray  # (N,) menu group 2*model stage + (0 for F, 1 for B)
     menus: tuple[Menu, ...]  # per group
+    makespan_power_w: float  # sum of the stages' blocking powers: what a second more of iteration costs
+    constant_j: float  # energy no clock changes: each tail's power above its stage's blocking power, x its time
 
     def pick(self, option: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per unit: profile clock index, time and energy of its option."""
@@ -83,14 +89,18 @@ class UnitMenus:
         return np.arange(self.time.shape[0]) * self.time.shape[1]
 
 
-def unit_menus(dag: PipelineDag, profile: Profile, idle_power_w: float) -> UnitMenus:
-    """``profile``: one row per model stage of the DAG (envpipe.plan.layout.model_profile)."""
+def unit_menus(dag: PipelineDag, profile: Profile, overheads: Overheads) -> UnitMenus:
+    """``profile``: one row per model stage of the DAG (envpipe.plan.layout.model_profile); each model stage
+    blocks at the power of the pipeline stage that runs it."""
     if profile.num_stages != dag.num_stages * dag.num_chunks:
         raise ValueError(f"profile has {profile.num_stages} stages, the schedule {dag.num_stages * dag.num_chunks}")
+    runs_on = np.empty(profile.num_stages, int)  # model stage -> pipeline stage
+    runs_on[dag.model_stage] = dag.stage
+    power = overheads.blocking_power_w[runs_on]
     menus = []
     for s in range(profile.num_stages):
-        menus.append(pareto_menu(profile.fwd_time[s], profile.fwd_energy[s], idle_power_w))
-        menus.append(pareto_menu(profile.bwd_time[s], profile.bwd_energy[s], idle_power_w))
+        menus.append(pareto_menu(profile.fwd_time[s], profile.fwd_energy[s], power[s]))
+        menus.append(pareto_menu(profile.bwd_time[s], profile.bwd_energy[s], power[s]))
     width = max(m.clock.size for m in menus)
     pad = lambda a, fill: np.r_[a, np.full(width - a.size, fill)]  # noqa: E731
     g_clock = np.stack([pad(m.clock, 0) for m in menus]).astype(int)
@@ -99,5 +109,7 @@ def unit_menus(dag: PipelineDag, profile: Profile, idle_power_w: float) -> UnitM
     g_energy = np.stack([pad(m.energy, np.inf) for m in menus])
     group = 2 * dag.model_stage + (~dag.is_fwd).astype(int)
     sizes = np.asarray([m.clock.size for m in menus])
+    blocking = overheads.blocking_power_w
     return UnitMenus(g_clock[group], g_time[group], g_cost[group], g_energy[group], sizes[group], group,
-                     tuple(menus))
+                     tuple(menus), weighted_total(np.ones(dag.num_stages), blocking),
+                     weighted_total(overheads.tail_s, overheads.tail_power_w - blocking))

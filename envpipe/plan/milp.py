@@ -1,17 +1,19 @@
 """Exact reference: the discrete clock choice as a MILP (scipy.optimize.milp / HiGHS).
 
 One binary x_uk per unit and Pareto clock (sum_k x_uk = 1), start times s_u, duration
-d_u = sum_k t_uk x_uk in the precedence and makespan rows, objective sum_uk c_uk x_uk. It is exact
-but exponential in the worst case, so it is an oracle for small instances (tests), not a planner.
+d_u = sum_k t_uk x_uk in the precedence and makespan rows, objective sum_uk c_uk x_uk + (sum_s P_s) T (the
+iteration energy less a constant, see menus.py). It is exact but exponential in the worst case, so it is an
+oracle for small instances (tests), and, restricted to a neighbourhood, the planner's polish.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from envpipe.plan.dag import PipelineDag
 from envpipe.plan.fold import identity_fold
 from envpipe.plan.lp import Edges, InfeasibleBudget, timing_rows
 from envpipe.plan.menus import UnitMenus
@@ -21,20 +23,28 @@ class MilpTimeout(RuntimeError):
     """HiGHS stopped (time limit) without the solution asked for."""
 
 
-def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float, idle_power_w: float,
-               time_limit_s: float = 120.0, allowed: np.ndarray | None = None,
-               node_limit: int | None = None) -> tuple[np.ndarray, float]:
-    """Optimal menu option per unit and the least iteration energy (sum of costs + S*P*makespan).
+@dataclass(frozen=True)
+class Neighbourhood:
+    """A restricted MILP (a large-neighbourhood search): only the ``allowed`` (N, K) options, at most
+    ``node_limit`` branch-and-bound nodes (deterministic, unlike a time limit); the best solution found is
+    returned."""
 
-    ``allowed`` (N, K) bool restricts each unit's options (a neighbourhood search); with a time limit
-    or node limit (deterministic, unlike time) the best solution found so far is returned, and
+    allowed: np.ndarray
+    node_limit: int
+
+
+def solve_milp(menus: UnitMenus, edges: Edges, budget_s: float, time_limit_s: float = 120.0,
+               within: Neighbourhood | None = None) -> tuple[np.ndarray, float]:
+    """Optimal menu option per unit of the DAG of ``menus`` and ``edges`` and the least iteration energy.
+
+    With ``within`` (or when the time limit stops HiGHS) the best solution found so far is returned, and
     MilpTimeout is raised if there is none.
     """
-    N = dag.num_units
+    N = menus.time.shape[0]
     K = menus.time.shape[1]
     real = np.arange(K)[None, :] < menus.size[:, None]  # (N, K) real (not padded) options
-    if allowed is not None:
-        real &= allowed
+    if within is not None:
+        real &= within.allowed
     xu, xk = np.nonzero(real)
     X = xu.size
     A_t, ub_t = timing_rows(edges, identity_fold(N))
@@ -46,19 +56,19 @@ def solve_milp(dag: PipelineDag, menus: UnitMenus, edges: Edges, budget_s: float
     A = sparse.vstack([timing, one_hot], format="csr")
     lo = np.r_[np.full(timing.shape[0], -np.inf), np.ones(N)]
     hi = np.r_[ub_t, np.ones(N)]
-    objective = np.r_[np.zeros(N), dag.num_stages * idle_power_w, menus.cost[xu, xk]]
+    objective = np.r_[np.zeros(N), menus.makespan_power_w, menus.cost[xu, xk]]
     integrality = np.r_[np.zeros(N + 1), np.ones(X)]
     bounds = Bounds(np.zeros(N + 1 + X), np.r_[np.full(N, np.inf), budget_s, np.ones(X)])
     res = milp(objective, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=bounds,
                options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
-                        **({} if node_limit is None else {"node_limit": node_limit})})
+                        **({} if within is None else {"node_limit": within.node_limit})})
     if res.status == 2:
         raise InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible")
     if res.x is None:
         raise MilpTimeout(f"MILP found no solution: {res.message}")
-    if res.status != 0 and allowed is None:
+    if res.status != 0 and within is None:
         raise MilpTimeout(f"MILP not solved to optimality: {res.message}")
     option = np.zeros(N, int)
     chosen = res.x[N + 1:] > 0.5
     option[xu[chosen]] = xk[chosen]
-    return option, float(res.fun)
+    return option, float(res.fun) + menus.constant_j

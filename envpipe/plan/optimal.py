@@ -9,13 +9,15 @@ Method (docs/optimal-planner.md has the long form):
    (fold.py). Gives fractional durations, and a lower bound when not folded.
 3. Rounding, three ways, keeping the best result: (a) each unit takes the slowest menu clock not
    slower than its LP duration (durations only shrink, so the budget holds); (b) error diffusion along
-   each stage; (c) each unit takes the clock nearest its LP duration (small DAGs; in a frontier sweep,
-   the previous budget's clocks instead); then *repair* speeds up the critical units with the least
-   extra cost per second saved until the simulated time meets the budget exactly.
+   each stage; (c) each unit takes the clock nearest its LP duration (small DAGs); then *repair* speeds
+   up the critical units with the least extra cost per second saved until the simulated time meets the
+   budget exactly.
 4. Improve: alternately give each unit its *free float* in the earliest schedule and in the latest
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
-   safe; passes repeat until nothing changes.
+   safe; passes repeat until nothing changes. Float that lengthens the iteration costs every stage's
+   blocking power, which can outweigh what the units save: each rounding is kept improved or not,
+   whichever costs less (the best feasible).
 5. Polish (small DAGs): a large-neighbourhood search, the exact MILP restricted to options within
    a few menu steps of each unit's current one, repeated around each improvement under a node limit
    and a time limit scaled to the DAG; kept only if the simulator confirms it is better.
@@ -29,22 +31,22 @@ unit must end by budget - tail (LP and MILP rows, free float, latest schedule).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
+from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.evaluate import baseline_timeline, plan_from_timeline
 from envpipe.plan.fold import Fold, periodic_fold
-from envpipe.plan.layout import StageLayout, model_profile
 from envpipe.plan.lp import Edges, InfeasibleBudget, dag_edges, solve_relaxation
-from envpipe.plan.memory import StageMemory, warmup_caps
+from envpipe.plan.memory import warmup_caps
 from envpipe.plan.menus import UnitMenus, unit_menus
-from envpipe.plan.milp import MilpTimeout, solve_milp
-from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
+from envpipe.plan.milp import MilpTimeout, Neighbourhood, solve_milp
 from envpipe.plan.policies import valley_clocks
-from envpipe.plan.schedules import CHUNKED, build_schedule, plan_layout, reschedule_counts
-from envpipe.plan.simulate import Timeline, simulate
-from envpipe.profile import Profile
+from envpipe.plan.schedules import CHUNKED, build_schedule, check_schedule, reschedule_counts
+from envpipe.plan.simulate import Overheads, Timeline, resimulate, simulate
 
 _MAX_PASSES = 200
 # steady micro-batches kept unfolded after the warm-up and before the cool-down, beyond the number of stages:
@@ -67,47 +69,63 @@ _POLISH_SECONDS_PER_UNIT = 0.1  # only a safety net: the node limits decide, so 
 
 
 @dataclass(frozen=True)
+class Successors:
+    """Each unit's successors in the DAG and the lag on its edges (N: none): what the latest schedule and the
+    free float walk forwards."""
+
+    same: np.ndarray  # (N,) next unit on the stage
+    data: np.ndarray  # (N,) the unit that needs this one's output
+    lag_in: np.ndarray  # (N,) lag on the edge pred_data[u] -> u
+    lag_out: np.ndarray  # (N + 1,) lag on the edge u -> data[u]
+
+
+@dataclass(frozen=True, eq=False)
 class ClockProblem:
     """One fixed unit order with its menus: everything a budget sweep reuses."""
 
     dag: PipelineDag
     menus: UnitMenus
     edges: Edges
-    profile: Profile
-    idle_power_w: float
-    transfer_s: float
+    overheads: Overheads
+    freqs: np.ndarray  # the profile's clocks (MHz), indexed like the menus' clock indices
     fold: Fold  # the periodic fold the LP is solved on (envpipe.plan.fold)
     peak_memory_bytes: list[int] | None = None  # per stage, when the order was checked against a memory model
-
-    @classmethod
-    def build(cls, dag: PipelineDag, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
-              tail_s: float | np.ndarray = 0.0, peak_memory_bytes: list[int] | None = None,
-              period: int = 1, drift: bool = False) -> ClockProblem:
-        """``period``: micro-batches after which the schedule's middle repeats; ``drift``: stages may run at
-        different paces through it (orders with extra warm-up forwards); see envpipe.plan.fold."""
-        fold = periodic_fold(dag, period * -(-_FOLD_PERIOD // period), dag.num_stages + _FOLD_MARGIN, drift)
-        return cls(dag, unit_menus(dag, profile, idle_power_w), dag_edges(dag, transfer_s, tail_s), profile,
-                   idle_power_w, transfer_s, fold, peak_memory_bytes)
 
     @property
     def tail(self) -> np.ndarray:
         """(S,) per-stage tail after the last unit (seconds)."""
         return self.edges.tail
 
+    @cached_property
+    def successors(self) -> Successors:
+        dag = self.dag
+        N = dag.num_units
+        succ_same = np.full(N, N)
+        has = dag.pred_same != N
+        succ_same[dag.pred_same[has]] = np.flatnonzero(has)
+        succ_data = np.full(N, N)
+        has = dag.pred_data != N
+        succ_data[dag.pred_data[has]] = np.flatnonzero(has)
+        lag_in = np.where(dag.data_crosses, self.overheads.transfer_s, 0.0)
+        lag_out = np.zeros(N + 1)
+        lag_out[:N][dag.pred_data[has]] = lag_in[has]
+        return Successors(succ_same, succ_data, lag_in, lag_out)
+
     def simulate(self, option: np.ndarray, previous: Timeline | None = None,
                  changed: np.ndarray | None = None) -> Timeline:
         """The timeline of ``option``; with ``previous`` (another option's) and the units whose option differs
         from it, only the levels from the earliest changed unit on are recomputed."""
         _, dur, energy = self.menus.pick(option)
-        return simulate(self.dag, dur, energy, self.idle_power_w, self.transfer_s, tail_s=self.tail,
-                        previous=previous, changed=changed)
+        if previous is None or changed is None:
+            return simulate(self.dag, dur, energy, self.overheads)
+        return resimulate(previous, dur, energy, changed)
 
     def end_caps(self, budget_s: float) -> np.ndarray:
         """(N,) latest end of each unit within the budget: its stage's tail must still fit after it."""
         return budget_s - self.tail[self.dag.stage]
 
     def freqs_mhz(self, option: np.ndarray) -> np.ndarray:
-        return self.profile.freqs[self.menus.pick(option)[0]]
+        return self.freqs[self.menus.pick(option)[0]]
 
     def fastest_time(self) -> float:
         return self.simulate(np.zeros(self.dag.num_units, int)).iteration_time
@@ -139,37 +157,40 @@ def infeasible(budget_s: float, fastest_s: float) -> InfeasibleBudget:
                             f"the iteration takes {fastest_s:.12g} s ({fastest_s - budget_s:.3g} s more)")
 
 
-def solve(problem: ClockProblem, budget_s: float, start: np.ndarray | None = None) -> Solution:
-    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish).
-
-    ``start``: an option known to meet the budget (a frontier's plan for the next shorter budget), improved
-    from instead of the nearest rounding, which needs many repair steps: the warm start of a sweep."""
+def solve(problem: ClockProblem, budget_s: float) -> Solution:
+    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
         raise infeasible(budget_s, fastest)
     # very large DAGs: a coarser hull keeps the LP tractable; rounding and improvement use the full menus
     segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
-    relax = solve_relaxation(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w, segments,
-                             problem.fold)
+    relax = solve_relaxation(problem.menus, problem.edges, budget_s, problem.fold, segments)
     roundings = [problem.fit(relax.duration + 1e-9), _diffused(problem, relax.duration)]
-    if start is not None:
-        roundings.append(start)
-    elif problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
+    if problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
         roundings.append(_nearest(problem, relax.duration))
-    best: tuple[np.ndarray, Timeline] | None = None
-    for option in roundings:
-        # improve hands out free float up to a relative 1e-12 (fit's tolerance): the last repair makes sure
-        option = _repair(problem, _improve(problem, _repair(problem, option, budget_s), budget_s), budget_s)
-        tl = problem.simulate(option)
-        if best is None or tl.energy < best[1].energy:
-            best = (option, tl)
-    assert best is not None
-    option, tl = best
+    option, tl = _best_finished(problem, roundings, budget_s)
     if problem.dag.num_units <= _POLISH_UNITS:
         allowed = _neighbourhood(problem, option)
         if allowed.sum() <= _POLISH_BINARIES:
             option, tl = _polish(problem, option, tl, allowed, budget_s)
     return Solution(option, tl, relax.energy if segments is None and not relax.folded else None)
+
+
+def _best_finished(problem: ClockProblem, options: list[np.ndarray], budget_s: float) -> tuple[np.ndarray, Timeline]:
+    """The least-energy feasible plan made from ``options``: each one repaired to the budget, then taken with its
+    free float handed out (improve) or without, whichever costs less. Float that lengthens the iteration costs
+    every stage's blocking power for the extra time, which can be more than the slower units save."""
+    best: tuple[np.ndarray, Timeline] | None = None
+    for option in options:
+        repaired = _repair(problem, option, budget_s)
+        # improve hands out free float up to a relative 1e-12 (fit's tolerance): the last repair makes sure
+        improved = _repair(problem, _improve(problem, repaired, budget_s), budget_s)
+        for candidate in (improved, repaired):  # on a tie, the improved one
+            tl = problem.simulate(candidate)
+            if best is None or tl.energy < best[1].energy:
+                best = (candidate, tl)
+    assert best is not None
+    return best
 
 
 def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, allowed: np.ndarray,
@@ -186,8 +207,7 @@ def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, allow
         if left <= 0:
             break
         try:
-            found, _ = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, problem.idle_power_w,
-                                  time_limit_s=left, allowed=allowed, node_limit=_POLISH_NODES)
+            found, _ = solve_milp(problem.menus, problem.edges, budget_s, left, Neighbourhood(allowed, _POLISH_NODES))
         except (MilpTimeout, InfeasibleBudget):  # no better point found (or none within HiGHS's tolerances)
             break
         tl = problem.simulate(found)
@@ -254,17 +274,8 @@ def _repair(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.nd
 
 def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.ndarray:
     """Hand out free float (earliest schedule, then latest schedule) until no unit gets cheaper."""
-    dag = problem.dag
+    dag, succ = problem.dag, problem.successors
     N = dag.num_units
-    succ_same = np.full(N, N)
-    has = dag.pred_same != N
-    succ_same[dag.pred_same[has]] = np.flatnonzero(has)
-    succ_data = np.full(N, N)
-    has = dag.pred_data != N
-    succ_data[dag.pred_data[has]] = np.flatnonzero(has)
-    lag_in = np.where(dag.data_crosses, problem.transfer_s, 0.0)  # lag on the edge pred_data[u] -> u
-    lag_out = np.zeros(N + 1)
-    lag_out[:N][dag.pred_data[has]] = lag_in[has]
     option = option.copy()
     rows = np.arange(N)
     cap = problem.end_caps(budget_s)
@@ -275,12 +286,12 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
             if direction == "early":
                 tl = problem.simulate(option)
                 start = np.r_[tl.start, np.inf]
-                bound = np.minimum(np.minimum(start[succ_same], start[succ_data] - lag_out[:N]), cap)
+                bound = np.minimum(np.minimum(start[succ.same], start[succ.data] - succ.lag_out[:N]), cap)
                 free = bound - tl.end
             else:
-                late_start, late_end = _latest(dag, dur, cap, succ_same, succ_data, lag_out)
+                late_start, late_end = _latest(problem, dur, cap)
                 fin = np.r_[late_end, 0.0]
-                bound = np.maximum(np.maximum(fin[dag.pred_same], fin[dag.pred_data] + lag_in), 0.0)
+                bound = np.maximum(np.maximum(fin[dag.pred_same], fin[dag.pred_data] + succ.lag_in), 0.0)
                 free = late_start - bound
             new = np.maximum(problem.fit(dur + np.maximum(free, 0.0)), option)
             if np.any(new != option):
@@ -290,30 +301,18 @@ def _improve(problem: ClockProblem, option: np.ndarray, budget_s: float) -> np.n
     return option
 
 
-def _latest(dag: PipelineDag, dur: np.ndarray, cap: np.ndarray, succ_same: np.ndarray, succ_data: np.ndarray,
-            lag_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Latest start and end of every unit such that the iteration (tails included) still ends by the budget;
-    ``cap`` is each unit's latest end allowed by the budget and its stage's tail."""
+def _latest(problem: ClockProblem, dur: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Latest start and end of every unit with durations ``dur`` such that the iteration (tails included) still
+    ends by the budget; ``cap`` is each unit's latest end allowed by the budget and its stage's tail."""
+    dag, succ = problem.dag, problem.successors
     N = dag.num_units
     late_start = np.full(N + 1, np.inf)
     late_end = np.empty(N)
     for level in reversed(dag.levels):
-        fin = np.minimum(late_start[succ_same[level]], late_start[succ_data[level]] - lag_out[level])
+        fin = np.minimum(late_start[succ.same[level]], late_start[succ.data[level]] - succ.lag_out[level])
         late_end[level] = np.minimum(fin, cap[level])
         late_start[level] = late_end[level] - dur[level]
     return late_start[:N], late_end
-
-
-@dataclass(frozen=True)
-class OptimalResult:
-    plan: Plan
-    timeline: Timeline
-    baseline: Timeline
-    budget_s: float
-    reschedule: list[int]  # extra warm-up forwards per stage of the chosen order (all 0: plain 1F1B)
-    peak_memory_bytes: list[int] | None  # per stage, the chosen order's peak activation bytes (memory given)
-    tried: list[tuple[list[int], float | None]]  # every order tried: (r_s, energy or None if infeasible)
-    lp_energy: float | None  # LP lower bound for the chosen order (None on very large DAGs: coarse hull)
 
 
 def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slowdown: float | None) -> float:
@@ -330,19 +329,21 @@ def resolve_budget(baseline_time_s: float, time_budget_s: float | None, max_slow
     return baseline_time_s
 
 
-def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
-                     transfer_s: float = 0.0, memory: StageMemory | None = None) -> list[list[int]]:
+def candidate_orders(case: PipelineCase, schedule: str) -> list[list[int]]:
     """Warm-up counts to try: EnvPipe's r_s from the valley clocks of its envelope policy and of its uniform
-    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates.
-    With ``memory``, r_s is capped so that every stage's in-flight activations fit."""
-    S, M = profile.num_stages, num_microbatches
+    policy (they differ when the last stage's valley matters), and plain 1F1B (all 0); no duplicates. The case's
+    memory caps r_s so that every stage's in-flight activations fit. Other schedules: their own order only."""
+    S, M = case.num_stages, case.num_microbatches
     if schedule != "envpipe":
         return [[0] * S]
+    profile = case.profile
     freqs = [int(f) for f in profile.freqs]
-    caps = None if memory is None else warmup_caps(memory, S)
+    caps = None if case.memory is None else warmup_caps(case.memory, S)
+    # the valley sweep sees the unit and transfer times only, not the tails: r_s is a rule on unit times
+    untailed = replace(case, overheads=replace(case.overheads, tail_s=np.zeros(S)))
     orders: list[list[int]] = []
     for sweep_last_stage in (False, True):
-        valley = valley_clocks(profile, freqs, M, idle_power_w, sweep_last_stage, transfer_s)
+        valley = valley_clocks(untailed, freqs, sweep_last_stage)
         fwd_opt = [profile.fwd_time[s, profile.freq_index(valley[s])] for s in range(S)]
         r = reschedule_counts(list(profile.bwd_time[:, 0]), fwd_opt, M, caps)
         if any(r) and r not in orders:
@@ -350,52 +351,41 @@ def candidate_orders(profile: Profile, num_microbatches: int, schedule: str, idl
     return [*orders, [0] * S]
 
 
-def build_problem(profile: Profile, num_microbatches: int, schedule: str, reschedule: list[int],
-                  idle_power_w: float, transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0,
-                  memory: StageMemory | None = None, layout: StageLayout | None = None) -> ClockProblem:
-    """The clock problem of one order; with ``memory`` the order must fit (MemoryLimitError otherwise).
-    ``profile``: one row per model stage of ``layout`` (default: one model stage per pipeline stage)."""
-    layout = StageLayout.single(profile.num_stages) if layout is None else layout
+def build_problem(case: PipelineCase, schedule: str, reschedule: list[int]) -> ClockProblem:
+    """The clock problem of one order; with the case's memory the order must fit (MemoryLimitError otherwise)."""
+    layout, M = case.layout, case.num_microbatches
+    check_schedule(schedule, layout)
     chunks = layout.chunks if schedule in CHUNKED else None
-    orders = build_schedule(schedule, layout.num_stages, num_microbatches, reschedule, chunks)
-    peak = None if memory is None else memory.check(orders, schedule, layout.chunks)
-    dag = PipelineDag.from_orders(orders, num_microbatches, layout)
+    orders = build_schedule(schedule, layout.num_stages, M, reschedule, chunks)
+    peak = None if case.memory is None else case.memory.check(orders, schedule, layout.chunks)
+    dag = PipelineDag.from_orders(orders, M, layout)
     period = layout.num_stages if schedule == "interleaved" else 1  # its chunks cycle through groups of P
-    return ClockProblem.build(dag, profile, idle_power_w, transfer_s, tail_s, peak, period, any(reschedule))
+    # ``period`` micro-batches after which the middle repeats; stages may drift apart through it in orders with
+    # extra warm-up forwards (envpipe.plan.fold)
+    fold = periodic_fold(dag, period * -(-_FOLD_PERIOD // period), dag.num_stages + _FOLD_MARGIN, any(reschedule))
+    o = case.overheads
+    return ClockProblem(dag, unit_menus(dag, case.model_profile, o), dag_edges(dag, o.transfer_s, o.tail_s), o,
+                        case.profile.freqs, fold, peak)
 
 
-def order_problems(profile: Profile, num_microbatches: int, schedule: str, idle_power_w: float,
-                   transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0, memory: StageMemory | None = None,
-                   chunks: int | None = None, stages: int | None = None
-                   ) -> tuple[Timeline, list[tuple[list[int], ClockProblem]]]:
-    """The baseline and a clock problem per candidate order of ``schedule`` (for interleaved 1F1B and
-    DualPipeV: ``chunks`` per stage, ``stages`` pipeline stages, default the profile's; the profile has one
-    row per pipeline stage, split evenly over its chunks, or one per model stage; envpipe.plan.layout)."""
-    layout = plan_layout(schedule, profile.num_stages if stages is None else stages, num_microbatches,
-                         idle_power_w, chunks)
-    model = model_profile(profile, layout)
-    baseline = baseline_timeline(profile, num_microbatches, idle_power_w, transfer_s, tail_s, layout)
-    orders = (candidate_orders(profile, num_microbatches, schedule, idle_power_w, transfer_s, memory)
-              if layout.chunks == 1 else [[0] * layout.num_stages])
-    return baseline, [(r, build_problem(model, num_microbatches, schedule, r, idle_power_w, transfer_s, tail_s,
-                                        memory, layout)) for r in orders]
+def order_problems(case: PipelineCase, schedule: str) -> tuple[Timeline, list[tuple[list[int], ClockProblem]]]:
+    """The baseline and a clock problem per candidate order of ``schedule`` on the case."""
+    check_schedule(schedule, case.layout)
+    baseline = baseline_timeline(case)
+    return baseline, [(r, build_problem(case, schedule, r)) for r in candidate_orders(case, schedule)]
 
 
-def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float, schedule: str = "1f1b",
-                 time_budget_s: float | None = None, max_slowdown: float | None = None, transfer_s: float = 0.0,
-                 memory: StageMemory | None = None, tail_s: float | np.ndarray = 0.0, chunks: int | None = None,
-                 stages: int | None = None) -> OptimalResult:
-    """Least-energy plan within the budget (default: the 1F1B all-max time, i.e. no slowdown; for interleaved
-    1F1B and DualPipeV, that schedule's all-max time).
+def optimal_plan(case: PipelineCase, schedule: str = "1f1b", time_budget_s: float | None = None,
+                 max_slowdown: float | None = None) -> Planned:
+    """Least-energy plan of ``case`` within the budget (default: the baseline's time, i.e. no slowdown: 1F1B
+    all-max; for interleaved 1F1B and DualPipeV, that schedule's all-max time), in ``schedule``'s order (for
+    EnvPipe's: the best of its warm-up counts and plain 1F1B, ``candidate_orders``).
 
-    ``memory``: activation bytes per in-flight micro-batch and bytes available per stage; only orders that
-    fit are tried (MemoryLimitError if none does), and the plan reports its per-stage peak bytes.
-    ``tail_s``: each stage's work after its last unit (one number or one per stage); the iteration,
-    and so the budget, ends when every stage has finished its tail, as in envpipe.plan.simulate.
-    ``chunks``, ``stages``: the layout of interleaved 1F1B and DualPipeV (order_problems).
+    With the case's memory only orders that fit are tried (MemoryLimitError if none does), and the plan reports
+    its per-stage peak bytes. The iteration, and so the budget, ends when every stage has finished its tail,
+    as in envpipe.plan.simulate.
     """
-    baseline, problems = order_problems(profile, num_microbatches, schedule, idle_power_w, transfer_s, tail_s,
-                                        memory, chunks, stages)
+    baseline, problems = order_problems(case, schedule)
     budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
     tried: list[tuple[list[int], float | None]] = []
     best: tuple[Solution, ClockProblem, list[int]] | None = None
@@ -413,6 +403,7 @@ def optimal_plan(profile: Profile, num_microbatches: int, *, idle_power_w: float
     if best is None:
         raise InfeasibleBudget(errors[-1])
     sol, problem, r = best
-    plan = plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline,
-                              problem.peak_memory_bytes)
-    return OptimalResult(plan, sol.timeline, baseline, budget, r, problem.peak_memory_bytes, tried, sol.lp_energy)
+    plan = replace(plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline),
+                   peak_memory_bytes=problem.peak_memory_bytes)
+    notes = () if sol.lp_energy is None else (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
+    return Planned(plan, sol.timeline, baseline, r, budget, tried, sol.lp_energy, notes=notes)

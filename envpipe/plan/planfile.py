@@ -1,5 +1,5 @@
-"""The plan JSON (DESIGN.md, version 1): reading with every check, atomic writing, and evaluating any
-plan against a profile.
+"""The plan JSON (DESIGN.md, version 1): the `Plan` type, reading with every check, atomic writing.
+(Simulating a plan on a profile: envpipe.plan.evaluate.)
 
 {"version": 1, "num_stages": S, "num_microbatches": M, "schedule": "...", "policy": "...",
  "stages": [[{"kind": "F", "mb": 0, "freq_mhz": 1410}, ...], ...],
@@ -20,10 +20,9 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeGuard
-
-import numpy as np
 
 from envpipe import limits
 from envpipe.atomicfile import atomic_write
@@ -38,15 +37,14 @@ from envpipe.limits import (
     units_error,
 )
 from envpipe.plan.dag import PipelineDag, ScheduleError
-from envpipe.plan.layout import StageLayout, model_profile
-from envpipe.plan.schedules import CHUNKED, ChunkUnit, Unit, build_schedule, one_f_one_b, schedule_layout
-from envpipe.plan.simulate import Timeline, simulate
+from envpipe.plan.layout import StageLayout
+from envpipe.plan.schedules import ChunkUnit, Unit, schedule_layout
 from envpipe.profile import Profile
 
 PLAN_VERSION = 1
 _TOP_KEYS = {"version", "num_stages", "num_microbatches", "schedule", "policy", "stages", "predicted",
              "critical_path", "profile_digest", "chunks"}
-_PREDICTED_KEYS = ("iteration_time_s", "energy_j", "baseline_time_s", "baseline_energy_j")
+PREDICTED_KEYS = ("iteration_time_s", "energy_j", "baseline_time_s", "baseline_energy_j")
 _PEAK_MEMORY = "peak_memory_bytes"  # optional per-stage list inside "predicted"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -63,8 +61,11 @@ class PlannedUnit:
     chunk: int = 0  # which of its stage's model chunks (interleaved 1F1B, DualPipeV)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """A clock for every unit of one iteration, in each stage's execution order, with the planner's prediction.
+    Never changed once made (``with_clocks`` and ``dataclasses.replace`` make new ones), so its DAG is built once."""
+
     num_stages: int
     num_microbatches: int
     schedule: str
@@ -92,6 +93,15 @@ class Plan:
         except ValueError as exc:
             raise PlanError(str(exc)) from None
 
+    @cached_property
+    def dag(self) -> PipelineDag:
+        """The plan's iteration DAG (PlanError if its orders are not a valid, deadlock-free iteration)."""
+        try:
+            return PipelineDag.from_orders(self.chunk_orders() if self.chunks > 1 else self.orders(),
+                                           self.num_microbatches, self.layout())
+        except ScheduleError as exc:
+            raise PlanError(f"inconsistent plan: {exc}") from None
+
     def clocks(self) -> list[list[int]]:
         """Per stage, the planned SM clock (MHz) of each unit in execution order."""
         return [[u.freq_mhz for u in units] for units in self.stages]
@@ -100,7 +110,10 @@ class Plan:
         """The same order with other clocks (and, if given, other predictions)."""
         stages = [[replace(u, freq_mhz=f) for u, f in zip(units, cs, strict=True)]
                   for units, cs in zip(self.stages, clocks, strict=True)]
-        return replace(self, stages=stages, predicted=dict(self.predicted if predicted is None else predicted))
+        plan = replace(self, stages=stages, predicted=dict(self.predicted if predicted is None else predicted))
+        if "dag" in self.__dict__:  # the same order: the DAG already built is the new plan's too
+            plan.__dict__["dag"] = self.dag
+        return plan
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -245,80 +258,3 @@ def _unit(stage: int, pos: int, raw: Any, M: int, chunks: int) -> PlannedUnit:
     if not _is_int(chunk) or not 0 <= chunk < chunks:
         raise PlanError(f"{where}: chunk must be an integer in [0, {chunks - 1}], got {quote(chunk)}")
     return PlannedUnit(kind, mb, freq, chunk)
-
-
-def unit_costs(dag: PipelineDag, profile: Profile, freq_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-unit duration and energy for per-unit clock indices into ``profile.freqs`` (``profile``: one row
-    per model stage of the DAG)."""
-    s = dag.model_stage
-    dur = np.where(dag.is_fwd, profile.fwd_time[s, freq_idx], profile.bwd_time[s, freq_idx])
-    en = np.where(dag.is_fwd, profile.fwd_energy[s, freq_idx], profile.bwd_energy[s, freq_idx])
-    return dur, en
-
-
-def unit_clocks(plan: Plan, dag: PipelineDag) -> np.ndarray:
-    """The plan's clock (MHz) of every unit, indexed like ``dag``'s units."""
-    clocks = np.empty(dag.num_units, int)
-    for s, units in enumerate(plan.stages):
-        for u in units:
-            clocks[dag.index(s, u.kind, u.mb, u.chunk)] = u.freq_mhz
-    return clocks
-
-
-def evaluate_plan(plan: Plan, profile: Profile, idle_power_w: float, transfer_s: float = 0.0,
-                  tail_s: float | np.ndarray = 0.0) -> Timeline:
-    """Re-simulate any plan (also one written by hand) on a profile; clear errors if they do not fit.
-    A plan with several chunks per stage takes a profile per model stage or per stage (split evenly)."""
-    layout = plan.layout()
-    if profile.num_stages not in (plan.num_stages, layout.num_model_stages):
-        raise PlanError(f"plan has {plan.num_stages} stages but the profile has {profile.num_stages}")
-    try:
-        dag = PipelineDag.from_orders(plan.chunk_orders() if plan.chunks > 1 else plan.orders(),
-                                      plan.num_microbatches, layout)
-    except ScheduleError as exc:
-        raise PlanError(f"inconsistent plan: {exc}") from None
-    clock_index = {int(f): k for k, f in enumerate(profile.freqs)}
-    for s, units in enumerate(plan.stages):
-        for u in units:
-            if u.freq_mhz not in clock_index:
-                raise PlanError(f"stage {s} {u.kind}{u.mb}: {u.freq_mhz} MHz is not a clock of the profile "
-                                f"({profile.freqs[-1]}..{profile.freqs[0]} MHz)")
-    freq_idx = np.array([clock_index[f] for f in unit_clocks(plan, dag).tolist()], int)
-    dur, en = unit_costs(dag, model_profile(profile, layout), freq_idx)
-    return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
-
-
-def baseline_timeline(profile: Profile, num_microbatches: int, idle_power_w: float,
-                      transfer_s: float = 0.0, tail_s: float | np.ndarray = 0.0,
-                      layout: StageLayout | None = None) -> Timeline:
-    """DESIGN's baseline: 1F1B with every unit at the profile's highest clock. For a schedule with several
-    chunks per stage (``layout``; ``profile`` per stage or per model stage), that schedule at the highest
-    clock instead: the model is cut differently, so 1F1B would not be the same job."""
-    if layout is None or layout.chunks == 1:
-        S = profile.num_stages if layout is None else layout.num_stages
-        dag = PipelineDag.from_orders(one_f_one_b(S, num_microbatches), num_microbatches)
-    else:
-        name = next(n for n in CHUNKED if schedule_layout(n, layout.num_stages, layout.chunks) == layout)
-        orders = build_schedule(name, layout.num_stages, num_microbatches, chunks=layout.chunks)
-        dag = PipelineDag.from_orders(orders, num_microbatches, layout)
-    dur, en = unit_costs(dag, model_profile(profile, layout or StageLayout.single(dag.num_stages)),
-                         np.zeros(dag.num_units, int))
-    return simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
-
-
-def plan_from_timeline(timeline: Timeline, freqs_mhz: np.ndarray, schedule: str, policy: str,
-                       baseline: Timeline, peak_memory_bytes: list[int] | None = None) -> Plan:
-    """Freeze a simulated assignment (per-unit clocks in MHz) into a Plan with its predictions (and the
-    per-stage peak activation bytes when a memory model was given)."""
-    dag = timeline.dag
-    stages = [[PlannedUnit(*dag.unit(i)[1:], int(freqs_mhz[i]), int(dag.chunk[i])) for i in ids] for ids in dag.order]
-    predicted = {
-        "iteration_time_s": timeline.iteration_time,
-        "energy_j": timeline.energy,
-        "baseline_time_s": baseline.iteration_time,
-        "baseline_energy_j": baseline.energy,
-    }
-    assert set(predicted) == set(_PREDICTED_KEYS)
-    path = [dag.unit(i) if dag.num_chunks == 1 else (*dag.unit(i), int(dag.chunk[i])) for i in timeline.critical_path()]
-    return Plan(dag.num_stages, dag.num_microbatches, schedule, policy, stages, predicted, path, peak_memory_bytes,
-                dag.num_chunks)

@@ -10,24 +10,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import PipelineDag
-from envpipe.plan.planfile import unit_costs
+from envpipe.plan.evaluate import unit_costs
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.plan.simulate import simulate
-from envpipe.profile import Profile
 
 POLICIES = ("baseline", "uniform", "envelope")
 
 
-def valley_clocks(profile: Profile, candidates: list[int], num_microbatches: int, idle_power_w: float,
-                  sweep_last_stage: bool, transfer_s: float = 0.0,
-                  tail_s: float | np.ndarray = 0.0) -> list[int]:
-    """Per-stage energy-optimal clock among ``candidates`` (EnvPipe's f_opt).
+def valley_clocks(case: PipelineCase, candidates: list[int], sweep_last_stage: bool) -> list[int]:
+    """Per-stage energy-optimal clock among ``candidates`` (EnvPipe's f_opt), on a case with one model stage
+    per pipeline stage.
 
-    ``tail_s`` (per stage or one number): work after a stage's last unit; it lengthens every swept
-    iteration, so the idle time it adds is charged at the blocking power like any other wait.
+    The case's tails lengthen every swept iteration; each stage's energy charges its waits at its blocking
+    power and its tail at its tail power (envpipe.plan.simulate).
     """
-    S, M = profile.num_stages, num_microbatches
+    profile, S, M = case.profile, case.num_stages, case.num_microbatches
     dag = PipelineDag.from_orders(one_f_one_b(S, M), M)
     last = dag.stage == S - 1
     stage_energy = np.empty((len(candidates), S))
@@ -37,9 +36,7 @@ def valley_clocks(profile: Profile, candidates: list[int], num_microbatches: int
         if not sweep_last_stage:
             freq_idx[last] = 0
         dur, en = unit_costs(dag, profile, freq_idx)
-        tl = simulate(dag, dur, en, idle_power_w, transfer_s, tail_s=tail_s)
-        per_stage_units = np.bincount(dag.stage, weights=en, minlength=S)
-        stage_energy[c] = per_stage_units + tl.idle_time * idle_power_w
+        stage_energy[c] = simulate(dag, dur, en, case.overheads).stage_energy
     best = np.argmin(stage_energy, axis=0)
     valley = [candidates[int(b)] for b in best]
     if not sweep_last_stage:

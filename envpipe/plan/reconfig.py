@@ -36,6 +36,24 @@ _MIN_THRESHOLD_S = 1e-6  # when no last-stage unit ever stalls (exact, noise-fre
 
 
 @dataclass(frozen=True)
+class Reconfig:
+    """How EnvPipe reconfigures: ``method`` (default | greedy | balanced), the critical-path walk's threshold
+    (``threshold_scale`` x the smallest positive last-stage recv stall) and a round cap."""
+
+    method: str = "balanced"
+    threshold_scale: float = 4.0
+    max_rounds: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.method not in RECONFIGS:
+            raise ValueError(f"unknown reconfiguration {self.method!r}; choose one of {', '.join(RECONFIGS)}")
+        if not self.threshold_scale > 0:
+            raise ValueError("the reconfiguration threshold scale must be positive")
+        if self.max_rounds < 1:
+            raise ValueError("the reconfiguration round limit must be at least 1")
+
+
+@dataclass(frozen=True)
 class ReconfigResult:
     freqs_mhz: np.ndarray
     timeline: Timeline
@@ -81,12 +99,10 @@ def reconfigure(
     freqs_mhz: np.ndarray,
     profile_clocks: np.ndarray,
     simulate_freqs: Callable[[np.ndarray, Timeline | None, np.ndarray | None], Timeline],
-    method: str,
-    threshold_scale: float = 4.0,
-    max_rounds: int = 100_000,
+    how: Reconfig,
 ) -> ReconfigResult:
     """`reconfigure_rounds` with every round's timeline from ``simulate_freqs(freqs, previous, changed)``."""
-    rounds = reconfigure_rounds(dag, freqs_mhz, profile_clocks, method, threshold_scale, max_rounds)
+    rounds = reconfigure_rounds(dag, freqs_mhz, profile_clocks, how)
     request = next(rounds)
     while True:
         try:
@@ -98,21 +114,12 @@ def reconfigure(
 Request = tuple[np.ndarray, Timeline | None, np.ndarray | None]  # (clocks to run, previous timeline, changed units)
 
 
-def reconfigure_rounds(
-    dag: PipelineDag,
-    freqs_mhz: np.ndarray,
-    profile_clocks: np.ndarray,
-    method: str,
-    threshold_scale: float = 4.0,
-    max_rounds: int = 100_000,
-) -> Generator[Request, Timeline, ReconfigResult]:
-    """EnvPipe's rounds as a generator: it yields the clocks of each round to run (with the previous timeline
-    and the units that changed, for an incremental simulation) and is sent back that round's timeline,
-    simulated (the planner) or measured (the runtime, one training iteration per round)."""
-    if method not in RECONFIGS:
-        raise ValueError(f"unknown reconfiguration {method!r}; choose one of {', '.join(RECONFIGS)}")
-    if threshold_scale <= 0:
-        raise ValueError("the reconfiguration threshold scale must be positive")
+def reconfigure_rounds(dag: PipelineDag, freqs_mhz: np.ndarray, profile_clocks: np.ndarray, how: Reconfig
+                       ) -> Generator[Request, Timeline, ReconfigResult]:
+    """Raise ``freqs_mhz`` (per unit of ``dag``) round by round, as a generator: it yields each round's clocks to
+    run (with the previous timeline and the units raised since, for an incremental simulation) and is sent
+    back that round's timeline, simulated (the planner) or measured (the runtime, one training iteration each)."""
+    method, max_rounds = how.method, how.max_rounds
     freqs = np.array(freqs_mhz, dtype=np.int64)
     ascending = np.sort(np.asarray(profile_clocks))
     f_max = int(ascending[-1])
@@ -122,7 +129,7 @@ def reconfigure_rounds(
         return ReconfigResult(freqs, tl, 0, 0, "reconfiguration off (default)")
     raises = 0
     for rnd in range(1, max_rounds + 1):
-        path = envpipe_critical_path(tl, threshold_scale)
+        path = envpipe_critical_path(tl, how.threshold_scale)
         on_path = np.asarray(path)
         if envelope[on_path].all():
             return ReconfigResult(freqs, tl, rnd, raises, "critical path is the envelope")

@@ -131,16 +131,15 @@ def schedule_layout(name: str, num_stages: int, chunks: int | None = None) -> St
     return StageLayout.v_shape(num_stages) if name == "dualpipev" else StageLayout.single(num_stages)
 
 
-def plan_layout(schedule: str, num_stages: int, num_microbatches: int, idle_power_w: float,
-                chunks: int | None = None) -> StageLayout:
-    """The stage layout of a plan, after the argument checks every planner makes (clear ValueErrors)."""
+def check_schedule(schedule: str, layout: StageLayout) -> None:
+    """That ``schedule`` is a known schedule and runs on ``layout`` (clear ValueErrors otherwise)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if num_microbatches < 1:
-        raise ValueError("the number of micro-batches must be at least 1")
-    if idle_power_w < 0:
-        raise ValueError("idle power must not be negative")
-    return schedule_layout(schedule, num_stages, chunks)
+    chunked = schedule in CHUNKED
+    if (layout.chunks > 1) != chunked or schedule_layout(schedule, layout.num_stages, layout.chunks) != layout:
+        needs = "several model chunks per stage" if chunked else "one model stage per pipeline stage"
+        raise ValueError(f"schedule {schedule} does not run on this layout of model stages ({layout.num_stages} "
+                         f"stages x {layout.chunks} chunk(s)): it needs {needs}")
 
 
 def reschedule_counts(

@@ -18,6 +18,7 @@ import numpy as np
 from envpipe.energy.meter import PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
+from envpipe.plan.simulate import Overheads
 from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
@@ -39,6 +40,15 @@ class Calibrated:
     idle_power_w: float | None  # the idle GPU's power
     blocking_power_w: list[float] | None  # per stage: power while waiting for a neighbour (measured)
     tail_power_w: list[float] | None  # per stage: power in the tail (measured)
+
+    def overheads(self) -> Overheads:
+        """What an iteration costs besides its units, as measured: the transfer, each stage's tail, and the power
+        each stage draws while blocked and in its tail (the idle GPU's where nothing was measured)."""
+        idle = self.idle_power_w or 0.0
+        stages = len(self.timing.tail_s)
+        blocking = self.blocking_power_w or idle
+        return Overheads.broadcast(stages, blocking, self.timing.transfer_s, self.timing.tail_s,
+                                   self.tail_power_w or blocking)
 
 
 def calibrate(rig: Rig) -> Phase[Calibrated]:

@@ -18,13 +18,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import ScheduleError, engine_order_dag
+from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
 from envpipe.plan.memory import StageMemory, warmup_caps
-from envpipe.plan.planfile import Plan, PlanError, PlannedUnit, baseline_timeline, evaluate_plan
+from envpipe.plan.planfile import Plan, PlanError, PlannedUnit
+from envpipe.plan.reconfig import Reconfig
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
-from envpipe.plan.simulate import Timeline
+from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
@@ -193,36 +194,33 @@ def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal
                     None)
 
 
-def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, cal: Calibration, idle_power_w: float,
+def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, overheads: Overheads,
                  replicas: int, memory: Sequence[S.MemoryUse] | None, deployed: bool,
                  online_reconfig: bool) -> Decision:
-    """The optimal planner (default) or one of EnvPipe's policies on ``profile``, with calibrated transfer/tails."""
+    """The optimal planner (default) or one of EnvPipe's policies on ``profile``, with the measured overheads
+    (transfer, tails, each stage's blocking and tail power)."""
     M = num_microbatches
-    tail = np.asarray(cal.tail_s)
     model, only_1f1b = usable_memory(memory)
     schedule = "1f1b" if only_1f1b else cfg.scheduling
     refused = over_memory(memory, M)
+    case = PipelineCase(profile, M, overheads, model)
     if cfg.type == "optimal":
         from envpipe.plan.optimal import candidate_orders, optimal_plan
 
-        result = optimal_plan(profile, M, idle_power_w=idle_power_w, schedule=schedule,
-                              time_budget_s=cfg.time_budget_s, max_slowdown=cfg.max_slowdown,
-                              transfer_s=cal.transfer_s, memory=model, tail_s=tail)
+        result = optimal_plan(case, schedule, cfg.time_budget_s, cfg.max_slowdown)
         plan, timeline, base_tl, r = result.plan, result.timeline, result.baseline, result.reschedule
         budget: float | None = result.budget_s
         refused += [f"{order_name(t)}: no plan within the budget" for t, e in result.tried if e is None]
-        wanted = candidate_orders(profile, M, cfg.scheduling, idle_power_w, cal.transfer_s, None)
-        allowed = candidate_orders(profile, M, schedule, idle_power_w, cal.transfer_s, model)
+        wanted = candidate_orders(replace(case, memory=None), cfg.scheduling)
+        allowed = candidate_orders(case, schedule)
         refused += [f"{order_name(w)}: more in-flight activations than fit in memory" for w in wanted
                     if w not in allowed]
     else:
         from envpipe.plan.planner import make_plan
 
         def planned(memory_model: StageMemory | None, order: str) -> Any:
-            return make_plan(profile, M, schedule=order, policy=cfg.type,
-                             reconfig="default" if online_reconfig else cfg.reconfig_method,
-                             idle_power_w=idle_power_w, gpu=cfg.gpu or "all", transfer_s=cal.transfer_s,
-                             memory=memory_model, tail_s=tail)
+            return make_plan(replace(case, memory=memory_model), order, cfg.type,
+                             Reconfig("default" if online_reconfig else cfg.reconfig_method), cfg.gpu or "all")
 
         made = planned(model, schedule)
         plan, timeline, base_tl, r, budget = made.plan, made.timeline, made.baseline, made.reschedule, None
@@ -237,14 +235,14 @@ def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, ca
                     profile, None)
 
 
-def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: int, cal: Calibration,
-                        idle_power_w: float, schedule: str) -> Decision:
+def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: int, overheads: Overheads,
+                        schedule: str) -> Decision:
     """The other replicas take the least-energy frontier plan that fits the straggler's predicted time."""
     from envpipe.runtime.straggler import relaxed_plan
 
     assert decision.predicted_time_s is not None
-    found = relaxed_plan(fast_profile, decision.plans[0].num_microbatches, schedule, idle_power_w, cal.tail_s,
-                         decision.predicted_time_s, cal.transfer_s)
+    case = PipelineCase(fast_profile, decision.plans[0].num_microbatches, overheads)
+    found = relaxed_plan(case, schedule, decision.predicted_time_s)
     if found is None:
         rule = S.StragglerRule(straggler, False, "no frontier plan of the other replicas fits the straggler's time",
                                decision.predicted_time_s, None, None)
@@ -255,11 +253,11 @@ def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: in
     return replace(decision, plans=plans, straggler_rule=rule)
 
 
-def replanned(decision: Decision, plan: Plan, order: str, profile: Profile, cal: Calibration, idle_power_w: float,
-              replicas: int, budget_s: float | None) -> Decision:
+def replanned(decision: Decision, plan: Plan, order: str, profile: Profile, overheads: Overheads, replicas: int,
+              budget_s: float | None) -> Decision:
     """The decision with a re-planned (or raised) plan for every replica, re-predicted on ``profile``."""
-    tl = evaluate_plan(plan, profile, idle_power_w, cal.transfer_s, np.asarray(cal.tail_s))
-    base = baseline_timeline(profile, plan.num_microbatches, idle_power_w, cal.transfer_s, np.asarray(cal.tail_s))
+    case = PipelineCase(profile, plan.num_microbatches, overheads)
+    tl, base = evaluate_plan(plan, case), baseline_timeline(case)
     info = S.PlanInfo(decision.info.policy, order, decision.info.source, plan_digest(plan), budget_s,
                       _unit_names(plan), plan.clocks(), decision.info.memory, decision.info.refused_orders,
                       decision.info.deployed)
@@ -273,7 +271,7 @@ def _unit_names(plan: Plan) -> list[list[str]]:
 
 
 def choose(cfg: EnvPipeConfig, shape: tuple[int, int, int], profile: Profile | None, cal: Calibration,
-           memory: Sequence[S.MemoryUse], idle_power_w: float, straggler: int | None, controls: bool,
+           overheads: Overheads, memory: Sequence[S.MemoryUse], straggler: int | None, controls: bool,
            f_max: int) -> Decision:
     """Rank 0's decision: a plan file, EnvPipe's rule, or the planner on ``profile`` (``shape``: stages,
     micro-batches, data-parallel replicas)."""
@@ -285,7 +283,7 @@ def choose(cfg: EnvPipeConfig, shape: tuple[int, int, int], profile: Profile | N
     if profile.num_stages != P:
         raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {P}")
     online = controls and cfg.reconfig_method != "default"
-    chosen = with_planner(cfg, profile, M, cal, idle_power_w, dp, memory, controls, online)
+    chosen = with_planner(cfg, profile, M, overheads, dp, memory, controls, online)
     if straggler is not None and cfg.straggler == "frontier" and dp > 1:
-        chosen = with_straggler_rule(chosen, profile, straggler, cal, idle_power_w, cfg.scheduling)
+        chosen = with_straggler_rule(chosen, profile, straggler, overheads, cfg.scheduling)
     return chosen

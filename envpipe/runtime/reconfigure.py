@@ -23,16 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from envpipe.plan.dag import PipelineDag
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.planfile import Plan
-from envpipe.plan.reconfig import reconfigure_rounds
-from envpipe.plan.simulate import Timeline
+from envpipe.plan.reconfig import Reconfig, reconfigure_rounds
+from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import collective, decide, replicas
 from envpipe.runtime import summary as S
+from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.iterations import PLAN, comparison_pattern, paired
 from envpipe.runtime.rig import Phase, Rig, Step
-from envpipe.runtime.timing import Calibration, StageTiming, measured_timeline
+from envpipe.runtime.timing import StageTiming, measured_timeline
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
 TOLERANCE = 0.005  # a slowdown this far over budget counts as noise even when the round's pairs agree closely
@@ -76,9 +77,9 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
     return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by the units that ran")
 
 
-def replan_until_within_budget(rig: Rig, chosen: decide.Decision, cal: Calibration, idle_power_w: float
+def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Calibrated
                                ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
-    cfg = rig.cfg
+    cfg, overheads = rig.cfg, calibrated.overheads()
     allowed = cfg.max_slowdown or 0.0
     rounds: list[S.ReconfigRound] = []
     reason = f"round limit ({cfg.reconfigure_rounds}): still over budget; fell back to 1F1B all-max"
@@ -94,19 +95,18 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, cal: Calibrati
         if over <= max(TOLERANCE, noise):
             reason = f"within budget: {runner_note}"
             break
-        chosen = collective.decided(partial(_replan, rig, chosen, cal, iterations, plan, over, idle_power_w))
+        chosen = collective.decided(partial(_replan, rig, chosen, overheads, iterations, plan, over))
         collective.progress(f"reconfigure: {runner_note} over the budget; re-planned ({chosen.info.order})")
     else:
         profile = chosen.profile
         assert profile is not None
-        chosen = decide.replanned(chosen, rig.baseline, "1f1b", profile, cal, idle_power_w, rig.dp,
-                                  chosen.info.budget_s)
+        chosen = decide.replanned(chosen, rig.baseline, "1f1b", profile, overheads, rig.dp, chosen.info.budget_s)
     target = cfg.time_budget_s
     return chosen, S.Reconfiguration("replan", rounds, target, reason, None)
 
 
-def _replan(rig: Rig, chosen: decide.Decision, cal: Calibration, iterations: list[list[Any]], plan: Plan,
-            over: float, idle: float) -> decide.Decision:
+def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], plan: Plan,
+            over: float) -> decide.Decision:
     """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess; a budget
     tighter than the fastest plan becomes the fastest plan's time: the least energy at the fastest iteration
     still slows down units off the critical path (only 1F1B all-max would give that up)."""
@@ -118,16 +118,16 @@ def _replan(rig: Rig, chosen: decide.Decision, cal: Calibration, iterations: lis
     profile = corrected_profile(chosen.profile, plan, timings)
     budget = chosen.info.budget_s / (1.0 + over)
     model, only_1f1b = decide.usable_memory(chosen.info.memory)
-    schedule, tail = "1f1b" if only_1f1b else rig.cfg.scheduling, np.asarray(cal.tail_s)
-    _, problems = order_problems(profile, rig.M, schedule, idle, cal.transfer_s, tail, model)
+    schedule = "1f1b" if only_1f1b else rig.cfg.scheduling
+    case = PipelineCase(profile, rig.M, overheads, model)
+    _, problems = order_problems(case, schedule)
     budget = max(budget, min(problem.fastest_time() for _, problem in problems))
     try:
-        result = optimal_plan(profile, rig.M, idle_power_w=idle, schedule=schedule, time_budget_s=budget,
-                              transfer_s=cal.transfer_s, memory=model, tail_s=tail)
+        result = optimal_plan(case, schedule, budget)
     except InfeasibleBudget:  # no order fits the memory: nothing to save
-        return decide.replanned(chosen, rig.baseline, "1f1b", profile, cal, idle, rig.dp, budget)
-    return decide.replanned(chosen, result.plan, decide.order_name(result.reschedule), profile, cal, idle,
-                            rig.dp, budget)
+        return decide.replanned(chosen, rig.baseline, "1f1b", profile, overheads, rig.dp, budget)
+    return decide.replanned(chosen, result.plan, decide.order_name(result.reschedule), profile, overheads, rig.dp,
+                            budget)
 
 
 def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_rounds: int
@@ -136,11 +136,11 @@ def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_roun
     and is sent back that iteration measured as a Timeline; returns the plan with its clocks raised."""
     if max_rounds < 1:
         raise ValueError("the reconfiguration round limit must be at least 1")
-    dag = PipelineDag.from_orders(plan.orders(), plan.num_microbatches)
+    dag = plan.dag
     top = max(max(c) for c in plan.clocks())
     candidates = np.asarray(sorted({int(f) for f in supported_mhz if f <= top} | {top}))
     rounds: list[S.ReconfigRound] = []
-    walk = reconfigure_rounds(dag, dag.scatter(plan.clocks()), candidates, method, max_rounds=max_rounds)
+    walk = reconfigure_rounds(dag, dag.scatter(plan.clocks()), candidates, Reconfig(method, max_rounds=max_rounds))
     freqs, _, _ = next(walk)
     while True:
         clocks = dag.per_stage(freqs)
@@ -155,7 +155,7 @@ def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_roun
     return raised, S.Reconfiguration(method, rounds, None, result.stop_reason, result.raises)
 
 
-def raise_measured(rig: Rig, chosen: decide.Decision, cal: Calibration, method: str, idle_power_w: float
+def raise_measured(rig: Rig, chosen: decide.Decision, calibrated: Calibrated, method: str
                    ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
     """`raise_clocks` on the job's measured iterations (the waits of the replica that ended last)."""
     plan = chosen.plan_for(rig.place.replica)
@@ -167,8 +167,7 @@ def raise_measured(rig: Rig, chosen: decide.Decision, cal: Calibration, method: 
         rnd += 1
         gathered = rig.gather(m.timing)  # every replica waits for the one that ended last
         slowest = replicas.slowest_replica(gathered)
-        tl = measured_timeline(plan.orders(), [t for w, t in gathered if w.replica == slowest], cal,
-                               idle_power_w=idle_power_w)
+        tl = measured_timeline(plan.orders(), [t for w, t in gathered if w.replica == slowest], calibrated.timing)
         try:
             now = walk.send(tl)
         except StopIteration as done:
@@ -176,8 +175,8 @@ def raise_measured(rig: Rig, chosen: decide.Decision, cal: Calibration, method: 
             break
     chosen = replace(chosen, plans={d: raised for d in chosen.plans})
     if rig.place.rank == 0 and chosen.profile is not None:  # re-predict the raised plan on the profile
-        chosen = decide.replanned(chosen, raised, chosen.info.order, _with_clocks_of(chosen.profile, raised), cal,
-                                  idle_power_w, rig.dp, None)
+        chosen = decide.replanned(chosen, raised, chosen.info.order, _with_clocks_of(chosen.profile, raised),
+                                  calibrated.overheads(), rig.dp, None)
     return chosen, record
 
 

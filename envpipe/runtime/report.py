@@ -40,4 +40,4 @@ def draw_gantt(summary: RunSummary, path: str | Path) -> None:
     plan, kind = summary.plan, summary.clock.time
     ran = "the plan" if plan is not None and plan.order_deployed else "1F1B all-max"
     title = f"one iteration of {ran}" + ("" if plan is None else f" (policy {plan.policy}, order {plan.order})")
-    draw_bars(bars, path, title, xlabel=f"seconds from the iteration's start ({kind})")
+    draw_bars(bars, path, title, label="simulated GPU" if kind.startswith("simulated") else "measured")

@@ -169,9 +169,8 @@ class EnvPipeRun:
         if restored is None:
             calibrated = yield from calibrate(rig)
             profile = yield from stage_profile(rig, calibrated)
-            idle = calibrated.idle_power_w or 0.0
             chosen = collective.decided(lambda: decide.choose(
-                cfg, (rig.P, rig.M, rig.dp), profile, calibrated.timing, calibrated.memory, idle,
+                cfg, (rig.P, rig.M, rig.dp), profile, calibrated.timing, calibrated.overheads(), calibrated.memory,
                 calibrated.straggler, rig.controls, rig.f_max))
             progress(f"decide: {chosen.info.policy}, order {chosen.info.order}; from {chosen.info.source}")
             chosen, reconfiguration = yield from self._reconfigure(chosen, calibrated)
@@ -191,10 +190,9 @@ class EnvPipeRun:
             return chosen, None
         if chosen.straggler_rule is not None and chosen.straggler_rule.applied:
             return chosen, None  # the replicas run different plans: one set of raises cannot fit both
-        idle = calibrated.idle_power_w or 0.0
         if method == REPLAN:
-            return (yield from replan_until_within_budget(rig, chosen, calibrated.timing, idle))
-        return (yield from raise_measured(rig, chosen, calibrated.timing, method, idle))
+            return (yield from replan_until_within_budget(rig, chosen, calibrated))
+        return (yield from raise_measured(rig, chosen, calibrated, method))
 
     # --- the report -----------------------------------------------------------------------------------
     def report(self) -> S.RunSummary | None:
@@ -261,8 +259,10 @@ class EnvPipeRun:
             return None
         if self._oracle_for is None or self._oracle_for[0] != self.record.digest:
             truth = JobTruth.embedded(self.rig.P)
+            stages = [truth.stage(s) for s in range(self.rig.P)]
+            powers = ([x.blocking_w for x in stages], [x.tail_power_w(truth.clocks_mhz[0]) for x in stages])
             oracle = prediction.oracle_comparison(self.cfg, truth.oracle_profile([per_stage[s] for s in range(
-                self.rig.P)]), self.record.runs, self.planned.calibrated, truth.blocking_w, truth.name)
+                self.rig.P)]), self.record.runs, self.planned.calibrated, powers, truth.name)
             self._oracle_for = (self.record.digest, oracle)
         return self._oracle_for[1]
 

@@ -11,31 +11,15 @@ measured online.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-
-from envpipe.plan.frontier import FrontierPoint
-from envpipe.profile import Profile
+from envpipe.plan.case import PipelineCase, Planned
 
 FRONTIER_POINTS = 12
 
 
-def relaxed_plan(
-    profile: Profile,
-    num_microbatches: int,
-    schedule: str,
-    idle_power_w: float,
-    tails_s: Sequence[float],
-    straggler_time_s: float,
-    transfer_s: float = 0.0,
-) -> FrontierPoint | None:
-    """The frontier point for the non-straggling replicas, or None when none fits the straggler's time."""
+def relaxed_plan(case: PipelineCase, schedule: str, straggler_time_s: float) -> Planned | None:
+    """The frontier point of ``case`` (the non-straggling replicas) that fits the straggler's time, or None."""
     from envpipe.plan.frontier import frontier  # the optimal planner is only needed here
 
-    points = frontier(
-        profile, num_microbatches, idle_power_w=idle_power_w, schedule=schedule, points=FRONTIER_POINTS,
-        transfer_s=transfer_s, tail_s=np.asarray(tails_s, float),
-    )
-    fits = [p for p in points if p.time_s <= straggler_time_s]
-    return min(fits, key=lambda p: p.energy_j) if fits else None
+    points = frontier(case, schedule, FRONTIER_POINTS)
+    fits = [p for p in points if p.timeline.iteration_time <= straggler_time_s]
+    return min(fits, key=lambda p: p.timeline.energy) if fits else None

@@ -25,7 +25,7 @@ import numpy as np
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.schedules import Unit
-from envpipe.plan.simulate import Timeline, simulate
+from envpipe.plan.simulate import Overheads, Timeline, simulate
 
 
 @dataclass
@@ -124,7 +124,7 @@ def predicted_timeline(orders: Sequence[Sequence[Unit]], cal: Calibration) -> Ti
     """Simulated iteration of ``orders`` with the calibrated unit, transfer and tail times (no energy)."""
     dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
     dur = unit_durations(dag, cal.fwd_s, cal.bwd_s)
-    return simulate(dag, dur, np.zeros_like(dur), 0.0, cal.transfer_s, tail_s=np.asarray(cal.tail_s))
+    return simulate(dag, dur, np.zeros_like(dur), Overheads.broadcast(len(orders), 0.0, cal.transfer_s, cal.tail_s))
 
 
 def predict_time(orders: Sequence[Sequence[Unit]], cal: Calibration) -> float:
@@ -149,4 +149,5 @@ def measured_timeline(
     # EnvPipe's recv time (a CUDA event pair around the recv) is never below the transfer itself
     ready_data = np.where(dag.data_crosses, ready_same + np.maximum(m.stall(gap), cal.transfer_s), 0.0)
     energy = np.zeros(dag.num_units) if unit_energy_j is None else np.asarray(unit_energy_j, float)
-    return Timeline(dag, start, end, ready_same, ready_data, energy, idle_power_w, np.asarray(cal.tail_s))
+    return Timeline(dag, start, end, ready_same, ready_data, energy,
+                    Overheads.broadcast(len(orders), idle_power_w, cal.transfer_s, cal.tail_s))

@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from envpipe.plan.case import PipelineCase
+from envpipe.plan.evaluate import baseline_timeline, plan_from_timeline
 from envpipe.plan.memory import StageMemory, peak_in_flight
 from envpipe.plan.optimal import optimal_plan
-from envpipe.plan.planfile import Plan, baseline_timeline, plan_from_timeline
+from envpipe.plan.planfile import Plan
+from envpipe.plan.simulate import Overheads
 from envpipe.profile import FrequencyModel, Profile
 from envpipe.profile.from_measured import profile_from_measured
 from envpipe.profile.gpus import GPU_FILTERS
@@ -84,7 +87,7 @@ def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cu
     transfer = max((cluster.p2p_s(stage[-1].output_bytes, cluster.link_crosses_nodes(D, s))
                     for s, stage in enumerate(costs[:-1])), default=0.0)
     tail = np.array([_tail_s(layers, cluster, D, s, lo, hi) + engine.iteration_s for s, (lo, hi) in enumerate(bounds)])
-    base = baseline_timeline(profile, shape.microbatches, layers.idle_power_w, transfer, tail)
+    base = baseline_timeline(PipelineCase.of(profile, shape.microbatches, layers.idle_power_w, transfer, tail))
     return Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
                     device_overhead(layers, engine), layers.idle_power_w, base.iteration_time, base.energy)
 
@@ -167,10 +170,10 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
     if max_units is not None and units(shape) > max_units:
         return _baseline_candidate(pipeline)
     # only orders whose in-flight activations fit are tried: 1F1B always does (the cut was chosen so)
+    overheads = Overheads.broadcast(shape.stages, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
+    case = PipelineCase(pipeline.profile, shape.microbatches, overheads, stage_memory(pipeline, capacity))
     with native_output_silenced():  # HiGHS's own lines
-        result = optimal_plan(pipeline.profile, shape.microbatches, idle_power_w=pipeline.idle_power_w,
-                              schedule="envpipe", time_budget_s=time_budget_s, transfer_s=pipeline.transfer_s,
-                              memory=stage_memory(pipeline, capacity), tail_s=pipeline.tail_s)
+        result = optimal_plan(case, "envpipe", time_budget_s)
     D = shape.replicas
     return Candidate(pipeline, result.plan, list(result.reschedule), result.timeline.iteration_time,
                      D * result.timeline.energy, D * pipeline.baseline_energy_j, peaks(pipeline, result.plan))
@@ -178,7 +181,8 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
 
 def _baseline_candidate(pipeline: Pipeline) -> Candidate:
     shape, p = pipeline.shape, pipeline.profile
-    base = baseline_timeline(p, shape.microbatches, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
+    base = baseline_timeline(PipelineCase.of(p, shape.microbatches, pipeline.idle_power_w, pipeline.transfer_s,
+                                             pipeline.tail_s))
     plan = plan_from_timeline(base, np.full(base.dag.num_units, p.f_max), "1f1b", "baseline", base)
     D = shape.replicas
     return Candidate(pipeline, plan, [0] * shape.stages, base.iteration_time, D * base.energy, D * base.energy,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.lp import InfeasibleBudget
 from envpipe.plan.milp import solve_milp
 from envpipe.plan.optimal import build_problem, candidate_orders
@@ -56,6 +57,10 @@ class Case:
         return (f"{self.name} stages {self.stages} x {self.profile.freqs.size} clocks, M={self.microbatches}, "
                 f"slowdown {self.slowdown:.3f}, {self.schedule}")
 
+    @property
+    def case(self) -> PipelineCase:
+        return PipelineCase.of(self.profile, self.microbatches, self.watts)
+
 
 def random_case(seed: int) -> Case:
     """A random small cut-down: 2-4 stages (any subset, pipeline order kept), 4-8 clocks (the highest
@@ -70,16 +75,15 @@ def random_case(seed: int) -> Case:
                 int(rng.choice([4, 6, 8])), slowdown, str(rng.choice(["1f1b", "envpipe"])))
 
 
-def milp_energies(prof: Profile, microbatches: int, schedule: str, watts: float, budget_s: float,
-                  tail_s: float | np.ndarray = 0.0, time_limit_s: float = 120.0) -> dict[tuple[int, ...], float]:
+def milp_energies(case: PipelineCase, schedule: str, budget_s: float, time_limit_s: float = 120.0
+                  ) -> dict[tuple[int, ...], float]:
     """Least energy within the budget for each order the planner considers (keyed by its r_s), by the exact
     MILP, simulated; orders with no plan within the budget are left out."""
     energies: dict[tuple[int, ...], float] = {}
-    for r in candidate_orders(prof, microbatches, schedule, watts):
-        problem = build_problem(prof, microbatches, schedule, r, watts, tail_s=tail_s)
+    for r in candidate_orders(case, schedule):
+        problem = build_problem(case, schedule, r)
         try:
-            option, value = solve_milp(problem.dag, problem.menus, problem.edges, budget_s, watts,
-                                       time_limit_s=time_limit_s)
+            option, value = solve_milp(problem.menus, problem.edges, budget_s, time_limit_s)
         except InfeasibleBudget:
             continue
         tl = problem.simulate(option)
@@ -88,8 +92,6 @@ def milp_energies(prof: Profile, microbatches: int, schedule: str, watts: float,
     return energies
 
 
-def milp_energy(prof: Profile, microbatches: int, schedule: str, watts: float, budget_s: float,
-                tail_s: float | np.ndarray = 0.0, time_limit_s: float = 120.0) -> float:
+def milp_energy(case: PipelineCase, schedule: str, budget_s: float, time_limit_s: float = 120.0) -> float:
     """Least energy within the budget over every order the planner considers, by the exact MILP."""
-    return float(min(milp_energies(prof, microbatches, schedule, watts, budget_s, tail_s, time_limit_s).values(),
-                     default=np.inf))
+    return float(min(milp_energies(case, schedule, budget_s, time_limit_s).values(), default=np.inf))

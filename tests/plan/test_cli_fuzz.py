@@ -81,7 +81,8 @@ plan_mutation = st.one_of(
 OPTIONS: dict[str, tuple[list[str | None], list[str]]] = {
     "-m": (["3", "1", "2", "4"], ["0", "-1", "1e9", "65537", "x", "200000", "9" * 30]),
     "--stages": ([None, "2", "1", "3"], ["0", "1025", "-2", "nan", "40000"]),
-    "--idle-power": (["80", "0", "1e-300", "10000"], ["nan", "inf", "-inf", "1e308", "-3", "10001"]),
+    "--idle-power": (["80", "0", "1e-300", "10000", "80,90"], ["nan", "inf", "-inf", "1e308", "-3", "10001", "80,nan"]),
+    "--tail-power": ([None, "300", "300,200"], ["nan", "-1", "10001", "x", "1,2,3"]),
     "--transfer-time": ([None, "0.001", "3600"], ["nan", "inf", "1e308", "-1", "3601"]),
     "--tail-time": ([None, "0.01", "0.01,0.02"], ["0.01,0.02,0.03", "nan", "-1", "1e308", ",", "0," * 2000, "x"]),
     "--threshold-scale": ([None, "4", "1e-300"], ["0", "-1", "nan", "inf", "1e7"]),
@@ -99,7 +100,7 @@ OPTIONS: dict[str, tuple[list[str | None], list[str]]] = {
     "--frontier-points": ([None, "2", "3"], ["1", "1001", "x"]),
 }
 OPTIMAL_ONLY = ("--max-slowdown", "--time-budget", "--frontier", "--frontier-points")
-SIMULATE_OPTIONS = ("--stages", "--idle-power", "--transfer-time", "--tail-time", "--gpu")
+SIMULATE_OPTIONS = ("--stages", "--idle-power", "--tail-power", "--transfer-time", "--tail-time", "--gpu")
 
 
 def options(names: tuple[str, ...], optimal: bool = False) -> st.SearchStrategy[dict[str, str | None]]:

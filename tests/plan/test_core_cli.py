@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from envpipe.atomicfile import new_file_mode
 from envpipe.cli import main
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.planfile import Plan
 from envpipe.profile import embedded_profile_path, load_profile
 from tests.conftest import IDLE_W
@@ -50,7 +51,8 @@ def test_text_trace_format_and_svg(tmp_path):
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("Stage ")]
     assert len(lines) == 4 and lines[0].startswith("Stage 0 | [F0 1410 0.0]")
-    assert "idle power 83.64 W" in res.output  # the A100's measured blocking power by default
+    assert "blocking power 83.64 W" in res.output  # the A100's measured blocking power by default
+    assert res.output.index("legend: each unit is") < res.output.index("Stage 0 | ")  # the trace says how to read it
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
 
 
@@ -60,8 +62,10 @@ def test_text_trace_format_and_svg(tmp_path):
         (["--profile", "missing.csv", "-m", "4", "--idle-power", "80"], "cannot open"),
         (["-m", "4", "--idle-power", "80"], "Missing option '--profile'"),
         (["--profile", "{p}", "-m", "0", "--idle-power", "80"], "0 is not in the range"),
-        (["--profile", "{p}", "-m", "4"], "give --idle-power"),
+        (["--profile", "{p}", "-m", "4"], "give --blocking-power"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "-3"], "must be in [0, 10000], got -3"),
+        (["--profile", "{p}", "-m", "4", "--idle-power", "80,90"], "2 blocking powers given for 8 stages"),
+        (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--tail-power", "x"], "expected watts"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--policy", "turbo"], "Invalid value for '--policy'"),
         (["--profile", "{p}", "-m", "4", "--idle-power", "80", "--gantt", "g.pdf"], "must end in .png or .svg"),
         (["--profile", "{bad}", "-m", "4", "--idle-power", "80"], "bad.csv:2: time must be in (0, 3600], got 0"),
@@ -82,7 +86,8 @@ def test_simulate_reports_inconsistent_plans(tmp_path):
     plan = tmp_path / "p.json"
     runner = CliRunner()
     profile = str(embedded_profile_path())
-    made = runner.invoke(main, ["plan", "--profile", profile, "-m", "8", "--gpu", "a100", "--out", str(plan)])
+    made = runner.invoke(main, ["plan", "--profile", profile, "-m", "8", "--gpu", "a100", "--policy", "envelope",
+                                "--out", str(plan)])
     assert made.exit_code == 0
     data = json.loads(plan.read_text())
     data["stages"][3][5]["freq_mhz"] = 777
@@ -169,14 +174,16 @@ def one_line_error(res) -> str:
 
 GPT3 = str(embedded_profile_path())
 GPT3_TEXT = embedded_profile_path().read_bytes().decode()  # CRLF, as shipped
-PLAN_ARGS = ("plan", "--profile", GPT3, "-m", "4", "--gpu", "a100")
+PLAN_ARGS = ("plan", "--profile", GPT3, "-m", "4", "--gpu", "a100", "--policy", "envelope")  # quick to plan
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--idle-power", "nan"], "Invalid value for '--idle-power': must be a finite number, got nan"),
-        (["--idle-power", "inf"], "Invalid value for '--idle-power': must be a finite number, got inf"),
+        (["--idle-power", "nan"], "'--blocking-power' / '--idle-power': blocking powers must be a finite number, "
+                                  "got nan"),
+        (["--idle-power", "inf"], "blocking powers must be a finite number, got inf"),
+        (["--tail-power", "1e308"], "Invalid value for '--tail-power': tail powers must be in [0, 10000]"),
         (["--transfer-time", "1e308"], "Invalid value for '--transfer-time': must be in [0, 3600], got 1e+308"),
         (["--tail-time", "nan"], "tail times must be a finite number, got nan"),
         (["--threshold-scale", "inf"], "must be a finite number, got inf"),
@@ -217,7 +224,7 @@ def test_bad_profiles_are_one_line_errors(tmp_path):
 def test_bom_profile_plans_like_the_plain_one(tmp_path):
     bom = tmp_path / "bom.csv"
     bom.write_bytes(b"\xef\xbb\xbf" + GPT3_TEXT.encode())
-    plain, with_bom = invoke(*PLAN_ARGS), invoke("plan", "--profile", bom, "-m", "4", "--gpu", "a100")
+    plain, with_bom = invoke(*PLAN_ARGS), invoke(*PLAN_ARGS[:2], bom, *PLAN_ARGS[3:])
     assert plain.exit_code == 0 and with_bom.exit_code == 0, with_bom.output
     assert plain.stdout == with_bom.stdout
 
@@ -286,7 +293,7 @@ def test_frontier_rows_tell_points_apart_and_progress_is_counted(tmp_path):
 
     calls = []
     profile = load_profile(embedded_profile_path()).with_stages(3)
-    frontier(profile, 4, idle_power_w=83.64, points=3, on_point=lambda: calls.append(1))
+    frontier(PipelineCase.of(profile, 4, 83.64), points=3, on_point=lambda: calls.append(1))
     assert len(calls) == 3  # what drives the progress bar
     front = tmp_path / "f" / "front.csv"
     res = invoke("plan", "--profile", GPT3, "--stages", "3", "-m", "4", "--gpu", "a100", "--policy", "optimal",
@@ -313,3 +320,59 @@ def test_cli_start_up_imports_no_solver() -> None:
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'torch', 'matplotlib')); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+BLOOM = str(embedded_profile_path("bloom+a40_bf16"))
+
+
+def test_default_policy_is_optimal_and_a_slower_envpipe_plan_is_warned_about():
+    """README's first example: the optimal planner by default; EnvPipe's envelope on BLOOM runs 15 % slower
+    than the baseline (docs/planner.md), which used to print with no warning."""
+    base = ("plan", "--profile", BLOOM, "-m", "24", "--blocking-power", "70.38")
+    default = invoke(*base)
+    assert default.exit_code == 0, default.output
+    assert ", policy optimal: 8 stages x 24 micro-batches" in default.stdout and "warning" not in default.stderr
+    slowdown = float(re.search(r"slowdown\s+(-?[\d.]+) %", default.stdout).group(1))
+    assert slowdown <= 0.0  # within its budget, the baseline's time
+    envelope = invoke(*base, "--policy", "envelope", "--reconfig", "balanced")
+    assert envelope.exit_code == 0, envelope.output
+    warning = re.fullmatch(r"warning: this plan is ([\d.]+) % slower than the 1F1B all-max baseline: EnvPipe's "
+                           r"envelope policy does not keep to a time budget \(--policy optimal does\)\n",
+                           envelope.stderr)
+    assert warning and float(warning.group(1)) == pytest.approx(15.49, abs=0.01)
+    assert f"slowdown                      {warning.group(1)} %" in envelope.stdout
+
+
+@pytest.mark.parametrize(("schedule", "order"), [("interleaved", "interleaved 1F1B, 2 chunks per stage"),
+                                                 ("dualpipev", "DualPipeV, 2 chunks per stage")])
+def test_chunked_plans_name_their_schedule_and_baseline(schedule, order):
+    """These plans said "(plain 1F1B)" and compared with "1F1B all-max" while the budget is their own all-max."""
+    pytest.importorskip("scipy")
+    res = invoke(*PLAN_ARGS, "--stages", "2", "-m", "4", "--schedule", schedule, "--policy", "optimal")
+    assert res.exit_code == 0, res.output
+    name = {"interleaved": "interleaved 1F1B", "dualpipev": "DualPipeV"}[schedule]
+    assert res.stdout.startswith(f"{name}, policy optimal: 2 stages x 4 micro-batches")
+    assert f"(the {name} all-max time: no slowdown)" in res.stdout
+    assert f"chosen order: {order}\n" in res.stdout and "1F1B all-max" not in res.stdout.replace(f"{name} all-max", "")
+    assert f"baseline ({name} all-max) time" in res.stdout
+    assert "that schedule's own" in " ".join(invoke("plan", "-h").stdout.split())  # --max-slowdown's help
+
+
+def test_tail_power_and_per_stage_blocking_power_reach_the_simulation(tmp_path):
+    """A tail charged at its own power adds (tail power - blocking power) x tail to every stage's energy; the
+    blocking power may differ per stage."""
+    _, simulate = baseline_plan_and_simulate(tmp_path)
+
+    def energy(*args: str) -> float:
+        res = simulate(*args)
+        assert res.exit_code == 0, res.output
+        return float(re.search(r"\n  energy\s+([\d.]+) J", res.stdout).group(1))
+
+    at_blocking = energy("--tail-time", "0.5")
+    at_300 = energy("--tail-time", "0.5", "--tail-power", "300")
+    assert at_300 - at_blocking == pytest.approx(8 * 0.5 * (300 - 83.64), abs=0.1)
+    one = energy("--blocking-power", "83.64")
+    per_stage = energy("--blocking-power", ",".join(["83.64"] * 7 + ["183.64"]))
+    assert per_stage > one and energy("--blocking-power", ",".join(["83.64"] * 8)) == one
+    res = simulate("--tail-power", "1,2")
+    assert res.exit_code != 0 and "2 tail powers given for 8 stages" in res.output

@@ -7,19 +7,20 @@ import numpy as np
 import pytest
 
 from envpipe.atomicfile import new_file_mode
-from envpipe.plan.planfile import Plan, PlanError, PlannedUnit, evaluate_plan
+from envpipe.plan.case import PipelineCase
+from envpipe.plan.evaluate import evaluate_plan
+from envpipe.plan.planfile import Plan, PlanError, PlannedUnit
 from envpipe.plan.planner import make_plan
 
 
 @pytest.fixture()
 def small(gpt3):
-    profile = gpt3.with_stages(3)
-    return profile, make_plan(profile, 6, schedule="envpipe", policy="envelope", reconfig="balanced",
-                              idle_power_w=83.64)
+    case = PipelineCase.of(gpt3.with_stages(3), 6, 83.64)
+    return case, make_plan(case, "envpipe", "envelope")
 
 
 def test_plan_json_has_exactly_the_designed_keys_and_round_trips(small, tmp_path):
-    profile, result = small
+    case, result = small
     data = result.plan.to_json()
     assert set(data) == {"version", "num_stages", "num_microbatches", "schedule", "policy", "stages", "predicted",
                          "critical_path"}
@@ -29,7 +30,7 @@ def test_plan_json_has_exactly_the_designed_keys_and_round_trips(small, tmp_path
     result.plan.save(path)
     again = Plan.load(path)
     assert again.to_json() == json.loads(path.read_text())
-    tl = evaluate_plan(again, profile, 83.64)
+    tl = evaluate_plan(again, case)
     assert tl.iteration_time == pytest.approx(data["predicted"]["iteration_time_s"], rel=1e-12)
     assert tl.energy == pytest.approx(data["predicted"]["energy_j"], rel=1e-12)
     assert [list(u) for u in data["critical_path"]] == [list(tl.dag.unit(i)) for i in tl.critical_path()]
@@ -39,7 +40,7 @@ def test_hand_written_plan_is_simulated(gpt3):
     profile = gpt3.with_stages(2)
     stages = [[PlannedUnit("F", 0, 1410), PlannedUnit("B", 0, 1005)],
               [PlannedUnit("F", 0, 1410), PlannedUnit("B", 0, 1410)]]
-    tl = evaluate_plan(Plan(2, 1, "1f1b", "hand", stages), profile, 50.0)
+    tl = evaluate_plan(Plan(2, 1, "1f1b", "hand", stages), PipelineCase.of(profile, 1, 50.0))
     k = profile.freq_index(1005)
     expected = profile.fwd_time[0, 0] + profile.fwd_time[1, 0] + profile.bwd_time[1, 0] + profile.bwd_time[0, k]
     assert tl.iteration_time == pytest.approx(expected)
@@ -80,13 +81,23 @@ def test_malformed_plans_are_refused(small, mutate, message):
     ],
 )
 def test_inconsistent_plans_get_clear_errors(small, mutate, message):
-    profile, result = small
+    case, result = small
     data = result.plan.to_json()
     mutate(data)
     with pytest.raises(PlanError, match=message):
-        evaluate_plan(Plan.from_json(data), profile, 83.64)
-    with pytest.raises(PlanError, match="plan has 3 stages but the profile has 4"):
-        evaluate_plan(result.plan, profile.with_stages(4), 83.64)
+        evaluate_plan(Plan.from_json(data), case)
+    with pytest.raises(PlanError, match="plan has 3 stages but the case has 4"):
+        evaluate_plan(result.plan, PipelineCase.of(case.profile.with_stages(4), 6, 83.64))
+
+
+def test_a_plan_builds_its_dag_once_and_keeps_it_across_clock_changes(small):
+    _, result = small
+    plan = Plan.from_json(result.plan.to_json())
+    assert plan.dag is plan.dag  # cached
+    assert plan.dag.num_microbatches == 6 and plan.dag.num_stages == 3
+    faster = plan.with_clocks([[1410] * len(units) for units in plan.stages])
+    assert faster.dag is plan.dag  # the same order: the same DAG
+    assert replace(plan, policy="other").__dict__.get("dag") is None  # a new plan builds its own when asked
 
 
 def test_unreadable_files(tmp_path):
@@ -102,7 +113,7 @@ def test_save_is_atomic_and_leaves_nothing_behind_on_failure(small, tmp_path, mo
     path = tmp_path / "plan.json"
     path.write_text("old")
     plan = small[1].plan
-    monkeypatch.setattr(plan, "to_json", lambda: {"x": np.float32(1)})  # not JSON-serialisable
+    monkeypatch.setattr(Plan, "to_json", lambda self: {"x": np.float32(1)})  # not JSON-serialisable
     with pytest.raises(TypeError):
         plan.save(path)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
@@ -170,7 +181,8 @@ def test_out_of_range_plan_fields_are_refused_in_short_messages(small, mutate, m
 
 
 def test_plans_record_their_profile_and_refuse_another(small, gpt3, tmp_path):
-    profile, result = small
+    case, result = small
+    profile = case.profile
     plan = replace(result.plan, profile_digest=profile.digest)
     path = tmp_path / "plan.json"
     plan.save(path)

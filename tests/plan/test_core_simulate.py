@@ -7,13 +7,18 @@ from hypothesis import strategies as st
 
 from envpipe.plan.dag import DeadlockError, PipelineDag, ScheduleError
 from envpipe.plan.schedules import build_schedule, envpipe_schedule, one_f_one_b, reschedule_counts
-from envpipe.plan.simulate import simulate
+from envpipe.plan.simulate import Overheads, resimulate, simulate
+
+
+def costs(dag: PipelineDag, blocking_w: float | list[float] = 5.0, transfer: float = 0.0,
+          tail: float | list[float] | np.ndarray = 0.0, tail_w: list[float] | None = None) -> Overheads:
+    return Overheads.broadcast(dag.num_stages, blocking_w, transfer, tail, tail_w)
 
 
 def two_by_two(transfer: float = 0.0):
     dag = PipelineDag.from_orders(one_f_one_b(2, 2), 2)
     dur = np.where(dag.is_fwd, 1.0, 2.0)
-    return dag, simulate(dag, dur, 10 * dur, idle_power_w=5.0, transfer_s=transfer)
+    return dag, simulate(dag, dur, 10 * dur, costs(dag, transfer=transfer))
 
 
 def test_hand_computed_two_stages_two_microbatches():
@@ -50,15 +55,33 @@ def test_tails_end_the_iteration_after_each_stage_s_last_unit():
     dag = PipelineDag.from_orders(one_f_one_b(2, 2), 2)
     dur = np.where(dag.is_fwd, 1.0, 2.0)
     # stage 0 ends at 9, stage 1 at 7 (test above): a 1.5 s tail on stage 1 fits in its 2 s of slack
-    tl = simulate(dag, dur, 10 * dur, idle_power_w=5.0, tail_s=[0.0, 1.5])
+    tl = simulate(dag, dur, 10 * dur, costs(dag, tail=[0.0, 1.5]))
     assert list(tl.stage_end) == [9, 7] and tl.iteration_time == 9
     # a 3 s tail on stage 1 ends the iteration at 10, and that stage's last unit ends the critical path
-    tl = simulate(dag, dur, 10 * dur, idle_power_w=5.0, tail_s=np.array([0.5, 3.0]))
+    tl = simulate(dag, dur, 10 * dur, costs(dag, tail=np.array([0.5, 3.0])))
     assert tl.iteration_time == 10
     assert dag.unit(tl.critical_path()[-1]) == (1, "B", 1)
-    assert tl.energy == pytest.approx(120 + 2 * 4 * 5.0)  # tails are charged at idle power
+    assert tl.energy == pytest.approx(120 + 2 * 4 * 5.0)  # tails at the blocking power by default
     # one number applies to every stage
-    assert simulate(dag, dur, 10 * dur, idle_power_w=5.0, tail_s=0.25).iteration_time == 9.25
+    assert simulate(dag, dur, 10 * dur, costs(dag, tail=0.25)).iteration_time == 9.25
+
+
+def test_every_phase_at_its_own_power_per_stage():
+    """Units at their energy, waits at each stage's blocking power, tails at each stage's tail power."""
+    dag = PipelineDag.from_orders(one_f_one_b(2, 2), 2)
+    dur = np.where(dag.is_fwd, 1.0, 2.0)
+    # iteration 10 s (stage 1's 3 s tail after its end at 7); busy 6 s each, so idle 4 s each, of which
+    # stage 0 waits 3.5 s and tails 0.5 s, stage 1 waits 1 s and tails 3 s
+    tl = simulate(dag, dur, 10 * dur, costs(dag, blocking_w=[5.0, 7.0], tail=[0.5, 3.0], tail_w=[100.0, 50.0]))
+    assert tl.iteration_time == 10
+    expected = [60 + 3.5 * 5 + 0.5 * 100, 60 + 1 * 7 + 3 * 50]
+    assert tl.stage_energy == pytest.approx(expected)
+    assert tl.energy == pytest.approx(sum(expected))
+    # tail power = blocking power: the tail counts like a bubble, to the last bit
+    plain = simulate(dag, dur, 10 * dur, costs(dag, tail=[0.5, 3.0]))
+    same = simulate(dag, dur, 10 * dur, costs(dag, tail=[0.5, 3.0], tail_w=[5.0, 5.0]))
+    assert plain.energy == same.energy == float(plain.unit_energy.sum() + plain.idle_time.sum() * 5.0)
+    assert list(plain.stage_energy) == list(same.stage_energy)
 
 
 @pytest.mark.parametrize(("tail", "message"), [([1.0], "1 tail times given for 2 stages"),
@@ -66,12 +89,12 @@ def test_tails_end_the_iteration_after_each_stage_s_last_unit():
 def test_bad_tails_are_refused(tail, message):
     dag = PipelineDag.from_orders(one_f_one_b(2, 2), 2)
     with pytest.raises(ValueError, match=message):
-        simulate(dag, np.ones(dag.num_units), np.ones(dag.num_units), 5.0, tail_s=tail)
+        simulate(dag, np.ones(dag.num_units), np.ones(dag.num_units), costs(dag, tail=tail))
 
 
 def test_single_stage_is_serial():
     dag = PipelineDag.from_orders(one_f_one_b(1, 3), 3)
-    tl = simulate(dag, np.arange(1, 7, dtype=float), np.zeros(6), 100.0)
+    tl = simulate(dag, np.arange(1, 7, dtype=float), np.zeros(6), costs(dag, 100.0))
     assert tl.iteration_time == 21 and tl.energy == 0 and tl.idle_time[0] == 0
 
 
@@ -87,7 +110,13 @@ def test_deadlocking_and_malformed_schedules_are_rejected():
     with pytest.raises(ScheduleError, match="not a unit"):
         PipelineDag.from_orders([[("F", 0), ("B", 0), ("F", 7)]], 1)
     with pytest.raises(ValueError, match="negative"):
-        simulate(PipelineDag.from_orders(one_f_one_b(1, 1), 1), np.ones(2), np.ones(2), 1.0, -1.0)
+        Overheads.broadcast(1, 1.0, -1.0)
+    with pytest.raises(ValueError, match="blocking powers must be finite and not negative"):
+        Overheads.broadcast(2, [1.0, -1.0])
+    with pytest.raises(ValueError, match="3 tail powers given for 2 stages"):
+        Overheads.broadcast(2, 1.0, tail_power_w=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="overheads are given for 2 stages, the pipeline has 1"):
+        simulate(PipelineDag.from_orders(one_f_one_b(1, 1), 1), np.ones(2), np.ones(2), Overheads.broadcast(2, 1.0))
 
 
 schedules = st.tuples(st.integers(1, 6), st.integers(1, 12), st.sampled_from(["1f1b", "gpipe", "envpipe"]),
@@ -116,12 +145,12 @@ def test_raising_a_clock_never_lengthens_the_iteration(S, M, seed, transfer):
     base = rng.uniform(0.1, 2.0, dag.num_units)
     time_at = lambda f: base * 1410 / f  # noqa: E731
     freqs = rng.choice(clocks, dag.num_units)
-    before = simulate(dag, time_at(freqs), np.zeros(dag.num_units), 0.0, transfer).iteration_time
+    before = simulate(dag, time_at(freqs), np.zeros(dag.num_units), costs(dag, 0.0, transfer)).iteration_time
     unit = rng.integers(dag.num_units)
     higher = clocks[clocks > freqs[unit]]
     if higher.size:
         freqs[unit] = rng.choice(higher)
-    after = simulate(dag, time_at(freqs), np.zeros(dag.num_units), 0.0, transfer).iteration_time
+    after = simulate(dag, time_at(freqs), np.zeros(dag.num_units), costs(dag, 0.0, transfer)).iteration_time
     assert after <= before + 1e-9
 
 
@@ -133,7 +162,7 @@ def test_vectorised_simulation_matches_event_by_event_reference(S, M, seed):
     r = reschedule_counts([1.0] * S, [1.0 / (x + 1) for x in r], M)
     dag = PipelineDag.from_orders(build_schedule("envpipe", S, M, r), M)
     dur = rng.uniform(0.1, 1.0, dag.num_units)
-    tl = simulate(dag, dur, dur, 1.0, 0.05)
+    tl = simulate(dag, dur, dur, costs(dag, 1.0, 0.05))
     end = np.zeros(dag.num_units + 1)
     for i in dag.topo:  # the plain definition, one unit at a time
         data = end[dag.pred_data[i]] + (0.05 if dag.data_crosses[i] else 0.0)
@@ -147,11 +176,11 @@ def test_incremental_resimulation_equals_full(S, M, seed, transfer):
     rng = np.random.default_rng(seed)
     dag = PipelineDag.from_orders(build_schedule("1f1b", S, M), M)
     dur = rng.uniform(0.1, 1.0, dag.num_units)
-    before = simulate(dag, dur, dur, 2.0, transfer)
+    before = simulate(dag, dur, dur, costs(dag, 2.0, transfer))
     changed = rng.choice(dag.num_units, size=min(dag.num_units, int(rng.integers(0, 4))), replace=False)
     dur2 = dur.copy()
     dur2[changed] *= rng.uniform(0.3, 1.5, changed.size)
-    full = simulate(dag, dur2, dur2, 2.0, transfer)
-    quick = simulate(dag, dur2, dur2, 2.0, transfer, previous=before, changed=changed)
+    full = simulate(dag, dur2, dur2, costs(dag, 2.0, transfer))
+    quick = resimulate(before, dur2, dur2, changed)
     assert np.allclose(full.end, quick.end) and np.allclose(full.start, quick.start)
     assert full.energy == pytest.approx(quick.energy)

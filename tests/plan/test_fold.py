@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.evaluate import baseline_timeline
 from envpipe.plan.fold import identity_fold, periodic_fold
 from envpipe.plan.lp import solve_relaxation
 from envpipe.plan.optimal import build_problem, candidate_orders
-from envpipe.plan.planfile import baseline_timeline
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.plan.simulate import simulate
 
@@ -37,13 +38,13 @@ def test_folded_lp_meets_the_budget_and_matches_the_full_lp(name, schedule):
     prof, watts = real_profile(name), REAL[name][1]
     prof = prof.restricted(prof.freqs[spread_clocks(prof, 12)])
     M = 96
-    budget = baseline_timeline(prof, M, watts).iteration_time
-    problem = build_problem(prof, M, schedule, candidate_orders(prof, M, schedule, watts)[0], watts)
+    case = PipelineCase.of(prof, M, watts)
+    budget = baseline_timeline(case).iteration_time
+    problem = build_problem(case, schedule, candidate_orders(case, schedule)[0])
     assert not problem.fold.is_identity
-    args = (problem.dag, problem.menus, problem.edges, budget, watts)
-    full = solve_relaxation(*args, fold=identity_fold(problem.dag.num_units))
-    folded = solve_relaxation(*args, fold=problem.fold)
+    full = solve_relaxation(problem.menus, problem.edges, budget, identity_fold(problem.dag.num_units))
+    folded = solve_relaxation(problem.menus, problem.edges, budget, problem.fold)
     assert folded.folded and not full.folded
     assert full.energy * (1 - 1e-9) <= folded.energy <= full.energy * (1 + 1e-6)
-    tl = simulate(problem.dag, folded.duration, np.zeros(problem.dag.num_units), watts)
+    tl = simulate(problem.dag, folded.duration, np.zeros(problem.dag.num_units), case.overheads)
     assert tl.iteration_time <= budget * (1 + 1e-9)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
 from envpipe.cli import main
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.memory import MemoryLimitError, StageMemory, parse_bytes, peak_in_flight, warmup_caps
 from envpipe.plan.optimal import optimal_plan
 from envpipe.plan.planfile import Plan, PlanError
@@ -67,39 +69,39 @@ def test_stage_memory_refuses_bad_values(args, message):
 
 
 def test_envpipe_warmup_is_capped_by_bytes_and_the_plan_reports_peaks(gpt3):
-    profile = gpt3.with_stages(4)
-    free = make_plan(profile, 12, idle_power_w=83.64)
+    case = PipelineCase.of(gpt3.with_stages(4), 12, 83.64)
+    free = make_plan(case)
     assert free.plan.peak_memory_bytes is None and max(free.reschedule) > 1  # unconstrained: several extra
     act = [2 * GiB, GiB, GiB, GiB]
     mem = StageMemory.per_stage(4, act, [10 * GiB, 4 * GiB, 5 * GiB, GiB])  # room for 5, 4, 5, 1 micro-batches
-    capped = make_plan(profile, 12, idle_power_w=83.64, memory=mem)
+    capped = make_plan(replace(case, memory=mem))
     peaks = peak_in_flight(envpipe_schedule(4, 12, capped.reschedule))
     assert all(p <= c for p, c in zip(peaks, mem.capacity(), strict=True))
     assert capped.reschedule[1] == 1 and capped.reschedule[0] <= 1  # stage 1 has room for one extra only
     assert capped.plan.peak_memory_bytes == [p * a for p, a in zip(peaks, act, strict=True)]
     with pytest.raises(MemoryLimitError, match="stage 0: the 1f1b order holds 4 micro-batches"):
-        make_plan(profile, 12, schedule="1f1b", idle_power_w=83.64,
-                  memory=StageMemory.per_stage(4, GiB, 3 * GiB))
+        make_plan(replace(case, memory=StageMemory.per_stage(4, GiB, 3 * GiB)), "1f1b")
 
 
 def test_optimal_planner_tries_only_orders_that_fit_and_saves_peaks(gpt3, tmp_path):
     pytest.importorskip("scipy")
-    profile = gpt3.with_stages(4).restricted(gpt3.freqs[::6])
     mem = StageMemory.per_stage(4, GiB, 5 * GiB)
-    res = optimal_plan(profile, 8, idle_power_w=83.64, schedule="envpipe", memory=mem)
+    case = replace(PipelineCase.of(gpt3.with_stages(4).restricted(gpt3.freqs[::6]), 8, 83.64), memory=mem)
+    res = optimal_plan(case, "envpipe")
     for r, _ in res.tried:
         assert all(p <= 5 for p in peak_in_flight(envpipe_schedule(4, 8, r)))
-    assert res.peak_memory_bytes == [p * GiB for p in peak_in_flight(envpipe_schedule(4, 8, res.reschedule))]
+    peaks = res.plan.peak_memory_bytes
+    assert peaks == [p * GiB for p in peak_in_flight(envpipe_schedule(4, 8, res.reschedule))]
     path = tmp_path / "plan.json"
     res.plan.save(path)
     data = json.loads(path.read_text())
-    assert data["version"] == 1 and data["predicted"]["peak_memory_bytes"] == res.peak_memory_bytes
-    assert Plan.load(path).peak_memory_bytes == res.peak_memory_bytes
+    assert data["version"] == 1 and data["predicted"]["peak_memory_bytes"] == peaks
+    assert Plan.load(path).peak_memory_bytes == peaks
     data["predicted"]["peak_memory_bytes"] = [1, 2]
     with pytest.raises(PlanError, match="list of 4 whole numbers"):
         Plan.from_json(data)
     with pytest.raises(MemoryLimitError, match="stage 0"):
-        optimal_plan(profile, 8, idle_power_w=83.64, schedule="gpipe", memory=mem)
+        optimal_plan(case, "gpipe")
 
 
 def test_cli_memory_options(tmp_path):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from envpipe.plan.case import PipelineCase
+from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
 from envpipe.plan.optimal import optimal_plan
-from envpipe.plan.planfile import evaluate_plan
 from envpipe.plan.planner import make_plan
 from envpipe.plan.policies import POLICIES
-from envpipe.plan.reconfig import RECONFIGS
+from envpipe.plan.reconfig import RECONFIGS, Reconfig
+from envpipe.plan.simulate import Overheads
 
 from .optimal_cases import REAL, cut_down, milp_energies, milp_energy, random_case, real_profile, spread_clocks
 
@@ -27,17 +29,17 @@ def relative_gap(ours: float, exact: float, baseline: float) -> float:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_within_half_a_percent_of_the_milp_saving(seed):
     case = random_case(seed)
-    res = optimal_plan(case.profile, case.microbatches, idle_power_w=case.watts, schedule=case.schedule,
-                       max_slowdown=case.slowdown)
-    energies = milp_energies(case.profile, case.microbatches, case.schedule, case.watts, res.budget_s)
+    res = optimal_plan(case.case, case.schedule, max_slowdown=case.slowdown)
+    assert res.budget_s is not None
+    energies = milp_energies(case.case, case.schedule, res.budget_s)
     exact = min(energies.values())
-    again = evaluate_plan(res.plan, case.profile, case.watts)  # the claim, re-simulated
+    again = evaluate_plan(res.plan, case.case)  # the claim, re-simulated
     assert again.energy == pytest.approx(res.timeline.energy, rel=1e-12)
     assert again.iteration_time <= res.budget_s * (1 + 1e-9)
     assert relative_gap(again.energy, exact, res.baseline.energy) <= 0.005, str(case)
     # the LP value of the chosen order bounds that order's MILP optimum from below
-    assert res.lp_energy is not None
-    assert res.lp_energy <= energies[tuple(res.reschedule)] * (1 + 1e-7)
+    assert res.bound_j is not None
+    assert res.bound_j <= energies[tuple(res.reschedule)] * (1 + 1e-7)
 
 
 @pytest.mark.parametrize(("name", "slowdown"), [(name, 0.0) for name in sorted(REAL)] + [
@@ -46,21 +48,20 @@ def test_4x8x8_cut_downs_match_milp(name, slowdown):
     """The issue's example size: 4 stages x 8 micro-batches x 8 clocks, plain 1F1B."""
     prof = real_profile(name)
     prof = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
-    watts = REAL[name][1]
-    res = optimal_plan(prof, 8, idle_power_w=watts, schedule="1f1b", max_slowdown=slowdown)
-    exact = milp_energy(prof, 8, "1f1b", watts, res.budget_s)
+    case = PipelineCase.of(prof, 8, REAL[name][1])
+    res = optimal_plan(case, "1f1b", max_slowdown=slowdown)
+    assert res.budget_s is not None
+    exact = milp_energy(case, "1f1b", res.budget_s)
     assert relative_gap(res.timeline.energy, exact, res.baseline.energy) <= 0.005
 
 
 @pytest.mark.parametrize("seed", [3, 14, 27])
 def test_never_worse_than_any_envpipe_policy_at_its_own_time(seed):
     case = random_case(seed)
-    prof, M, W = case.profile, case.microbatches, case.watts
     for policy in POLICIES:
         for reconfig in RECONFIGS:
-            env = make_plan(prof, M, idle_power_w=W, schedule=case.schedule, policy=policy, reconfig=reconfig)
-            ours = optimal_plan(prof, M, idle_power_w=W, schedule=case.schedule,
-                                time_budget_s=env.timeline.iteration_time)
+            env = make_plan(case.case, case.schedule, policy, Reconfig(reconfig))
+            ours = optimal_plan(case.case, case.schedule, time_budget_s=env.timeline.iteration_time)
             assert ours.timeline.iteration_time <= env.timeline.iteration_time * (1 + 1e-9)
             assert ours.timeline.energy <= env.timeline.energy * (1 + 1e-9), f"{case}: {policy}+{reconfig}"
 
@@ -70,16 +71,35 @@ def test_tail_matches_milp_and_resimulates(tail):
     """A per-stage tail after the last unit (gradient all-reduce, optimizer step) ends the iteration."""
     prof = real_profile("gpt3-175b+a100_sxm_bf16")
     prof = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
-    W = REAL["gpt3-175b+a100_sxm_bf16"][1]
-    tail_s = np.asarray(tail, float)
-    res = optimal_plan(prof, 8, idle_power_w=W, schedule="1f1b", max_slowdown=0.03, tail_s=tail_s)
+    case = PipelineCase.of(prof, 8, REAL["gpt3-175b+a100_sxm_bf16"][1], tail_s=np.asarray(tail, float))
+    res = optimal_plan(case, "1f1b", max_slowdown=0.03)
+    assert res.budget_s is not None
     assert res.baseline.iteration_time == pytest.approx(
-        evaluate_plan(make_plan(prof, 8, idle_power_w=W, policy="baseline", schedule="1f1b").plan, prof, W,
-                      tail_s=tail_s).iteration_time)
-    again = evaluate_plan(res.plan, prof, W, tail_s=tail_s)
+        evaluate_plan(make_plan(case, "1f1b", "baseline").plan, case).iteration_time)
+    again = evaluate_plan(res.plan, case)
     assert again.energy == pytest.approx(res.timeline.energy, rel=1e-12)
     assert again.iteration_time <= res.budget_s * (1 + 1e-9)
-    exact = milp_energy(prof, 8, "1f1b", W, res.budget_s, tail_s=tail_s)
+    exact = milp_energy(case, "1f1b", res.budget_s)
+    assert relative_gap(again.energy, exact, res.baseline.energy) <= 0.005
+
+
+@pytest.mark.parametrize(("blocking", "tail_power"), [([60.0, 90.0, 120.0, 75.0], None),
+                                                      ([83.64] * 4, [400.0, 250.0, 300.0, 200.0]),
+                                                      ([50.0, 110.0, 80.0, 140.0], [300.0, 90.0, 500.0, 140.0])])
+def test_per_stage_blocking_and_tail_powers_match_milp(blocking, tail_power):
+    """Each stage waits at its own blocking power and runs its tail at its own power: the planner, its LP
+    bound and the exact MILP all see the same energy as the simulator."""
+    prof = real_profile("bloom+a100_sxm_bf16")
+    prof = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
+    case = PipelineCase(prof, 8, Overheads.broadcast(4, blocking, 0.001, [0.05, 0.3, 0.0, 0.2], tail_power))
+    res = optimal_plan(case, "1f1b", max_slowdown=0.02)
+    assert res.budget_s is not None and res.bound_j is not None
+    again = evaluate_plan(res.plan, case)
+    assert again.energy == pytest.approx(res.timeline.energy, rel=1e-12)
+    assert again.energy == pytest.approx(again.stage_energy.sum(), rel=1e-12)
+    assert res.baseline.energy == baseline_timeline(case).energy
+    exact = milp_energy(case, "1f1b", res.budget_s)
+    assert res.bound_j <= exact * (1 + 1e-7)
     assert relative_gap(again.energy, exact, res.baseline.energy) <= 0.005
 
 

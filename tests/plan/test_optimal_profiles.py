@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from envpipe.plan.case import PipelineCase
+from envpipe.plan.evaluate import evaluate_plan
 from envpipe.plan.frontier import frontier
 from envpipe.plan.optimal import optimal_plan
-from envpipe.plan.planfile import evaluate_plan
 from envpipe.plan.planner import make_plan
+from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
 
 from .optimal_cases import REAL, cut_down, real_profile, spread_clocks
@@ -18,12 +20,12 @@ from .optimal_cases import REAL, cut_down, real_profile, spread_clocks
 NEW = ["bloom+a100_sxm_bf16", "gpt3-175b+a40_bf16"]
 
 
-def check_plan(prof: Profile, M: int, watts: float, **kw) -> float:
+def check_plan(case: PipelineCase, schedule: str, time_budget_s: float | None = None) -> float:
     """Plan, re-simulate the JSON-able plan, check the budget; return the simulated energy."""
-    res = optimal_plan(prof, M, idle_power_w=watts, **kw)
-    tl = evaluate_plan(res.plan, prof, watts)
+    res = optimal_plan(case, schedule, time_budget_s)
+    tl = evaluate_plan(res.plan, case)
     assert tl.energy == pytest.approx(res.timeline.energy, rel=1e-12)
-    assert tl.iteration_time <= res.budget_s * (1 + 1e-9)
+    assert res.budget_s is not None and tl.iteration_time <= res.budget_s * (1 + 1e-9)
     assert tl.energy <= res.baseline.energy * (1 + 1e-9)  # never worse than all-max at no slowdown or more
     return tl.energy
 
@@ -31,25 +33,25 @@ def check_plan(prof: Profile, M: int, watts: float, **kw) -> float:
 @pytest.mark.parametrize("name", NEW)
 def test_other_real_profiles_beat_envpipe(name):
     M = 12
-    prof, watts = real_profile(name), REAL[name][1]
-    env = make_plan(prof, M, idle_power_w=watts)  # envelope + balanced on EnvPipe's schedule
-    ours = check_plan(prof, M, watts, schedule="envpipe")
+    case = PipelineCase.of(real_profile(name), M, REAL[name][1])
+    env = make_plan(case)  # envelope + balanced on EnvPipe's schedule
+    ours = check_plan(case, "envpipe")
     assert ours < env.timeline.energy
-    at_env_time = check_plan(prof, M, watts, schedule="envpipe",
-                             time_budget_s=max(env.timeline.iteration_time, env.baseline.iteration_time))
+    at_env_time = check_plan(case, "envpipe", max(env.timeline.iteration_time, env.baseline.iteration_time))
     assert at_env_time <= env.timeline.energy * (1 + 1e-9)
-    assert check_plan(prof, M, watts, schedule="1f1b") < env.baseline.energy
+    assert check_plan(case, "1f1b") < env.baseline.energy
 
 
 @pytest.mark.parametrize("name", NEW)
 def test_other_real_profiles_frontier_is_monotone(name):
     prof = real_profile(name)
     prof = cut_down(prof, [0, 3, 7], spread_clocks(prof, 10))
-    points = frontier(prof, 6, idle_power_w=REAL[name][1], schedule="envpipe", points=4)
-    assert np.all(np.diff([p.energy_j for p in points]) <= 1e-9)
-    assert all(p.time_s <= p.budget_s * (1 + 1e-9) for p in points)
+    case = PipelineCase.of(prof, 6, REAL[name][1])
+    points = frontier(case, "envpipe", points=4)
+    assert np.all(np.diff([p.timeline.energy for p in points]) <= 1e-9)
+    assert all(p.timeline.iteration_time <= (p.budget_s or 0.0) * (1 + 1e-9) for p in points)
     for p in points:
-        assert evaluate_plan(p.plan, prof, REAL[name][1]).energy == pytest.approx(p.energy_j, rel=1e-12)
+        assert evaluate_plan(p.plan, case).energy == pytest.approx(p.timeline.energy, rel=1e-12)
 
 
 def scaled(prof: Profile, factors: np.ndarray) -> Profile:
@@ -85,28 +87,30 @@ def variants() -> dict[str, tuple[Profile, float]]:
 @pytest.mark.parametrize("variant", list(variants()))
 def test_synthetic_variants_plan_beat_envpipe_and_give_monotone_frontiers(variant):
     prof, watts = variants()[variant]
-    M = 2 if prof.num_stages > 8 else 6  # 16 stages: also M < S
-    env = make_plan(prof, M, idle_power_w=watts)
+    case = PipelineCase.of(prof, 2 if prof.num_stages > 8 else 6, watts)  # 16 stages: also M < S
+    env = make_plan(case)
     if env.timeline.iteration_time > env.baseline.iteration_time * (1 + 1e-9):
-        check_plan(prof, M, watts, schedule="envpipe")  # no slowdown
-    at_env_time = check_plan(prof, M, watts, schedule="envpipe",
-                             time_budget_s=max(env.timeline.iteration_time, env.baseline.iteration_time))
+        check_plan(case, "envpipe")  # no slowdown
+    at_env_time = check_plan(case, "envpipe", max(env.timeline.iteration_time, env.baseline.iteration_time))
     assert at_env_time <= env.timeline.energy * (1 + 1e-9)
-    points = frontier(prof, M, idle_power_w=watts, schedule="1f1b", points=3)
-    assert np.all(np.diff([p.energy_j for p in points]) <= 1e-9)
+    points = frontier(case, "1f1b", points=3)
+    assert np.all(np.diff([p.timeline.energy for p in points]) <= 1e-9)
 
 
 def test_bad_arguments_give_clear_errors():
     prof = cut_down(real_profile("bloom+a40_bf16"), [0, 1, 2], [0, 10, 20])
     with pytest.raises(ValueError, match="2 tail times given for 3 stages"):
-        optimal_plan(prof, 4, idle_power_w=70.0, tail_s=[0.1, 0.2])
+        PipelineCase.of(prof, 4, 70.0, tail_s=[0.1, 0.2])
     with pytest.raises(ValueError, match="not negative"):
-        optimal_plan(prof, 4, idle_power_w=70.0, tail_s=-1.0)
-    with pytest.raises(ValueError, match="idle power"):
-        optimal_plan(prof, 4, idle_power_w=-1.0)
+        PipelineCase.of(prof, 4, 70.0, tail_s=-1.0)
+    with pytest.raises(ValueError, match="blocking powers must be finite and not negative"):
+        PipelineCase.of(prof, 4, -1.0)
     with pytest.raises(ValueError, match="micro-batches"):
-        optimal_plan(prof, 0, idle_power_w=70.0)
+        PipelineCase.of(prof, 0, 70.0)
+    case = PipelineCase.of(prof, 4, 70.0)
     with pytest.raises(ValueError, match="unknown schedule"):
-        optimal_plan(prof, 4, idle_power_w=70.0, schedule="zigzag")
+        optimal_plan(case, "zigzag")
     with pytest.raises(ValueError, match="at least 2 points"):
-        frontier(prof, 4, idle_power_w=70.0, points=1)
+        frontier(case, points=1)
+    with pytest.raises(ValueError, match="the profile has 3 stages, the pipeline 4"):
+        PipelineCase(prof, 4, Overheads.broadcast(4, 70.0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,15 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envpipe.cli import main
+from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.evaluate import evaluate_plan
 from envpipe.plan.layout import StageLayout, model_profile
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.milp import solve_milp
 from envpipe.plan.optimal import optimal_plan, order_problems
-from envpipe.plan.planfile import Plan, PlanError, evaluate_plan
+from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.planner import make_plan
 from envpipe.plan.schedules import build_schedule, dualpipev, interleaved_1f1b, schedule_layout
-from envpipe.plan.simulate import simulate
+from envpipe.plan.simulate import Overheads, simulate
 from envpipe.profile import Profile, embedded_profile_path
 
 from .optimal_cases import REAL, cut_down, real_profile
@@ -70,7 +73,7 @@ def test_chunked_orders_run_every_unit_once_and_respect_dependencies(stages, gro
     orders = build_schedule(name, stages, M, chunks=layout.chunks)
     dag = PipelineDag.from_orders(orders, M, layout)  # each unit once, no deadlock (else ScheduleError)
     dur = np.array([rnd.uniform(0.5, 2.0) for _ in range(dag.num_units)])
-    tl = simulate(dag, dur, np.zeros(dag.num_units), 0.0, transfer_s=0.1)
+    tl = simulate(dag, dur, np.zeros(dag.num_units), Overheads.broadcast(stages, 0.0, 0.1))
     N = dag.num_units
     has_data = dag.pred_data != N
     lag = np.where(dag.data_crosses, 0.1, 0.0)
@@ -86,6 +89,12 @@ def test_chunked_orders_run_every_unit_once_and_respect_dependencies(stages, gro
             seen.add(key)
 
 
+def chunked(prof: Profile, microbatches: int, watts: float, schedule: str, chunks: int | None) -> PipelineCase:
+    """A case of ``schedule``'s layout, ``prof`` with a row per pipeline stage (split evenly over its chunks)."""
+    layout = schedule_layout(schedule, prof.num_stages, chunks)
+    return replace(PipelineCase.of(prof, microbatches, watts), layout=layout)
+
+
 def uniform(stages: int, fwd: float, bwd: float) -> Profile:
     """Identical stages at one clock: the setting of the tutorial's bubble formulas."""
     one = np.ones((stages, 1))
@@ -99,7 +108,7 @@ def test_idle_shares_of_the_tutorial(P, M, bwd):
     prof = uniform(P, 1.0, bwd)
 
     def idle_share(schedule: str, chunks: int | None = None) -> float:
-        tl = make_plan(prof, M, schedule=schedule, policy="baseline", idle_power_w=1.0, chunks=chunks).timeline
+        tl = make_plan(chunked(prof, M, 1.0, schedule, chunks), schedule, "baseline").timeline
         return float(tl.idle_time.sum() / (P * tl.iteration_time))
 
     assert idle_share("gpipe") == pytest.approx((P - 1) / (M + P - 1))
@@ -130,15 +139,16 @@ def test_model_profile_splits_stages_evenly_or_takes_one_row_per_chunk(gpt3):
 @pytest.mark.parametrize(("schedule", "chunks"), [("interleaved", 2), ("dualpipev", None)])
 def test_chunked_plans_round_trip_and_resimulate(schedule, chunks, tmp_path):
     prof = cut_down(real_profile("gpt3-175b+a100_sxm_bf16"), [0, 3, 5, 7], list(range(0, 38, 6)))
-    res = optimal_plan(prof, 8, idle_power_w=83.64, schedule=schedule, chunks=chunks)
-    assert res.timeline.iteration_time <= res.budget_s * (1 + 1e-12)
+    case = chunked(prof, 8, 83.64, schedule, chunks)
+    res = optimal_plan(case, schedule)
+    assert res.budget_s is not None and res.timeline.iteration_time <= res.budget_s * (1 + 1e-12)
     assert res.timeline.energy < res.baseline.energy  # saves energy at no slowdown
     path = tmp_path / "plan.json"
     res.plan.save(path)
     data = json.loads(path.read_text())
     assert data["chunks"] == 2 and {"kind", "mb", "freq_mhz", "chunk"} == set(data["stages"][0][0])
     again = Plan.load(path)
-    assert evaluate_plan(again, prof, 83.64).energy == pytest.approx(res.timeline.energy, rel=1e-12)
+    assert evaluate_plan(again, case).energy == pytest.approx(res.timeline.energy, rel=1e-12)
     with pytest.raises(PlanError, match="2 chunks per stage"):
         again.orders()
     del data["stages"][0][0]["chunk"]
@@ -151,13 +161,15 @@ def test_chunked_optimal_plans_are_near_the_milp(schedule, chunks):
     name = "bloom+a40_bf16"
     prof = cut_down(real_profile(name), [0, 7], [0, 8, 16, 24, 31])
     watts = REAL[name][1]
-    res = optimal_plan(prof, 4, idle_power_w=watts, schedule=schedule, chunks=chunks, max_slowdown=0.02)
-    _, [(_, problem)] = order_problems(prof, 4, schedule, watts, chunks=chunks)
-    option, _ = solve_milp(problem.dag, problem.menus, problem.edges, res.budget_s, watts, time_limit_s=60)
+    case = chunked(prof, 4, watts, schedule, chunks)
+    res = optimal_plan(case, schedule, max_slowdown=0.02)
+    _, [(_, problem)] = order_problems(case, schedule)
+    assert res.budget_s is not None
+    option, _ = solve_milp(problem.menus, problem.edges, res.budget_s, 60)
     exact = problem.simulate(option).energy
     base = res.baseline.energy
     assert res.timeline.energy <= exact + 0.005 * (base - exact)
-    assert res.lp_energy is not None and res.lp_energy <= exact * (1 + 1e-7)
+    assert res.bound_j is not None and res.bound_j <= exact * (1 + 1e-7)
 
 
 def test_cli_plans_and_simulates_dualpipev(tmp_path):

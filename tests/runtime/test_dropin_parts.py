@@ -136,14 +136,17 @@ def test_unusable_checkpoint_states_are_one_line(tmp_path: Path) -> None:
 def test_energy_model_charges_each_phase_at_its_power() -> None:
     """Worked numbers: one 1F1B iteration of 2 stages x 2 micro-batches, units of 1 s at 100 W (F) and 2 s at
     200 W (B), no transfer, tails of 0.5 s; blocking 50 W, tail 300 W on every stage."""
-    from envpipe.plan.planfile import evaluate_plan
+    from envpipe.plan.case import PipelineCase
+    from envpipe.plan.evaluate import evaluate_plan
+    from envpipe.plan.simulate import Overheads
     from envpipe.profile import Profile
 
     one = np.ones((2, 1))
     profile = Profile(np.array([1000]), one, 2 * one, 100 * one, 400 * one, "worked")
     plan = all_max(one_f_one_b(2, 2), 1000, "1f1b", "baseline")
-    tl = evaluate_plan(plan, profile, 50.0, 0.0, np.array([0.5, 0.5]))
-    energy = prediction.stage_energy(tl, [50.0, 50.0], [300.0, 300.0])
+    overheads = Overheads.broadcast(2, 50.0, 0.0, 0.5, 300.0)
+    tl = evaluate_plan(plan, PipelineCase(profile, 2, overheads))
+    energy = tl.stage_energy
     busy = 2 * 100 + 2 * 400  # per stage
     waits = tl.idle_time - 0.5
     assert np.allclose(energy, busy + waits * 50 + 0.5 * 300)
@@ -166,8 +169,9 @@ def test_oracle_plans_on_the_truth_and_scores_the_runs_plan_there() -> None:
     top = int(truth.freqs[0])
     slow = all_max(one_f_one_b(2, 8), top, "1f1b", "optimal").with_clocks(
         [[top] * 16, [855] * 16])  # a plan that slows stage 1 everywhere: over budget on the truth, but scored
-    o = prediction.oracle_comparison(EnvPipeConfig(), truth, slow, _calibrated(), truth_job.blocking_w, "table")
+    powers = ([truth_job.blocking_w] * 2, [2 * truth_job.blocking_w] * 2)
+    o = prediction.oracle_comparison(EnvPipeConfig(), truth, slow, _calibrated(), powers, "table")
     assert 0 < o.energy_saving < 0.5 and o.source == "table"
     top_plan = all_max(one_f_one_b(2, 8), top, "1f1b", "optimal")
-    same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, _calibrated(), truth_job.blocking_w, "t")
+    same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, _calibrated(), powers, "t")
     assert same.planner_energy_saving == pytest.approx(0.0, abs=1e-12)  # the baseline itself saves nothing

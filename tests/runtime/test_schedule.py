@@ -10,7 +10,7 @@ from deepspeed.runtime.pipe import schedule as ds
 from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.plan.simulate import simulate
+from envpipe.plan.simulate import Overheads, simulate
 from envpipe.runtime.schedule import (
     ISendActivation,
     ISendGrad,
@@ -101,7 +101,7 @@ def test_simulated_1f1b_iteration_time() -> None:
     for P, M in [(2, 4), (4, 8)]:
         dag = engine_order_dag(one_f_one_b(P, M), M)
         dur = [1.0 if f else 2.0 for f in dag.is_fwd]
-        tl = simulate(dag, np.asarray(dur), np.zeros(dag.num_units), 0.0)
+        tl = simulate(dag, np.asarray(dur), np.zeros(dag.num_units), Overheads.broadcast(dag.num_stages, 0.0))
         assert tl.iteration_time == pytest.approx((M + P - 1) * 3.0)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.plan.simulate import simulate
+from envpipe.plan.simulate import Overheads, simulate
 from envpipe.runtime.decide import all_max
 from envpipe.runtime.reconfigure import raise_clocks
 from envpipe.runtime.timing import StageTiming, calibrate, measured_timeline, predict_time
@@ -30,7 +30,7 @@ def measure(orders, fwd, bwd, host0: float = 100.0) -> list[StageTiming]:
 def _timings(dag: PipelineDag, dur: np.ndarray, host0: float) -> list[StageTiming]:
     """Each stage's measured iteration of `dag` with unit times `dur` (GAP included) from host0."""
     P = dag.num_stages
-    tl = simulate(dag, dur, np.zeros_like(dur), 0.0, TRANSFER - GAP, tail_s=np.asarray(TAIL[:P]))
+    tl = simulate(dag, dur, np.zeros_like(dur), Overheads.broadcast(P, 0.0, TRANSFER - GAP, TAIL[:P]))
     origin = host0 + HEAD  # train_batch starts at host0 on every stage
     out = []
     for s in range(P):
