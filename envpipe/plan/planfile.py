@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -77,6 +78,12 @@ class Plan:
     peak_memory_bytes: list[int] | None = None  # per stage, when planned with a memory model
     chunks: int = 1  # model chunks per stage
     profile_digest: str | None = None  # Profile.digest of the profile it was planned on; None when unknown
+
+    @classmethod
+    def at_one_clock(cls, orders: Sequence[Sequence[Unit]], mhz: int, schedule: str, policy: str) -> Plan:
+        """A plan of one-chunk ``orders`` with every unit at ``mhz`` (at the top clock: the baseline's clocks)."""
+        return cls(len(orders), len(orders[0]) // 2, schedule, policy,
+                   [[PlannedUnit(k, m, mhz) for k, m in order] for order in orders])
 
     def orders(self) -> list[list[Unit]]:
         """Per-stage (kind, mb) orders of a plan with one chunk per stage (what the runtime runs)."""

@@ -16,10 +16,10 @@ from envpipe.runtime import summary as S
 from envpipe.runtime.clocks import Clock, energy_label, time_label
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import Decision
+from envpipe.runtime.decide import Decided
 from envpipe.runtime.iterations import BASELINE, PLAN, job_iterations, paired
 from envpipe.runtime.replicas import find_straggler
-from envpipe.runtime.timing import Calibration, predict_time
+from envpipe.runtime.timing import predict_time
 
 
 @dataclass
@@ -76,14 +76,18 @@ def _total(xs: Sequence[float | None]) -> float | None:
     return None if None in xs else sum(x for x in xs if x is not None)
 
 
-def job_summary(records: Sequence[RankRecord], sim_tails: Sequence[float], threshold: float,
-                detected: int | None, rule: S.StragglerRule | None, runs: str = PLAN) -> S.JobSummary:
+def job_summary(records: Sequence[RankRecord], threshold: float, decided: Decided | None, runs: str = PLAN
+                ) -> S.JobSummary:
     """Per node, per replica, per stage tails, the straggler flag, and whether the replicas' plans agree,
     over the steady iterations that ran ``runs`` (the plan, or where none was deployed the baseline).
 
-    ``detected``: the replica found straggling before planning. It stays flagged when steady times no longer
-    show it, which is what happens when the other replicas take the straggler rule's slower, cheaper plan.
+    The replica calibration found straggling stays flagged when steady times no longer show it, which is what
+    happens when the other replicas take the straggler rule's slower, cheaper plan.
     """
+    detected = None if decided is None else decided.calibrated.straggler
+    rule = None if decided is None else decided.decision.straggler_rule
+    cal = None if decided is None else decided.calibrated.timing
+    sim_tails = [] if cal is None else [max(0.0, t - cal.head_s) for t in cal.tail_s]
     hosts = sorted({(r.place.node_first_rank, r.place.host) for r in records})
     nodes = [S.NodeSummary(i, host, sorted(r.place.rank for r in records if (r.place.node_first_rank, r.place.host)
                                            == (first, host)),
@@ -112,15 +116,23 @@ def job_summary(records: Sequence[RankRecord], sim_tails: Sequence[float], thres
         [r.plan_digest for r in sorted(records, key=lambda r: r.place.rank)])
 
 
-def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | None, chosen: Decision | None,
-             measured_cal: S.Calibration | None, reconfiguration: S.Reconfiguration | None,
-             cal: Calibration | None, samples: int, microbatches: int, straggler: int | None,
-             engine: str = "envpipe", steady_main: str = BASELINE, wall_times: Sequence[float] = ()
-             ) -> S.RunSummary:
-    """The summary of a run; for stock DeepSpeed (``engine``) there is no decision and no calibration.
+@dataclass(frozen=True)
+class Reported:
+    """The steady iterations a summary reports."""
 
-    ``steady_main``: what the steady phase ran (PLAN: the plan, its clocks where they can be set; BASELINE:
-    1F1B at default clocks); ``wall_times``: when rank 0's steady iterations ended (host wall clock)."""
+    engine: str  # envpipe, or stock DeepSpeed's name
+    runs: str  # what the steady phase ran: PLAN (its clocks where they can be set) or BASELINE (1F1B, default clocks)
+    samples: int  # per iteration
+    microbatches: int
+    wall_times: Sequence[float]  # when rank 0's steady iterations ended (host wall clock)
+
+
+def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | None, decided: Decided | None,
+             reported: Reported) -> S.RunSummary:
+    """The summary of a run; for stock DeepSpeed there is nothing decided and no calibration."""
+    samples, microbatches, steady_main = reported.samples, reported.microbatches, reported.runs
+    chosen = None if decided is None else decided.decision
+    cal = None if decided is None else decided.calibrated.timing
     records = sorted(records, key=lambda r: (r.place.replica, r.place.stage))
     stages = len({r.place.stage for r in records})
     label = energy_label(clock)
@@ -139,18 +151,19 @@ def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | N
         "none" if clock is None else clock.kind, controls, label, time_label(clock),
         None if clock is None else clock.note, [x for r in records for x in r.refusals],
         sum(s for s, _ in lost) if lost else None, sum(n for _, n in lost) if lost else None)
-    sim_tails = [max(0.0, t - cal.head_s) for t in cal.tail_s] if cal is not None else []
-    rule = chosen.straggler_rule if chosen is not None else None
     measured = steady.time_s.median
     wall = None
+    wall_times = reported.wall_times
     if len(wall_times) > 1 and wall_times[-1] > wall_times[0]:
         wall = samples * (len(wall_times) - 1) / (wall_times[-1] - wall_times[0])
+    replicas = len({r.place.replica for r in records})
     return S.RunSummary(
-        S.SCHEMA_VERSION, engine, stages, microbatches, len({r.place.replica for r in records}), samples, clock_info,
-        info, steady, iterations(job, BASELINE, samples) if order_ran else None, measured_comparison(job, label),
+        S.SCHEMA_VERSION, reported.engine, stages, microbatches, replicas, samples, clock_info, info, steady,
+        iterations(job, BASELINE, samples) if order_ran else None, measured_comparison(job, label),
         chosen.predicted if chosen is not None else None, predicted_s,
-        (predicted_s - measured) / measured if predicted_s else None, measured_cal, reconfiguration,
+        (predicted_s - measured) / measured if predicted_s else None,
+        None if decided is None else decided.calibrated.report, None if decided is None else decided.reconfiguration,
         [S.GpuSummary(r.place.rank, r.place.replica, r.place.stage, r.place.host, r.energy(steady_main),
                       r.peak_memory_bytes, r.unit_energy) for r in records],
-        job_summary(records, sim_tails, cfg.straggler_threshold, straggler, rule, steady_main),
+        job_summary(records, cfg.straggler_threshold, decided, steady_main),
         [r.units for r in records if r.place.replica == 0], wall_throughput_samples_per_s=wall)

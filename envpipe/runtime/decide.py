@@ -22,12 +22,13 @@ from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
 from envpipe.plan.memory import StageMemory, warmup_caps
-from envpipe.plan.planfile import Plan, PlanError, PlannedUnit
+from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.reconfig import Reconfig
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
+from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.timing import Calibration, predict_time
 
@@ -41,19 +42,53 @@ class Origin(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Job:
+    """The job rank 0 decides for."""
+
+    stages: int
+    microbatches: int
+    replicas: int  # data-parallel
+    controls: bool  # clocks can be set here: the plan's clocks are deployed
+    f_max: int  # the top clock (MHz): the baseline's
+
+
+@dataclass(frozen=True)
 class Decision:
     """What every replica runs, where it came from, and the planner's prediction (simulated)."""
 
     origin: Origin
+    source: str  # where the plan came from, in words (the report's)
+    policy: str  # optimal, baseline, uniform, envelope
+    order: str  # the order's name: 1f1b, or envpipe with its extra warm-up forwards per stage
     plans: dict[int, Plan]  # per data-parallel replica
-    info: S.PlanInfo  # replica 0's plan, as the report names it
-    predicted: S.PredictedComparison | None
-    predicted_time_s: float | None  # the job's iteration under the plans (calibrated simulator)
-    profile: Profile | None  # what the planner planned on (rank 0 re-plans from it)
-    straggler_rule: S.StragglerRule | None
+    deployed: bool  # planned for clocks that can be set here
+    budget_s: float | None = None  # the optimal planner's iteration-time budget (simulated)
+    memory: tuple[S.MemoryUse, ...] = ()  # per stage, as calibration measured it
+    refused: tuple[str, ...] = ()  # orders the memory limit or the budget ruled out, with why
+    predicted: S.PredictedComparison | None = None
+    predicted_time_s: float | None = None  # the job's iteration under the plans (calibrated simulator)
+    profile: Profile | None = None  # what the planner planned on (rank 0 re-plans from it)
+    straggler_rule: S.StragglerRule | None = None
 
     def plan_for(self, replica: int) -> Plan:
         return self.plans[replica]
+
+    @property
+    def info(self) -> S.PlanInfo:
+        """Replica 0's plan, as the report names it."""
+        plan = self.plans[0]
+        return S.PlanInfo(self.policy, self.order, self.source, plan_digest(plan), self.budget_s,
+                          [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages], plan.clocks(),
+                          list(self.memory) or None, list(self.refused), self.deployed)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What the phases decided and what from: kept for the report and carried in checkpoints."""
+
+    calibrated: Calibrated
+    decision: Decision
+    reconfiguration: S.Reconfiguration | None
 
 
 def plan_digest(plan: Plan) -> str:
@@ -62,13 +97,7 @@ def plan_digest(plan: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def all_max(orders: Sequence[Sequence[tuple[str, int]]], f_max: int, schedule: str, policy: str) -> Plan:
-    """A plan of ``orders`` with every unit at ``f_max`` (the baseline's clocks)."""
-    stages = [[PlannedUnit(k, m, f_max) for k, m in order] for order in orders]
-    return Plan(len(orders), len(orders[0]) // 2, schedule, policy, stages)
-
-
-def planner_memory(memory: Sequence[S.MemoryUse] | None) -> StageMemory | None:
+def planner_memory(memory: Sequence[S.MemoryUse]) -> StageMemory | None:
     """The planner's memory model from the measured stages; None where a stage has no limit (CPU)."""
     if not memory or any(m.available_bytes is None or m.activation_bytes_per_microbatch <= 0 for m in memory):
         return None
@@ -76,7 +105,7 @@ def planner_memory(memory: Sequence[S.MemoryUse] | None) -> StageMemory | None:
                        tuple(m.available_bytes or 0 for m in memory))
 
 
-def usable_memory(memory: Sequence[S.MemoryUse] | None) -> tuple[StageMemory | None, bool]:
+def usable_memory(memory: Sequence[S.MemoryUse]) -> tuple[StageMemory | None, bool]:
     """(the memory model to plan with, whether only 1F1B may run): where even 1F1B keeps more in flight than
     the model fits, 1F1B runs anyway (calibration ran it) and no extra warm-up forwards are planned."""
     model = planner_memory(memory)
@@ -85,10 +114,11 @@ def usable_memory(memory: Sequence[S.MemoryUse] | None) -> tuple[StageMemory | N
     return model, False
 
 
-def memory_refusals(uncapped: Sequence[int], capped: Sequence[int], memory: Sequence[S.MemoryUse] | None,
+def memory_refusals(uncapped: Sequence[int], capped: Sequence[int], memory: Sequence[S.MemoryUse],
                     num_microbatches: int) -> list[str]:
-    """Why the memory limit cut EnvPipe's extra warm-up forwards (one line per stage it cut)."""
-    if memory is None:
+    """Why the memory limit cut EnvPipe's extra warm-up forwards (one line per stage it cut; none without a
+    measured memory)."""
+    if not memory:
         return []
     P = len(memory)
     out = []
@@ -104,13 +134,13 @@ def memory_refusals(uncapped: Sequence[int], capped: Sequence[int], memory: Sequ
     return out
 
 
-def over_memory(memory: Sequence[S.MemoryUse] | None, num_microbatches: int) -> list[str]:
+def over_memory(memory: Sequence[S.MemoryUse], num_microbatches: int) -> list[str]:
     """Stages where even 1F1B keeps more micro-batches in flight than the memory model fits (it runs anyway:
     calibration ran it)."""
-    P = len(memory or [])
+    P = len(memory)
     return [f"stage {s}: even 1F1B keeps {min(P - s, num_microbatches)} micro-batches in flight, above the "
             f"{m.max_in_flight} that fit under the memory limit; the order stays 1F1B there"
-            for s, m in enumerate(memory or []) if m.max_in_flight is not None
+            for s, m in enumerate(memory) if m.max_in_flight is not None
             and min(P - s, num_microbatches) > m.max_in_flight]
 
 
@@ -146,36 +176,33 @@ def _saving_band(plan: Plan, tl: Timeline, saving: float, top_mhz: float) -> lis
     return list(band.saving_range(saving, min(1.0, lowered)))
 
 
-def from_plan_file(path: str, num_stages: int, num_microbatches: int, cal: Calibration, replicas: int) -> Decision:
-    """A plan file for this pipeline's shape and the engine's order rules; ValueError (one line) otherwise."""
+def from_plan_file(path: str, job: Job, cal: Calibration) -> Decision:
+    """A plan file for this pipeline's shape and the engine's order rules; PlanError (one line) otherwise."""
     plan = Plan.load(path)
-    if (plan.num_stages, plan.num_microbatches) != (num_stages, num_microbatches):
+    if (plan.num_stages, plan.num_microbatches) != (job.stages, job.microbatches):
         raise PlanError(f"{path}: plan is for {plan.num_stages} stages x {plan.num_microbatches} micro-batches, "
-                        f"this run has {num_stages} x {num_microbatches}")
+                        f"this run has {job.stages} x {job.microbatches}")
     try:
-        engine_order_dag(plan.orders(), num_microbatches)
+        engine_order_dag(plan.orders(), job.microbatches)
     except ScheduleError as exc:
         raise PlanError(f"{path}: {exc}") from None
     file_digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-    p = plan.predicted
+    p, n = plan.predicted, job.replicas
     predicted = None
     if {"iteration_time_s", "energy_j", "baseline_time_s", "baseline_energy_j"} <= set(p):
         predicted = S.PredictedComparison(
-            p["iteration_time_s"], p["energy_j"] * replicas, p["baseline_time_s"], p["baseline_energy_j"] * replicas,
+            p["iteration_time_s"], p["energy_j"] * n, p["baseline_time_s"], p["baseline_energy_j"] * n,
             1.0 - p["energy_j"] / p["baseline_energy_j"], p["iteration_time_s"] / p["baseline_time_s"] - 1.0,
             f"the plan file's own prediction (simulated, {path})")
-    info = S.PlanInfo(plan.policy, plan.schedule, f"plan file {path} (sha256 {file_digest})", plan_digest(plan), None,
-                      _unit_names(plan), plan.clocks(), None, [], True)
     own = p.get("iteration_time_s")  # the plan file's prediction knows its clocks; the calibrated one assumes max
-    return Decision(Origin.PLAN_FILE, {d: plan for d in range(replicas)}, info, predicted,
-                    own if own is not None else predict_time(plan.orders(), cal), None, None)
+    return Decision(Origin.PLAN_FILE, f"plan file {path} (sha256 {file_digest})", plan.policy, plan.schedule,
+                    {d: plan for d in range(n)}, True, predicted=predicted,
+                    predicted_time_s=own if own is not None else predict_time(plan.orders(), cal))
 
 
-def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal: Calibration, f_max: int,
-                 replicas: int, memory: Sequence[S.MemoryUse] | None) -> Decision:
+def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: Calibration, memory: Sequence[S.MemoryUse]) -> Decision:
     """EnvPipe's `baseline` policy: its order from measured unit times (or 1F1B), every clock at max."""
-    P, M = num_stages, num_microbatches
-    refused: list[str] = []
+    P, M = job.stages, job.microbatches
     model, only_1f1b = usable_memory(memory)
     if cfg.scheduling == "1f1b" or only_1f1b:
         orders, r = one_f_one_b(P, M), [0] * P
@@ -186,24 +213,20 @@ def envpipe_rule(cfg: EnvPipeConfig, num_stages: int, num_microbatches: int, cal
         r = reschedule_counts(cal.bwd_s, cal.fwd_s, M, caps)
         refused = memory_refusals(uncapped, r, memory, M)
         orders = envpipe_schedule(P, M, r)
-    plan = all_max(orders, f_max, cfg.scheduling, "baseline")
-    info = S.PlanInfo("baseline", order_name(r), "EnvPipe's rule on the calibration's unit times",
-                      plan_digest(plan), None, _unit_names(plan), plan.clocks(), list(memory or []) or None, refused,
-                      True)
-    return Decision(Origin.RULE, {d: plan for d in range(replicas)}, info, None, predict_time(orders, cal), None,
-                    None)
+    plan = Plan.at_one_clock(orders, job.f_max, cfg.scheduling, "baseline")
+    return Decision(Origin.RULE, "EnvPipe's rule on the calibration's unit times", "baseline", order_name(r),
+                    {d: plan for d in range(job.replicas)}, True, memory=tuple(memory), refused=tuple(refused),
+                    predicted_time_s=predict_time(orders, cal))
 
 
-def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, overheads: Overheads,
-                 replicas: int, memory: Sequence[S.MemoryUse] | None, deployed: bool,
-                 online_reconfig: bool) -> Decision:
+def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: Calibrated) -> Decision:
     """The optimal planner (default) or one of EnvPipe's policies on ``profile``, with the measured overheads
-    (transfer, tails, each stage's blocking and tail power)."""
-    M = num_microbatches
+    (transfer, tails, each stage's blocking and tail power) and memory."""
+    M, memory = job.microbatches, calibrated.memory
     model, only_1f1b = usable_memory(memory)
     schedule = "1f1b" if only_1f1b else cfg.scheduling
     refused = over_memory(memory, M)
-    case = PipelineCase(profile, M, overheads, model)
+    case = PipelineCase(profile, M, calibrated.overheads(), model)
     if cfg.type == "optimal":
         from envpipe.plan.optimal import candidate_orders, optimal_plan
 
@@ -218,21 +241,21 @@ def with_planner(cfg: EnvPipeConfig, profile: Profile, num_microbatches: int, ov
     else:
         from envpipe.plan.planner import make_plan
 
+        online = job.controls and cfg.reconfig_method != "default"  # the run raises clocks itself afterwards
+
         def planned(memory_model: StageMemory | None, order: str) -> Any:
             return make_plan(replace(case, memory=memory_model), order, cfg.type,
-                             Reconfig("default" if online_reconfig else cfg.reconfig_method), cfg.gpu or "all")
+                             Reconfig("default" if online else cfg.reconfig_method), cfg.gpu or "all")
 
         made = planned(model, schedule)
         plan, timeline, base_tl, r, budget = made.plan, made.timeline, made.baseline, made.reschedule, None
         if model is not None and cfg.scheduling == "envpipe":
             refused += memory_refusals(planned(None, "envpipe").reschedule, r, memory, M)
-    top = None if deployed else max(profile.freqs.max(), 1)  # clocks not profiled here: the one-clock path
-    predicted = _predicted(timeline, base_tl, replicas, profile.source, plan, None if top is None else float(top))
-    info = S.PlanInfo(plan.policy, order_name(r), f"planner ({cfg.type}) on a profile: {profile.source}",
-                      plan_digest(plan), budget, _unit_names(plan), plan.clocks(), list(memory or []) or None,
-                      refused, deployed)
-    return Decision(Origin.PLANNER, {d: plan for d in range(replicas)}, info, predicted, timeline.iteration_time,
-                    profile, None)
+    top = None if job.controls else float(max(profile.freqs.max(), 1))  # clocks not profiled here: one-clock path
+    return Decision(Origin.PLANNER, f"planner ({cfg.type}) on a profile: {profile.source}", plan.policy,
+                    order_name(r), {d: plan for d in range(job.replicas)}, job.controls, budget, tuple(memory),
+                    tuple(refused), _predicted(timeline, base_tl, job.replicas, profile.source, plan, top),
+                    timeline.iteration_time, profile)
 
 
 def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: int, overheads: Overheads,
@@ -253,37 +276,24 @@ def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: in
     return replace(decision, plans=plans, straggler_rule=rule)
 
 
-def replanned(decision: Decision, plan: Plan, order: str, profile: Profile, overheads: Overheads, replicas: int,
-              budget_s: float | None) -> Decision:
-    """The decision with a re-planned (or raised) plan for every replica, re-predicted on ``profile``."""
-    case = PipelineCase(profile, plan.num_microbatches, overheads)
+def replanned(decision: Decision, plan: Plan, order: str, case: PipelineCase, budget_s: float | None) -> Decision:
+    """The decision with a re-planned (or raised) plan for every replica, re-predicted on ``case``."""
     tl, base = evaluate_plan(plan, case), baseline_timeline(case)
-    info = S.PlanInfo(decision.info.policy, order, decision.info.source, plan_digest(plan), budget_s,
-                      _unit_names(plan), plan.clocks(), decision.info.memory, decision.info.refused_orders,
-                      decision.info.deployed)
-    return replace(decision, plans={d: plan for d in decision.plans}, info=info,
-                   predicted=_predicted(tl, base, replicas, profile.source), predicted_time_s=tl.iteration_time,
-                   profile=profile)
+    replicas = len(decision.plans)
+    return replace(decision, plans={d: plan for d in decision.plans}, order=order, budget_s=budget_s,
+                   predicted=_predicted(tl, base, replicas, case.profile.source), predicted_time_s=tl.iteration_time,
+                   profile=case.profile)
 
 
-def _unit_names(plan: Plan) -> list[list[str]]:
-    return [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages]
-
-
-def choose(cfg: EnvPipeConfig, shape: tuple[int, int, int], profile: Profile | None, cal: Calibration,
-           overheads: Overheads, memory: Sequence[S.MemoryUse], straggler: int | None, controls: bool,
-           f_max: int) -> Decision:
-    """Rank 0's decision: a plan file, EnvPipe's rule, or the planner on ``profile`` (``shape``: stages,
-    micro-batches, data-parallel replicas)."""
-    P, M, dp = shape
+def choose(cfg: EnvPipeConfig, job: Job, calibrated: Calibrated, profile: Profile | None) -> Decision:
+    """Rank 0's decision: a plan file, EnvPipe's rule, or the planner on ``profile``."""
     if cfg.plan:
-        return from_plan_file(cfg.plan, P, M, cal, dp)
+        return from_plan_file(cfg.plan, job, calibrated.timing)
     if profile is None:
-        return envpipe_rule(cfg, P, M, cal, f_max, dp, memory)
-    if profile.num_stages != P:
-        raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {P}")
-    online = controls and cfg.reconfig_method != "default"
-    chosen = with_planner(cfg, profile, M, overheads, dp, memory, controls, online)
-    if straggler is not None and cfg.straggler == "frontier" and dp > 1:
-        chosen = with_straggler_rule(chosen, profile, straggler, overheads, cfg.scheduling)
+        return envpipe_rule(cfg, job, calibrated.timing, calibrated.memory)
+    if profile.num_stages != job.stages:
+        raise ValueError(f"profile {profile.source} has {profile.num_stages} stages, the pipeline {job.stages}")
+    chosen = with_planner(cfg, job, profile, calibrated)
+    if calibrated.straggler is not None and cfg.straggler == "frontier" and job.replicas > 1:
+        chosen = with_straggler_rule(chosen, profile, calibrated.straggler, calibrated.overheads(), cfg.scheduling)
     return chosen

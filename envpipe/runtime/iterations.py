@@ -48,14 +48,15 @@ class IterationLog:
     """This rank's iterations, written as JSON lines once their energy is known, then handed to ``on_done``
     in order (the steady phase's record and the monitor keep what they need; the log keeps nothing)."""
 
-    def __init__(self, out_dir: str | Path, rank: int, stage: int, meter: EnergyMeter | None, energy: str,
-                 time_label: str, on_done: Callable[[Iteration], None]) -> None:
-        path = Path(out_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        self.stage, self.meter, self.energy, self.time_label = stage, meter, energy, time_label
+    def __init__(self, path: Path, stage: int, meter: EnergyMeter | None, labels: tuple[str, str],
+                 on_done: Callable[[Iteration], None]) -> None:
+        """``labels``: what the energy and the time are (measured, or simulated from which model)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.stage, self.meter = stage, meter
+        self.energy, self.time_label = labels
         self._on_done = on_done
         self._waiting: list[Iteration] = []
-        self._file = (path / f"iterations.rank{rank}.jsonl").open("a")
+        self._file = path.open("a")
 
     def add(self, it: Iteration) -> None:
         self._waiting.append(it)

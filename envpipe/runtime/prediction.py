@@ -24,18 +24,19 @@ from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import all_max
+from envpipe.runtime.decide import Decided
 
 
 def ran(plan: Plan, order_only: bool, f_max: int) -> Plan:
     """What the steady phase ran: the plan, or its order with every clock left at the top (default) clock."""
-    return all_max(plan.orders(), f_max, plan.schedule, plan.policy) if order_only else plan
+    return Plan.at_one_clock(plan.orders(), f_max, plan.schedule, plan.policy) if order_only else plan
 
 
-def energy_prediction(records: Sequence[RankRecord], runs: str, plan: Plan, profile: Profile | None,
-                      calibrated: Calibrated, energy: str) -> S.EnergyPrediction | None:
-    """The energy model's prediction for ``plan`` (what ran) against every GPU's measured steady energy; None
-    without a profile, measured powers, or a measured energy on every GPU."""
+def energy_prediction(records: Sequence[RankRecord], runs: str, plan: Plan, decided: Decided, energy: str
+                      ) -> S.EnergyPrediction | None:
+    """The energy model's prediction for ``plan`` (what ran) on the profile the run planned on, against every
+    GPU's measured steady energy; None without a profile, measured powers, or a measured energy on every GPU."""
+    profile, calibrated = decided.decision.profile, decided.calibrated
     if profile is None or calibrated.blocking_power_w is None or calibrated.tail_power_w is None:
         return None
     measured: dict[int, float] = {}

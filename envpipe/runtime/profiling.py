@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
 from envpipe.profile.clockfit import profile_clocks
@@ -20,7 +21,6 @@ from envpipe.profile.from_measured import profile_from_clocks, profile_from_meas
 from envpipe.runtime import replicas
 from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.collective import progress
-from envpipe.runtime.decide import all_max
 from envpipe.runtime.iterations import BASELINE
 from envpipe.runtime.rig import Phase, Rig, Step
 
@@ -46,7 +46,7 @@ def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
     progress(f"profile: one 1F1B iteration at each of {', '.join(map(str, clocks))} MHz")
     orders, rows = one_f_one_b(rig.P, rig.M), []
     for mhz in clocks:
-        m = yield Step(all_max(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
+        m = yield Step(Plan.at_one_clock(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
         split = rig.energy(m.timing)
         gathered = rig.gather((m.timing, None if split is None else (split.fwd_j, split.bwd_j)))
         its = [[(w, t) for w, (t, _) in gathered]]

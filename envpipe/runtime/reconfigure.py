@@ -95,29 +95,31 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
         if over <= max(TOLERANCE, noise):
             reason = f"within budget: {runner_note}"
             break
-        chosen = collective.decided(partial(_replan, rig, chosen, overheads, iterations, plan, over))
-        collective.progress(f"reconfigure: {runner_note} over the budget; re-planned ({chosen.info.order})")
+        chosen = collective.decided(partial(_replan, rig, chosen, overheads, iterations, over))
+        collective.progress(f"reconfigure: {runner_note} over the budget; re-planned ({chosen.order})")
     else:
         profile = chosen.profile
         assert profile is not None
-        chosen = decide.replanned(chosen, rig.baseline, "1f1b", profile, overheads, rig.dp, chosen.info.budget_s)
+        chosen = decide.replanned(chosen, rig.baseline, "1f1b", PipelineCase(profile, rig.M, overheads),
+                                  chosen.budget_s)
     target = cfg.time_budget_s
     return chosen, S.Reconfiguration("replan", rounds, target, reason, None)
 
 
-def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], plan: Plan,
-            over: float) -> decide.Decision:
+def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], over: float
+            ) -> decide.Decision:
     """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess; a budget
     tighter than the fastest plan becomes the fastest plan's time: the least energy at the fastest iteration
     still slows down units off the critical path (only 1F1B all-max would give that up)."""
     from envpipe.plan.lp import InfeasibleBudget
     from envpipe.plan.optimal import optimal_plan, order_problems
 
-    assert chosen.profile is not None and chosen.info.budget_s is not None
+    assert chosen.profile is not None and chosen.budget_s is not None
+    plan = chosen.plan_for(rig.place.replica)
     timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == PLAN]
     profile = corrected_profile(chosen.profile, plan, timings)
-    budget = chosen.info.budget_s / (1.0 + over)
-    model, only_1f1b = decide.usable_memory(chosen.info.memory)
+    budget = chosen.budget_s / (1.0 + over)
+    model, only_1f1b = decide.usable_memory(chosen.memory)
     schedule = "1f1b" if only_1f1b else rig.cfg.scheduling
     case = PipelineCase(profile, rig.M, overheads, model)
     _, problems = order_problems(case, schedule)
@@ -125,8 +127,8 @@ def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations:
     try:
         result = optimal_plan(case, schedule, budget)
     except InfeasibleBudget:  # no order fits the memory: nothing to save
-        return decide.replanned(chosen, rig.baseline, "1f1b", profile, overheads, rig.dp, budget)
-    return decide.replanned(chosen, result.plan, decide.order_name(result.reschedule), profile, overheads, rig.dp,
+        return decide.replanned(chosen, rig.baseline, "1f1b", replace(case, memory=None), budget)
+    return decide.replanned(chosen, result.plan, decide.order_name(result.reschedule), replace(case, memory=None),
                             budget)
 
 
@@ -175,8 +177,8 @@ def raise_measured(rig: Rig, chosen: decide.Decision, calibrated: Calibrated, me
             break
     chosen = replace(chosen, plans={d: raised for d in chosen.plans})
     if rig.place.rank == 0 and chosen.profile is not None:  # re-predict the raised plan on the profile
-        chosen = decide.replanned(chosen, raised, chosen.info.order, _with_clocks_of(chosen.profile, raised),
-                                  calibrated.overheads(), rig.dp, None)
+        case = PipelineCase(_with_clocks_of(chosen.profile, raised), rig.M, calibrated.overheads())
+        chosen = decide.replanned(chosen, raised, chosen.order, case, None)
     return chosen, record
 
 

@@ -24,7 +24,6 @@ from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import collective
 from envpipe.runtime.clocks import Clock, make_meter, simulated_gpu
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import all_max
 from envpipe.runtime.memory import device_limit, static_bytes
 from envpipe.runtime.timing import StageTiming
 
@@ -79,7 +78,7 @@ class Rig:
         self.meter = make_meter(clock)
         self.sim = simulated_gpu(clock)  # CPU: times are the simulated GPU's virtual time
         self.f_max = clock.supported_mhz[0] if clock is not None else 0
-        self.baseline = all_max(one_f_one_b(self.P, self.M), self.f_max, "1f1b", "baseline")
+        self.baseline = Plan.at_one_clock(one_f_one_b(self.P, self.M), self.f_max, "1f1b", "baseline")
         self.samples_per_iteration = engine.train_batch_size()
 
     @property

@@ -17,7 +17,7 @@ order, so the phases' collectives meet.
   the report compares measured with measured, for as long as the user's loop runs; the report is rewritten
   at intervals.
 
-What was decided (`Planned`) travels in DeepSpeed checkpoints (envpipe.runtime.state): a resumed job goes
+What was decided (`Decided`) travels in DeepSpeed checkpoints (envpipe.runtime.state): a resumed job goes
 straight to the steady plan unless the job's shape or model changed.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from envpipe.runtime import collective, decide, prediction, state
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated, calibrate
 from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
-from envpipe.runtime.collect import RankRecord, assemble
+from envpipe.runtime.collect import RankRecord, Reported, assemble
 from envpipe.runtime.collective import progress
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
 from envpipe.runtime.iterations import PLAN, Iteration, IterationLog
@@ -53,15 +53,6 @@ log = logging.getLogger(__name__)
 SLOW_FACTOR = 2.0  # a measured iteration this many times its prediction gets one warning line
 
 
-@dataclass(frozen=True)
-class Planned:
-    """What the phases decided: kept for the report and carried in checkpoints."""
-
-    calibrated: Calibrated
-    decision: decide.Decision
-    reconfiguration: S.Reconfiguration | None
-
-
 class EnvPipeRun:
     def __init__(self, engine: Any, cfg: EnvPipeConfig, clock: Clock | None) -> None:
         self.engine, self.cfg, self.clock = engine, cfg, clock
@@ -70,7 +61,7 @@ class EnvPipeRun:
         monitor = engine.monitor.write_events if getattr(engine, "monitor", None) and engine.monitor.enabled else None
         self.monitor = MonitorFeed(monitor, "simulated" if sim else "measured", sim)
         self.log: IterationLog | None = None  # opened at the first iteration (a resumed run appends)
-        self.planned: Planned | None = None
+        self.planned: decide.Decided | None = None
         self.record: SteadyRecord | None = None
         self.summary: S.RunSummary | None = None  # rank 0: the latest report written
         self.resumed = False
@@ -125,8 +116,8 @@ class EnvPipeRun:
             path = Path(self.cfg.report_dir) / f"iterations.rank{self.rig.place.rank}.jsonl"
             if not self.resumed and path.exists():
                 path.unlink()  # a new run: its own lines only
-            self.log = IterationLog(self.cfg.report_dir, self.rig.place.rank, self.engine.stage_id, self.rig.meter,
-                                    energy_label(self.clock), time_label(self.clock), self._done)
+            self.log = IterationLog(path, self.engine.stage_id, self.rig.meter,
+                                    (energy_label(self.clock), time_label(self.clock)), self._done)
         return self.log
 
     def _done(self, it: Iteration) -> None:
@@ -164,17 +155,16 @@ class EnvPipeRun:
         meter.trace.trim(keep if oldest is None else min(keep, oldest))
 
     # --- the phases -----------------------------------------------------------------------------------
-    def _phases(self, restored: Planned | None, done_pairs: int) -> Phase[None]:
+    def _phases(self, restored: decide.Decided | None, done_pairs: int) -> Phase[None]:
         rig, cfg = self.rig, self.cfg
         if restored is None:
             calibrated = yield from calibrate(rig)
             profile = yield from stage_profile(rig, calibrated)
-            chosen = collective.decided(lambda: decide.choose(
-                cfg, (rig.P, rig.M, rig.dp), profile, calibrated.timing, calibrated.overheads(), calibrated.memory,
-                calibrated.straggler, rig.controls, rig.f_max))
-            progress(f"decide: {chosen.info.policy}, order {chosen.info.order}; from {chosen.info.source}")
+            job = decide.Job(rig.P, rig.M, rig.dp, rig.controls, rig.f_max)
+            chosen = collective.decided(lambda: decide.choose(cfg, job, calibrated, profile))
+            progress(f"decide: {chosen.policy}, order {chosen.order}; from {chosen.source}")
             chosen, reconfiguration = yield from self._reconfigure(chosen, calibrated)
-            self.planned = Planned(calibrated, chosen, reconfiguration)
+            self.planned = decide.Decided(calibrated, chosen, reconfiguration)
         else:
             self.planned = restored
         plan, main, pairs = what_runs(rig, self.planned.decision)
@@ -229,10 +219,9 @@ class EnvPipeRun:
         flops = self.rig.gather(None if self.rig.sim is None else self.rig.sim.unit_flops)
         if collective.rank() != 0:
             return
-        summary = assemble(everyone, self.cfg, self.clock, planned.decision, planned.calibrated.report,
-                           planned.reconfiguration, planned.calibrated.timing, self.rig.samples_per_iteration,
-                           self.rig.M, planned.calibrated.straggler, steady_main=record.main,
-                           wall_times=[it.wall_time for it in record.iterations() if it.runs == record.main])
+        reported = Reported("envpipe", record.main, self.rig.samples_per_iteration, self.rig.M,
+                            [it.wall_time for it in record.iterations() if it.runs == record.main])
+        summary = assemble(everyone, self.cfg, self.clock, planned, reported)
         summary = replace(summary, energy=self._energy_prediction(everyone), oracle=self._oracle(flops))
         from envpipe.runtime.report import write_report
 
@@ -248,8 +237,7 @@ class EnvPipeRun:
         assert self.planned is not None and self.record is not None
         record, rig = self.record, self.rig
         what = prediction.ran(record.runs, not rig.controls, rig.f_max) if record.main == PLAN else rig.baseline
-        return prediction.energy_prediction(records, record.main, what, self.planned.decision.profile,
-                                            self.planned.calibrated, energy_label(self.clock))
+        return prediction.energy_prediction(records, record.main, what, self.planned, energy_label(self.clock))
 
     def _oracle(self, flops: list[tuple[collective.Place, dict[str, float] | None]]) -> S.OracleComparison | None:
         """On simulated GPUs: the saving a planner knowing their hidden truth finds (computed once per plan)."""
@@ -272,8 +260,7 @@ class EnvPipeRun:
         if self.planned is None or self.record is None or collective.rank() != 0:
             return
         done = min(self.record.pairs, len(self.record.compared) // 2)
-        p = self.planned
-        state.save(folder, state.to_state(self.shape, p.calibrated, p.decision, p.reconfiguration, done))
+        state.save(folder, state.to_state(self.shape, self.planned, done))
 
     def load_state(self, folder: Path) -> None:
         """Resume from a checkpoint's folder in its steady plan, or say in one line why not and start the phases
@@ -285,11 +272,10 @@ class EnvPipeRun:
         elif diffs := self.shape.differences(found.shape):
             why = f"the job changed since checkpoint {folder} ({'; '.join(diffs)})"
         else:
-            calibrated, decision, reconfiguration = state.from_state(found)
-            restored, pairs = Planned(calibrated, decision, reconfiguration), found.pairs_done
+            restored, pairs = state.from_state(found), found.pairs_done
             why = ""
         progress(f"resume: {why}; calibrating and profiling again" if restored is None else
-                 f"resume: the steady plan of checkpoint {folder} ({restored.decision.info.order}), no profiling")
+                 f"resume: the steady plan of checkpoint {folder} ({restored.decision.order}), no profiling")
         self.resumed = True
         self._program.close()
         self._program = self._phases(restored, pairs)

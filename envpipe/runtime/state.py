@@ -24,7 +24,7 @@ from envpipe.plan.planfile import Plan
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.decide import Decision, Origin
+from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.timing import Calibration
 
 STATE_FILE = "envpipe_state.json"
@@ -96,21 +96,21 @@ def model_digest(named_parameters: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def to_state(shape: JobShape, calibrated: Calibrated, decision: Decision, reconfiguration: S.Reconfiguration | None,
-             pairs_done: int) -> RunState:
+def to_state(shape: JobShape, decided: Decided, pairs_done: int) -> RunState:
+    decision = decided.decision
     profile = decision.profile
     saved = None if profile is None else SavedProfile(
         [int(f) for f in profile.freqs], _rows(profile.fwd_time), _rows(profile.bwd_time), _rows(profile.fwd_energy),
         _rows(profile.bwd_energy), profile.source)
-    c = calibrated
+    c = decided.calibrated
     return RunState(STATE_VERSION, shape, dataclasses.asdict(c.timing), c.report, c.memory,
                     [{k: float(v) for k, v in row.items()} for row in c.unit_energies], c.straggler, c.idle_power_w,
                     c.blocking_power_w, c.tail_power_w, decision.origin.value,
                     {str(d): p.to_json() for d, p in decision.plans.items()}, decision.info, decision.predicted,
-                    decision.predicted_time_s, saved, decision.straggler_rule, reconfiguration, pairs_done)
+                    decision.predicted_time_s, saved, decision.straggler_rule, decided.reconfiguration, pairs_done)
 
 
-def from_state(state: RunState) -> tuple[Calibrated, Decision, S.Reconfiguration | None]:
+def from_state(state: RunState) -> Decided:
     calibrated = Calibrated(Calibration(**state.calibration), state.calibration_report, list(state.memory),
                             [dict(row) for row in state.unit_energies], state.straggler, state.idle_power_w,
                             state.blocking_power_w, state.tail_power_w)
@@ -118,9 +118,12 @@ def from_state(state: RunState) -> tuple[Calibrated, Decision, S.Reconfiguration
     profile = None if p is None else Profile(np.asarray(p.freqs), np.asarray(p.fwd_time, float),
                                              np.asarray(p.bwd_time, float), np.asarray(p.fwd_energy, float),
                                              np.asarray(p.bwd_energy, float), p.source)
-    decision = Decision(Origin(state.origin), {int(d): Plan.from_json(j) for d, j in state.plans.items()},
-                        state.info, state.predicted, state.predicted_time_s, profile, state.straggler_rule)
-    return calibrated, decision, state.reconfiguration
+    info = state.info
+    decision = Decision(Origin(state.origin), info.source, info.policy, info.order,
+                        {int(d): Plan.from_json(j) for d, j in state.plans.items()}, info.deployed, info.budget_s,
+                        tuple(info.memory or ()), tuple(info.refused_orders), state.predicted, state.predicted_time_s,
+                        profile, state.straggler_rule)
+    return Decided(calibrated, decision, state.reconfiguration)
 
 
 def _rows(table: Any) -> list[list[float]]:

@@ -20,7 +20,7 @@ import torch
 
 from envpipe.runtime import collective
 from envpipe.runtime.clocks import NvmlEnergyClock, make_meter
-from envpipe.runtime.collect import RankRecord, assemble
+from envpipe.runtime.collect import RankRecord, Reported, assemble
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.iterations import BASELINE
 from envpipe.runtime.report import write_report
@@ -65,8 +65,8 @@ class StockRecorder:
                 closing.close()
         if collective.rank() != 0:
             return None
-        summary = assemble(everyone, EnvPipeConfig(), self.clock, None, None, None, None,
-                           int(self.engine.train_batch_size()), int(self.engine.micro_batches), None, engine=ENGINE,
-                           wall_times=[w for *_, w in self.spans])
+        reported = Reported(ENGINE, BASELINE, int(self.engine.train_batch_size()), int(self.engine.micro_batches),
+                            [w for *_, w in self.spans])
+        summary = assemble(everyone, EnvPipeConfig(), self.clock, None, reported)
         write_report(self.report_dir, summary)
         return summary

@@ -5,22 +5,25 @@ stragglers), and the shape and setting errors."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collect import RankRecord, job_summary
 from envpipe.runtime.collective import Place, portable
 from envpipe.runtime.config import EnvPipeConfigError, parse
+from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.iterations import BASELINE, PLAN
 from tests.launch.test_ssh import _launch as launch_ssh
 from tests.runtime.test_pipeline import WORKER, _orders, run_pipeline
 from tests.support import netns_hosts
-from tests.support.runtime_summary import iterations, read_summary, sample_summary
+from tests.support.runtime_summary import iterations, read_summary, sample_calibrated, sample_summary
 
 M = 4
 
@@ -131,7 +134,7 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
     text = render(summary, tmp_path / "runtime")  # what the example prints
     assert "job: DP2 x PP2, 4 GPUs on 1 node(s)" in text and "straggler: replica 1" in text
     assert "straggler rule: the other replicas run a frontier plan" in text
-    assert "stage 1 per replica (measured): all-reduce" in text
+    assert "stage 1 per replica (simulated GPU): all-reduce" in text
 
 
 @pytest.mark.slow
@@ -211,6 +214,15 @@ def test_slowest_replica_per_stage_and_shortest_tail() -> None:
         replicas.slowest_per_stage(entries, 3)
 
 
+def _decided(tails: list[float], straggler: int | None) -> Decided:
+    """What a run decided, as far as the job summary reads it: the simulated tails and the straggler found."""
+    calibrated = sample_calibrated(len(tails))
+    timing = replace(calibrated.timing, tail_s=tails, head_s=0.0)
+    plan = Plan.at_one_clock(one_f_one_b(len(tails), 2), 1410, "1f1b", "baseline")
+    decision = Decision(Origin.RULE, "test", "baseline", "1f1b", {0: plan, 1: plan}, True)
+    return Decided(replace(calibrated, timing=timing, straggler=straggler), decision, None)
+
+
 def test_job_summary_sums_every_gpu_of_every_node() -> None:
     def record(rank: int, stage: int, replica: int, node: int, joules: float, end: float) -> RankRecord:
         steady = [(PLAN, end, joules), (BASELINE, end, 2 * joules), (PLAN, end, joules)]  # baselines do not count
@@ -219,15 +231,15 @@ def test_job_summary_sums_every_gpu_of_every_node() -> None:
 
     records = [record(0, 0, 0, 0, 10.0, 0.8), record(1, 0, 1, 0, 11.0, 0.8),
                record(2, 1, 0, 2, 12.0, 0.8), record(3, 1, 1, 2, 13.0, 1.0)]
-    job = job_summary(records, [0.15, 0.25], 0.05, None, None)
+    job = job_summary(records, 0.05, _decided([0.15, 0.25], None))
     assert [n.energy_per_iteration_j for n in job.nodes] == [21.0, 25.0]
     assert [n.ranks for n in job.nodes] == [[0, 1], [2, 3]]
     assert [r.energy_per_iteration_j for r in job.replicas] == [22.0, 24.0]
     assert job.straggler_replica == 1 and job.plans_identical_across_replicas
     assert job.straggler_seen_in == "steady iterations"
     calm = [record(0, 0, 0, 0, 10.0, 0.8), record(1, 0, 1, 0, 11.0, 0.8)]
-    assert job_summary(calm, [0.1], 0.05, None, None).straggler_replica is None
-    kept = job_summary(calm, [0.1], 0.05, 1, None)  # the others slowed down to match it
+    assert job_summary(calm, 0.05, _decided([0.1], None)).straggler_replica is None
+    kept = job_summary(calm, 0.05, _decided([0.1], 1))  # the others slowed down to match it
     assert kept.straggler_replica == 1 and kept.straggler_seen_in == "calibration/profiling"
     assert [r.straggler for r in kept.replicas] == [False, True]
     assert job.tails[1] == S.StageTail(1, [0.1, 0.1], [0.2, 0.2], 0.25)

@@ -6,26 +6,28 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import prediction, state
-from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import Decision, Origin, all_max
+from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.entry import EnvPipeSetupError, _without_config, read_config, settings
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.monitor import Finished, MonitorFeed
 from envpipe.runtime.steady import SteadyRecord
 from envpipe.runtime.timing import Calibration
 from envpipe.simgpu import JobTruth
+from tests.support.runtime_summary import sample_calibrated
 
 
 def test_config_as_deepspeed_takes_it(tmp_path: Path) -> None:
@@ -65,7 +67,7 @@ def _it(index: int, runs: str, energy: float | None = 1.0, phase: str = "steady"
 
 
 def test_steady_record_keeps_the_window_and_a_bounded_tail() -> None:
-    plan = all_max(one_f_one_b(2, 4), 1410, "1f1b", "optimal")
+    plan = Plan.at_one_clock(one_f_one_b(2, 4), 1410, "1f1b", "optimal")
     record = SteadyRecord(plan, PLAN, pairs=2)
     window = comparison_pattern(4, 2)
     assert window == [PLAN, BASELINE, BASELINE, PLAN]
@@ -94,32 +96,23 @@ def test_monitor_events_of_the_job_per_iteration() -> None:
     assert not any("energy" in tag for tag, _, _ in unknown)  # no counter yet: no energy event
 
 
-def _calibrated(P: int = 2) -> Calibrated:
-    cal = Calibration([0.01] * P, [0.02] * P, [0.0] * P, 0.001, [0.005] * P, 0.0)
-    spread = S.Spread.of([0.2])
-    assert spread is not None
-    report = S.Calibration(1, spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s, cal.head_s,
-                           [None] * P, 80.0, [90.0] * P, [200.0] * P)
-    memory = [S.MemoryUse(1024, 2048, None, None, None, P - s) for s in range(P)]
-    energies = [{"F": 0.01, "B": 0.02, "F_j": 2.0, "B_j": float("nan")} for _ in range(P)]
-    return Calibrated(cal, report, memory, energies, None, 80.0, [90.0] * P, [200.0] * P)
-
-
 def test_checkpointed_state_round_trip_and_what_changed(tmp_path: Path) -> None:
     profile = load_profile(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
     sub = type(profile)(profile.freqs, profile.fwd_time[:2], profile.bwd_time[:2], profile.fwd_energy[:2],
                         profile.bwd_energy[:2], "two stages")
-    plan = all_max(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
-    info = S.PlanInfo("optimal", "envpipe", "planner", "d", 1.0, [["F0"]], plan.clocks(), None, [], True)
-    decision = Decision(Origin.PLANNER, {0: plan, 1: plan}, info, None, 0.2, sub, None)
+    plan = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
+    decision = Decision(Origin.PLANNER, "planner", "optimal", "envpipe", {0: plan, 1: plan}, True, 1.0,
+                        predicted_time_s=0.2, profile=sub)
     shape = state.JobShape(4, 2, 2, 4, 2, ["a", "b"])
-    state.save(tmp_path, state.to_state(shape, _calibrated(), decision, None, 1))
+    state.save(tmp_path, state.to_state(shape, Decided(sample_calibrated(), decision, None), 1))
     loaded = state.load(tmp_path)
     assert isinstance(loaded, state.RunState) and loaded.pairs_done == 1 and loaded.shape == shape
-    calibrated, again, reconf = state.from_state(loaded)
-    assert again.origin == Origin.PLANNER and again.plans[1].orders() == plan.orders() and reconf is None
+    restored = state.from_state(loaded)
+    calibrated, again = restored.calibrated, restored.decision
+    assert again == replace(decision, profile=again.profile) and again.info == decision.info
+    assert restored.reconfiguration is None
     assert again.profile is not None and np.array_equal(again.profile.fwd_time, sub.fwd_time)
-    assert calibrated.timing == _calibrated().timing and np.isnan(calibrated.unit_energies[0]["B_j"])
+    assert calibrated.timing == sample_calibrated().timing and np.isnan(calibrated.unit_energies[0]["B_j"])
     assert shape.differences(state.JobShape(4, 2, 2, 8, 2, ["a", "b"])) == ["microbatches 8 -> 4"]
     assert shape.differences(state.JobShape(4, 2, 2, 4, 2, ["a", "x"])) == ["the model's parameters on stage(s) [1]"]
 
@@ -143,7 +136,7 @@ def test_energy_model_charges_each_phase_at_its_power() -> None:
 
     one = np.ones((2, 1))
     profile = Profile(np.array([1000]), one, 2 * one, 100 * one, 400 * one, "worked")
-    plan = all_max(one_f_one_b(2, 2), 1000, "1f1b", "baseline")
+    plan = Plan.at_one_clock(one_f_one_b(2, 2), 1000, "1f1b", "baseline")
     overheads = Overheads.broadcast(2, 50.0, 0.0, 0.5, 300.0)
     tl = evaluate_plan(plan, PipelineCase(profile, 2, overheads))
     energy = tl.stage_energy
@@ -154,12 +147,15 @@ def test_energy_model_charges_each_phase_at_its_power() -> None:
                         [], "d", [], [], [])
     other = RankRecord(Place(1, 1, 0, "h", 0), [(PLAN, tl.iteration_time, float(energy[1]))], None, None, [], "d", [],
                        [], [])
-    calibrated = Calibrated(Calibration([1.0] * 2, [2.0] * 2, [0.0] * 2, 0.0, [0.5] * 2, 0.0), _calibrated().report,
-                            [], [], None, 50.0, [50.0] * 2, [300.0] * 2)
-    e = prediction.energy_prediction([record, other], PLAN, plan, profile, calibrated, "measured (NVML counter)")
+    calibrated = Calibrated(Calibration([1.0] * 2, [2.0] * 2, [0.0] * 2, 0.0, [0.5] * 2, 0.0),
+                            sample_calibrated().report, [], [], None, 50.0, [50.0] * 2, [300.0] * 2)
+    decision = Decision(Origin.RULE, "worked", "baseline", "1f1b", {0: plan, 1: plan}, True, profile=profile)
+    decided = Decided(calibrated, decision, None)
+    e = prediction.energy_prediction([record, other], PLAN, plan, decided, "measured (NVML counter)")
     assert e is not None and e.stages[0].error == pytest.approx(1 / 1.02 - 1) and e.stages[1].error == pytest.approx(0)
     assert e.predicted_j == pytest.approx(float(energy.sum()))
-    no_profile = prediction.energy_prediction([record, other], PLAN, plan, None, calibrated, "x")
+    no_profile = prediction.energy_prediction([record, other], PLAN, plan,
+                                              replace(decided, decision=replace(decision, profile=None)), "x")
     assert no_profile is None
 
 
@@ -167,11 +163,11 @@ def test_oracle_plans_on_the_truth_and_scores_the_runs_plan_there() -> None:
     truth_job = JobTruth.embedded(2)
     truth = truth_job.oracle_profile([(1e9, 2e9), (1e9, 2e9)])
     top = int(truth.freqs[0])
-    slow = all_max(one_f_one_b(2, 8), top, "1f1b", "optimal").with_clocks(
+    slow = Plan.at_one_clock(one_f_one_b(2, 8), top, "1f1b", "optimal").with_clocks(
         [[top] * 16, [855] * 16])  # a plan that slows stage 1 everywhere: over budget on the truth, but scored
     powers = ([truth_job.blocking_w] * 2, [2 * truth_job.blocking_w] * 2)
-    o = prediction.oracle_comparison(EnvPipeConfig(), truth, slow, _calibrated(), powers, "table")
+    o = prediction.oracle_comparison(EnvPipeConfig(), truth, slow, sample_calibrated(), powers, "table")
     assert 0 < o.energy_saving < 0.5 and o.source == "table"
-    top_plan = all_max(one_f_one_b(2, 8), top, "1f1b", "optimal")
-    same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, _calibrated(), powers, "t")
+    top_plan = Plan.at_one_clock(one_f_one_b(2, 8), top, "1f1b", "optimal")
+    same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, sample_calibrated(), powers, "t")
     assert same.planner_energy_saving == pytest.approx(0.0, abs=1e-12)  # the baseline itself saves nothing

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from envpipe.plan.dag import PipelineDag
+from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.plan.simulate import Overheads, simulate
-from envpipe.runtime.decide import all_max
 from envpipe.runtime.reconfigure import raise_clocks
 from envpipe.runtime.timing import StageTiming, calibrate, measured_timeline, predict_time
 
@@ -82,7 +82,7 @@ def test_online_reconfiguration_raises_slow_critical_units_until_the_envelope() 
     slow = 855
     clocks = [[1410 if (k, m) in (("F", 0), ("B", M - 1)) else slow for k, m in orders[0]], [1410] * 8]
     runs: list[list[list[int]]] = []
-    plan = all_max(orders, 1410, "envpipe", "envelope").with_clocks(clocks)
+    plan = Plan.at_one_clock(orders, 1410, "envpipe", "envelope").with_clocks(clocks)
 
     def run_iteration(now_plan, rnd: int):
         now = now_plan.clocks()
