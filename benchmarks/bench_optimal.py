@@ -23,13 +23,21 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the cases shared with the tests (tests/plan/optimal_cases.py)
+sys.path.insert(0, str(ROOT))  # benchmarks.common when run as a script
 
 from benchmarks.common import add_output_options, write_results  # noqa: E402
 from envpipe.plan.case import PipelineCase, Planned  # noqa: E402
 from envpipe.plan.evaluate import evaluate_plan  # noqa: E402
 from envpipe.plan.fold import identity_fold  # noqa: E402
 from envpipe.plan.frontier import frontier  # noqa: E402
+from envpipe.plan.instances import (  # noqa: E402
+    BLOCKING_POWER_W,
+    cut_down,
+    exact_energy,
+    random_case,
+    real_profile,
+    spread_clocks,
+)
 from envpipe.plan.lp import InfeasibleBudget, solve_relaxation  # noqa: E402
 from envpipe.plan.milp import MilpTimeout  # noqa: E402
 from envpipe.plan.optimal import build_problem, optimal_plan  # noqa: E402
@@ -38,10 +46,9 @@ from envpipe.plan.planner import make_plan  # noqa: E402
 from envpipe.plan.policies import POLICIES  # noqa: E402
 from envpipe.plan.reconfig import RECONFIGS, Reconfig  # noqa: E402
 from envpipe.plan.simulate import Timeline  # noqa: E402
-from tests.plan.optimal_cases import REAL, cut_down, milp_energy, random_case, real_profile, spread_clocks  # noqa: E402
 
 FRONTIERS = Path(os.environ.get("PERSEUS_FRONTIERS", "/work/shared/data/perseus_frontiers"))
-PROFILES = ("gpt3-175b+a100_sxm_bf16", "bloom+a40_bf16")  # shipped with the package; idle power: REAL
+PROFILES = ("gpt3-175b+a100_sxm_bf16", "bloom+a40_bf16")  # shipped with the package; idle power: BLOCKING_POWER_W
 # Perseus's least energy with its own time <= the exact 1F1B all-max time, read from its published frontiers
 # (ml-energy/zeus, branch kronos, sosp24_data/emulation/iteration_time_energy/, rows time,energy)
 PERSEUS_OTHER = {("bloom+a100_sxm_bf16", 12): 6316.46615047702,  # a100_sxm/bloom_bf16_mb12.csv, row 2.823 s
@@ -92,7 +99,7 @@ def perseus_table(lines: list[str], Ms: list[int]) -> None:
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in PROFILES:
         for M in Ms:
-            case = PipelineCase.of(real_profile(name), M, REAL[name][1])
+            case = PipelineCase.of(real_profile(name), M, BLOCKING_POWER_W[name])
             cells, base, env_sched, et = compared_cells(name, case)
             bt, be = base.iteration_time, base.energy
             at_env = optimal_plan(case, "envpipe", max(et, bt))
@@ -132,13 +139,13 @@ def lp_bound(case: PipelineCase, budget_s: float) -> float:
 
 def other_profiles_table(lines: list[str]) -> None:
     lines += ["## Other real profiles (Perseus artifact, not the shared ones)", "",
-              "Same columns as above, on tests/plan/data (8 stages; BLOOM's last stage is lighter, GPT-3/A40's "
-              "heavier and its curves are not monotone at the top clocks). Perseus (ref) as above, from its published "
-              "frontiers (its BLOOM/A100 times are rounded to 1 ms, GPT-3/A40 to 0.1 ms).", "",
+              "Same columns as above, on the other two shipped profiles (8 stages; BLOOM's last stage is lighter, "
+              "GPT-3/A40's heavier and its curves are not monotone at the top clocks). Perseus (ref) as above, from "
+              "its published frontiers (its BLOOM/A100 times are rounded to 1 ms, GPT-3/A40 to 0.1 ms).", "",
               "| profile | M | Perseus (ref) % | EnvPipe % (slowdown %) | optimal 1F1B % | LP bound 1F1B % "
               "| optimal envpipe % | plan time (s, measured) |", "|---|---|---|---|---|---|---|---|"]
     for (name, M), perseus in PERSEUS_OTHER.items():
-        cells, base, _, _ = compared_cells(name, PipelineCase.of(real_profile(name), M, REAL[name][1]))
+        cells, base, _, _ = compared_cells(name, PipelineCase.of(real_profile(name), M, BLOCKING_POWER_W[name]))
         lines.append(f"| {name} | {M} | {100 * (1 - perseus / base.energy):.2f} | {' | '.join(cells)} |")
     lines.append("")
 
@@ -154,14 +161,14 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
               "on the cut-down measured profile. Relative gap = share of the MILP's saving that the planner misses.",
               "", "| profile | slowdown | MILP saving % | optimal saving % | relative gap | LP bound % |",
               "|---|---|---|---|---|---|"]
-    for name in REAL:
-        full, watts = real_profile(name), REAL[name][1]
+    for name in BLOCKING_POWER_W:
+        full, watts = real_profile(name), BLOCKING_POWER_W[name]
         case = PipelineCase.of(cut_down(full, [0, 1, 2, 3], spread_clocks(full, 8)), 8, watts)
         for slow in (0.0, 0.01, 0.03, 0.1):
             res = optimal_plan(case, "1f1b", max_slowdown=slow)
             assert res.budget_s is not None
             try:
-                exact = milp_energy(case, "1f1b", res.budget_s, time_limit_s=120)
+                exact = exact_energy(case, "1f1b", res.budget_s, time_limit_s=120)
             except MilpTimeout:
                 lines.append(f"| {name} | {slow:.0%} | MILP not solved in 120 s | | | |")
                 continue
@@ -177,7 +184,7 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
         plan_s.append(time.perf_counter() - t0)
         assert res.budget_s is not None
         try:
-            exact = milp_energy(case.case, case.schedule, res.budget_s, time_limit_s=30)
+            exact = exact_energy(case.case, case.schedule, res.budget_s, time_limit_s=30)
         except MilpTimeout:
             skipped += 1
             continue
@@ -186,7 +193,7 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
             worse += envpipe_losses(case)
             compared += len(POLICIES) * len(RECONFIGS)
     g = np.asarray(gaps)
-    lines += ["", f"**Random cut-downs** (tests/plan/optimal_cases.py `random_case(seed)`, seeds 0-{random_cases - 1}: "
+    lines += ["", f"**Random cut-downs** (envpipe.plan.instances `random_case(seed)`, seeds 0-{random_cases - 1}: "
               "one of the four real profiles, 2-4 of its stages, 4-8 of its clocks, M in {4, 6, 8}, slowdown 0 or "
               "0-10%, 1F1B or the EnvPipe schedule (the MILP then takes the best of the same candidate orders)): "
               f"{g.size} cases solved by the MILP within 30 s ({skipped} skipped); relative gap max {g.max():.4f}, "
@@ -222,7 +229,7 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 def speed_table(lines: list[str], quick: bool) -> None:
     name = "gpt3-175b+a100_sxm_bf16"
-    prof, W = real_profile(name), REAL[name][1]
+    prof, W = real_profile(name), BLOCKING_POWER_W[name]
     case = PipelineCase.of(prof, 96, W)
     rows = [
         ("S=8, M=96, 38 clocks: one plan, 1F1B order", lambda: optimal_plan(case)),
@@ -262,8 +269,8 @@ def main() -> None:
     lines = ["# Optimal planner benchmark", "",
              f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
              f"- machine: `{uname}`, nproc {nproc}, Python {platform.python_version()}",
-             "- energies and iteration times: simulated on the measured profiles (envpipe/profile/data and "
-             "tests/plan/data), after a plan JSON round trip; run times: measured.", ""]
+             "- energies and iteration times: simulated on the measured profiles (envpipe/profile/data), "
+             "after a plan JSON round trip; run times: measured.", ""]
     perseus_table(lines, [12, 24, 48, 96])
     other_profiles_table(lines)
     milp_table(lines, 20 if args.quick else 100, 10 if args.quick else 40)

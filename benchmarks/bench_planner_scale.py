@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -199,14 +200,18 @@ def startup_table(lines: list[str], reference: Path | None) -> None:
 
 def savings_table(lines: list[str], reference: Path) -> None:
     """This tree's and the reference's savings on the 16 Perseus cases (and the other real profiles) and the
-    4 x 8 x 8 MILP cut-downs, each tree in its own process."""
-    code = ("import json, sys; sys.path.insert(0, {tree!r}); sys.path.insert(1, {root!r}); "
-            "from benchmarks.bench_planner_scale import savings; print(json.dumps(savings()))")
-    results = []
-    for tree in (reference, ROOT):
-        out = subprocess.run([sys.executable, "-c", code.format(tree=str(tree), root=str(ROOT))], capture_output=True,
-                             text=True, check=True, cwd=tree).stdout
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    4 x 8 x 8 MILP cut-downs, each tree in its own process, on the same profile files (written here by this
+    tree, so a reference from before envpipe.plan.instances plans the same cases)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = write_cases(Path(tmp))
+        code = ("import json, sys; sys.path.insert(0, {tree!r}); sys.path.insert(1, {root!r}); "
+                "from benchmarks.bench_planner_scale import savings; print(json.dumps(savings({manifest!r})))")
+        results = []
+        for tree in (reference, ROOT):
+            out = subprocess.run([sys.executable, "-c", code.format(tree=str(tree), root=str(ROOT),
+                                                                   manifest=str(manifest))],
+                                 capture_output=True, text=True, check=True, cwd=tree).stdout
+            results.append(json.loads(out.strip().splitlines()[-1]))
     before, after = results
     diffs = {k: after[k] - before[k] for k in before}
     worst = min(diffs, key=lambda k: diffs[k])
@@ -218,20 +223,36 @@ def savings_table(lines: list[str], reference: Path) -> None:
     lines += ["", f"Largest loss: {diffs[worst]:+.3f} points ({worst}); largest gain: {max(diffs.values()):+.3f}.", ""]
 
 
-def savings() -> dict[str, float]:
-    """Savings of the planner on sys.path[0]'s tree (run through savings_table)."""
+def write_cases(folder: Path) -> Path:
+    """Each shipped profile and its 4-stage x 8-clock cut-down as CSV files, and a manifest naming them."""
+    from envpipe.plan.instances import BLOCKING_POWER_W, cut_down, real_profile, spread_clocks
+
+    cases = []
+    for name, watts in BLOCKING_POWER_W.items():
+        prof = real_profile(name)
+        full, small = folder / f"{name}.csv", folder / f"{name}.4x8.csv"
+        prof.to_csv(full)
+        cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8)).to_csv(small)
+        cases.append({"name": name, "watts": watts, "full": str(full), "small": str(small)})
+    manifest = folder / "cases.json"
+    manifest.write_text(json.dumps(cases))
+    return manifest
+
+
+def savings(manifest: str) -> dict[str, float]:
+    """Savings of the planner on sys.path[0]'s tree (run through savings_table) on the cases in ``manifest``."""
     from envpipe.profile import load_profile
-    from tests.plan.optimal_cases import REAL, cut_down, spread_clocks
 
     out = {}
-    for name, (path, watts) in REAL.items():
-        plan, _ = planners(watts)
-        prof = load_profile(path)
+    for case in json.loads(Path(manifest).read_text()):
+        name = case["name"]
+        plan, _ = planners(case["watts"])
+        prof = load_profile(case["full"])
         for M in (12, 24, 48, 96):
             for schedule in ("1f1b", "envpipe"):
                 res = plan(prof, M, schedule)
                 out[f"{name} M={M} {schedule}"] = 100 * (1 - res.timeline.energy / res.baseline.energy)
-        small = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
+        small = load_profile(case["small"])
         for slowdown in (0.0, 0.01, 0.03, 0.1):
             res = plan(small, 8, "1f1b", slowdown)
             out[f"{name} 4x8x8 slowdown {slowdown:.0%}"] = 100 * (1 - res.timeline.energy / res.baseline.energy)
@@ -251,8 +272,7 @@ def main() -> None:
 
     cases = SPEED[:-2] if args.quick else SPEED
     lines = [header("Optimal planner at scale").rstrip(), "", f"- load average (1, 5, 15 min) at the start: {load()}",
-             "- run times: measured here; energies: simulated on the measured profiles (envpipe/profile/data, "
-             "tests/plan/data).", ""]
+             "- run times: measured here; energies: simulated on the measured profiles (envpipe/profile/data).", ""]
     profile_table(lines, cases)
     speed_table(lines, args.reference, cases, args.reference_timeout)
     startup_table(lines, args.reference)

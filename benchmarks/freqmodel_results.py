@@ -213,7 +213,7 @@ def render(raw: dict[str, Any]) -> str:
         "`python benchmarks/freqmodel_results.py benchmarks/results/freqmodel.json`. Deterministic: no timing.",
         "",
         "Ground truth: the Perseus (SOSP'24) profiles, each stage's forward and backward time and energy "
-        "**measured** at every SM clock on A100 SXM and A40 GPUs (envpipe/profile/data, tests/plan/data). "
+        "**measured** at every SM clock on A100 SXM and A40 GPUs (envpipe/profile/data). "
         "Predictions are **simulated** (the models). Error = (predicted − measured) / measured.",
         "",
         "The model (`envpipe.profile.clockfit`): a unit runs at min(f, cap); time a + b/f (clock-bound and "

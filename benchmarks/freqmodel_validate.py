@@ -42,9 +42,9 @@ from envpipe.profile.from_measured import profile_from_clocks, profile_from_meas
 # (name, path from the repository root, GPU): every real clock-swept profile in the repository
 PROFILES = (
     ("gpt3-175b+a100_sxm_bf16", "envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv", "A100 SXM"),
-    ("bloom+a100_sxm_bf16", "tests/plan/data/bloom+a100_sxm_bf16.csv", "A100 SXM"),
+    ("bloom+a100_sxm_bf16", "envpipe/profile/data/bloom+a100_sxm_bf16.csv", "A100 SXM"),
     ("bloom+a40_bf16", "envpipe/profile/data/bloom+a40_bf16.csv", "A40"),
-    ("gpt3-175b+a40_bf16", "tests/plan/data/gpt3-175b+a40_bf16.csv", "A40"),
+    ("gpt3-175b+a40_bf16", "envpipe/profile/data/gpt3-175b+a40_bf16.csv", "A40"),
 )
 SWEEP_POINTS = (2, 3, 4, 5, 6, 8)
 BAND_FRACTIONS = tuple(round(1.0 - 0.05 * i, 2) for i in range(1, 11))  # 0.95 .. 0.50 of the top clock

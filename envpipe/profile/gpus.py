@@ -30,6 +30,9 @@ GPU_FILTERS: dict[str, ClockFilter] = {
 }
 # Blocking (idle) power measured by Perseus's artifact around a blocked dist.recv.
 IDLE_POWER_W: dict[str, float] = {"a100": 83.64, "a40": 70.38}
+# The profiles shipped in envpipe/profile/data, with the GPU each was measured on.
+EMBEDDED_GPUS: dict[str, str] = {"gpt3-175b+a100_sxm_bf16": "a100", "bloom+a40_bf16": "a40",
+                                 "bloom+a100_sxm_bf16": "a100", "gpt3-175b+a40_bf16": "a40"}
 RECONFIGURE_GRANULARITY_MHZ = 30  # balanced raises by this; greedy by 3x (EnvPipe's constants)
 GPU_NAMES = ("all", *GPU_FILTERS, "a40")
 

@@ -32,13 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from envpipe.profile import Profile, embedded_profile_path, load_profile
-from envpipe.profile.gpus import IDLE_POWER_W
+from envpipe.profile.gpus import EMBEDDED_GPUS, IDLE_POWER_W
 from envpipe.simgpu.cost import unit_s
 
 TAIL_POWER_SHARE = 0.49  # the tail's power above blocking, as a share of the backward's (see the docstring)
 KINDS = ("F", "B")
-# The embedded tables a simulated GPU can be, with the GPU whose blocking power Perseus measured.
-TABLES = {"bloom+a40_bf16": "a40", "gpt3-175b+a100_sxm_bf16": "a100"}
 DEFAULT_TABLE = "bloom+a40_bf16"  # not the planner's default frequency model (GPT-3 on A100): a different GPU
 
 
@@ -86,10 +84,10 @@ class JobTruth:
 
     @classmethod
     def embedded(cls, stages: int, name: str = DEFAULT_TABLE) -> JobTruth:
-        """The truth from a table shipped with the package (``TABLES``), with its GPU's measured blocking power."""
-        if name not in TABLES:
-            raise ValueError(f"no simulated GPU table {name!r}; choose one of {', '.join(TABLES)}")
-        return cls(load_profile(embedded_profile_path(name)), IDLE_POWER_W[TABLES[name]], stages, name)
+        """The truth from a profile shipped with the package, with its GPU's measured blocking power (Perseus)."""
+        if name not in EMBEDDED_GPUS:
+            raise ValueError(f"no simulated GPU table {name!r}; choose one of {', '.join(EMBEDDED_GPUS)}")
+        return cls(load_profile(embedded_profile_path(name)), IDLE_POWER_W[EMBEDDED_GPUS[name]], stages, name)
 
     @property
     def clocks_mhz(self) -> list[int]:

@@ -10,12 +10,11 @@ from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.evaluate import baseline_timeline
 from envpipe.plan.fold import identity_fold, periodic_fold
+from envpipe.plan.instances import BLOCKING_POWER_W, real_profile, spread_clocks
 from envpipe.plan.lp import solve_relaxation
 from envpipe.plan.optimal import build_problem, candidate_orders
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.plan.simulate import simulate
-
-from .optimal_cases import REAL, real_profile, spread_clocks
 
 
 def test_fold_maps_steady_micro_batches_onto_one_period():
@@ -35,7 +34,7 @@ def test_fold_maps_steady_micro_batches_onto_one_period():
 
 @pytest.mark.parametrize(("name", "schedule"), [("bloom+a100_sxm_bf16", "1f1b"), ("gpt3-175b+a40_bf16", "envpipe")])
 def test_folded_lp_meets_the_budget_and_matches_the_full_lp(name, schedule):
-    prof, watts = real_profile(name), REAL[name][1]
+    prof, watts = real_profile(name), BLOCKING_POWER_W[name]
     prof = prof.restricted(prof.freqs[spread_clocks(prof, 12)])
     M = 96
     case = PipelineCase.of(prof, M, watts)

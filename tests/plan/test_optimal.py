@@ -10,9 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from envpipe.cli import main
+from envpipe.plan import instances
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.evaluate import evaluate_plan
 from envpipe.plan.frontier import frontier
+from envpipe.plan.instances import real_profile, spread_clocks
 from envpipe.plan.lp import InfeasibleBudget
 from envpipe.plan.menus import pareto_menu
 from envpipe.plan.optimal import build_problem, optimal_plan, solve
@@ -21,18 +23,15 @@ from envpipe.plan.planner import make_plan
 from envpipe.profile import load_profile
 from envpipe.profile.csv_profile import embedded_profile_path
 
-from . import optimal_cases
-from .optimal_cases import real_profile, spread_clocks
-
 
 def cut_down(name: str, stages: int, clocks: int):
     """The first ``stages`` stages of a real profile at ``clocks`` clocks spread over its range."""
     prof = real_profile(name)
-    return optimal_cases.cut_down(prof, list(range(stages)), spread_clocks(prof, clocks))
+    return instances.cut_down(prof, list(range(stages)), spread_clocks(prof, clocks))
 
 
 def case_of(name: str, stages: int, clocks: int, microbatches: int = 8) -> PipelineCase:
-    return PipelineCase.of(cut_down(name, stages, clocks), microbatches, optimal_cases.REAL[name][1])
+    return PipelineCase.of(cut_down(name, stages, clocks), microbatches, instances.BLOCKING_POWER_W[name])
 
 
 def test_pareto_menu_drops_dominated_clocks_and_hull_is_convex():
@@ -177,8 +176,8 @@ def test_free_float_is_handed_out_only_where_it_saves(gpt3):
 def test_frontier_points_never_lose_against_a_fresh_plan(name, schedule):
     """Each point is at least as good as `optimal_plan` at its budget, and more time never costs more energy."""
     prof = real_profile(name)
-    case = PipelineCase.of(optimal_cases.cut_down(prof, [0, 2, 5, 7], spread_clocks(prof, 12)), 48,
-                           optimal_cases.REAL[name][1])
+    case = PipelineCase.of(instances.cut_down(prof, [0, 2, 5, 7], spread_clocks(prof, 12)), 48,
+                           instances.BLOCKING_POWER_W[name])
     points = frontier(case, schedule, points=6)
     energies = [p.timeline.energy for p in points]
     assert np.all(np.diff(energies) <= 0)

@@ -8,13 +8,20 @@ import pytest
 
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
+from envpipe.plan.instances import (
+    BLOCKING_POWER_W,
+    cut_down,
+    exact_energies,
+    exact_energy,
+    random_case,
+    real_profile,
+    spread_clocks,
+)
 from envpipe.plan.optimal import optimal_plan
 from envpipe.plan.planner import make_plan
 from envpipe.plan.policies import POLICIES
 from envpipe.plan.reconfig import RECONFIGS, Reconfig
 from envpipe.plan.simulate import Overheads
-
-from .optimal_cases import REAL, cut_down, milp_energies, milp_energy, random_case, real_profile, spread_clocks
 
 # seeds of random_case(): both schedules, all four profiles, 2-4 stages, M 4-8, 0-8% slowdown; each MILP
 # solves in well under a second (benchmarks/bench_optimal.py runs many more)
@@ -31,7 +38,7 @@ def test_within_half_a_percent_of_the_milp_saving(seed):
     case = random_case(seed)
     res = optimal_plan(case.case, case.schedule, max_slowdown=case.slowdown)
     assert res.budget_s is not None
-    energies = milp_energies(case.case, case.schedule, res.budget_s)
+    energies = exact_energies(case.case, case.schedule, res.budget_s)
     exact = min(energies.values())
     again = evaluate_plan(res.plan, case.case)  # the claim, re-simulated
     assert again.energy == pytest.approx(res.timeline.energy, rel=1e-12)
@@ -42,16 +49,16 @@ def test_within_half_a_percent_of_the_milp_saving(seed):
     assert res.bound_j <= energies[tuple(res.reschedule)] * (1 + 1e-7)
 
 
-@pytest.mark.parametrize(("name", "slowdown"), [(name, 0.0) for name in sorted(REAL)] + [
+@pytest.mark.parametrize(("name", "slowdown"), [(name, 0.0) for name in sorted(BLOCKING_POWER_W)] + [
     ("gpt3-175b+a100_sxm_bf16", 0.03), ("bloom+a40_bf16", 0.03), ("bloom+a100_sxm_bf16", 0.03)])
 def test_4x8x8_cut_downs_match_milp(name, slowdown):
     """The issue's example size: 4 stages x 8 micro-batches x 8 clocks, plain 1F1B."""
     prof = real_profile(name)
     prof = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
-    case = PipelineCase.of(prof, 8, REAL[name][1])
+    case = PipelineCase.of(prof, 8, BLOCKING_POWER_W[name])
     res = optimal_plan(case, "1f1b", max_slowdown=slowdown)
     assert res.budget_s is not None
-    exact = milp_energy(case, "1f1b", res.budget_s)
+    exact = exact_energy(case, "1f1b", res.budget_s)
     assert relative_gap(res.timeline.energy, exact, res.baseline.energy) <= 0.005
 
 
@@ -71,7 +78,7 @@ def test_tail_matches_milp_and_resimulates(tail):
     """A per-stage tail after the last unit (gradient all-reduce, optimizer step) ends the iteration."""
     prof = real_profile("gpt3-175b+a100_sxm_bf16")
     prof = cut_down(prof, [0, 1, 2, 3], spread_clocks(prof, 8))
-    case = PipelineCase.of(prof, 8, REAL["gpt3-175b+a100_sxm_bf16"][1], tail_s=np.asarray(tail, float))
+    case = PipelineCase.of(prof, 8, BLOCKING_POWER_W["gpt3-175b+a100_sxm_bf16"], tail_s=np.asarray(tail, float))
     res = optimal_plan(case, "1f1b", max_slowdown=0.03)
     assert res.budget_s is not None
     assert res.baseline.iteration_time == pytest.approx(
@@ -79,7 +86,7 @@ def test_tail_matches_milp_and_resimulates(tail):
     again = evaluate_plan(res.plan, case)
     assert again.energy == pytest.approx(res.timeline.energy, rel=1e-12)
     assert again.iteration_time <= res.budget_s * (1 + 1e-9)
-    exact = milp_energy(case, "1f1b", res.budget_s)
+    exact = exact_energy(case, "1f1b", res.budget_s)
     assert relative_gap(again.energy, exact, res.baseline.energy) <= 0.005
 
 
@@ -98,7 +105,7 @@ def test_per_stage_blocking_and_tail_powers_match_milp(blocking, tail_power):
     assert again.energy == pytest.approx(res.timeline.energy, rel=1e-12)
     assert again.energy == pytest.approx(again.stage_energy.sum(), rel=1e-12)
     assert res.baseline.energy == baseline_timeline(case).energy
-    exact = milp_energy(case, "1f1b", res.budget_s)
+    exact = exact_energy(case, "1f1b", res.budget_s)
     assert res.bound_j <= exact * (1 + 1e-7)
     assert relative_gap(again.energy, exact, res.baseline.energy) <= 0.005
 

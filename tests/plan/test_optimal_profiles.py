@@ -10,12 +10,11 @@ import pytest
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.evaluate import evaluate_plan
 from envpipe.plan.frontier import frontier
+from envpipe.plan.instances import BLOCKING_POWER_W, cut_down, real_profile, spread_clocks
 from envpipe.plan.optimal import optimal_plan
 from envpipe.plan.planner import make_plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
-
-from .optimal_cases import REAL, cut_down, real_profile, spread_clocks
 
 NEW = ["bloom+a100_sxm_bf16", "gpt3-175b+a40_bf16"]
 
@@ -33,7 +32,7 @@ def check_plan(case: PipelineCase, schedule: str, time_budget_s: float | None = 
 @pytest.mark.parametrize("name", NEW)
 def test_other_real_profiles_beat_envpipe(name):
     M = 12
-    case = PipelineCase.of(real_profile(name), M, REAL[name][1])
+    case = PipelineCase.of(real_profile(name), M, BLOCKING_POWER_W[name])
     env = make_plan(case)  # envelope + balanced on EnvPipe's schedule
     ours = check_plan(case, "envpipe")
     assert ours < env.timeline.energy
@@ -46,7 +45,7 @@ def test_other_real_profiles_beat_envpipe(name):
 def test_other_real_profiles_frontier_is_monotone(name):
     prof = real_profile(name)
     prof = cut_down(prof, [0, 3, 7], spread_clocks(prof, 10))
-    case = PipelineCase.of(prof, 6, REAL[name][1])
+    case = PipelineCase.of(prof, 6, BLOCKING_POWER_W[name])
     points = frontier(case, "envpipe", points=4)
     assert np.all(np.diff([p.timeline.energy for p in points]) <= 1e-9)
     assert all(p.timeline.iteration_time <= (p.budget_s or 0.0) * (1 + 1e-9) for p in points)

@@ -17,6 +17,7 @@ from envpipe.cli import main
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.evaluate import evaluate_plan
+from envpipe.plan.instances import BLOCKING_POWER_W, cut_down, real_profile
 from envpipe.plan.layout import StageLayout, model_profile
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.milp import solve_milp
@@ -26,8 +27,6 @@ from envpipe.plan.planner import make_plan
 from envpipe.plan.schedules import build_schedule, dualpipev, interleaved_1f1b, schedule_layout
 from envpipe.plan.simulate import Overheads, simulate
 from envpipe.profile import Profile, embedded_profile_path
-
-from .optimal_cases import REAL, cut_down, real_profile
 
 
 def fmt(order):
@@ -160,7 +159,7 @@ def test_chunked_plans_round_trip_and_resimulate(schedule, chunks, tmp_path):
 def test_chunked_optimal_plans_are_near_the_milp(schedule, chunks):
     name = "bloom+a40_bf16"
     prof = cut_down(real_profile(name), [0, 7], [0, 8, 16, 24, 31])
-    watts = REAL[name][1]
+    watts = BLOCKING_POWER_W[name]
     case = chunked(prof, 4, watts, schedule, chunks)
     res = optimal_plan(case, schedule, max_slowdown=0.02)
     _, [(_, problem)] = order_problems(case, schedule)
