@@ -163,6 +163,9 @@ def phase(name: str, seconds: float, abuse: bool) -> dict[str, Any]:
 
 
 # ---- the Markdown, from the raw JSON alone -----------------------------------------------------------
+RENDER_COMMAND = "python -m benchmarks.clockd_fair --render benchmarks/results/clockd_fair.json"
+
+
 def pct(xs: list[int], q: float) -> float:
     """The q-quantile in ms (nearest rank)."""
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] / 1000
@@ -222,6 +225,8 @@ def render(raw: dict[str, Any]) -> str:
         "",
         "The daemon's own counters at the end of the abused phase (`envpipe_clockd_...`): "
         + (", ".join(f"`{k}` {v:,.0f}" for k, v in sorted(counted.items())) or "none moved") + ".",
+        "",
+        f"Rendered from the raw results by `{RENDER_COMMAND}`.",
     ]
     return "\n".join(lines)
 

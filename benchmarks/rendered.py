@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import dropin_results, freqmodel_results, runtime_nov22_results, runtime_results, search_results
+from benchmarks import clockd_fair, dropin_results, freqmodel_results, runtime_nov22_results, runtime_results, search_results
 from benchmarks.common import RESULTS, ROOT
 
 RAW = RESULTS / "h200_runs"
@@ -43,6 +43,9 @@ class Rendered:
 
 
 RENDERED = (
+    Rendered("clockd_fair.md", (RESULTS / "clockd_fair.json",),
+             lambda raws: clockd_fair.render(json.loads(raws[0].read_text())) + "\n",
+             "python -m benchmarks.clockd_fair --render"),
     Rendered("dropin_h100.md", (RAW_H100 / "dropin_gpt2_0146", RAW_H100 / "dropin_llama_gpt2small_0150"),
              dropin_results.render_all, "python benchmarks/dropin_results.py"),
     Rendered("freqmodel.md", (RESULTS / "freqmodel.json",),
