@@ -21,7 +21,7 @@ from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.decide import Decided, Decision, Origin
-from envpipe.runtime.entry import EnvPipeSetupError, _without_config, read_config, settings
+from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.monitor import Finished, MonitorFeed
 from envpipe.runtime.steady import SteadyRecord
@@ -171,3 +171,20 @@ def test_oracle_plans_on_the_truth_and_scores_the_runs_plan_there() -> None:
     top_plan = Plan.at_one_clock(one_f_one_b(2, 8), top, "1f1b", "optimal")
     same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, sample_calibrated(), powers, "t")
     assert same.planner_energy_saving == pytest.approx(0.0, abs=1e-12)  # the baseline itself saves nothing
+
+
+def test_one_warning_line_when_torch_threads_differ_from_the_layer_profiles(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("RANK", raising=False)
+    _warn_thread_count({"torch_threads": threads})
+    _warn_thread_count({})  # a found block without a CPU layer profile
+    assert capsys.readouterr().out == ""
+    _warn_thread_count({"torch_threads": threads + 3})
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and f"torch uses {threads} threads" in out[0] and f"OMP_NUM_THREADS={threads + 3}" in out[0]
+    monkeypatch.setenv("RANK", "1")  # rank 0 says it once for the job
+    _warn_thread_count({"torch_threads": threads + 3})
+    assert capsys.readouterr().out == ""
