@@ -25,9 +25,15 @@ def test_the_renderer_reproduces_the_committed_results() -> None:
 
 
 def test_the_committed_engine_model_is_the_fit_of_the_committed_runs() -> None:
+    """The search's default is today's fit of the first run's fit set (call3/engine.json, declared before the
+    second run): memory terms only, their version 2 profiles have no unit calls to fit time terms with."""
     runs = load_runs(RAW / "call2" / "fit")
     engine, details = fit(runs, "2026-11-25")
-    assert engine == GPU == load_engine_model(RAW / "fit.json")
+    assert engine == GPU == load_engine_model(RAW / "call3" / "engine.json")
+    assert (engine.host_scale, engine.unit_host_s, engine.iteration_s) == (1.0, 0.0, 0.0)
+    first = load_engine_model(RAW / "fit.json")  # the first run's, kept as it was: the same memory terms
+    assert first.fragmentation == engine.fragmentation
+    assert first.outside_allocator_bytes == engine.outside_allocator_bytes
     # every fit run at least as much device memory predicted as it needed, in the memory terms fitted here
     assert all(r["inactive_split_over_allocated"] <= engine.fragmentation for r in details["runs"])
     assert all(r["outside_beyond_profile_bytes"] <= engine.outside_allocator_bytes for r in details["runs"])
