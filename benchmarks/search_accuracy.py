@@ -1,13 +1,16 @@
 """Accuracy of `envpipe search` on one GPU (P = 1, D = 1, every micro-batch size that fits): its predicted
 iteration time and peak device memory against training runs, on declared models.
 
-    python benchmarks/search_accuracy.py --out OUT --deadline-s 560   # fit set, fit, then the held-out set
+    python benchmarks/search_accuracy.py --out OUT --deadline-s 560   # the latest declaration's sets
+    python benchmarks/search_accuracy.py --shapes DECLARATION --sets heldout --engine-model ENGINE --out OUT
     DS_ACCELERATOR=cpu python benchmarks/search_accuracy.py --out OUT --tiny   # the script's CPU check
 
-The models, global batch, micro-batch sizes and iteration counts are declared in
-benchmarks/results/search_accuracy/shapes.json, committed before the runs. The fit set runs first; then its
-engine model is fitted (benchmarks/search_fit.py) and written beside its runs; then the held-out set is
-searched with that engine model (`envpipe search --engine-model`) and trained. Per model:
+The models, global batch, micro-batch sizes and iteration counts are declared in a shapes file committed
+before the runs (``--shapes``; default: the latest, benchmarks/results/search_accuracy/call3/shapes.json).
+A set with models runs: the fit set first, then its engine model is fitted (benchmarks/search_fit.py) and
+written beside its runs; then the held-out set is searched with that engine model (`envpipe search
+--engine-model`; without a fit set run here, ``--engine-model`` or the search's default) and trained. A
+model may declare its own micro-batch sizes. Per model:
 
 1. its layer profile (envpipe.models.gpt's layers, as examples/train_gpt.py builds them;
    envpipe.runtime.layer_profile) in a child process;
@@ -17,7 +20,9 @@ searched with that engine model (`envpipe search --engine-model`) and trained. P
 3. every found configuration trained in a child process of its own: its model (envpipe.models.gpt) and found
    configuration (envpipe.search.found), a bare EnvPipe engine running the plan's order with its units timed by CUDA
    events as the runtime does, ``warmup`` iterations then ``iterations`` timed ones (the device synchronized
-   after each). Peak memory: the caching allocator's allocated and reserved peaks from before the model is
+   after each), or, where the declaration asks for ``min_timed_s``, as many as the predicted iteration time
+   needs to fill it, up to ``max_iterations`` (short, launch-bound iterations are noisy on a shared host).
+   Peak memory: the caching allocator's allocated and reserved peaks from before the model is
    built, and what the process holds outside the allocator at the end (cudaMemGetInfo; the process is alone
    on its GPU). The device peak is reserved + outside. The model is built on its GPU (a torch.device context
    around `envpipe.models.gpt.pipeline`), not on the CPU and moved: the same tensors, minutes sooner.
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -48,7 +54,7 @@ from typing import Any
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without a CUDA context
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = ROOT / "benchmarks" / "results" / "search_accuracy" / "shapes.json"
+SHAPES = ROOT / "benchmarks" / "results" / "search_accuracy" / "call3" / "shapes.json"
 sys.path.insert(0, str(ROOT))
 
 TINY = {"family": "gpt2", "layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256}  # --tiny: the CPU check
@@ -268,7 +274,8 @@ class Bench:
             self.port += 1
             stem = f"b{found['micro_batch']}"
             run = {"kind": "train", "config": str(config), "out": str(here / "runs" / f"{stem}.json"),
-                   "port": self.port, "allocator": found.get("allocator", ""), **self.declared["iterations"]}
+                   "port": self.port, "allocator": found.get("allocator", ""),
+                   **timed_iterations(self.declared["iterations"], found["predicted"]["baseline_iteration_time_s"])}
             t0 = time.monotonic()
             ok = self.children.run(run, here / "runs" / f"{stem}.log")
             print(f"{datetime.now(UTC):%H:%M:%S} {kind} {name} {stem}: {'done' if ok else 'FAILED'} in "
@@ -276,9 +283,29 @@ class Bench:
             pack(self.out, self.archive)
 
 
+def micro_batch_sizes(declared_set: dict[str, Any], entry: dict[str, Any]) -> list[int]:
+    """A model's declared micro-batch sizes, else its set's, else (the tiny CPU check) every model's of the set."""
+    if "micro_batch_sizes" in entry:
+        return list(entry["micro_batch_sizes"])
+    if "micro_batch_sizes" in declared_set:
+        return list(declared_set["micro_batch_sizes"])
+    return sorted({b for m in declared_set["models"] for b in m["micro_batch_sizes"]})
+
+
+def timed_iterations(declared: dict[str, Any], predicted_s: float) -> dict[str, int]:
+    """Warm-up and timed iterations of one run: the declared count, or more where ``min_timed_s`` asks for
+    that much timed training at the predicted iteration time, at most ``max_iterations``."""
+    iterations = declared["iterations"]
+    if "min_timed_s" in declared:
+        iterations = min(declared["max_iterations"], max(iterations, math.ceil(declared["min_timed_s"] / predicted_s)))
+    return {"warmup": declared["warmup"], "iterations": iterations}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sets", default="fit,heldout", help="fit, heldout or both (comma-separated, in that order)")
+    p.add_argument("--shapes", type=Path, default=SHAPES, help="the declaration (default: %(default)s)")
+    p.add_argument("--sets", default="fit,heldout", help="fit, heldout or both (comma-separated, in that order); "
+                   "a set the declaration gives no models is left out")
     p.add_argument("--out", type=Path)
     p.add_argument("--models", help="only these models (names, comma-separated)")
     p.add_argument("--tiny", action="store_true", help="a 2-block model instead of each set's (the CPU check)")
@@ -291,7 +318,7 @@ def main() -> None:
         _child(json.loads(args.child))
     if args.out is None:
         p.error("give --out")
-    declared = json.loads(SHAPES.read_text())
+    declared = json.loads(args.shapes.read_text())
     import deepspeed  # noqa: F401  (the heavy imports once, before any child is forked)
     import torch
 
@@ -301,13 +328,16 @@ def main() -> None:
     bench = Bench(args.out, args.archive or args.out, args.deadline_s, declared)
     engine = args.engine_model
     for kind in args.sets.split(","):
+        if not declared[kind].get("models"):
+            print(f"{kind}: no models declared to run ({declared[kind].get('about', '')})", flush=True)
+            continue
         models = [{"name": "tiny", "model": TINY}] if args.tiny else declared[kind]["models"]
         models = [m for m in models if not args.models or m["name"] in args.models.split(",")]
         for entry in models:
             if bench.left_s() < 90:
                 print(f"{kind} {entry['name']}: not run, the call's deadline is near", flush=True)
                 continue
-            bench.model(kind, entry, declared[kind]["micro_batch_sizes"], engine if kind == "heldout" else None)
+            bench.model(kind, entry, micro_batch_sizes(declared[kind], entry), engine if kind == "heldout" else None)
         if kind == "fit":  # the engine model, fitted before any held-out run
             from benchmarks.search_fit import fit, load_runs
 

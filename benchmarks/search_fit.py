@@ -4,11 +4,15 @@ benchmarks/search_accuracy.py: the few numbers the pipeline engine and the host 
     python benchmarks/search_fit.py RUNS/fit --out fit.json
 
 RUNS/fit/<model>/layers.json and RUNS/fit/<model>/runs/b<b>.json (diagnostic runs with another allocator
-setting, `*_expandable.json` of an earlier layout, are left out). Time: with the search's own code
+setting, `*_expandable.json` of an earlier layout, are left out). Time, where every run's layer profile
+measured the unit calls (version 3: the calls the engine pays once per micro-batch and the profiler once
+per layer, the micro-batch's load; envpipe.search.timing): with the search's own code
 (envpipe.search.evaluate.build_pipeline, P = 1), each run's predicted iteration time is
 T(k) + M h + t for host scale k, the engine's host work h per forward unit and t per iteration (exactly
 linear in h and t: every forward starts on an idle device). For every k on a grid, h and t >= 0 by least
-squares on the relative errors (scipy's nnls); the k of least squared relative error wins. Memory, from
+squares on the relative errors (scipy's nnls); the k of least squared relative error wins. Older profiles
+carry those calls in every layer, so a fit on them would put the engine's per-micro-batch savings into k
+and misread a version 3 profile: their time terms stay 1, 0 and 0 (the label says so). Memory, from
 the measurements alone: the allocator's fragmentation (its peak of inactive split blocks, memory it can
 neither reuse nor give back, over its allocated peak) and the memory outside the allocator beyond the
 profile's CUDA context, each the largest of the runs, so that no fit run needed more than predicted.
@@ -33,7 +37,7 @@ from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
 from envpipe.search.engine import EngineModel
 from envpipe.search.evaluate import build_pipeline
-from envpipe.search.layers import LayerProfile, load_layer_profile
+from envpipe.search.layers import NO_UNIT_CALLS, LayerProfile, load_layer_profile
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import Shape
 
@@ -84,11 +88,8 @@ def predicted_iteration_s(run: FitRun, engine: EngineModel) -> float:
     return pipeline.baseline_time_s
 
 
-def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
-    allocators = {r.allocator for r in runs}
-    if len(allocators) != 1:
-        raise SystemExit(f"the fit runs used several allocator settings: {sorted(allocators)}")
-    allocator = allocators.pop()
+def fit_time(runs: list[FitRun], allocator: str) -> tuple[float, float, float]:
+    """The host scale k, the engine's host work per forward unit h and per iteration t (see the docstring)."""
     measured = np.array([r.iteration_s for r in runs])
     per_unit = np.array([r.microbatches for r in runs], float)
     best: tuple[float, float, float, float] | None = None
@@ -101,12 +102,24 @@ def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
         if best is None or error < best[0]:
             best = (error, float(k), float(h), float(t))
     assert best is not None
-    _, k, h, t = best
+    return best[1], best[2], best[3]
+
+
+def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
+    allocators = {r.allocator for r in runs}
+    if len(allocators) != 1:
+        raise SystemExit(f"the fit runs used several allocator settings: {sorted(allocators)}")
+    allocator = allocators.pop()
+    timed = all(r.layers.unit_calls != NO_UNIT_CALLS for r in runs)
+    k, h, t = fit_time(runs, allocator) if timed else (1.0, 0.0, 0.0)
     fragmentation = max(r.inactive_split_peak_bytes / r.allocated_peak_bytes for r in runs)
     outside = max(r.outside_allocator_bytes - r.layers.device_memory.outside_allocator_bytes for r in runs)
     models = sorted({r.model for r in runs})
     label = (f"fitted {date} by benchmarks/search_fit.py on {len(runs)} runs of {', '.join(models)} "
              f"({runs[0].device}, allocator {allocator or 'default'})")
+    if not timed:
+        label += (": memory; time not fitted (the runs' layer profiles, version 2, have no unit calls): host scale "
+                  "1, no engine host work")
     engine = EngineModel(round(h, 7), round(t, 6), k, round(fragmentation, 4), int(outside), allocator, label)
     residuals = [{"model": r.model, "micro_batch": r.micro_batch, "microbatches": r.microbatches,
                   "measured_s": r.iteration_s, "predicted_s": predicted_iteration_s(r, engine),

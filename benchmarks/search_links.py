@@ -30,7 +30,7 @@ import torch.distributed as tdist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envpipe.runtime import distributed
-from envpipe.runtime.clocks import LINK_BYTES_PER_S, LINK_LATENCY_S
+from envpipe.simgpu import LINK
 
 SMALL, LARGE = 4 << 10, 16 << 20  # bytes
 
@@ -89,7 +89,7 @@ def main() -> None:
         bandwidth = (LARGE - SMALL) / max(large - small, 1e-12)
         latency, p2p = max(0.0, small - SMALL / bandwidth), "measured"
     else:
-        bandwidth, latency, p2p = LINK_BYTES_PER_S, LINK_LATENCY_S, "simulated: the CPU's simulated GPU's link"
+        bandwidth, latency, p2p = LINK.bytes_per_s, LINK.latency_s, "simulated: the CPU's simulated GPU's link"
     allreduce = allreduce_bus_bytes_per_s(LARGE, device, args.reps)
     if tdist.get_rank() == 0:
         links = {

@@ -13,24 +13,38 @@ warm-up units, then ``reps`` timed rounds of forward and backward units (their m
 
 On GPUs a unit has three times, the device's, the host's and the repeat time (envpipe.search.timing runs
 them as the engine does: one layer after the other, the device behind the host, a synchronization before
-every forward).
-The device's: a round first holds the device with a spin kernel (``_DeviceHold``) while the host issues
-``_QUEUE`` forwards and their backwards, and the device then runs the queued units back to back, timed by
-CUDA events (a round in which the hold ended before the host was done is repeated with a longer hold).
-The host's: a round without the hold, the host issuing ``_QUEUE`` units while the device runs them, as in
-the engine, timed up to the end of its issuing (host time) and up to the device's end (repeat time: the
-units back to back as the engine runs them). Issuing behind a held device costs the host more: in the
-first H100 runs (2026-11-25), profiles whose host times were taken in the held round summed to 1.5 times
-the engine's launch-bound units. A narrow layer at a small micro-batch takes the host longer than the
-device (launch-bound); a synchronization around every unit would charge both (H200,
-2026-11-23: a profile so taken put a 16-block GPT-2 stage's unit at micro-batch 2 a third above the
-training run's), and one number per unit cannot tell a launch-bound stage from a device-bound one (H100,
-2026-11-24: the search's time was 15-19 % short at micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a
-round is one unit and its host time 0 (the simulated GPU counts CPU time; there is nothing to hide).
+every forward). Each of ``reps`` repetitions takes three rounds, each starting on an idle device:
+- a round of 1 unit and a round of ``_QUEUE`` units without a hold, the device running the units as the
+  host issues them, as in the engine. The host time is the host's issuing of the larger round over its
+  units. The repeat time (the units back to back as the engine runs them) is the difference of the two
+  rounds' spans from the synchronization before them to the device's end, over ``_QUEUE - 1`` units: a
+  round's edges (the first kernel's launch, the final synchronization) are in both and cancel, where a
+  round over its units charged them to every unit (H100, 2026-11-25: repeat sums 1-10 % above the engine's
+  device-bound units);
+- a held round: the device held by a spin kernel (``_DeviceHold``) while the host issues ``_QUEUE``
+  forwards and their backwards, and then running the queued units back to back, timed by CUDA events: the
+  device's time. The hold lasts twice the host's issuing of the free round (issuing behind a held device
+  costs the host more: in the first H100 runs, 2026-11-25, host times taken so summed to 1.5 times the
+  engine's launch-bound units); a round in which it ended before the host was done is repeated with a
+  hold twice as long.
+A narrow layer at a small micro-batch takes the host longer than the device (launch-bound); a
+synchronization around every unit would charge both (H200, 2026-11-23: a profile so taken put a 16-block
+GPT-2 stage's unit at micro-batch 2 a third above the training run's), and one number per unit cannot tell
+a launch-bound stage from a device-bound one (H100, 2026-11-24: the search's time was 15-19 % short at
+micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a round is one unit and its host time 0 (the simulated
+GPU counts CPU time; there is nothing to hide).
+
+Once per profile, on GPUs, the unit calls (``UnitCalls``): the host's cost of one ``backward()`` call beyond
+its kernels (two roots' backward in two calls less in one call) and, bf16, of one gradient zeroing (two
+tensors zeroed in two calls less in one): every profiled layer's backward carries one of each, the
+engine's backward one for the whole stage (H100, 2026-11-25: launch-bound backward units took 75-95 % of
+the profile's summed host times, forward units about 100 %). And per micro-batch size the job's batch
+function, the device synchronized at both ends: the micro-batch's load the engine does before every forward.
 
 Then one unit under the allocation probe (``AllocationWindows``). Every backward does what DeepSpeed's
 pipeline engine adds to it (bf16, BF16_Optimizer): the weights' gradients zeroed before, each added into
-its slice of a flat bf16 accumulation buffer after, one parameter at a time. Per layer also one optimizer
+its slice of a flat bf16 accumulation buffer after, one parameter at a time, as BF16_Optimizer's
+``_update_hp_grad`` does it. Per layer also one optimizer
 step as DeepSpeed takes it: torch AdamW on the fp32 weights (fp32), or BF16_Optimizer's (the norm of every
 gradient in fp32, the flat buffer cast to fp32 for AdamW on the flat fp32 master weights, the weights
 copied back, the buffer zeroed).
@@ -47,24 +61,35 @@ from the simulated GPU's frequency model and are labelled simulated.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from envpipe.profile import FrequencyModel
 from envpipe.profile.gpus import GPU_FILTERS
-from envpipe.search.layers import NO_DEVICE_MEMORY, DeviceMemory, Layer, LayerCost, LayerProfile, ModelShape
+from envpipe.search.layers import (
+    NO_DEVICE_MEMORY,
+    DeviceMemory,
+    Layer,
+    LayerCost,
+    LayerProfile,
+    ModelShape,
+    UnitCalls,
+)
 from envpipe.search.quiet import STDERR, STDOUT, native_output_silenced
 
 _WINDOW = "envpipe.window."
 _QUEUE = 4  # GPU units per timed round (see the module's docstring)
 _HOLD_TRIES = 6  # rounds with a longer hold before a unit counts as one that waits for its device
+_CALL_REPS = 64  # samples of each unit call's host time (tens of microseconds each)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -148,6 +173,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     hold = _DeviceHold(device) if device.type == "cuda" else None
     power = _PowerMeter(device, idle_seconds)
     batches = {b: target.batch(b, device) for b in sizes}
+    calls = _unit_calls(target, sizes, device, dtype)
     # floating inputs in the training dtype, as DeepSpeed loads them on the first stage
     inputs = {b: x.to(DTYPES[dtype]) if x.is_floating_point() else x for b, (x, _) in batches.items()}
     layers, flops = [], []
@@ -176,7 +202,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
         date=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), gpu=gpu, measured_mhz=measured_mhz,
         clock_model=FrequencyModel.default().name, clock_label=clock_label, busy_power_w=busy_w,
         idle_power_w=idle_w, power_label=power_label, model=target.model, layers=tuple(layers),
-        device_memory=memory)
+        device_memory=memory, unit_calls=calls)
 
 
 def _device_memory(device: torch.device) -> DeviceMemory:
@@ -191,6 +217,60 @@ def _device_memory(device: torch.device) -> DeviceMemory:
                         torch.cuda.memory_allocated(device),
                         "measured: cudaMemGetInfo and torch.cuda's allocator counters after profiling (the process "
                         "alone on its device)")
+
+
+def _unit_calls(target: Target, sizes: Sequence[int], device: torch.device, dtype: str) -> UnitCalls:
+    """GPUs: the host's cost of one backward() call and (bf16, where the profiler zeroes every layer's
+    gradients) of one gradient zeroing, beyond their kernels, and the job's batch function per micro-batch
+    size (see the module's docstring). CPU: none (the simulated GPU counts no host work)."""
+    if device.type != "cuda":
+        return UnitCalls(0.0, 0.0, {b: 0.0 for b in sizes}, "none: the CPU's simulated GPU counts no host work")
+    w = torch.ones(16, device=device, requires_grad=True)
+    a, b = torch.zeros(16, device=device), torch.zeros(16, device=device)
+
+    def two_backwards() -> None:
+        first, second = (w * 2.0).sum(), (w * 3.0).sum()
+        first.backward()
+        second.backward()
+
+    def one_backward() -> None:
+        torch.autograd.backward([(w * 2.0).sum(), (w * 3.0).sum()])
+
+    def two_zeroings() -> None:
+        torch._foreach_zero_([a])
+        torch._foreach_zero_([b])
+
+    def one_zeroing() -> None:
+        torch._foreach_zero_([a, b])
+
+    backward = _extra_host_s(two_backwards, one_backward, device)
+    zero = _extra_host_s(two_zeroings, one_zeroing, device) if dtype == "bf16" else 0.0
+    load = {size: statistics.median(_host_s(functools.partial(target.batch, size, device), device, synchronized=True)
+                                    for _ in range(_CALL_REPS // 4)) for size in sizes}
+    return UnitCalls(backward, zero, load, f"measured: host times, medians of {_CALL_REPS} (backward() of two roots "
+                     "in two calls less in one; two tensors' gradient zeroing in two calls less in one) and of "
+                     f"{_CALL_REPS // 4} (the job's batch function, the device synchronized at both ends)")
+
+
+def _extra_host_s(more: Callable[[], object], fewer: Callable[[], object], device: torch.device) -> float:
+    """How much longer the host takes for ``more`` than for ``fewer`` (medians, taken alternately, each on an
+    idle device after a warm-up of both)."""
+    more(), fewer()
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(_CALL_REPS):
+        for fn, out in zip((more, fewer), samples, strict=True):
+            out.append(_host_s(fn, device))
+    return max(0.0, statistics.median(samples[0]) - statistics.median(samples[1]))
+
+
+def _host_s(fn: Callable[[], object], device: torch.device, synchronized: bool = False) -> float:
+    """The host's time for ``fn`` from an idle device (to the device's end too if ``synchronized``)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    if synchronized:
+        _sync(device)
+    return time.perf_counter() - t0
 
 
 Flops = dict[int, tuple[float, float]]  # micro-batch size -> (forward, backward) FLOPs of one layer
@@ -292,8 +372,8 @@ class _Accumulator:
 
     def after_backward(self) -> None:
         for view, p in zip(self.views, self.params, strict=True):
-            if p.grad is not None:
-                view.add_(p.grad)
+            if p.grad is not None:  # BF16_Optimizer._update_hp_grad's add, its casts and views included
+                view.data.add_(p.grad.data.to(view.dtype).view(view.shape))
 
 
 def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -350,21 +430,21 @@ class _Unit:
 
     def time_on_gpu(self, reps: int, warmup: int, hold: _DeviceHold) -> tuple[float, ...]:
         """GPU: per unit the device's forward and backward time, the host's, and the repeat times, each the
-        median of ``reps`` rounds (see the module's docstring)."""
-        t0 = time.perf_counter()
-        for _ in range(warmup):
+        median of ``reps`` repetitions (see the module's docstring)."""
+        for _ in range(max(warmup, 1)):
             self.backward(self.forward()[1])
-        _sync(self.device)
-        hold_s = 2 * _QUEUE * (time.perf_counter() - t0) / max(warmup, 1) + 1e-3
-        rounds = []
+        hold_s, q = 0.0, _QUEUE
+        samples = []
         for _ in range(reps):
+            one, queue = self._host_round(1), self._host_round(q)
+            hold_s = max(hold_s, 2 * (queue.issue_forward + queue.issue_backward) + 1e-3)
             for _ in range(_HOLD_TRIES):
                 device, held = self._held_round(hold, hold_s)
                 if held:
                     break
                 hold_s *= 2  # the host was not done when the hold ended: once more, longer
-            rounds.append((*device, *self._host_round()))
-        return tuple(statistics.median(r[k] for r in rounds) for k in range(6))
+            samples.append((*device, *host_and_repeat(one, queue, q)))
+        return tuple(max(0.0, statistics.median(r[k] for r in samples)) for k in range(6))
 
     def _held_round(self, hold: _DeviceHold, hold_s: float) -> tuple[tuple[float, float], bool]:
         """One round under a hold of ``hold_s``: the device's forward and backward time per unit, and whether
@@ -381,12 +461,11 @@ class _Unit:
         e2.synchronize()
         return (e0.elapsed_time(e1) / 1e3 / _QUEUE, e1.elapsed_time(e2) / 1e3 / _QUEUE), held
 
-    def _host_round(self) -> tuple[float, float, float, float]:
-        """One round without a hold, the device running the units as the host issues them: per unit the host's
-        forward and backward time, and the forward and backward repeat time (up to the device's end)."""
+    def _host_round(self, units: int) -> HostRound:
+        """One round of ``units`` units without a hold, the device running them as the host issues them."""
         _sync(self.device)
         t0 = time.perf_counter()
-        roots = [self.forward()[1] for _ in range(_QUEUE)]
+        roots = [self.forward()[1] for _ in range(units)]
         issued_f = time.perf_counter()
         _sync(self.device)
         t1 = time.perf_counter()
@@ -395,8 +474,7 @@ class _Unit:
         roots.clear()
         _sync(self.device)
         t2 = time.perf_counter()
-        q = _QUEUE
-        return (issued_f - t0) / q, (issued_b - t1) / q, (t1 - t0) / q, (t2 - t1) / q
+        return HostRound(issued_f - t0, issued_b - t1, t1 - t0, t2 - t1)
 
     def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
         """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""
@@ -405,6 +483,25 @@ class _Unit:
         with probe.window(f"{name}.backward"):
             self.backward(root)
         return out
+
+
+class HostRound(NamedTuple):
+    """A round of units without a hold: the host's time to issue the forwards and the backwards, and each
+    one's span from the synchronization before it to the device's end (seconds)."""
+
+    issue_forward: float
+    issue_backward: float
+    span_forward: float
+    span_backward: float
+
+
+def host_and_repeat(one: HostRound, queue: HostRound, units: int) -> tuple[float, float, float, float]:
+    """Per unit: the host's forward and backward time (the larger round's issuing over its units) and the
+    forward and backward repeat time (the rounds' spans, of ``units`` units and of one, their difference over
+    ``units - 1``: the edges both rounds have cancel)."""
+    return (queue.issue_forward / units, queue.issue_backward / units,
+            (queue.span_forward - one.span_forward) / (units - 1),
+            (queue.span_backward - one.span_backward) / (units - 1))
 
 
 def _event() -> torch.cuda.Event:

@@ -1,10 +1,12 @@
 """What DeepSpeed's pipeline engine adds, on a GPU, to the layers' own time and memory that the layer profile
 measures one layer at a time.
 
-Time: the engine's host work before each forward's layers (its instructions, loading the micro-batch,
-the synchronization before the forward: envpipe.search.timing), once per iteration its work around the
-units and the optimizer step (the loss's aggregation, the end of the schedule), and how the host's time
-for a layer inside the engine's stage loop compares with the profile's (``host_scale``).
+Time: the engine's host work before each forward's layers beyond the micro-batch's load (its
+instructions, the synchronization before the forward: envpipe.search.timing), once per iteration its work
+around the units and the optimizer step (the loss's aggregation, the end of the schedule), and how the
+host's time for a layer inside the engine's stage loop compares with the profile's (``host_scale``). Since
+version 3 the profile measures what the engine does once per micro-batch and the profiler once per layer
+(``UnitCalls``), and the micro-batch's load, so that these are 0, 0 and 1 unless a fit says otherwise.
 Memory: the caching allocator's fragmentation, the memory it holds that it can neither reuse for a new
 block nor give back (split blocks partly in use, torch's `inactive_split_bytes`), over its allocated peak,
 with the allocator setting the found configuration trains with (``allocator``: PYTORCH_CUDA_ALLOC_CONF);
@@ -59,11 +61,13 @@ class EngineModel:
 SIMULATED_GPU = EngineModel(0.0, 0.0, 1.0, 0.0, 0, "", "none: the CPU's simulated GPU (virtual time, torch's CPU "
                             "allocator)")
 
-# benchmarks/results/search_accuracy/fit.json (benchmarks/search_fit.py on its call2/fit runs, one H100, 2026-11-25);
-# tests/benchmarks/test_search_accuracy.py refits it from the committed runs and compares
-GPU = EngineModel(0.0, 0.0, 0.86, 0.0, 1_002_438_656, EXPANDABLE,
+# benchmarks/results/search_accuracy/call3/engine.json: benchmarks/search_fit.py on the call2/fit runs (one H100,
+# 2026-11-25), whose version 2 profiles fit the memory terms only; tests/benchmarks/test_search_accuracy.py refits it
+# from the committed runs and compares
+GPU = EngineModel(0.0, 0.0, 1.0, 0.0, 1_002_438_656, EXPANDABLE,
                   "fitted 2026-11-25 by benchmarks/search_fit.py on 6 runs of gpt2_12x1024_s1024, llama_8x2048_s1024 "
-                  "(NVIDIA H100 80GB HBM3, allocator expandable_segments:True)")
+                  "(NVIDIA H100 80GB HBM3, allocator expandable_segments:True): memory; time not fitted (the runs' "
+                  "layer profiles, version 2, have no unit calls): host scale 1, no engine host work")
 
 
 def engine_model(layers: LayerProfile) -> EngineModel:

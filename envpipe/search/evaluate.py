@@ -80,7 +80,11 @@ def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cu
     b, D = shape.micro_batch, shape.replicas
     bounds = cut.bounds
     costs = [[layer.per_micro_batch[b] for layer in layers.layers[lo:hi]] for lo, hi in bounds]
-    fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine) for stage in costs), strict=True))
+    calls = layers.unit_calls
+    # the first stage loads the micro-batch's inputs, the last its labels (DeepSpeed's LoadMicroBatch)
+    fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine, calls.per_layer_s,
+                                                  calls.load(b) if s in (0, len(costs) - 1) else 0.0)
+                                       for s, stage in enumerate(costs)), strict=True))
     watts = layers.busy_power_w
     profile = profile_from_measured(fwd, bwd, [t * watts for t in fwd], [t * watts for t in bwd],
                                     clock_candidates(layers))

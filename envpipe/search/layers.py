@@ -2,12 +2,14 @@
 
 Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
 
-    {"version": 2, "kind": "envpipe-layer-profile",
+    {"version": 3, "kind": "envpipe-layer-profile",
      "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
      "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
      "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
      "device_memory": {"total_bytes": 150083813376, "outside_allocator_bytes": 553648128,
                        "workspace_bytes": 75497472, "label": "measured ..."},
+     "unit_calls": {"backward_call_s": 0.0002, "grad_zero_call_s": 0.00002, "load_s": {"1": 0.0004, ...},
+                    "label": "measured ..."},
      "model": {"family": "gpt2", "layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304},
      "micro_batch_sizes": [1, 2, 4],
      "layers": [{"name": "Embedding", "parameters": 103M, "param_bytes": ..., "optimizer_state_bytes": ...,
@@ -31,6 +33,17 @@ forward_repeat_s / backward_repeat_s, the time per unit when the layer's units r
 device behind the host, as the engine runs them: at least the larger of the other two, more where host and
 device cannot overlap within the layer. A narrow layer at a small micro-batch takes the host longer than the
 device: it is launch-bound. On CPU (a simulated GPU that only counts work) the host and repeat times are 0.
+Version 3 takes the repeat time as the difference of rounds of 4 and of 1 units (over 3), so that a round's
+edges (its first launch, its final synchronization) are not charged to every unit; versions 1 and 2 took a
+round of 4 over 4.
+
+Unit calls (version 3, GPUs; 0 on CPU and in older versions): host work the profiler pays once per layer
+and the engine once per micro-batch, measured once, and what the engine adds to every forward unit.
+backward_call_s: one ``backward()`` call beyond its kernels (the profiler calls it per layer, the engine once
+over the stage); grad_zero_call_s: one call zeroing the gradients beyond its kernels (bf16: the profiler
+zeroes each layer's, DeepSpeed's BF16_Optimizer all of the stage's at once; 0 where the profiler zeroes
+none); load_s: per micro-batch size, the job's batch function (the micro-batch's load, its copy to the device
+included), which the engine runs before each forward on the stages that read data (the first and the last).
 
 Device memory (GPUs; on CPU all 0 and total null): the device's total, what the process holds outside
 the caching allocator (CUDA context, library handles, kernel images), and the workspaces that stay
@@ -53,14 +66,15 @@ through the profiler's memory events on CPU):
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from envpipe.limits import MAX_CLOCK_MHZ, MAX_POWER_W, MAX_UNIT_TIME_S, parse_json, quote, range_error, read_text
 
-LAYER_PROFILE_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no host or repeat times (taken as 0), no device memory
+LAYER_PROFILE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 1: no host or repeat times (taken as 0), no device memory; 1-2: no unit calls
 KIND = "envpipe-layer-profile"
 DTYPES = ("fp32", "bf16")
 FAMILIES = ("gpt2", "llama")
@@ -117,6 +131,33 @@ NO_DEVICE_MEMORY = DeviceMemory(None, 0, 0, "none: a CPU, or a version 1 profile
 
 
 @dataclass(frozen=True)
+class UnitCalls:
+    """Host work per unit that the profiler pays per layer and the engine per micro-batch, and the engine's
+    load of a micro-batch (see the module's docstring)."""
+
+    backward_call_s: float
+    grad_zero_call_s: float
+    load_s: dict[int, float]  # micro-batch size -> seconds (a size not in it: 0)
+    label: str
+
+    @property
+    def per_layer_s(self) -> float:
+        """What each layer's backward unit in the profile carries that the engine's backward pays once."""
+        return self.backward_call_s + self.grad_zero_call_s
+
+    def load(self, micro_batch: int) -> float:
+        return self.load_s.get(micro_batch, 0.0)
+
+    def to_json(self, sizes: Sequence[int]) -> dict[str, Any]:
+        return {"backward_call_s": self.backward_call_s, "grad_zero_call_s": self.grad_zero_call_s,
+                "load_s": {str(b): self.load(b) for b in sizes}, "label": self.label}
+
+
+NO_UNIT_CALLS = UnitCalls(0.0, 0.0, {}, "none: a CPU (a simulated GPU counts no host work), or a version 1 or 2 "
+                          "profile")
+
+
+@dataclass(frozen=True)
 class Layer:
     name: str
     parameters: int
@@ -163,6 +204,7 @@ class LayerProfile:
     model: ModelShape
     layers: tuple[Layer, ...]
     device_memory: DeviceMemory = NO_DEVICE_MEMORY
+    unit_calls: UnitCalls = NO_UNIT_CALLS
     source: str = "<memory>"
 
     @property
@@ -185,6 +227,7 @@ class LayerProfile:
                        "label": self.clock_label},
             "power": {"busy_w": self.busy_power_w, "idle_w": self.idle_power_w, "label": self.power_label},
             "device_memory": self.device_memory.to_json(),
+            "unit_calls": self.unit_calls.to_json(self.micro_batch_sizes),
             "model": self.model.to_json(),
             "micro_batch_sizes": list(self.micro_batch_sizes),
             "layers": [
@@ -259,7 +302,8 @@ def _from_json(data: Any, source: str) -> LayerProfile:
         busy_power_w=_number(power, "busy_w", "'power.busy_w'", MAX_POWER_W, positive=True),
         idle_power_w=_number(power, "idle_w", "'power.idle_w'", MAX_POWER_W),
         power_label=_string(power, "label", "'power.label'"), model=shape, layers=layers,
-        device_memory=_device_memory(top) if version >= 2 else NO_DEVICE_MEMORY, source=source)
+        device_memory=_device_memory(top) if version >= 2 else NO_DEVICE_MEMORY,
+        unit_calls=_unit_calls(top, sorted(sizes)) if version >= 3 else NO_UNIT_CALLS, source=source)
 
 
 def _device_memory(top: dict[str, Any]) -> DeviceMemory:
@@ -270,6 +314,18 @@ def _device_memory(top: dict[str, Any]) -> DeviceMemory:
                                 f"{quote(total)}")
     outside, workspace = (_count(raw, k, f"'device_memory.{k}'") for k in _MEMORY_KEYS)
     return DeviceMemory(total, outside, workspace, _string(raw, "label", "'device_memory.label'"))
+
+
+def _unit_calls(top: dict[str, Any], sizes: list[int]) -> UnitCalls:
+    raw = _object(top.get("unit_calls"), "'unit_calls'")
+    backward, zero = (_number(raw, k, f"'unit_calls.{k}'", MAX_UNIT_TIME_S) for k in ("backward_call_s",
+                                                                                    "grad_zero_call_s"))
+    loads = _object(raw.get("load_s"), "'unit_calls.load_s'")
+    if sorted(loads) != sorted(str(b) for b in sizes):
+        raise LayerProfileError(f"'unit_calls.load_s' has sizes {quote(sorted(loads))}, expected {sizes} "
+                                "(micro_batch_sizes)")
+    load = {b: _number(loads, str(b), f"'unit_calls.load_s' of micro-batch {b}", MAX_UNIT_TIME_S) for b in sizes}
+    return UnitCalls(backward, zero, load, _string(raw, "label", "'unit_calls.label'"))
 
 
 def _layer(raw: Any, index: int, sizes: list[int], version: int) -> Layer:

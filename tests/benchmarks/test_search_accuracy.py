@@ -1,21 +1,32 @@
-"""The one-GPU accuracy benchmark of `envpipe search`: its results file is what the renderer makes of the
-committed raw runs, the committed engine model is what the fit makes of the committed fit runs, and the
-driver's CPU path (profile, search, train, pack) works end to end."""
+"""The one-GPU accuracy benchmark of `envpipe search`: its results files are what the renderers make of the
+committed raw runs (the first held-out run and the second), the committed engine model is what the fit makes
+of the committed fit runs, the held-out predictions were written before their runs, the fit recovers known time
+terms, the driver's iteration counts, the diagnostics' CPU paths, and the driver's CPU path (profile, search,
+train, pack) end to end."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 import tarfile
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
+from benchmarks import host_speed, search_accuracy_call3_results
+from benchmarks.layer_chain_check import check
+from benchmarks.search_accuracy import micro_batch_sizes, timed_iterations
 from benchmarks.search_accuracy_results import RAW, render
-from benchmarks.search_fit import fit, load_runs
-from envpipe.search.engine import GPU, load_engine_model
+from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s
+from envpipe.search.engine import GPU, EngineModel, load_engine_model
+from envpipe.search.layers import NO_UNIT_CALLS, ModelShape, UnitCalls
+from tests.search.profiles import layer_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,10 +35,40 @@ def test_the_renderer_reproduces_the_committed_results() -> None:
     assert render() == (ROOT / "benchmarks" / "results" / "search_accuracy.md").read_text()
 
 
+def test_the_second_runs_renderer_reproduces_its_results() -> None:
+    committed = (ROOT / "benchmarks" / "results" / "search_accuracy_call3.md").read_text()
+    assert search_accuracy_call3_results.render() == committed
+
+
+def test_the_second_held_out_runs_predictions_came_before_them() -> None:
+    """Each run's predictions are its found configuration's, searched with the declared engine model on a
+    version 3 profile (its unit calls measured); every declared model and size ran."""
+    call = RAW / "call3"
+    engine = json.loads((call / "engine.json").read_text())
+    ran = set()
+    for run_path in call.glob("run*/heldout/*/runs/b*.json"):
+        run = json.loads(run_path.read_text())
+        configs = run_path.parents[1] / "configs"
+        config = configs / run["config"] if run["config"] == "found.json" else configs / "top" / run["config"]
+        found = json.loads(config.read_text())["envpipe_search"]
+        assert run["predicted"] == found["predicted"] and found["engine_model"] == engine["label"]
+        profile = json.loads((run_path.parents[1] / "layers.json").read_text())
+        assert profile["version"] == 3 and profile["unit_calls"]["label"].startswith("measured")
+        ran.add((run_path.parents[1].name, run["micro_batch"]))
+    declared = json.loads((call / "shapes.json").read_text())["heldout"]["models"]
+    assert ran == {(m["name"], b) for m in declared for b in m["micro_batch_sizes"]}
+
+
 def test_the_committed_engine_model_is_the_fit_of_the_committed_runs() -> None:
+    """The search's default is today's fit of the first run's fit set (call3/engine.json, declared before the
+    second run): memory terms only, their version 2 profiles have no unit calls to fit time terms with."""
     runs = load_runs(RAW / "call2" / "fit")
     engine, details = fit(runs, "2026-11-25")
-    assert engine == GPU == load_engine_model(RAW / "fit.json")
+    assert engine == GPU == load_engine_model(RAW / "call3" / "engine.json")
+    assert (engine.host_scale, engine.unit_host_s, engine.iteration_s) == (1.0, 0.0, 0.0)
+    first = load_engine_model(RAW / "fit.json")  # the first run's, kept as it was: the same memory terms
+    assert first.fragmentation == engine.fragmentation
+    assert first.outside_allocator_bytes == engine.outside_allocator_bytes
     # every fit run at least as much device memory predicted as it needed, in the memory terms fitted here
     assert all(r["inactive_split_over_allocated"] <= engine.fragmentation for r in details["runs"])
     assert all(r["outside_beyond_profile_bytes"] <= engine.outside_allocator_bytes for r in details["runs"])
@@ -48,11 +89,12 @@ def test_the_held_out_predictions_came_before_the_runs() -> None:
 
 @pytest.mark.slow
 def test_the_driver_on_cpu(tmp_path: Path) -> None:
-    """The CPU check: a 2-block model through both sets (profile, search, train at every size, no fit on CPU)."""
+    """The CPU check: a 2-block model through both sets of the first run's declaration (profile, search, train at
+    every size, no fit on CPU)."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "benchmarks/search_accuracy.py", "--out", str(tmp_path / "out"), "--tiny",
-                          "--archive", str(tmp_path / "archive")], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
+                          "--shapes", str(RAW / "shapes.json"), "--archive", str(tmp_path / "archive")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "no GPU runs to fit" in run.stdout
     with tarfile.open(tmp_path / "archive" / "search_accuracy.tar.gz") as tar:
@@ -62,3 +104,69 @@ def test_the_driver_on_cpu(tmp_path: Path) -> None:
             assert f"{kind}/tiny/runs/b{b}.json" in names
         result = json.loads((tmp_path / "out" / kind / "tiny" / "runs" / f"b{sizes[-1]}.json").read_text())
         assert result["micro_batch"] == sizes[-1] and len(result["measured"]["iteration_s"]) == 4
+
+
+def test_timed_iterations() -> None:
+    """The declared count, or enough to fill min_timed_s at the predicted time, at most max_iterations."""
+    declared = {"warmup": 2, "iterations": 4, "min_timed_s": 4.0, "max_iterations": 12}
+    assert timed_iterations(declared, 1.5) == {"warmup": 2, "iterations": 4}  # 3 would fill 4 s: 4 declared
+    assert timed_iterations(declared, 0.7) == {"warmup": 2, "iterations": 6}  # ceil(4 / 0.7)
+    assert timed_iterations(declared, 0.1) == {"warmup": 2, "iterations": 12}  # 40, capped
+    assert timed_iterations({"warmup": 2, "iterations": 4}, 0.1) == {"warmup": 2, "iterations": 4}
+
+
+def test_micro_batch_sizes_of_a_model() -> None:
+    declared = {"models": [{"name": "a", "micro_batch_sizes": [1, 2]}, {"name": "b", "micro_batch_sizes": [4, 2]}]}
+    assert micro_batch_sizes(declared, declared["models"][1]) == [4, 2]
+    assert micro_batch_sizes({**declared, "micro_batch_sizes": [8]}, {"name": "tiny"}) == [8]
+    assert micro_batch_sizes(declared, {"name": "tiny"}) == [1, 2, 4]  # the CPU check: every model's
+
+
+def _run(profile, b: int, M: int, engine: EngineModel) -> FitRun:
+    """A fit run whose measured time is what ``engine`` predicts for it."""
+    run = FitRun("m", profile, b, M, "x", 0.0, 1 << 30, 1 << 30, 0, 1 << 28, "test")
+    return replace(run, iteration_s=predicted_iteration_s(run, engine))
+
+
+def test_the_fit_recovers_time_terms_from_profiles_with_unit_calls() -> None:
+    """Runs made by a known engine (host scale 0.8, 0.5 ms per forward unit, 2 ms per iteration) on a profile that
+    measured its unit calls, launch-bound at micro-batch 1 and 2 (host 2 + 4 ms a layer, device 0.67 + 1.33 ms
+    times b^0.8) and device-bound at 4: the fit finds those terms again (the device-bound run tells the work per
+    unit from the host's scale)."""
+    calls = UnitCalls(1e-4, 2e-5, {1: 3e-4, 2: 3e-4, 4: 3e-4}, "test")
+    profile = replace(layer_profile([2.0, 2.0, 2.0, 2.0], host_ms=[6.0] * 4), unit_calls=calls)
+    truth = EngineModel(0.5e-3, 2e-3, 0.8, 0.0, 0, "x", "truth")
+    runs = [_run(profile, b, M, truth) for b, M in ((1, 16), (2, 8), (4, 4))]
+    engine, _ = fit(runs, "2026-11-25")
+    assert engine.host_scale == pytest.approx(0.8)
+    assert engine.unit_host_s == pytest.approx(0.5e-3, abs=1e-7) and engine.iteration_s == pytest.approx(2e-3, abs=1e-6)
+    assert "time not fitted" not in engine.label
+
+
+def test_the_fit_leaves_time_alone_on_profiles_without_unit_calls() -> None:
+    profile = layer_profile([1.0, 1.0, 1.0, 1.0], host_ms=[6.0] * 4)
+    assert profile.unit_calls == NO_UNIT_CALLS
+    runs = [_run(profile, 1, 16, EngineModel(0.5e-3, 2e-3, 0.8, 0.0, 0, "x", "truth"))]
+    engine, _ = fit(runs, "2026-11-25")
+    assert (engine.host_scale, engine.unit_host_s, engine.iteration_s) == (1.0, 0.0, 0.0)
+    assert "time not fitted" in engine.label
+
+
+def test_host_speed_windows_and_measure() -> None:
+    """A 2 ms workload timed over 0.5 s: five 100 ms windows of about 2 ms each; measure() on CPU times the
+    Python workload unpinned and pinned, with the steal counter where /proc/stat has one."""
+    medians = host_speed.windows(lambda: time.sleep(2e-3), 0.5)
+    assert 4 <= len(medians) <= 5 and all(1.9e-3 < m < 4e-3 for m in medians)
+    result = host_speed.measure(0.2)
+    runs = [(r["workload"], r["pinned"]) for r in result["runs"]]
+    assert runs[:1] == [("python", False)] and ("python", True) in runs
+    assert all(r["window_medians_s"] and (r["steal_ticks"] is None or r["steal_ticks"] >= 0) for r in result["runs"])
+
+
+def test_layer_chain_check_on_cpu() -> None:
+    """Two tiny GPT-2 blocks as one chain and as the profiler times them: every pair has all six host times (the
+    repeat times, differences of two rounds, may come out below 0 for so small a model on a busy CPU)."""
+    pairs = check(ModelShape("gpt2", 2, 32, 2, 16, 64), 2, 2, torch.device("cpu"))
+    issued = ("chain_forward_s", "chain_backward_s", "profiled_forward_host_s", "profiled_backward_host_s")
+    assert len(pairs) == 2 and all(len(p) == 6 and min(p[k] for k in issued) > 0 for p in pairs)
+    assert all(math.isfinite(v) for p in pairs for v in p.values())

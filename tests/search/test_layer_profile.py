@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from envpipe.runtime.layer_profile import AllocationWindows, Target, profile_layers
+from envpipe.runtime.layer_profile import (
+    AllocationWindows,
+    HostRound,
+    Target,
+    _Accumulator,
+    _extra_host_s,
+    _unit_calls,
+    host_and_repeat,
+    profile_layers,
+)
 from envpipe.search.layers import ModelShape, load_layer_profile
 
 MB = 1 << 20
@@ -65,6 +75,49 @@ def test_profile_of_known_layers(tmp_path: Path, dtype: str) -> None:
             assert cost.activation_bytes >= (out if i < n - 1 else 0)
             assert cost.forward_host_s == cost.backward_host_s == 0  # CPU: a simulated GPU, never launch-bound
             assert cost.forward_peak_bytes >= cost.activation_bytes
+    assert profile.unit_calls.load_s == {1: 0.0, 4: 0.0}  # CPU: no host work counted
     path = tmp_path / "layers.json"
     profile.save(path)
-    assert load_layer_profile(path).layers == profile.layers
+    again = load_layer_profile(path)
+    assert again.layers == profile.layers and again.unit_calls == profile.unit_calls
+
+
+def test_host_and_repeat_from_rounds_of_1_and_4() -> None:
+    """A round of 4 units issued in 8 ms (forwards) and 12 ms (backwards), spanning 10 and 16 ms to the device's
+    end; a round of 1 spanning 4 and 7 ms: host 2 and 3 ms per unit, repeat (10 - 4) / 3 = 2 and (16 - 7) / 3 = 3
+    ms. The 4 / 4 of the old rounds would have charged the round's edges to every unit: 2.5 and 4 ms."""
+    one = HostRound(1.5e-3, 2.5e-3, 4e-3, 7e-3)
+    four = HostRound(8e-3, 12e-3, 10e-3, 16e-3)
+    assert host_and_repeat(one, four, 4) == pytest.approx((2e-3, 3e-3, 2e-3, 3e-3))
+
+
+def test_extra_host_time_of_a_call() -> None:
+    """The host's extra time for the longer of two functions, by medians of alternate samples: a 3 ms against a
+    1 ms sleep is 2 ms (the timer's and the scheduler's jitter allowed)."""
+    extra = _extra_host_s(lambda: time.sleep(3e-3), lambda: time.sleep(1e-3), torch.device("cpu"))
+    assert extra == pytest.approx(2e-3, abs=0.7e-3)
+    assert _extra_host_s(lambda: None, lambda: time.sleep(1e-3), torch.device("cpu")) == 0.0  # never negative
+
+
+def test_no_unit_calls_on_cpu() -> None:
+    """The CPU's simulated GPU counts no host work: the unit calls are 0 at every size."""
+    target = Target([lambda: Square(8)], lambda b, d: (torch.randn(b, 8), torch.randn(b, 8)),
+                    lambda out, y: (out - y).pow(2).mean(), ModelShape("gpt2", 1, 8, 1, 1, 8))
+    calls = _unit_calls(target, [1, 2], torch.device("cpu"), "bf16")
+    assert (calls.backward_call_s, calls.grad_zero_call_s, calls.load_s) == (0.0, 0.0, {1: 0.0, 2: 0.0})
+
+
+def test_the_accumulator_adds_as_bf16_optimizer_does() -> None:
+    """After a backward each weight's gradient is added into its slice of the flat bf16 buffer; before the next
+    the gradients are zeroed in one call, so the buffer accumulates micro-batch after micro-batch."""
+    module = Square(4).to(torch.bfloat16)
+    acc = _Accumulator(module)
+    x = torch.ones(2, 4, dtype=torch.bfloat16)
+    for _ in range(2):
+        acc.before_backward()
+        module(x).sum().backward()
+        acc.after_backward()
+    # d(sum(W x))/dW = 2 (two rows of ones) per micro-batch, twice
+    assert torch.equal(acc.flat, torch.full((16,), 4.0, dtype=torch.bfloat16))
+    weight = module.lin.weight
+    assert weight.grad is not None and torch.equal(weight.grad, torch.full((4, 4), 2.0, dtype=torch.bfloat16))

@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from envpipe.search.layers import LayerProfileError, load_layer_profile
+from envpipe.search.layers import NO_UNIT_CALLS, LayerProfileError, UnitCalls, load_layer_profile
 from tests.search.profiles import layer_profile
+
+CALLS = UnitCalls(2e-4, 3e-5, {1: 4e-4, 2: 4.5e-4, 4: 5e-4}, "measured here")
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    profile = layer_profile([1.0, 2.0, 3.0, 4.0], dtype="bf16")
+    profile = replace(layer_profile([1.0, 2.0, 3.0, 4.0], dtype="bf16"), unit_calls=CALLS)
     path = tmp_path / "layers.json"
     profile.save(path)
     again = load_layer_profile(path)
     assert again.layers == profile.layers and again.model == profile.model and again.dtype == "bf16"
     assert again.micro_batch_sizes == (1, 2, 4) and again.source == str(path)
+    assert again.unit_calls == CALLS and again.unit_calls.per_layer_s == pytest.approx(2.3e-4)
+
+
+def test_a_profile_without_unit_calls_writes_zeros(tmp_path: Path) -> None:
+    """Every size gets a load time (0: none measured), so that the file reads back."""
+    profile = layer_profile([1.0, 2.0, 3.0])
+    assert profile.to_json()["unit_calls"]["load_s"] == {"1": 0.0, "2": 0.0, "4": 0.0}
+    path = tmp_path / "layers.json"
+    profile.save(path)
+    calls = load_layer_profile(path).unit_calls
+    assert (calls.backward_call_s, calls.grad_zero_call_s, calls.load(2), calls.load(8)) == (0, 0, 0, 0)
 
 
 def _edit(data: dict[str, Any], change: str) -> None:
@@ -41,11 +55,17 @@ def _edit(data: dict[str, Any], change: str) -> None:
             data["model"]["family"] = "bert"
         case "power":
             data["power"]["busy_w"] = 0
+        case "unit calls":
+            del data["unit_calls"]
+        case "load size":
+            del data["unit_calls"]["load_s"]["2"]
+        case "call time":
+            data["unit_calls"]["backward_call_s"] = -1e-4
 
 
 @pytest.mark.parametrize(("change", "message"), [
     ("kind", "'kind' must be 'envpipe-layer-profile', got 'perseus'"),
-    ("version", "unsupported layer profile version 7 (this tool reads 1, 2)"),
+    ("version", "unsupported layer profile version 7 (this tool reads 1, 2, 3)"),
     ("dtype", "'dtype' must be one of fp32, bf16, got 'fp8'"),
     ("layer count", "3 layers for a model of 2 blocks: expected 4"),
     ("negative time", "layer 1 micro-batch 2: 'forward_s' must be in (0, 3600], got -1"),
@@ -53,6 +73,9 @@ def _edit(data: dict[str, Any], change: str) -> None:
     ("bytes not int", "layer 0: 'param_bytes' must be an integer in [0, 1125899906842624], got 1.5"),
     ("family", "'model.family' must be one of gpt2, llama, got 'bert'"),
     ("power", "'power.busy_w' must be in (0, 10000], got 0"),
+    ("unit calls", "'unit_calls' must be a JSON object"),
+    ("load size", "'unit_calls.load_s' has sizes ['1', '4'], expected [1, 2, 4] (micro_batch_sizes)"),
+    ("call time", "'unit_calls.backward_call_s' must be in [0, 3600], got -0.0001"),
 ])
 def test_malformed_profile_one_line(tmp_path: Path, change: str, message: str) -> None:
     data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
@@ -88,8 +111,18 @@ def test_version_1_profiles_still_read() -> None:
     assert cost.forward_s > 0 and cost.forward_host_s == cost.backward_repeat_s == 0
 
 
+def test_a_version_2_profile_reads_without_unit_calls(tmp_path: Path) -> None:
+    """The first one-GPU accuracy run's profiles (version 2) predate the unit calls: read as none."""
+    path = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "search_accuracy" / "call2" / "fit"
+            / "gpt2_12x1024_s1024" / "layers.json")
+    profile = load_layer_profile(path)
+    assert json.loads(path.read_text())["version"] == 2 and profile.unit_calls == NO_UNIT_CALLS
+    assert profile.layers[1].per_micro_batch[1].backward_repeat_s > 0
+
+
 def test_a_version_2_profile_needs_its_host_times(tmp_path: Path) -> None:
     data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
+    data["version"] = 2
     del data["layers"][2]["per_micro_batch"]["1"]["backward_host_s"]
     path = tmp_path / "layers.json"
     path.write_text(json.dumps(data))
