@@ -54,11 +54,11 @@ def test_bad_cut_one_line(train_gpt, tmp_path: Path, capsys, monkeypatch, argv: 
 
 
 def test_found_configuration_sets_the_job(train_gpt, tmp_path: Path) -> None:
-    """The example takes the model from the found configuration; envpipe.initialize later removes the block and
-    resolves the plan beside the file (tests/runtime/test_dropin_parts.py)."""
+    """The example takes the model from the found configuration and resolves its plan beside the file (as
+    envpipe.initialize does for a config path: tests/runtime/test_dropin_parts.py)."""
     found = _found(tmp_path)
     args = train_gpt.parse_args(["--deepspeed_config", str(found)])
     config = train_gpt.deepspeed_config(args)
     assert (args.model, args.layers, args.hidden, args.micro_batch, args.microbatches, args.stage_layers) == (
         "gpt2", 4, 32, 2, 4, [3, 3]) and args.pipeline_stages == 2
-    assert config["envpipe_search"]["stage_layers"] == [3, 3] and config["envpipe"]["plan"] == "p.json"
+    assert config["envpipe_search"]["stage_layers"] == [3, 3] and config["envpipe"]["plan"] == str(found.parent / "p.json")
