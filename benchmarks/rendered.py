@@ -19,7 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import clockd_fair, dropin_results, freqmodel_results, runtime_nov22_results, runtime_results, search_results
+from benchmarks import (
+    clockd_fair,
+    dropin_results,
+    freqmodel_results,
+    runtime_nov22_results,
+    runtime_results,
+    search_accuracy_call3_results,
+    search_accuracy_results,
+    search_results,
+)
 from benchmarks.common import RESULTS, ROOT
 
 RAW = RESULTS / "h200_runs"
@@ -39,7 +48,7 @@ class Rendered:
         return self.renderer(list(self.raw))
 
     def command(self) -> str:
-        return f"{self.script} {' '.join(str(p.relative_to(ROOT)) for p in self.raw)}"
+        return " ".join([self.script, *(str(p.relative_to(ROOT)) for p in self.raw)])
 
 
 RENDERED = (
@@ -56,6 +65,11 @@ RENDERED = (
              runtime_nov22_results.render, "python benchmarks/runtime_nov22_results.py"),
     Rendered("runtime_h200_2026-11-23.md", (RAW / "runtime_llama_0454",),
              lambda raws: runtime_results.render(raws[0]), "python benchmarks/runtime_results.py"),
+    # their renderers read every raw file under benchmarks/results/search_accuracy/ themselves
+    Rendered("search_accuracy.md", (), lambda _: search_accuracy_results.render(),
+             "python benchmarks/search_accuracy_results.py"),
+    Rendered("search_accuracy_call3.md", (), lambda _: search_accuracy_call3_results.render(),
+             "python benchmarks/search_accuracy_call3_results.py"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              search_results.render, "python benchmarks/search_results.py"),
 )  # fmt: skip

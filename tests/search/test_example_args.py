@@ -61,4 +61,5 @@ def test_found_configuration_sets_the_job(train_gpt, tmp_path: Path) -> None:
     config = train_gpt.deepspeed_config(args)
     assert (args.model, args.layers, args.hidden, args.micro_batch, args.microbatches, args.stage_layers) == (
         "gpt2", 4, 32, 2, 4, [3, 3]) and args.pipeline_stages == 2
-    assert config["envpipe_search"]["stage_layers"] == [3, 3] and config["envpipe"]["plan"] == str(found.parent / "p.json")
+    assert config["envpipe_search"]["stage_layers"] == [3, 3]
+    assert config["envpipe"]["plan"] == str(found.parent / "p.json")
