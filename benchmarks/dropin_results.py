@@ -90,6 +90,11 @@ def render(out: Path) -> str:
     if failed:
         lines += ["", "Runs that failed or ended before a report (see their log.txt): " + ", ".join(
             f"{r['model']} round {r['round']} {r['engine']}" for r in failed)]
+    recorded = {r["folder"] for r in bench["runs"]}
+    cut = sorted(str(d.relative_to(out)) for d in out.glob("*/round*-*") if str(d.relative_to(out)) not in recorded)
+    if cut:
+        lines += ["", "Runs cut before the benchmark recorded them (the call's time limit; see their log.txt), left "
+                  "out of the tables: " + ", ".join(cut)]
     return "\n".join(lines) + "\n"
 
 
