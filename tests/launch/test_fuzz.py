@@ -163,6 +163,7 @@ def test_every_single_change_of_a_working_command_line(sandbox: Sandbox, inputs:
     assert len(cases) > 1000 and len(sandbox.started) > 100  # the sweep reached DeepSpeed's start often
 
 
+@pytest.mark.slow  # every single change of a working command line runs in the fast tier
 def test_random_command_lines(sandbox: Sandbox, inputs: dict[str, str]) -> None:
     @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -259,6 +259,7 @@ with tempfile.TemporaryDirectory() as _d:
     BASE_PLAN = _base_plan(Path(_d))
 
 
+@pytest.mark.slow  # profiles, plans and options: one fuzzer per input kind; options run in the fast tier
 @fuzz(1000)
 @given(mutations=st.lists(profile_mutation, max_size=3),
        policy=st.sampled_from(["envelope", "baseline", "uniform", "optimal"]), m=st.sampled_from(["1", "3"]))
@@ -270,6 +271,7 @@ def test_fuzz_profiles(mutations, policy, m) -> None:
               Path(d))
 
 
+@pytest.mark.slow
 @fuzz(1000)
 @given(mutations=st.lists(plan_mutation, max_size=3), opts=options(SIMULATE_OPTIONS))
 def test_fuzz_plans(mutations, opts) -> None:

@@ -141,6 +141,7 @@ def test_plan_with_tail_time(tmp_path):
     assert t1 == pytest.approx(t0 + 0.5)
 
 
+@pytest.mark.slow  # the planner's tail against the MILP: tests/plan/test_optimal_oracle.py (fast)
 def test_optimal_plan_with_tail_time(tmp_path):
     """The optimal planner takes the tail too: the budget (1F1B at the highest clock) and the plan's iteration
     both end 0.5 s later; per-stage tails are accepted."""

@@ -55,6 +55,7 @@ def test_infeasible_budget_is_a_clear_error():
         optimal_plan(case, max_slowdown=-0.1)
 
 
+@pytest.mark.slow  # tests/plan/test_optimal_profiles.py checks a frontier's monotonicity in the fast tier
 def test_frontier_is_monotone_and_spans_budgets():
     points = frontier(case_of("bloom+a40_bf16", 4, 12), "envpipe", points=8)
     times = [p.timeline.iteration_time for p in points]

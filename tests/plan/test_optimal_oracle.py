@@ -62,7 +62,8 @@ def test_4x8x8_cut_downs_match_milp(name, slowdown):
     assert relative_gap(res.timeline.energy, exact, res.baseline.energy) <= 0.005
 
 
-@pytest.mark.parametrize("seed", [3, 14, 27])
+@pytest.mark.parametrize("seed", [pytest.param(3, marks=pytest.mark.slow), 14,
+                                  pytest.param(27, marks=pytest.mark.slow)])
 def test_never_worse_than_any_envpipe_policy_at_its_own_time(seed):
     case = random_case(seed)
     for policy in POLICIES:
@@ -73,7 +74,8 @@ def test_never_worse_than_any_envpipe_policy_at_its_own_time(seed):
             assert ours.timeline.energy <= env.timeline.energy * (1 + 1e-9), f"{case}: {policy}+{reconfig}"
 
 
-@pytest.mark.parametrize("tail", [0.0, [0.05, 0.3, 0.0, 0.2], [0.4, 0.0, 0.0, 0.0]])
+@pytest.mark.parametrize("tail", [pytest.param(0.0, marks=pytest.mark.slow), [0.05, 0.3, 0.0, 0.2],
+                                  pytest.param([0.4, 0.0, 0.0, 0.0], marks=pytest.mark.slow)])
 def test_tail_matches_milp_and_resimulates(tail):
     """A per-stage tail after the last unit (gradient all-reduce, optimizer step) ends the iteration."""
     prof = real_profile("gpt3-175b+a100_sxm_bf16")
@@ -90,9 +92,10 @@ def test_tail_matches_milp_and_resimulates(tail):
     assert relative_gap(again.energy, exact, res.baseline.energy) <= 0.005
 
 
-@pytest.mark.parametrize(("blocking", "tail_power"), [([60.0, 90.0, 120.0, 75.0], None),
-                                                      ([83.64] * 4, [400.0, 250.0, 300.0, 200.0]),
-                                                      ([50.0, 110.0, 80.0, 140.0], [300.0, 90.0, 500.0, 140.0])])
+@pytest.mark.parametrize(("blocking", "tail_power"), [
+    pytest.param([60.0, 90.0, 120.0, 75.0], None, marks=pytest.mark.slow),
+    ([83.64] * 4, [400.0, 250.0, 300.0, 200.0]),
+    pytest.param([50.0, 110.0, 80.0, 140.0], [300.0, 90.0, 500.0, 140.0], marks=pytest.mark.slow)])
 def test_per_stage_blocking_and_tail_powers_match_milp(blocking, tail_power):
     """Each stage waits at its own blocking power and runs its tail at its own power: the planner, its LP
     bound and the exact MILP all see the same energy as the simulator."""

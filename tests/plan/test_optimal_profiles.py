@@ -29,7 +29,7 @@ def check_plan(case: PipelineCase, schedule: str, time_budget_s: float | None = 
     return tl.energy
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", [NEW[0], pytest.param(NEW[1], marks=pytest.mark.slow)])  # GPT-3/A40: 8 s
 def test_other_real_profiles_beat_envpipe(name):
     M = 12
     case = PipelineCase.of(real_profile(name), M, BLOCKING_POWER_W[name])
@@ -41,7 +41,7 @@ def test_other_real_profiles_beat_envpipe(name):
     assert check_plan(case, "1f1b") < env.baseline.energy
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", [pytest.param(NEW[0], marks=pytest.mark.slow), NEW[1]])  # BLOOM/A100: 8 s
 def test_other_real_profiles_frontier_is_monotone(name):
     prof = real_profile(name)
     prof = cut_down(prof, [0, 3, 7], spread_clocks(prof, 10))
@@ -83,7 +83,10 @@ def variants() -> dict[str, tuple[Profile, float]]:
     }
 
 
-@pytest.mark.parametrize("variant", list(variants()))
+HEAVY = {"heaviest first", "heaviest in the middle", "bumpy energy"}  # 6-9 s each: the slow tier
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) if v in HEAVY else v for v in variants()])
 def test_synthetic_variants_plan_beat_envpipe_and_give_monotone_frontiers(variant):
     prof, watts = variants()[variant]
     case = PipelineCase.of(prof, 2 if prof.num_stages > 8 else 6, watts)  # 16 stages: also M < S

@@ -135,7 +135,8 @@ def test_model_profile_splits_stages_evenly_or_takes_one_row_per_chunk(gpt3):
         model_profile(gpt3.with_stages(4), StageLayout.v_shape(3))
 
 
-@pytest.mark.parametrize(("schedule", "chunks"), [("interleaved", 2), ("dualpipev", None)])
+@pytest.mark.parametrize(("schedule", "chunks"), [("interleaved", 2),
+                                                  pytest.param("dualpipev", None, marks=pytest.mark.slow)])
 def test_chunked_plans_round_trip_and_resimulate(schedule, chunks, tmp_path):
     prof = cut_down(real_profile("gpt3-175b+a100_sxm_bf16"), [0, 3, 5, 7], list(range(0, 38, 6)))
     case = chunked(prof, 8, 83.64, schedule, chunks)
