@@ -133,7 +133,7 @@ class ClockInfo:
 
     kind: str  # sim, daemon, nvml (energy only), none
     controls_clocks: bool
-    energy: str  # "simulated (sim clock)", "measured (NVML counter)", "none"
+    energy: str  # "simulated GPU", "measured (NVML counter)", "none"
     time: str  # "measured (wall clock)", or on CPU "simulated (sim clock's GPU time)": the GPU's virtual time
     note: str | None  # why clocks are not controlled
     refusals: list[Refusal]

@@ -127,18 +127,18 @@ def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> No
     assert f"{hosts.ips[0]}: " in log and f"{hosts.ips[1]}: " in log, log[-3000:]
 
     summary = read_summary(report)
-    assert summary.stages == 2 and summary.clock.energy == "simulated (sim clock)"
+    assert summary.stages == 2 and summary.clock.energy == "simulated GPU"
     assert summary.measured is not None and summary.measured.pairs == 1  # 2 steady: the plan, then 1F1B all-max
     assert summary.plan is not None and summary.plan.policy == "optimal"  # the runtime's default
     assert summary.steady.energy_j is not None and summary.predicted is not None
     html = "".join(o["data"]["text/html"] for o in _outputs(nb, "summary_path =") if "data" in o)
-    assert "energy per iteration (simulated (sim clock))" in html
+    assert "energy per iteration (simulated GPU)" in html
     assert f"{summary.steady.throughput_samples_per_s:.2f} samples/s" in html
     assert "energy saving, the planner's prediction (simulated against simulated)" in html
     (image,) = [o for o in _outputs(nb, "gantt.png") if "data" in o]
     assert base64.b64decode(image["data"]["image/png"]) == (report / "gantt.png").read_bytes()
     stages = "".join(o["data"]["text/html"] for o in _outputs(nb, "summary.gpus") if "data" in o)
-    assert stages.count("<tr><td>") == 2 and "(simulated (sim clock))" in stages
+    assert stages.count("<tr><td>") == 2 and "(simulated GPU)" in stages
 
 
 @needs_netns
