@@ -26,22 +26,6 @@ def hosts(tmp_path: Path):
     h.close()
 
 
-def _launch(hosts: netns_hosts.Hosts, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'launcher'}")
-    argv = [sys.executable, "-m", "envpipe_launch", "--backend", "ssh", "--ssh-key", hosts.key, *args]
-    # the launcher runs on host 0, like a user on the first node of a cluster
-    proc = subprocess.Popen(
-        hosts.exec_argv(0, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the launcher forwards Ctrl-C to DeepSpeed, which stops the nodes
-        out, err = proc.communicate(timeout=30)
-        pytest.fail(f"launcher timed out after {timeout}s:\n{err[-3000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 @pytest.mark.slow
 def test_two_nodes_two_procs_pdsh(hosts: netns_hosts.Hosts, tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -49,7 +33,7 @@ def test_two_nodes_two_procs_pdsh(hosts: netns_hosts.Hosts, tmp_path: Path) -> N
     # gloo would otherwise pick the address of the (shared) hostname, 127.0.x.1, on every host
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{ip} slots=2\n" for ip in hosts.ips))
-    r = _launch(
+    r = netns_hosts.launch_ssh(
         hosts,
         "--nodes",
         "2",
@@ -69,7 +53,7 @@ def test_two_nodes_two_procs_pdsh(hosts: netns_hosts.Hosts, tmp_path: Path) -> N
 
 
 def test_unreachable_worker_is_a_clear_error(hosts: netns_hosts.Hosts) -> None:
-    r = _launch(
+    r = netns_hosts.launch_ssh(
         hosts,
         "--nodes",
         "2",
@@ -88,7 +72,7 @@ def test_unreachable_worker_is_a_clear_error(hosts: netns_hosts.Hosts) -> None:
 
 
 def test_duplicate_host_refused(hosts: netns_hosts.Hosts) -> None:
-    r = _launch(
+    r = netns_hosts.launch_ssh(
         hosts, "--nodes", "2", "--hosts", f"{hosts.ips[0]},{hosts.ips[0]}", str(SCRIPT), "x", timeout=60
     )
     assert r.returncode == 2 and "duplicate host" in r.stderr
@@ -103,7 +87,8 @@ def test_one_host_runs_on_that_host(hosts: netns_hosts.Hosts, tmp_path: Path) ->
         "import os, sys\n"
         "open(os.path.join(sys.argv[-1], 'netns'), 'w').write(str(os.stat('/proc/self/ns/net').st_ino))\n"
     )
-    r = _launch(hosts, "--nodes", "1", "--gpus-per-node", "1", "--hosts", hosts.ips[1], str(script), str(tmp_path))
+    r = netns_hosts.launch_ssh(hosts, "--nodes", "1", "--gpus-per-node", "1", "--hosts", hosts.ips[1], str(script),
+                               str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     host_1 = subprocess.run(
         hosts.exec_argv(1, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]), capture_output=True, text=True, check=True

@@ -20,20 +20,11 @@ from envpipe.runtime.collective import Place, portable
 from envpipe.runtime.config import EnvPipeConfigError, parse
 from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.iterations import BASELINE, PLAN
-from tests.launch.test_ssh import _launch as launch_ssh
-from tests.runtime.test_pipeline import WORKER, _orders, run_pipeline
 from tests.support import netns_hosts
+from tests.support.pipelines import WORKER, assert_same_math, orders_json, run_pipeline
 from tests.support.runtime_summary import iterations, read_summary, sample_calibrated, sample_summary
 
 M = 4
-
-
-def assert_same_math(results: list[dict], name: str, reference: str) -> None:
-    """Losses and every rank's parameters of run `name` equal those of run `reference`."""
-    for rank in results:
-        assert rank[name]["losses"] == pytest.approx(rank[reference]["losses"], rel=1e-6, abs=1e-7), name
-        for pname, values in rank[reference]["params"].items():
-            assert rank[name]["params"][pname] == pytest.approx(values, rel=1e-5, abs=1e-6), (name, pname)
 
 
 def check_dp_report(report_dir: Path, world: int, nodes: int) -> S.RunSummary:
@@ -64,15 +55,15 @@ def dp_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]
     out = tmp_path_factory.mktemp("dp2_pp2")
     runs = [
         {"name": "stock", "engine": "stock", "M": M, "steps": STEPS},
-        {"name": "1f1b", "engine": "envpipe", "M": M, "steps": STEPS, "orders": _orders(one_f_one_b(2, M))},
+        {"name": "1f1b", "engine": "envpipe", "M": M, "steps": STEPS, "orders": orders_json(one_f_one_b(2, M))},
         {"name": "envpipe", "engine": "envpipe", "M": M, "steps": STEPS,
-         "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
+         "orders": orders_json(envpipe_schedule(2, M, [M, 0]))},
         {"name": "stock_zero1", "engine": "stock", "M": M, "steps": STEPS, "zero": 1},
         {"name": "envpipe_zero1", "engine": "envpipe", "M": M, "steps": STEPS, "zero": 1,
-         "orders": _orders(envpipe_schedule(2, M, [2, 0]))},
+         "orders": orders_json(envpipe_schedule(2, M, [2, 0]))},
         {"name": "stock_bf16_zero1", "engine": "stock", "M": M, "steps": STEPS, "zero": 1, "bf16": True},
         {"name": "envpipe_bf16_zero1", "engine": "envpipe", "M": M, "steps": STEPS, "zero": 1, "bf16": True,
-         "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
+         "orders": orders_json(envpipe_schedule(2, M, [M, 0]))},
         {"name": "runtime", "engine": "runtime", "M": M, "steps": STEPS, "zero": 1,  # 1 calibrating, then steady
          "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0,
                      **ONE_CALIBRATION}},
@@ -258,7 +249,7 @@ def test_dp2_pp2_across_two_ssh_hosts(tmp_path: Path) -> None:
     runs = [
         {"name": "stock", "engine": "stock", "M": M, "steps": 3},
         {"name": "envpipe", "engine": "envpipe", "M": M, "steps": 3,
-         "orders": _orders(envpipe_schedule(2, M, [M, 0]))},
+         "orders": orders_json(envpipe_schedule(2, M, [M, 0]))},
         {"name": "runtime", "engine": "runtime", "M": M, "steps": 3,
          "envpipe": {"type": "baseline", "scheduling": "envpipe", "clock": "sim", "straggler_threshold": 10.0,
                      **ONE_CALIBRATION}},
@@ -269,7 +260,7 @@ def test_dp2_pp2_across_two_ssh_hosts(tmp_path: Path) -> None:
     try:
         hostfile = tmp_path / "hostfile"
         hostfile.write_text("".join(f"{ip} slots=2\n" for ip in hosts.ips))
-        r = launch_ssh(
+        r = netns_hosts.launch_ssh(
             hosts, "--nodes", "2", "--hostfile", str(hostfile), "--env", f"GLOO_SOCKET_IFNAME={netns_hosts.IFNAME}",
             "--env", "OMP_NUM_THREADS=1", str(WORKER), f"@{spec}", str(out), timeout=240,
         )
@@ -344,7 +335,7 @@ def test_calibration_per_replica_slowest_units_shortest_tail() -> None:
     the job takes the slowest replica's units and the shortest tail; the replica that ended last leads."""
     from dataclasses import replace
 
-    from tests.runtime.test_timing import GAP, HEAD, TAIL, measure
+    from tests.support.timings import GAP, HEAD, TAIL, measure
 
     orders = one_f_one_b(2, 4)
     fast = measure(orders, [0.010, 0.012], [0.020, 0.024])

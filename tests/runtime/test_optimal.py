@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from envpipe.clock.service import ServiceConfig
-from tests.runtime.test_dp import assert_same_math
-from tests.runtime.test_pipeline import ROOT, run_pipeline
 from tests.support.clockd_helpers import daemon_thread
+from tests.support.pipelines import ROOT, assert_same_math, run_pipeline
 from tests.support.runtime_summary import iterations, read_summary
 
 M = 4

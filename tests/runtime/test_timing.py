@@ -12,32 +12,9 @@ import pytest
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.plan.simulate import Overheads, simulate
 from envpipe.runtime.reconfigure import raise_clocks
 from envpipe.runtime.timing import StageTiming, calibrate, measured_timeline, predict_time
-
-GAP, TRANSFER, HEAD = 0.002, 0.005, 0.003
-TAIL = [0.03, 0.02, 0.01]
-
-
-def measure(orders, fwd, bwd, host0: float = 100.0) -> list[StageTiming]:
-    """A pipeline where a unit starts GAP after its stage is free or TRANSFER after its input ended."""
-    dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
-    dur = np.where(dag.is_fwd, np.asarray(fwd)[dag.stage], np.asarray(bwd)[dag.stage]) + GAP
-    return _timings(dag, dur, host0)
-
-
-def _timings(dag: PipelineDag, dur: np.ndarray, host0: float) -> list[StageTiming]:
-    """Each stage's measured iteration of `dag` with unit times `dur` (GAP included) from host0."""
-    P = dag.num_stages
-    tl = simulate(dag, dur, np.zeros_like(dur), Overheads.broadcast(P, 0.0, TRANSFER - GAP, TAIL[:P]))
-    origin = host0 + HEAD  # train_batch starts at host0 on every stage
-    out = []
-    for s in range(P):
-        ids = dag.order[s]
-        units = [(*dag.unit(i)[1:], origin + tl.start[i] + GAP, origin + tl.end[i]) for i in ids]
-        out.append(StageTiming(s, host0, origin + tl.stage_end[s] + TAIL[s], units))
-    return out
+from tests.support.timings import GAP, HEAD, TAIL, TRANSFER, measure, timings_of
 
 
 def test_calibration_recovers_overhead_transfer_and_tail() -> None:
@@ -120,4 +97,4 @@ def measure_with_clocks(orders, base, scale) -> list[StageTiming]:
     for s, ids in enumerate(dag.order):
         for pos, i in enumerate(ids):
             dur[i] = base[s] * (1 if dag.is_fwd[i] else 2) * scale[(s, pos)] + GAP
-    return _timings(dag, dur, host0=0.0)
+    return timings_of(dag, dur, host0=0.0)

@@ -1,7 +1,7 @@
 """Two "hosts" as Linux network namespaces joined by a veth link, each with sshd on port 2222.
 
-Used by the ssh-backend test: real sshd, real pdsh, real TCP between namespaces. Needs root and
-`ip netns`; `netns_unavailable()` says why not when it cannot work here.
+Used by the ssh-backend tests (`launch_ssh` runs envpipe-launch on host 0): real sshd, real pdsh, real TCP
+between namespaces. Needs root and `ip netns`; `netns_unavailable()` says why not when it cannot work here.
 """
 
 from __future__ import annotations
@@ -9,13 +9,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 SSHD = "/usr/sbin/sshd"
 IFNAME = "ep0"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sh(*argv: str) -> None:
@@ -140,3 +145,20 @@ def _wait_sshd(hosts: Hosts, i: int, timeout_s: float = 10.0) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"sshd in {hosts.names[i]} not listening after {timeout_s}s")
+
+
+def launch_ssh(hosts: Hosts, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`envpipe-launch --backend ssh ARGS` on host 0 with the hosts' key; Ctrl-C and a failure at ``timeout``."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'launcher'}")
+    argv = [sys.executable, "-m", "envpipe_launch", "--backend", "ssh", "--ssh-key", hosts.key, *args]
+    # the launcher runs on host 0, like a user on the first node of a cluster
+    proc = subprocess.Popen(
+        hosts.exec_argv(0, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the launcher forwards Ctrl-C to DeepSpeed, which stops the nodes
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"launcher timed out after {timeout}s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
