@@ -18,19 +18,6 @@ from tests.support.fakes.kube_api import FakeKubeAPI
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI(queues={"team-a": 0.2}).start()
-    yield fake
-    fake.stop()
-
-
-def _client(fake: FakeKubeAPI) -> client.ApiClient:
-    cfg = client.Configuration()
-    cfg.host = fake.url
-    return client.ApiClient(cfg)
-
-
 def _job(name: str = "j", n: int = 2, suspend: bool = False, labels: dict | None = None) -> dict:
     pod = {"restartPolicy": "Never", "subdomain": name, "containers": [{"name": "c", "image": "x", "args": ["worker"]}]}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": labels or {}},
@@ -51,7 +38,7 @@ def _post(fake: FakeKubeAPI, path: str, body: dict, method: str = "POST",
 
 def test_api_errors_are_the_api_servers(api: FakeKubeAPI) -> None:
     with pytest.raises(ApiException) as e:
-        client.CoreV1Api(_client(api)).read_namespaced_pod("nope", "default")
+        client.CoreV1Api(api.client()).read_namespaced_pod("nope", "default")
     assert e.value.status == 404
     # kubernetes 37 already refuses this object client-side, so post it as raw HTTP
     bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b"},
@@ -67,7 +54,7 @@ def test_api_errors_are_the_api_servers(api: FakeKubeAPI) -> None:
 
 
 def test_job_controller_makes_indexed_pods_as_kubernetes_does(api: FakeKubeAPI) -> None:
-    batch = client.BatchV1Api(_client(api))
+    batch = client.BatchV1Api(api.client())
     created = batch.create_namespaced_job("default", _job(n=3))
     uid = created.metadata.uid
     assert created.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": uid}  # the API's defaults
@@ -83,12 +70,12 @@ def test_job_controller_makes_indexed_pods_as_kubernetes_does(api: FakeKubeAPI) 
                 "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX}']"}}} in spec["containers"][0]["env"]
         assert meta["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": uid,
                                             "controller": True, "blockOwnerDeletion": True}]
-    client.CustomObjectsApi(_client(api)).delete_namespaced_custom_object("batch", "v1", "default", "jobs", "j")
+    client.CustomObjectsApi(api.client()).delete_namespaced_custom_object("batch", "v1", "default", "jobs", "j")
     assert api.names("pods") == []  # the garbage collector
 
 
 def test_suspend_makes_no_pods_and_removes_running_ones(api: FakeKubeAPI) -> None:
-    batch = client.BatchV1Api(_client(api))
+    batch = client.BatchV1Api(api.client())
     batch.create_namespaced_job("default", _job(suspend=True))
     time.sleep(0.3)
     assert api.names("pods") == []
@@ -102,7 +89,7 @@ def test_suspend_makes_no_pods_and_removes_running_ones(api: FakeKubeAPI) -> Non
 def test_jobset_controller_makes_its_jobs_service_and_pods(api: FakeKubeAPI) -> None:
     js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "s"},
           "spec": {"replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": _job()["spec"]}}]}}
-    created = client.CustomObjectsApi(_client(api)).create_namespaced_custom_object(
+    created = client.CustomObjectsApi(api.client()).create_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", js)
     assert created["spec"]["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}  # webhook
     wait_for(lambda: len(api.names("pods")) == 2)
@@ -131,7 +118,7 @@ def test_a_cluster_without_jobset_answers_404() -> None:
 
 
 def test_kueue_suspends_queued_work_and_admits_known_queues_only(api: FakeKubeAPI) -> None:
-    batch = client.BatchV1Api(_client(api))
+    batch = client.BatchV1Api(api.client())
     batch.create_namespaced_job("default", _job("a", labels={"kueue.x-k8s.io/queue-name": "team-a"}))
     batch.create_namespaced_job("default", _job("b", labels={"kueue.x-k8s.io/queue-name": "nobody"}))
     assert api.get("jobs", "default", "b")["spec"]["suspend"] is True  # type: ignore[index]  # the webhook

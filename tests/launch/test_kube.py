@@ -31,19 +31,6 @@ WORKLOADS = ["job", "jobset"]
 PLURAL = {"job": "jobs", "jobset": "jobsets"}
 
 
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI(queues={"team-a": 0.3}).start()
-    yield fake
-    fake.stop()
-
-
-def _client(fake: FakeKubeAPI) -> client.ApiClient:
-    cfg = client.Configuration()
-    cfg.host = fake.url
-    return client.ApiClient(cfg)
-
-
 def _spec(nodes: int = 3, gpus: int = 2, **kw) -> JobSpec:
     return JobSpec(nodes=nodes, gpus_per_node=gpus, script="examples/train_gpt.py", script_args=["--steps", "5"],
                    backend="kube", script_on_workers=True, **kw).validate()
@@ -54,7 +41,7 @@ def _launch(fake: FakeKubeAPI, spec: JobSpec | None = None, workload: str = "job
     opts.setdefault("name", "t")
     opts.setdefault("ready_timeout_s", 20)
     opts.setdefault("batch", Batch(workload))
-    return kube.launch(spec or _spec(), kube.KubeOptions(**opts), api_client=_client(fake))
+    return kube.launch(spec or _spec(), kube.KubeOptions(**opts), api_client=fake.client())
 
 
 def _leftovers(fake: FakeKubeAPI) -> dict[str, list[str]]:
@@ -166,7 +153,7 @@ def test_kept_job_is_owned_by_its_workload_and_goes_with_it(api: FakeKubeAPI, ca
     for plural, name in (("secrets", "t-ssh"), ("configmaps", "t-config"), ("services", "t")):
         refs = api.get(plural, "default", name)["metadata"]["ownerReferences"]  # type: ignore[index]
         assert [(r["kind"], r["uid"], r["controller"]) for r in refs] == [(owner["kind"], uid, True)], plural
-    client.CustomObjectsApi(_client(api)).delete_namespaced_custom_object(  # like kubectl delete
+    client.CustomObjectsApi(api.client()).delete_namespaced_custom_object(  # like kubectl delete
         *(("batch", "v1") if workload == "job" else ("jobset.x-k8s.io", "v1alpha2")), "default", PLURAL[workload], "t")
     assert _leftovers(api) == {}
 
@@ -229,7 +216,7 @@ def test_quota_refusal_is_reported_and_cleaned(api: FakeKubeAPI) -> None:
 
 
 def test_existing_names_are_a_clear_error_and_left_untouched(api: FakeKubeAPI) -> None:
-    batch = client.BatchV1Api(_client(api))
+    batch = client.BatchV1Api(api.client())
     theirs = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t"},
               "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [
                   {"name": "c", "image": "x"}]}}}}
@@ -239,7 +226,7 @@ def test_existing_names_are_a_clear_error_and_left_untouched(api: FakeKubeAPI) -
     assert _leftovers(api) == {"jobs": ["t"]} and api.get("jobs", "default", "t")["spec"]["template"]["spec"][  # type: ignore[index]
         "containers"][0]["image"] == "x"
     # a name taken by one of the objects the workload would own: the workload goes again, theirs stays
-    core = client.CoreV1Api(_client(api))
+    core = client.CoreV1Api(api.client())
     core.create_namespaced_config_map("default", {"apiVersion": "v1", "kind": "ConfigMap",
                                                   "metadata": {"name": "u-config"}, "data": {"mine": "yes"}})
     with pytest.raises(LaunchError, match=r"creating ConfigMap u-config: HTTP 409.*already exists"):

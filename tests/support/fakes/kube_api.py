@@ -206,6 +206,14 @@ class FakeKubeAPI:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def client(self) -> Any:
+        """The real `kubernetes` client's ApiClient pointed at this server."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        return client.ApiClient(cfg)
+
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig file for this server (namespace default), as kubectl and the launcher read it."""
         path.write_text(json.dumps({
