@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +58,35 @@ def windows(work: Callable[[], None], seconds: float, every: Callable[[int], Non
             out.append(statistics.median(samples))
             samples, window_end = [], window_end + WINDOW_S
     return out
+
+
+class HostWatch:
+    """The python workload's window medians, one window every ``every_s``, in a thread of this process while the
+    context is open: the host's speed beside a GPU job running in another process (on another CPU), at little
+    cost to it (a window in every ``every_s``)."""
+
+    def __init__(self, every_s: float = 0.5) -> None:
+        self.every_s = every_s
+        self.window_medians_s: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="host-watch", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every_s - WINDOW_S):
+            self.window_medians_s.extend(windows(python_work, WINDOW_S))
+
+    def __enter__(self) -> HostWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"window_s": WINDOW_S, "every_s": self.every_s, "window_medians_s": self.window_medians_s,
+                "label": "measured: the python workload's median sample per window, in the benchmark's parent "
+                         "process while the child ran"}
 
 
 def launches() -> tuple[Callable[[], None], Callable[[int], None]] | None:

@@ -4,20 +4,23 @@ changes (benchmarks/host_speed.py) cancel.
 
     python benchmarks/layer_chain_check.py --out chain.json --blocks 8
 
-Per model (--models, the held-out shapes of benchmarks/results/search_accuracy/call3/shapes.json), ``blocks``
+Per model (the held-out shapes of --shapes, default benchmarks/results/search_accuracy/call4/shapes.json), ``blocks``
 transformer blocks (envpipe.models.gpt) in bf16 on the GPU at micro-batch 1, and ``pairs`` times, one right
 after the other:
 - chain: the blocks' forward one after the other, then one backward() over all of them with DeepSpeed's
   BF16_Optimizer work around it (every gradient zeroed in one call before, each added into its flat bf16
   buffer after), as the engine's unit; the host's issuing of each, from an idle device;
-- profiled: every block as the layer profiler times it (its rounds of 1 and 4 units), the sums over the
-  blocks of its host times and of its repeat times.
-Writes per pair the four forward and four backward numbers (seconds). Clocks are never changed.
+- profiled: every block as the layer profiler times it, the sums over the blocks of its host times and of its
+  repeat times from its rounds of 1 and 4 units: as version 4 profiles take them (``chained_*``: the block
+  applied 4 times and once in one forward pass and one backward()) and as version 3 did (``separate_*``:
+  4 units and 1, each with its own backward(), less the unit calls the profile measured).
+Writes per pair the chain's two numbers and each method's four (seconds). Clocks are never changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -25,11 +28,12 @@ from typing import Any
 
 import torch
 
-from envpipe.models.gpt import layer_specs
-from envpipe.runtime.layer_profile import _QUEUE, _Accumulator, _sync, _Unit, host_and_repeat
+from envpipe.models.gpt import counting, layer_specs, lm_loss
+from envpipe.runtime.layer_profile import _QUEUE, Target, _Accumulator, _sync, _Unit, _unit_calls, host_and_repeat
 from envpipe.search.layers import ModelShape
 
-SHAPES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "search_accuracy" / "call3" / "shapes.json"
+SHAPES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "search_accuracy" / "call4" / "shapes.json"
+KEYS = ("forward_host_s", "backward_host_s", "forward_repeat_s", "backward_repeat_s")
 
 
 def chain_times(blocks: list[torch.nn.Module], x: torch.Tensor, accumulators: list[_Accumulator],
@@ -52,7 +56,12 @@ def chain_times(blocks: list[torch.nn.Module], x: torch.Tensor, accumulators: li
     return t1 - t0, t3 - t2
 
 
-def check(shape: ModelShape, blocks: int, pairs: int, device: torch.device) -> list[dict[str, float]]:
+def _batch(shape: ModelShape, b: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return next(counting(shape, b, device))
+
+
+def check(shape: ModelShape, blocks: int, pairs: int, calls_s: float, device: torch.device
+          ) -> list[dict[str, float]]:
     torch.manual_seed(0)
     with torch.device(device):
         modules = [spec.build().to(torch.bfloat16) for spec in layer_specs(shape)[1:1 + blocks]]
@@ -70,13 +79,17 @@ def check(shape: ModelShape, blocks: int, pairs: int, device: torch.device) -> l
     out = []
     for _ in range(pairs):
         forward, backward = chain_times(modules, x, accumulators, device)
-        sums = [0.0] * 4
-        for u in units:
-            one, queue = u._host_round(1), u._host_round(_QUEUE)
-            sums = [s + v for s, v in zip(sums, host_and_repeat(one, queue, _QUEUE), strict=True)]
-        out.append({"chain_forward_s": forward, "chain_backward_s": backward, "profiled_forward_host_s": sums[0],
-                    "profiled_backward_host_s": sums[1], "profiled_forward_repeat_s": sums[2],
-                    "profiled_backward_repeat_s": sums[3]})
+        pair = {"chain_forward_s": forward, "chain_backward_s": backward}
+        for method in ("chained", "separate"):
+            sums = [0.0] * 4
+            for u in units:
+                round_of = u._chain_round if method == "chained" else u._host_round
+                sums = [s + v for s, v in zip(sums, host_and_repeat(round_of(1), round_of(_QUEUE), _QUEUE),
+                                              strict=True)]
+            if method == "separate":  # each backward() of its own carried the unit calls
+                sums = [sums[0], sums[1] - blocks * calls_s, sums[2], sums[3] - blocks * calls_s]
+            pair |= {f"{method}_{k}": v for k, v in zip(KEYS, sums, strict=True)}
+        out.append(pair)
     return out
 
 
@@ -85,13 +98,18 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--blocks", type=int, default=8)
     p.add_argument("--pairs", type=int, default=20)
+    p.add_argument("--shapes", type=Path, default=SHAPES)
     args = p.parse_args()
     device = torch.device("cuda", 0)
-    declared = json.loads(SHAPES.read_text())["heldout"]["models"]
+    declared = json.loads(args.shapes.read_text())["heldout"]["models"]
     result: dict[str, Any] = {"blocks": args.blocks, "micro_batch": 1, "device": torch.cuda.get_device_name(device),
                               "label": "measured: host times (time.perf_counter), paired", "models": {}}
     for entry in declared:
-        result["models"][entry["name"]] = check(ModelShape(**entry["model"]), args.blocks, args.pairs, device)
+        shape = ModelShape(**entry["model"])
+        target = Target([spec.build for spec in layer_specs(shape)], functools.partial(_batch, shape), lm_loss, shape)
+        calls = _unit_calls(target, [1], device, "bf16")
+        result["models"][entry["name"]] = {"unit_calls_s": calls.backward_s,
+                                           "pairs": check(shape, args.blocks, args.pairs, calls.backward_s, device)}
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -6,7 +6,7 @@ iteration time and peak device memory against training runs, on declared models.
     DS_ACCELERATOR=cpu python benchmarks/search_accuracy.py --out OUT --tiny   # the script's CPU check
 
 The models, global batch, micro-batch sizes and iteration counts are declared in a shapes file committed
-before the runs (``--shapes``; default: the latest, benchmarks/results/search_accuracy/call3/shapes.json).
+before the runs (``--shapes``; default: the latest, benchmarks/results/search_accuracy/call4/shapes.json).
 A set with models runs: the fit set first, then its engine model is fitted (benchmarks/search_fit.py) and
 written beside its runs; then the held-out set is searched with that engine model (`envpipe search
 --engine-model`; without a fit set run here, ``--engine-model`` or the search's default) and trained. A
@@ -31,9 +31,10 @@ Children are forked from a parent that imported torch, DeepSpeed and transformer
 (PYTORCH_NVML_BASED_CUDA_CHECK), so that a run does not pay the imports; if a forked child cannot use CUDA,
 the rest run as fresh processes. A run trains with the allocator setting its found configuration names
 (PYTORCH_CUDA_ALLOC_CONF, as the printed launch command sets it). Writes OUT/<set>/<model>/{layers.json,
-search.log, configs/, runs/b<b>.json}, OUT/fit/{engine.json, details.json} and ARCHIVE/search_accuracy.tar.gz,
-made again after every run, so that a call stopped at its time limit still brings back what it measured. No
-training run starts after ``--deadline-s``. Clocks and power limits are never changed.
+search.log, configs/, runs/b<b>.json}, beside each child's output <out>.host.json (the host's speed while it
+ran: benchmarks/host_speed.py's HostWatch in the parent), OUT/fit/{engine.json, details.json} and
+ARCHIVE/search_accuracy.tar.gz, made again after every run, so that a call stopped at its time limit still
+brings back what it measured. No training run starts after ``--deadline-s``. Clocks and power limits are never changed.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ from typing import Any
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without a CUDA context
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = ROOT / "benchmarks" / "results" / "search_accuracy" / "call3" / "shapes.json"
+SHAPES = ROOT / "benchmarks" / "results" / "search_accuracy" / "call4" / "shapes.json"
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.host_speed import HostWatch  # noqa: E402
 
 TINY = {"family": "gpt2", "layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256}  # --tiny: the CPU check
 _RUN_TIMEOUT_S = 300
@@ -179,21 +182,30 @@ class Children:
         self.fork = True
 
     def run(self, spec: dict[str, Any], log: Path) -> bool:
+        """Run one child; the host's speed meanwhile (benchmarks/host_speed.py's HostWatch) goes to
+        ``spec["out"]`` + ".host.json"."""
+        watch = HostWatch()
+        try:
+            return self._run(spec, log, watch)
+        finally:
+            Path(spec["out"] + ".host.json").write_text(json.dumps(watch.to_json()) + "\n")
+
+    def _run(self, spec: dict[str, Any], log: Path, watch: HostWatch) -> bool:
         if self.fork:
-            ok = self._forked(spec, log)
+            ok = self._forked(spec, log, watch)
             failed = Path(spec["out"] + ".failed")
             if ok or not failed.exists() or "CUDA" not in failed.read_text():
                 return ok
             print("  a forked child could not use CUDA: fresh processes from now on", flush=True)
             failed.unlink()
             self.fork = False
-        with log.open("a") as fh:
+        with log.open("a") as fh, watch:
             run = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], stdout=fh,
                                  stderr=subprocess.STDOUT, timeout=_RUN_TIMEOUT_S, check=False)
         return run.returncode == 0
 
     @staticmethod
-    def _forked(spec: dict[str, Any], log: Path) -> bool:
+    def _forked(spec: dict[str, Any], log: Path, watch: HostWatch) -> bool:
         with log.open("a") as fh:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -203,11 +215,12 @@ class Children:
                 os.dup2(fh.fileno(), 2)
                 _child(spec)
             deadline = time.monotonic() + _RUN_TIMEOUT_S
-            while time.monotonic() < deadline:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    return os.waitstatus_to_exitcode(status) == 0
-                time.sleep(0.2)
+            with watch:  # started after the fork: the child has no watcher thread
+                while time.monotonic() < deadline:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        return os.waitstatus_to_exitcode(status) == 0
+                    time.sleep(0.2)
             os.kill(pid, 9)
             os.waitpid(pid, 0)
             return False

@@ -83,7 +83,7 @@ def units() -> list[dict[str, Any]]:
                 measured = _json(path)["measured"]
                 b = _json(path)["micro_batch"]
                 forward, backward = unit_times([layer.per_micro_batch[b] for layer in profile.layers], engine,
-                                               calls.per_layer_s, calls.load(b))
+                                               calls.backward_s, calls.load(b))
                 spans = [u for it in measured["units_per_iteration"] for u in it]
                 costs = [layer.per_micro_batch[b] for layer in profile.layers]
                 host = sum(c.forward_host_s + c.backward_host_s for c in costs)
@@ -132,7 +132,7 @@ def calls_table() -> list[str]:
             c = profile.unit_calls
             loads = ", ".join(f"{b}: {c.load(b) * US:.0f}" for b in profile.micro_batch_sizes)
             lines.append(f"| {model.name} | {c.backward_call_s * US:.0f} | {c.grad_zero_call_s * US:.0f} | "
-                         f"{c.per_layer_s * profile.num_layers * MS:.2f} | {loads} |")
+                         f"{c.backward_s * profile.num_layers * MS:.2f} | {loads} |")
     return lines
 
 

@@ -15,12 +15,17 @@ On GPUs a unit has three times, the device's, the host's and the repeat time (en
 them as the engine does: one layer after the other, the device behind the host, a synchronization before
 every forward). Each of ``reps`` repetitions takes three rounds, each starting on an idle device:
 - a round of 1 unit and a round of ``_QUEUE`` units without a hold, the device running the units as the
-  host issues them, as in the engine. The host time is the host's issuing of the larger round over its
-  units. The repeat time (the units back to back as the engine runs them) is the difference of the two
-  rounds' spans from the synchronization before them to the device's end, over ``_QUEUE - 1`` units: a
-  round's edges (the first kernel's launch, the final synchronization) are in both and cancel, where a
-  round over its units charged them to every unit (H100, 2026-11-25: repeat sums 1-10 % above the engine's
-  device-bound units);
+  host issues them, as in the engine. A layer whose output can be its own input (a transformer block) is
+  chained, as the engine issues a stage: one forward pass through the layer applied ``_QUEUE`` times (once)
+  and one ``backward()`` over it, DeepSpeed's BF16_Optimizer work around it (one zeroing call before, every
+  application's gradients added into the flat buffer after). Other layers (the embedding, the head) run
+  their units one after the other, each with its own ``backward()``, and lose the unit calls measured below.
+  The host and repeat times are the differences of the two rounds over ``_QUEUE - 1`` units: of the host's
+  issuing, and of the spans from the synchronization before them to the device's end. What a round pays once
+  (its first launch, its final synchronization, the ``backward()`` call and the zeroing) is in both and
+  cancels: the layer's share of a stage (H100, 2026-11-25: a layer's own ``backward()`` took 1.19-1.30 times
+  the host time of the same layer inside a chain of 8, far more than the calls measured alone; a round of 4
+  over 4 put repeat sums 1-10 % above the engine's device-bound units);
 - a held round: the device held by a spin kernel (``_DeviceHold``) while the host issues ``_QUEUE``
   forwards and their backwards, and then running the queued units back to back, timed by CUDA events: the
   device's time. The hold lasts twice the host's issuing of the free round (issuing behind a held device
@@ -34,12 +39,11 @@ a launch-bound stage from a device-bound one (H100, 2026-11-24: the search's tim
 micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a round is one unit and its host time 0 (the simulated
 GPU counts CPU time; there is nothing to hide).
 
-Once per profile, on GPUs, the unit calls (``UnitCalls``): the host's cost of one ``backward()`` call beyond
-its kernels (two roots' backward in two calls less in one call) and, bf16, of one gradient zeroing (two
-tensors zeroed in two calls less in one): every profiled layer's backward carries one of each, the
-engine's backward one for the whole stage (H100, 2026-11-25: launch-bound backward units took 75-95 % of
-the profile's summed host times, forward units about 100 %). And per micro-batch size the job's batch
-function, the device synchronized at both ends: the micro-batch's load the engine does before every forward.
+Once per profile, on GPUs, the unit calls (``UnitCalls``), which the engine pays once per micro-batch and
+stage: the host's cost of one ``backward()`` call beyond its kernels (two roots' backward in two calls less
+in one call) and, bf16, of one gradient zeroing (two tensors zeroed in two calls less in one). And per
+micro-batch size the job's batch function, the device synchronized at both ends: the micro-batch's load the
+engine does before every forward.
 
 Then one unit under the allocation probe (``AllocationWindows``). Every backward does what DeepSpeed's
 pipeline engine adds to it (bf16, BF16_Optimizer): the weights' gradients zeroed before, each added into
@@ -174,6 +178,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
     power = _PowerMeter(device, idle_seconds)
     batches = {b: target.batch(b, device) for b in sizes}
     calls = _unit_calls(target, sizes, device, dtype)
+    calls_s = calls.backward_s
     # floating inputs in the training dtype, as DeepSpeed loads them on the first stage
     inputs = {b: x.to(DTYPES[dtype]) if x.is_floating_point() else x for b, (x, _) in batches.items()}
     layers, flops = [], []
@@ -184,7 +189,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
                 module = build().to(dtype=DTYPES[dtype])
             loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
             layer, layer_flops, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, timer,
-                                                        hold)
+                                                        hold, calls_s)
             layers.append(layer)
             flops.append(layer_flops)
             if progress:
@@ -296,14 +301,15 @@ def simulated_gpu_times(layers: Sequence[Layer], flops: Sequence[Flops]) -> list
 
 def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
                    loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device, dtype: str,
-                   reps: int, warmup: int, timer: UnitTimer, hold: _DeviceHold | None
+                   reps: int, warmup: int, timer: UnitTimer, hold: _DeviceHold | None, calls_s: float
                    ) -> tuple[Layer, Flops, dict[int, torch.Tensor]]:
     """One layer at every micro-batch size (``inputs``: size -> its input); returns it, its FLOPs per unit
-    (CPU only, else 0) and its outputs."""
+    (CPU only, else 0) and its outputs. ``calls_s``: the unit calls (GPUs), which an unchained layer's own
+    ``backward()`` pays and the engine's stage pays once."""
     accumulator = _Accumulator(module) if dtype == "bf16" else None
     units = {b: _Unit(module, x, b, loss, device, accumulator) for b, x in inputs.items()}
     if hold is not None:
-        times = {b: unit.time_on_gpu(reps, warmup, hold) for b, unit in units.items()}
+        times = {b: unit.time_on_gpu(reps, warmup, hold, calls_s) for b, unit in units.items()}
         flops = {b: (0.0, 0.0) for b in units}
     else:
         measured = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
@@ -399,6 +405,8 @@ class _Unit:
         self.grad = None if loss is not None else torch.randn_like(out)
         root.backward(self.grad)  # the weights' gradients exist from here on, as between micro-batches
         self.x.grad = None
+        # its output can be its own input: the layer can be issued as a chain, as the engine issues a stage
+        self.chainable = loss is None and out.shape == self.x.shape and out.dtype == self.x.dtype
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.module(self.x)
@@ -428,15 +436,18 @@ class _Unit:
             held.clear()
         return ((statistics.median(t for t, _ in fwd), fwd[-1][1]), (statistics.median(t for t, _ in bwd), bwd[-1][1]))
 
-    def time_on_gpu(self, reps: int, warmup: int, hold: _DeviceHold) -> tuple[float, ...]:
+    def time_on_gpu(self, reps: int, warmup: int, hold: _DeviceHold, calls_s: float) -> tuple[float, ...]:
         """GPU: per unit the device's forward and backward time, the host's, and the repeat times, each the
-        median of ``reps`` repetitions (see the module's docstring)."""
+        median of ``reps`` repetitions (see the module's docstring); an unchained layer's backward host and
+        repeat times without the unit calls (``calls_s``)."""
+        round_of = self._chain_round if self.chainable else self._host_round
         for _ in range(max(warmup, 1)):
             self.backward(self.forward()[1])
+            round_of(_QUEUE)
         hold_s, q = 0.0, _QUEUE
         samples = []
         for _ in range(reps):
-            one, queue = self._host_round(1), self._host_round(q)
+            one, queue = round_of(1), round_of(q)
             hold_s = max(hold_s, 2 * (queue.issue_forward + queue.issue_backward) + 1e-3)
             for _ in range(_HOLD_TRIES):
                 device, held = self._held_round(hold, hold_s)
@@ -444,7 +455,10 @@ class _Unit:
                     break
                 hold_s *= 2  # the host was not done when the hold ended: once more, longer
             samples.append((*device, *host_and_repeat(one, queue, q)))
-        return tuple(max(0.0, statistics.median(r[k] for r in samples)) for k in range(6))
+        fwd, bwd, fwd_host, bwd_host, fwd_repeat, bwd_repeat = (statistics.median(r[k] for r in samples)
+                                                                for k in range(6))
+        carried = 0.0 if self.chainable else calls_s
+        return tuple(max(0.0, t) for t in (fwd, bwd, fwd_host, bwd_host - carried, fwd_repeat, bwd_repeat - carried))
 
     def _held_round(self, hold: _DeviceHold, hold_s: float) -> tuple[tuple[float, float], bool]:
         """One round under a hold of ``hold_s``: the device's forward and backward time per unit, and whether
@@ -476,6 +490,30 @@ class _Unit:
         t2 = time.perf_counter()
         return HostRound(issued_f - t0, issued_b - t1, t1 - t0, t2 - t1)
 
+    def _chain_round(self, units: int) -> HostRound:
+        """One round of the layer applied ``units`` times in one forward pass and one backward() (with the
+        optimizer's work per application), the device running them as the host issues them."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        h = self.x
+        for _ in range(units):
+            h = self.module(h)
+        issued_f = time.perf_counter()
+        _sync(self.device)
+        t1 = time.perf_counter()
+        if self.accumulator is not None:
+            self.accumulator.before_backward()
+        h.backward(self.grad)
+        if self.accumulator is not None:
+            for _ in range(units):  # one layer's gradients added per application, as for a stage of them
+                self.accumulator.after_backward()
+        issued_b = time.perf_counter()
+        del h
+        self.x.grad = None
+        _sync(self.device)
+        t2 = time.perf_counter()
+        return HostRound(issued_f - t0, issued_b - t1, t1 - t0, t2 - t1)
+
     def probe(self, probe: AllocationWindows, name: str) -> torch.Tensor:
         """One unit under the allocation probe (windows NAME.forward and NAME.backward); returns the output."""
         with probe.window(f"{name}.forward"):
@@ -496,12 +534,12 @@ class HostRound(NamedTuple):
 
 
 def host_and_repeat(one: HostRound, queue: HostRound, units: int) -> tuple[float, float, float, float]:
-    """Per unit: the host's forward and backward time (the larger round's issuing over its units) and the
-    forward and backward repeat time (the rounds' spans, of ``units`` units and of one, their difference over
-    ``units - 1``: the edges both rounds have cancel)."""
-    return (queue.issue_forward / units, queue.issue_backward / units,
-            (queue.span_forward - one.span_forward) / (units - 1),
-            (queue.span_backward - one.span_backward) / (units - 1))
+    """Per unit: the host's forward and backward time and the forward and backward repeat time, each the
+    difference of a round of ``units`` units and a round of one over ``units - 1``: what both rounds pay once
+    cancels."""
+    n = units - 1
+    return ((queue.issue_forward - one.issue_forward) / n, (queue.issue_backward - one.issue_backward) / n,
+            (queue.span_forward - one.span_forward) / n, (queue.span_backward - one.span_backward) / n)
 
 
 def _event() -> torch.cuda.Event:

@@ -82,7 +82,7 @@ def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cu
     costs = [[layer.per_micro_batch[b] for layer in layers.layers[lo:hi]] for lo, hi in bounds]
     calls = layers.unit_calls
     # the first stage loads the micro-batch's inputs, the last its labels (DeepSpeed's LoadMicroBatch)
-    fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine, calls.per_layer_s,
+    fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine, calls.backward_s,
                                                   calls.load(b) if s in (0, len(costs) - 1) else 0.0)
                                        for s, stage in enumerate(costs)), strict=True))
     watts = layers.busy_power_w

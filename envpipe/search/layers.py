@@ -2,7 +2,7 @@
 
 Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
 
-    {"version": 3, "kind": "envpipe-layer-profile",
+    {"version": 4, "kind": "envpipe-layer-profile",
      "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
      "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
      "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
@@ -35,10 +35,14 @@ device cannot overlap within the layer. A narrow layer at a small micro-batch ta
 device: it is launch-bound. On CPU (a simulated GPU that only counts work) the host and repeat times are 0.
 Version 3 takes the repeat time as the difference of rounds of 4 and of 1 units (over 3), so that a round's
 edges (its first launch, its final synchronization) are not charged to every unit; versions 1 and 2 took a
-round of 4 over 4.
+round of 4 over 4. Version 4 takes the host and repeat times of a layer as the engine issues it, inside a
+chain: one forward pass and one ``backward()`` over the layer applied 4 times and once, the difference over
+3. Its backward host and repeat times carry no unit calls (below): the stage pays them once. Version 3 times
+carried one of each per layer; they are read without them (the unit calls subtracted), so that both versions
+mean the same.
 
-Unit calls (version 3, GPUs; 0 on CPU and in older versions): host work the profiler pays once per layer
-and the engine once per micro-batch, measured once, and what the engine adds to every forward unit.
+Unit calls (version 3 on, GPUs; 0 on CPU and in older versions): host work the engine pays once per
+micro-batch and stage, measured once, and what the engine adds to every forward unit.
 backward_call_s: one ``backward()`` call beyond its kernels (the profiler calls it per layer, the engine once
 over the stage); grad_zero_call_s: one call zeroing the gradients beyond its kernels (bf16: the profiler
 zeroes each layer's, DeepSpeed's BF16_Optimizer all of the stage's at once; 0 where the profiler zeroes
@@ -73,8 +77,9 @@ from typing import Any, TypeGuard
 
 from envpipe.limits import MAX_CLOCK_MHZ, MAX_POWER_W, MAX_UNIT_TIME_S, parse_json, quote, range_error, read_text
 
-LAYER_PROFILE_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # 1: no host or repeat times (taken as 0), no device memory; 1-2: no unit calls
+LAYER_PROFILE_VERSION = 4
+# 1: no host or repeat times (taken as 0), no device memory; 1-2: no unit calls; 3: unit calls in every backward
+READABLE_VERSIONS = (1, 2, 3, 4)
 KIND = "envpipe-layer-profile"
 DTYPES = ("fp32", "bf16")
 FAMILIES = ("gpt2", "llama")
@@ -132,8 +137,8 @@ NO_DEVICE_MEMORY = DeviceMemory(None, 0, 0, "none: a CPU, or a version 1 profile
 
 @dataclass(frozen=True)
 class UnitCalls:
-    """Host work per unit that the profiler pays per layer and the engine per micro-batch, and the engine's
-    load of a micro-batch (see the module's docstring)."""
+    """Host work per unit that the engine pays once per micro-batch and stage, and its load of a micro-batch
+    (see the module's docstring)."""
 
     backward_call_s: float
     grad_zero_call_s: float
@@ -141,8 +146,8 @@ class UnitCalls:
     label: str
 
     @property
-    def per_layer_s(self) -> float:
-        """What each layer's backward unit in the profile carries that the engine's backward pays once."""
+    def backward_s(self) -> float:
+        """The host's calls a stage's backward unit pays once, whatever its layers."""
         return self.backward_call_s + self.grad_zero_call_s
 
     def load(self, micro_batch: int) -> float:
@@ -286,7 +291,10 @@ def _from_json(data: Any, source: str) -> LayerProfile:
         count = len(raw_layers) if isinstance(raw_layers, list) else "no list of"
         raise LayerProfileError(f"{count} layers for a model of {shape.layers} blocks: expected "
                                 f"{shape.layers + 2} (embedding, blocks, head)")
-    layers = tuple(_layer(raw, i, sorted(sizes), version) for i, raw in enumerate(raw_layers))
+    calls = _unit_calls(top, sorted(sizes)) if version >= 3 else NO_UNIT_CALLS
+    # version 3: every layer's backward carried the stage's calls once (see the module's docstring)
+    carried = calls.backward_s if version == 3 else 0.0
+    layers = tuple(_layer(raw, i, sorted(sizes), version, carried) for i, raw in enumerate(raw_layers))
     threads = top.get("cpu_threads")
     if threads is not None and (not _is_int(threads) or not 1 <= threads <= MAX_THREADS):
         raise LayerProfileError(f"'cpu_threads' must be an integer in [1, {MAX_THREADS}] or null, got {quote(threads)}")
@@ -303,7 +311,7 @@ def _from_json(data: Any, source: str) -> LayerProfile:
         idle_power_w=_number(power, "idle_w", "'power.idle_w'", MAX_POWER_W),
         power_label=_string(power, "label", "'power.label'"), model=shape, layers=layers,
         device_memory=_device_memory(top) if version >= 2 else NO_DEVICE_MEMORY,
-        unit_calls=_unit_calls(top, sorted(sizes)) if version >= 3 else NO_UNIT_CALLS, source=source)
+        unit_calls=calls, source=source)
 
 
 def _device_memory(top: dict[str, Any]) -> DeviceMemory:
@@ -328,7 +336,7 @@ def _unit_calls(top: dict[str, Any], sizes: list[int]) -> UnitCalls:
     return UnitCalls(backward, zero, load, _string(raw, "label", "'unit_calls.label'"))
 
 
-def _layer(raw: Any, index: int, sizes: list[int], version: int) -> Layer:
+def _layer(raw: Any, index: int, sizes: list[int], version: int, carried_calls_s: float) -> Layer:
     where = f"layer {index}"
     obj = _object(raw, where)
     per_raw = _object(obj.get("per_micro_batch"), f"{where}: 'per_micro_batch'")
@@ -344,8 +352,9 @@ def _layer(raw: Any, index: int, sizes: list[int], version: int) -> Layer:
         held, output, forward_peak, backward_peak = (_count(cell, k, f"{at}: '{k}'") for k in _PER_MB_KEYS[2:6])
         forward_host, backward_host, forward_repeat, backward_repeat = (
             _number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S) if version >= 2 else 0.0 for k in _PER_MB_KEYS[6:])
-        per[b] = LayerCost(forward, backward, held, output, forward_peak, backward_peak, forward_host, backward_host,
-                           forward_repeat, backward_repeat)
+        per[b] = LayerCost(forward, backward, held, output, forward_peak, backward_peak, forward_host,
+                           max(0.0, backward_host - carried_calls_s), forward_repeat,
+                           max(0.0, backward_repeat - carried_calls_s))
     parameters = _count(obj, "parameters", f"{where}: 'parameters'", maximum=MAX_PARAMETERS)
     param_bytes, state_bytes, step_peak = (_count(obj, k, f"{where}: '{k}'")
                                            for k in ("param_bytes", "optimizer_state_bytes",

@@ -127,7 +127,7 @@ def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list
                         progress: Progress | None) -> tuple[list[Pipeline], tuple[float, Shape]]:
     """The pipelines of the shapes that fit, each with its time-balanced feasible cut; and for an error
     message the least device memory any shape needs (its min-max-memory cut)."""
-    unit = np.array([[layer_weight(layer.per_micro_batch[b], layers.unit_calls.per_layer_s) for layer in layers.layers]
+    unit = np.array([[layer_weight(layer.per_micro_batch[b]) for layer in layers.layers]
                      for b in layers.micro_batch_sizes])
     time_tables = {b: segment_sums(unit[i]) for i, b in enumerate(layers.micro_batch_sizes)}
     overhead = device_overhead(layers, engine)

@@ -16,11 +16,11 @@ layer's units back to back, as the engine runs a stage of such layers) is then a
 the difference joins the layer's device time, g_l + max(0, r_l - max(c_l, g_l)), so that a stage of equal
 layers takes r_l per layer.
 
-Once per micro-batch, not per layer (``UnitCalls`` of the profile, measured there): the profiler calls
-``backward()`` on every layer and (bf16) zeroes every layer's gradients, where the engine calls
-``backward()`` once over the stage and DeepSpeed's BF16_Optimizer zeroes all of its gradients at once. So
-each layer's backward host and repeat times lose those calls (``per_layer_call_s``), and the stage's
-backward pays them once, as host work before its first layer's kernels.
+Once per micro-batch and stage, not per layer (``UnitCalls`` of the profile, measured there): the engine
+calls ``backward()`` once over the stage and DeepSpeed's BF16_Optimizer zeroes all of its gradients at once.
+The layers' backward host and repeat times carry none of it (layer profile version 4 measures them inside one
+``backward()``; version 3's are read without it), and the stage's backward pays it once, as host work before
+its first layer's kernels (``stage_calls_s``).
 
 Across micro-batches there is no overlap: the engine waits for an idle device before every forward (the
 micro-batch's copy to the device from pageable memory waits for the stream; DeepSpeed's throughput timer,
@@ -54,20 +54,20 @@ def issue(host_s: Sequence[float], device_s: Sequence[float], host_t: float = 0.
     return host_t, device_t
 
 
-def unit_times(costs: Sequence[LayerCost], engine: EngineModel, per_layer_call_s: float = 0.0, load_s: float = 0.0
+def unit_times(costs: Sequence[LayerCost], engine: EngineModel, stage_calls_s: float = 0.0, load_s: float = 0.0
                ) -> tuple[float, float]:
     """(forward, backward) unit time of a stage whose layers have ``costs`` (in pipeline order), with
-    ``per_layer_call_s`` the host's calls each profiled backward carries and the engine's backward pays once
-    (``UnitCalls.per_layer_s``), ``load_s`` the micro-batch's load before each forward (0 on a stage that
-    reads no data); the host's times as the engine's stage loop takes them (``EngineModel.host_scale``)."""
+    ``stage_calls_s`` the host's calls the engine's backward pays once (``UnitCalls.backward_s``), ``load_s``
+    the micro-batch's load before each forward (0 on a stage that reads no data); the host's times as the
+    engine's stage loop takes them (``EngineModel.host_scale``)."""
     k = engine.host_scale
     host = [k * c.forward_host_s for c in costs]
     issued, done = issue(host, _device(host, [c.forward_s for c in costs], [c.forward_repeat_s for c in costs]),
                          load_s + engine.unit_host_s)
     back = costs[::-1]
-    host = [k * max(0.0, c.backward_host_s - per_layer_call_s) for c in back]
-    repeat = [max(0.0, c.backward_repeat_s - per_layer_call_s) for c in back]
-    _, end = issue(host, _device(host, [c.backward_s for c in back], repeat), issued + k * per_layer_call_s, done)
+    host = [k * c.backward_host_s for c in back]
+    repeat = [c.backward_repeat_s for c in back]
+    _, end = issue(host, _device(host, [c.backward_s for c in back], repeat), issued + k * stage_calls_s, done)
     return done, end - done
 
 
@@ -76,9 +76,8 @@ def _device(host_s: Sequence[float], device_s: Sequence[float], repeat_s: Sequen
     return [g + max(0.0, r - max(c, g)) for c, g, r in zip(host_s, device_s, repeat_s, strict=True)]
 
 
-def layer_weight(cost: LayerCost, per_layer_call_s: float = 0.0) -> float:
+def layer_weight(cost: LayerCost) -> float:
     """One layer's share of a stage's forward and backward time, for choosing cuts: additive, so that the
-    dynamic program can sum it, and launch-aware (per unit the slowest of host, device and back to back;
-    the backward without the calls the engine pays once per stage)."""
+    dynamic program can sum it, and launch-aware (per unit the slowest of host, device and back to back)."""
     return (max(cost.forward_s, cost.forward_host_s, cost.forward_repeat_s)
-            + max(cost.backward_s, cost.backward_host_s - per_layer_call_s, cost.backward_repeat_s - per_layer_call_s))
+            + max(cost.backward_s, cost.backward_host_s, cost.backward_repeat_s))

@@ -163,10 +163,23 @@ def test_host_speed_windows_and_measure() -> None:
     assert all(r["window_medians_s"] and (r["steal_ticks"] is None or r["steal_ticks"] >= 0) for r in result["runs"])
 
 
+def test_host_watch_samples_while_open() -> None:
+    """A watch open for 0.6 s with a window every 0.2 s: about three windows, each the python workload's median
+    sample (microseconds here), nothing after it closed."""
+    with host_speed.HostWatch(every_s=0.2) as watch:
+        time.sleep(0.65)
+    seen = len(watch.window_medians_s)
+    assert 1 <= seen <= 4 and all(0 < m < 0.05 for m in watch.window_medians_s)
+    time.sleep(0.3)
+    assert len(watch.window_medians_s) == seen and watch.to_json()["every_s"] == 0.2
+
+
 def test_layer_chain_check_on_cpu() -> None:
-    """Two tiny GPT-2 blocks as one chain and as the profiler times them: every pair has all six host times (the
-    repeat times, differences of two rounds, may come out below 0 for so small a model on a busy CPU)."""
-    pairs = check(ModelShape("gpt2", 2, 32, 2, 16, 64), 2, 2, torch.device("cpu"))
-    issued = ("chain_forward_s", "chain_backward_s", "profiled_forward_host_s", "profiled_backward_host_s")
-    assert len(pairs) == 2 and all(len(p) == 6 and min(p[k] for k in issued) > 0 for p in pairs)
+    """Two tiny GPT-2 blocks as one chain and as the profiler times them both ways: every pair has the chain's
+    two host times (above 0) and each method's four (differences of two rounds: they may come out below 0 for
+    so small a model on a busy CPU), the separate method's backward less the unit calls."""
+    shape = ModelShape("gpt2", 2, 32, 2, 16, 64)
+    pairs = check(shape, 2, 2, 0.0, torch.device("cpu"))
+    assert len(pairs) == 2 and all(len(p) == 10 and min(p["chain_forward_s"], p["chain_backward_s"]) > 0
+                                   for p in pairs)
     assert all(math.isfinite(v) for p in pairs for v in p.values())

@@ -14,6 +14,7 @@ from envpipe.runtime.layer_profile import (
     Target,
     _Accumulator,
     _extra_host_s,
+    _Unit,
     _unit_calls,
     host_and_repeat,
     profile_layers,
@@ -84,11 +85,33 @@ def test_profile_of_known_layers(tmp_path: Path, dtype: str) -> None:
 
 def test_host_and_repeat_from_rounds_of_1_and_4() -> None:
     """A round of 4 units issued in 8 ms (forwards) and 12 ms (backwards), spanning 10 and 16 ms to the device's
-    end; a round of 1 spanning 4 and 7 ms: host 2 and 3 ms per unit, repeat (10 - 4) / 3 = 2 and (16 - 7) / 3 = 3
-    ms. The 4 / 4 of the old rounds would have charged the round's edges to every unit: 2.5 and 4 ms."""
-    one = HostRound(1.5e-3, 2.5e-3, 4e-3, 7e-3)
+    end; a round of 1 issued in 2 and 3 ms, spanning 4 and 7 ms: host (8 - 2) / 3 = 2 and (12 - 3) / 3 = 3 ms
+    per unit, repeat (10 - 4) / 3 = 2 and (16 - 7) / 3 = 3 ms. A round of 4 over 4 would have charged what a
+    round pays once (its edges, a backward() call) to every unit: 2 and 3 ms host, 2.5 and 4 ms repeat."""
+    one = HostRound(2e-3, 3e-3, 4e-3, 7e-3)
     four = HostRound(8e-3, 12e-3, 10e-3, 16e-3)
     assert host_and_repeat(one, four, 4) == pytest.approx((2e-3, 3e-3, 2e-3, 3e-3))
+
+
+def test_a_block_is_chained_the_embedding_and_the_head_are_not() -> None:
+    """A layer whose output can be its own input is timed as a chain of itself; a round of 3 applications runs
+    one backward() and adds the layer's gradients once per application (a stage of 3 such layers adds 3 layers'
+    gradients), and leaves no gradient on its input."""
+    block = Square(4).to(torch.bfloat16)
+    with torch.no_grad():
+        block.lin.weight.copy_(torch.eye(4))  # exact small integers in bf16
+    accumulator = _Accumulator(block)
+    unit = _Unit(block, torch.ones(2, 4, dtype=torch.bfloat16), 2, None, torch.device("cpu"), accumulator)
+    assert unit.chainable
+    accumulator.flat.zero_()
+    assert all(t >= 0 for t in unit._chain_round(3)) and unit.x.grad is None
+    grad = block.lin.weight.grad  # the chain's gradient of W (applied 3 times), added once per application
+    assert grad is not None and torch.equal(accumulator.flat, 3 * grad.flatten())
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    embedding = torch.nn.Embedding(8, 4)
+    assert not _Unit(embedding, ids, 2, None, torch.device("cpu"), None).chainable
+    head = Square(4)
+    assert not _Unit(head, torch.randn(2, 4), 2, lambda out, b: out.sum(), torch.device("cpu"), None).chainable
 
 
 def test_extra_host_time_of_a_call() -> None:

@@ -22,7 +22,7 @@ def test_round_trip(tmp_path: Path) -> None:
     again = load_layer_profile(path)
     assert again.layers == profile.layers and again.model == profile.model and again.dtype == "bf16"
     assert again.micro_batch_sizes == (1, 2, 4) and again.source == str(path)
-    assert again.unit_calls == CALLS and again.unit_calls.per_layer_s == pytest.approx(2.3e-4)
+    assert again.unit_calls == CALLS and again.unit_calls.backward_s == pytest.approx(2.3e-4)
 
 
 def test_a_profile_without_unit_calls_writes_zeros(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def _edit(data: dict[str, Any], change: str) -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ("kind", "'kind' must be 'envpipe-layer-profile', got 'perseus'"),
-    ("version", "unsupported layer profile version 7 (this tool reads 1, 2, 3)"),
+    ("version", "unsupported layer profile version 7 (this tool reads 1, 2, 3, 4)"),
     ("dtype", "'dtype' must be one of fp32, bf16, got 'fp8'"),
     ("layer count", "3 layers for a model of 2 blocks: expected 4"),
     ("negative time", "layer 1 micro-batch 2: 'forward_s' must be in (0, 3600], got -1"),
@@ -118,6 +118,24 @@ def test_a_version_2_profile_reads_without_unit_calls(tmp_path: Path) -> None:
     profile = load_layer_profile(path)
     assert json.loads(path.read_text())["version"] == 2 and profile.unit_calls == NO_UNIT_CALLS
     assert profile.layers[1].per_micro_batch[1].backward_repeat_s > 0
+
+
+def test_a_version_3_profile_reads_without_the_calls_each_backward_carried(tmp_path: Path) -> None:
+    """Version 3 measured every layer's backward with its own backward() call and zeroing (230 us here): read
+    without them, as version 4 measures them (inside one backward()), never below 0."""
+    profile = replace(layer_profile([1.0, 2.0, 3.0, 4.0], host_ms=[0.3, 3.0, 3.0, 3.0]), unit_calls=CALLS)
+    data = profile.to_json()
+    data["version"] = 3
+    for layer in data["layers"]:
+        layer["per_micro_batch"]["1"]["backward_repeat_s"] = 1.5e-3
+    path = tmp_path / "layers.json"
+    path.write_text(json.dumps(data))
+    read = load_layer_profile(path)
+    block, embedding = read.layers[1].per_micro_batch[1], read.layers[0].per_micro_batch[1]
+    assert block.backward_host_s == pytest.approx(2e-3 - 2.3e-4)
+    assert block.backward_repeat_s == pytest.approx(1.5e-3 - 2.3e-4)
+    assert embedding.backward_host_s == 0.0  # 0.2 ms carried less than the calls
+    assert block.forward_host_s == profile.layers[1].per_micro_batch[1].forward_host_s
 
 
 def test_a_version_2_profile_needs_its_host_times(tmp_path: Path) -> None:

@@ -105,29 +105,27 @@ def test_one_stage_iteration_adds_units_steps_and_engine_work() -> None:
 
 
 def test_the_backward_pays_the_unit_calls_once() -> None:
-    """Three launch-bound layers whose profiled backward (3 ms of host each) carries a 0.5 ms backward() call
-    and zeroing: the engine's backward issues one call (0.5) and three layers of 2.5 ms: 8 ms, not 9."""
-    layers = [cost(0.5, 2.0, 1.0, 3.0)] * 3
-    forward, backward = unit_times(layers, SIMULATED_GPU, per_layer_call_s=0.5 * MS)
+    """Three launch-bound layers (backward host 2.5 ms each, without calls, as profiled inside one backward()):
+    the engine's backward issues the stage's calls once (0.5 ms) and then the three layers: 8 ms."""
+    layers = [cost(0.5, 2.0, 1.0, 2.5)] * 3
+    forward, backward = unit_times(layers, SIMULATED_GPU, stage_calls_s=0.5 * MS)
     assert forward == pytest.approx(6 * MS) and backward == pytest.approx(8 * MS)
 
 
-def test_unit_calls_leave_a_device_bound_backward_alone() -> None:
-    """Device-bound layers (device 4 ms, host 1 ms, repeat 4.2 ms): without the call the host's 0.6 ms and the
-    repeat's 3.6 ms are both below the device's 4 ms, and the calls' host work hides behind the forward's device
-    time: 3 x 4 ms as without calls."""
-    layers = [cost(2.0, 0.5, 4.0, 1.0, backward_repeat=4.2)] * 3
-    _, without = unit_times([cost(2.0, 0.5, 4.0, 1.0)] * 3, SIMULATED_GPU)
-    _, backward = unit_times(layers, SIMULATED_GPU, per_layer_call_s=0.4 * MS)
+def test_unit_calls_hide_behind_a_device_bound_forward() -> None:
+    """Device-bound layers (device 4 ms, host 0.6 ms, repeat 3.8 ms): the calls' 0.4 ms of host work overlaps
+    the forward's device time and the backward stays 3 x 4 ms, as without calls."""
+    layers = [cost(2.0, 0.5, 4.0, 0.6, backward_repeat=3.8)] * 3
+    _, without = unit_times(layers, SIMULATED_GPU)
+    _, backward = unit_times(layers, SIMULATED_GPU, stage_calls_s=0.4 * MS)
     assert without == backward == pytest.approx(12 * MS)
 
 
-def test_the_repeat_time_loses_the_calls_too() -> None:
-    """Host 2 ms, device 2 ms, back to back 2.8 ms per backward unit, of which 0.5 ms is the call: a layer
-    inside the engine's backward issues in 1.5 ms and loses 2.3 - 2 = 0.3 ms of overlap, 2.3 ms a layer."""
-    layers = [cost(1.0, 0.2, 2.0, 2.0, backward_repeat=2.8)] * 4
-    _, backward = unit_times(layers, SIMULATED_GPU, per_layer_call_s=0.5 * MS)
-    # the call's 0.5 ms of host work overlaps the forward's device time (4 ms, issued in 0.8)
+def test_the_repeat_time_adds_the_overlap_host_and_device_lose() -> None:
+    """Host 1.5 ms, device 2 ms, back to back 2.3 ms per backward unit: a layer inside the engine's backward
+    loses 2.3 - 2 = 0.3 ms of overlap, 2.3 ms a layer; the calls' 0.5 ms overlaps the forward's device time."""
+    layers = [cost(1.0, 0.2, 2.0, 1.5, backward_repeat=2.3)] * 4
+    _, backward = unit_times(layers, SIMULATED_GPU, stage_calls_s=0.5 * MS)
     assert backward == pytest.approx(4 * 2.3 * MS)
 
 
@@ -140,17 +138,16 @@ def test_the_micro_batch_load_delays_the_forward() -> None:
     assert forward == pytest.approx(6.8 * MS) and backward == pytest.approx(12 * MS)
 
 
-def test_layer_weight_without_the_calls() -> None:
-    """The cut's weight of a layer takes its backward as the engine runs it, without the call."""
+def test_layer_weight_is_the_slowest_of_host_device_and_repeat() -> None:
+    """The cut's weight of a layer: per unit the slowest of its three times (the backward's repeat here)."""
     layer = cost(1.0, 0.5, 1.0, 3.0, backward_repeat=3.1)
     assert layer_weight(layer) == pytest.approx(4.1 * MS)
-    assert layer_weight(layer, per_layer_call_s=1.0 * MS) == pytest.approx(3.1 * MS)
 
 
 def test_a_pipeline_loads_on_its_first_and_last_stage_and_pays_the_calls_per_stage() -> None:
-    """Three stages of one launch-bound layer each (host 2 + 4 ms, the backward carrying a 1 ms call): every
-    stage's backward issues its call and its layer's 3 ms; the first and the last stage load the micro-batch
-    (0.5 ms) before their forward, the middle one does not."""
+    """Three stages of one launch-bound layer each (host 2 + 4 ms; the unit calls 1 ms): every stage's backward
+    issues the calls once and its layer's 4 ms; the first and the last stage load the micro-batch (0.5 ms)
+    before their forward, the middle one does not."""
     profile = replace(layer_profile([3.0, 3.0, 3.0], host_ms=[6.0, 6.0, 6.0]),
                       unit_calls=UnitCalls(0.8 * MS, 0.2 * MS, {1: 0.5 * MS, 2: 0.6 * MS, 4: 0.7 * MS}, "test"))
     cluster = Cluster(1, 3, 1 << 34, 1e11, 1e10, 1e-5, 1e11)
@@ -159,4 +156,4 @@ def test_a_pipeline_loads_on_its_first_and_last_stage_and_pays_the_calls_per_sta
     forward = pipeline.profile.fwd_time[:, 0]  # at the top clock
     backward = pipeline.profile.bwd_time[:, 0]
     assert forward == pytest.approx([2.5 * MS, 2.0 * MS, 2.5 * MS])
-    assert backward == pytest.approx([4.0 * MS] * 3)
+    assert backward == pytest.approx([5.0 * MS] * 3)
