@@ -31,7 +31,7 @@ Children are forked from a parent that imported torch, DeepSpeed and transformer
 (PYTORCH_NVML_BASED_CUDA_CHECK), so that a run does not pay the imports; if a forked child cannot use CUDA,
 the rest run as fresh processes. A run trains with the allocator setting its found configuration names
 (PYTORCH_CUDA_ALLOC_CONF, as the printed launch command sets it). Writes OUT/<set>/<model>/{layers.json,
-search.log, configs/, runs/b<b>.json}, beside each child's output <out>.host.json (the host's speed while it
+search.log, configs/, runs/b<b>.json}, beside each child's output host_<its name> (the host's speed while it
 ran: benchmarks/host_speed.py's HostWatch in the parent), OUT/fit/{engine.json, details.json} and
 ARCHIVE/search_accuracy.tar.gz, made again after every run, so that a call stopped at its time limit still
 brings back what it measured. No training run starts after ``--deadline-s``. Clocks and power limits are never changed.
@@ -182,13 +182,14 @@ class Children:
         self.fork = True
 
     def run(self, spec: dict[str, Any], log: Path) -> bool:
-        """Run one child; the host's speed meanwhile (benchmarks/host_speed.py's HostWatch) goes to
-        ``spec["out"]`` + ".host.json"."""
+        """Run one child; the host's speed meanwhile (benchmarks/host_speed.py's HostWatch) goes beside its
+        output, named host_ and the output's name."""
         watch = HostWatch()
         try:
             return self._run(spec, log, watch)
         finally:
-            Path(spec["out"] + ".host.json").write_text(json.dumps(watch.to_json()) + "\n")
+            out = Path(spec["out"])
+            out.with_name(f"host_{out.name}").write_text(json.dumps(watch.to_json()) + "\n")
 
     def _run(self, spec: dict[str, Any], log: Path, watch: HostWatch) -> bool:
         if self.fork:
