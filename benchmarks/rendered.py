@@ -26,6 +26,7 @@ from benchmarks import (
     runtime_nov22_results,
     runtime_results,
     search_accuracy_call3_results,
+    search_accuracy_call4_results,
     search_accuracy_results,
     search_results,
 )
@@ -56,7 +57,8 @@ RENDERED = (
              lambda raws: clockd_fair.render(json.loads(raws[0].read_text())) + "\n",
              "python -m benchmarks.clockd_fair --render"),
     Rendered("dropin_h100.md", tuple(RAW_H100 / d for d in ("dropin_gpt2_0146", "dropin_llama_gpt2small_0150",
-                                                           "dropin_gpt2small_0305", "dropin_llama_0309")),
+                                                           "dropin_gpt2small_0305", "dropin_llama_0309",
+                                                           "dropin_llama_0445")),
              dropin_results.render_all, "python benchmarks/dropin_results.py"),
     Rendered("freqmodel.md", (RESULTS / "freqmodel.json",),
              lambda raws: freqmodel_results.render(json.loads(raws[0].read_text())),
@@ -71,6 +73,8 @@ RENDERED = (
              "python benchmarks/search_accuracy_results.py"),
     Rendered("search_accuracy_call3.md", (), lambda _: search_accuracy_call3_results.render(),
              "python benchmarks/search_accuracy_call3_results.py"),
+    Rendered("search_accuracy_call4.md", (), lambda _: search_accuracy_call4_results.render(),
+             "python benchmarks/search_accuracy_call4_results.py"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              search_results.render, "python benchmarks/search_results.py"),
 )  # fmt: skip

@@ -46,23 +46,25 @@ def _pct(values: list[float], k: int) -> float:
     return statistics.quantiles(values, n=10)[k - 1]
 
 
-def held_rows() -> list[Row]:
-    engine = _json(CALL / "engine.json")
-    return [r for run in RUNS for r in rows(CALL / run, "heldout", engine)]
+def held_rows(call: Path = CALL, runs: tuple[str, ...] = RUNS, engine_path: Path | None = None) -> list[Row]:
+    """The held-out runs of a call's ``runs`` folders, scored with the engine model they were searched with
+    (default: the call's engine.json)."""
+    engine = _json(engine_path or call / "engine.json")
+    return [r for run in runs for r in rows(call / run, "heldout", engine)]
 
 
-def _iterations(run: str, model: str, b: int) -> int:
-    return len(_json(CALL / run / "heldout" / model / "runs" / f"b{b}.json")["measured"]["iteration_s"])
+def _iterations(call: Path, run: str, model: str, b: int) -> int:
+    return len(_json(call / run / "heldout" / model / "runs" / f"b{b}.json")["measured"]["iteration_s"])
 
 
-def table(found: list[Row]) -> list[str]:
+def table(found: list[Row], call: Path = CALL, runs: tuple[str, ...] = RUNS) -> list[str]:
     lines = ["| model | b | M | timed iterations | iteration predicted (ms) | measured median (ms) | measured min-max "
              "(ms) | error | allocator's peak predicted / measured (GiB) | error | device need predicted / measured "
              "(GiB) | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in found:
-        run = next(x for x in RUNS if (CALL / x / "heldout" / r.model).exists())
+        run = next(x for x in runs if (call / x / "heldout" / r.model).exists())
         lines.append(
-            f"| {r.model} | {r.b} | {r.M} | {_iterations(run, r.model, r.b)} | {r.time_pred_s * MS:.1f} | "
+            f"| {r.model} | {r.b} | {r.M} | {_iterations(call, run, r.model, r.b)} | {r.time_pred_s * MS:.1f} | "
             f"{r.time_meas_s * MS:.1f} | {min(r.times_s) * MS:.0f}-{max(r.times_s) * MS:.0f} | "
             f"{100 * r.time_err:+.1f} % | {r.alloc_pred / GIB:.2f} / {r.alloc_meas / GIB:.2f} | "
             f"{100 * r.alloc_err:+.1f} % | {r.need_pred / GIB:.2f} / {r.need_meas / GIB:.2f} | "
@@ -70,13 +72,14 @@ def table(found: list[Row]) -> list[str]:
     return lines
 
 
-def units() -> list[dict[str, Any]]:
+def units(call: Path = CALL, runs: tuple[str, ...] = RUNS, engine_path: Path | None = None
+          ) -> list[dict[str, Any]]:
     """Per run: the search's forward and backward unit and its optimizer steps against the measured units (CUDA
     events) and the measured tail (the iteration's wall time after its last unit)."""
-    engine = load_engine_model(CALL / "engine.json")
+    engine = load_engine_model(engine_path or call / "engine.json")
     out = []
-    for run in RUNS:
-        for model in sorted((CALL / run / "heldout").iterdir()):
+    for run in runs:
+        for model in sorted((call / run / "heldout").iterdir()):
             profile = load_layer_profile(model / "layers.json")
             calls = profile.unit_calls
             for path in sorted((model / "runs").glob("b*.json"), key=lambda p: int(p.stem[1:])):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import host_speed, search_accuracy_call3_results
+from benchmarks import host_speed, search_accuracy_call3_results, search_accuracy_call4_results
 from benchmarks.layer_chain_check import check
 from benchmarks.search_accuracy import micro_batch_sizes, timed_iterations
 from benchmarks.search_accuracy_results import RAW, render
@@ -38,6 +38,30 @@ def test_the_renderer_reproduces_the_committed_results() -> None:
 def test_the_second_runs_renderer_reproduces_its_results() -> None:
     committed = (ROOT / "benchmarks" / "results" / "search_accuracy_call3.md").read_text()
     assert search_accuracy_call3_results.render() == committed
+
+
+def test_the_third_rounds_renderer_reproduces_its_results() -> None:
+    committed = (ROOT / "benchmarks" / "results" / "search_accuracy_call4.md").read_text()
+    assert search_accuracy_call4_results.render() == committed
+
+
+@pytest.mark.parametrize(("call", "engine"), [("call4", "call3"), ("call5", "call5")])
+def test_the_third_rounds_predictions_came_before_its_runs(call: str, engine: str) -> None:
+    """Each run's predictions are its found configuration's, searched with the declared engine model on a version 4
+    profile; every declared model and size ran; the host's speed was read beside every profile and run."""
+    label = json.loads((RAW / engine / "engine.json").read_text())["label"]
+    ran = set()
+    for run_path in (RAW / call).glob("run1/heldout/*/runs/b*.json"):
+        run = json.loads(run_path.read_text())
+        configs = run_path.parents[1] / "configs"
+        config = configs / run["config"] if run["config"] == "found.json" else configs / "top" / run["config"]
+        found = json.loads(config.read_text())["envpipe_search"]
+        assert run["predicted"] == found["predicted"] and found["engine_model"] == label
+        assert json.loads((run_path.parents[1] / "layers.json").read_text())["version"] == 4
+        assert json.loads((run_path.parent / f"host_{run_path.name}").read_text())["window_medians_s"]
+        ran.add((run_path.parents[1].name, run["micro_batch"]))
+    declared = json.loads((RAW / call / "shapes.json").read_text())["heldout"]["models"]
+    assert ran == {(m["name"], b) for m in declared for b in m["micro_batch_sizes"]}
 
 
 def test_the_second_held_out_runs_predictions_came_before_them() -> None:
@@ -59,12 +83,16 @@ def test_the_second_held_out_runs_predictions_came_before_them() -> None:
     assert ran == {(m["name"], b) for m in declared for b in m["micro_batch_sizes"]}
 
 
-def test_the_committed_engine_model_is_the_fit_of_the_committed_runs() -> None:
-    """The search's default is today's fit of the first run's fit set (call3/engine.json, declared before the
-    second run): memory terms only, their version 2 profiles have no unit calls to fit time terms with."""
+def test_the_committed_engine_models_are_the_fits_of_the_committed_runs() -> None:
+    """The search's default is the fit of the third run's runs (call5/engine.json, made before the fourth run):
+    time and memory terms, their version 4 profiles measured the unit calls. The second run's (call3/engine.json)
+    is the first run's fit set's: memory terms only, their version 2 profiles have no unit calls."""
+    engine, details = fit(load_runs(RAW / "call4" / "run1" / "heldout"), "2026-11-25")
+    assert engine == GPU == load_engine_model(RAW / "call5" / "engine.json")
+    assert engine.host_scale == 1.22 and details == json.loads((RAW / "call5" / "fit_details.json").read_text())
     runs = load_runs(RAW / "call2" / "fit")
     engine, details = fit(runs, "2026-11-25")
-    assert engine == GPU == load_engine_model(RAW / "call3" / "engine.json")
+    assert engine == load_engine_model(RAW / "call3" / "engine.json")
     assert (engine.host_scale, engine.unit_host_s, engine.iteration_s) == (1.0, 0.0, 0.0)
     first = load_engine_model(RAW / "fit.json")  # the first run's, kept as it was: the same memory terms
     assert first.fragmentation == engine.fragmentation

@@ -1,0 +1,238 @@
+"""Render benchmarks/results/search_accuracy_call4.md, the third round of the one-GPU accuracy benchmark of
+`envpipe search`, from its raw files: call4/ (layer profile version 4 scored with no time terms fitted, and the
+chain check) and call5/ (the engine model fitted on call4's runs, scored on two unseen models), each with its
+declaration committed before the run. tests/benchmarks/test_search_accuracy.py checks that this script
+reproduces the committed file.
+
+    python benchmarks/search_accuracy_call4_results.py > benchmarks/results/search_accuracy_call4.md
+
+Predictions: as `envpipe search` wrote them into each found configuration before the run; per unit, the
+search's own time model on the run's layer profile with the engine model the run was searched with. Error =
+(predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.search_accuracy_call3_results import LAUNCH_BOUND, MS, US, held_rows, table, units, units_table
+from benchmarks.search_accuracy_results import (
+    MEMORY_TARGET,
+    RAW,
+    SHORT_LIMIT,
+    TIME_TARGET,
+    Row,
+    _json,
+    smi_excerpt,
+    summary,
+)
+
+CALL4, CALL5 = RAW / "call4", RAW / "call5"
+RUNS = ("run1",)
+SEARCHED_WITH = {CALL4: RAW / "call3" / "engine.json", CALL5: CALL5 / "engine.json"}
+SLOW = 1.5  # a host-speed window this many times the call's fastest or more is a slow one
+FAST_MEDIAN_S = 80e-6  # a run whose median window is below this ran mostly in the host's fast mode (about 60 us)
+
+
+def chain_table() -> tuple[list[str], dict[tuple[str, str], list[float]]]:
+    """The chain check: per model the chain's host times and each profiling method's over them (paired); and the
+    ratios by method and unit."""
+    data = _json(CALL4 / "chain.json")
+    ratios: dict[tuple[str, str], list[float]] = {}
+    lines = ["| model | unit | chain of 8 blocks, host (ms) | version 4 (the block chained with itself): host / chain "
+             "| version 3 (the block alone, less the unit calls): host / chain |", "|---|---|---|---|---|"]
+    for name, found in data["models"].items():
+        pairs = found["pairs"]
+        for unit in ("forward", "backward"):
+            chain = statistics.median(p[f"chain_{unit}_s"] for p in pairs)
+            ratio = {m: statistics.median(p[f"{m}_{unit}_host_s"] / p[f"chain_{unit}_s"] for p in pairs)
+                     for m in ("chained", "separate")}
+            lines.append(f"| {name} | {unit} | {chain * MS:.2f} | {ratio['chained']:.2f} | {ratio['separate']:.2f} |")
+            for method, value in ratio.items():
+                ratios.setdefault((method, unit), []).append(value)
+    return lines, ratios
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def host_table(call: Path, found: list[Row]) -> list[str]:
+    """The host's speed while each profile and run went on (the python workload's window medians)."""
+    lines = ["| model | profile: median window (us), slow windows | run | median window (us) | slow windows | "
+             "iteration error |", "|---|---|---|---|---|---|"]
+    here = call / RUNS[0] / "heldout"
+    windows = {path: _json(path)["window_medians_s"] for path in here.glob("*/**/host_*.json")}
+    fastest = min(min(w) for w in windows.values())
+
+    def cells(w: list[float]) -> tuple[str, str]:
+        return f"{statistics.median(w) * US:.0f}", f"{100 * sum(x >= SLOW * fastest for x in w) / len(w):.0f} %"
+
+    for r in found:
+        profile = cells(windows[here / r.model / "host_layers.json"])
+        run = cells(windows[here / r.model / "runs" / f"host_b{r.b}.json"])
+        lines.append(f"| {r.model} | {profile[0]}, {profile[1]} | b={r.b} | {run[0]} | {run[1]} | "
+                     f"{100 * r.time_err:+.1f} % |")
+    return lines
+
+
+def targets(found: list[Row]) -> list[str]:
+    time_ok = [r for r in found if abs(r.time_err) <= TIME_TARGET]
+    memory_ok = all(abs(r.need_err) <= MEMORY_TARGET and r.need_err >= SHORT_LIMIT for r in found)
+    missed = ", ".join(f"{r.model} b={r.b} {100 * r.time_err:+.1f} %" for r in found if r not in time_ok)
+    return [f"- {summary(found)}.",
+            f"- Memory: **{'met' if memory_ok else 'not met'}** (device need error "
+            f"{100 * min(r.need_err for r in found):+.1f} to {100 * max(r.need_err for r in found):+.1f} %).",
+            f"- Time: **{'met' if len(time_ok) == len(found) else 'not met'}**, within 5 % on {len(time_ok)} of "
+            f"{len(found)}" + (f"; missed: {missed}." if missed else ".")]
+
+
+def machine_line(call: Path) -> str:
+    m = (call / RUNS[0] / "machine.txt").read_text().splitlines()
+    return (f"{m[0]} on one {m[-1].split(',')[0]} (driver {m[-1].split(',')[1].strip()}; host "
+            f"{m[4].split(':')[1].strip()}, {m[2].split()[-1]} CPUs; code at commit {m[5].split()[-1]})")
+
+
+def declared(call: Path) -> list[str]:
+    shapes = _json(call / "shapes.json")
+    return [shapes["about"], "",
+            "| model | family | blocks | hidden | heads | seq | vocab | micro-batch sizes |",
+            "|---|---|---|---|---|---|---|---|",
+            *[f"| {m['name']} | {m['model']['family']} | {m['model']['layers']} | {m['model']['hidden']} | "
+              f"{m['model']['heads']} | {m['model']['seq']} | {m['model']['vocab']} | "
+              f"{', '.join(map(str, m['micro_batch_sizes']))} |" for m in shapes["heldout"]["models"]]]
+
+
+def engine_line(path: Path) -> str:
+    e = _json(path)
+    return (f"host scale {e['host_scale']:.2f}, engine host work per forward unit {e['unit_host_s'] * MS:.2f} ms and "
+            f"per iteration {e['iteration_s'] * MS:.2f} ms, allocator fragmentation {100 * e['fragmentation']:.1f} %, "
+            f"outside the allocator beyond the profile's {e['outside_allocator_bytes'] / 2**30:.3f} GiB "
+            f"(\"{e['label']}\")")
+
+
+def fit_table() -> list[str]:
+    runs: list[dict[str, Any]] = _json(CALL5 / "fit_details.json")["runs"]
+    lines = ["| model | b | measured (ms) | fitted (ms) | error |", "|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['model']} | {r['micro_batch']} | {r['measured_s'] * MS:.1f} | {r['predicted_s'] * MS:.1f} "
+                     f"| {100 * (r['predicted_s'] - r['measured_s']) / r['measured_s']:+.1f} % |")
+    return lines
+
+
+def render() -> str:
+    found4 = held_rows(CALL4, RUNS, SEARCHED_WITH[CALL4])
+    found5 = held_rows(CALL5, RUNS, SEARCHED_WITH[CALL5])
+    chain_lines, ratios = chain_table()
+    fast_runs = [f"{r.model} b={r.b}" for call, found in ((CALL4, found4), (CALL5, found5)) for r in found
+                 if statistics.median(_json(call / RUNS[0] / "heldout" / r.model / "runs" / f"host_b{r.b}.json")
+                                      ["window_medians_s"]) < FAST_MEDIAN_S]
+    command = ("`OUT=... COMMIT=... bash benchmarks/search_accuracy_gpu.sh --sets heldout --shapes "
+               "benchmarks/results/search_accuracy/{call}/shapes.json --engine-model "
+               "benchmarks/results/search_accuracy/{engine} --deadline-s 400`")
+    out = [
+        "# `envpipe search` on one GPU, third round: layer profile version 4 and a fitted engine model",
+        "",
+        "Rendered by `python benchmarks/search_accuracy_call4_results.py` from the raw files in",
+        "[search_accuracy/call4/](search_accuracy/call4/) and [search_accuracy/call5/](search_accuracy/call5/)",
+        "(declarations and engine models committed before each run, every run's JSON, the layer profiles, the",
+        "search's outputs, logs, `nvidia-smi -q`, the host's speed beside every profile and run, the chain check).",
+        "Earlier rounds, kept as they were: [search_accuracy.md](search_accuracy.md),",
+        "[search_accuracy_call3.md](search_accuracy_call3.md).",
+        "",
+        f"- call4: **measured {machine_line(CALL4)}**: `python benchmarks/layer_chain_check.py --blocks 8 --pairs 12`,",
+        "  then " + command.format(call="call4", engine="call3/engine.json") + ".",
+        f"- call5: **measured {machine_line(CALL5)}**: " + command.format(call="call5", engine="call5/engine.json")
+        + ".",
+        "",
+        "**Clocks and power limits were never changed** (the GPU's clock event counters after each call):",
+        "",
+        "```text",
+        *smi_excerpt(CALL4 / RUNS[0]),
+        "call5: " + smi_excerpt(CALL5 / RUNS[0])[-1],
+        "```",
+        "",
+        "## What changed: a layer's host time as the engine issues it",
+        "",
+        "The second round (search_accuracy_call3.md) found a layer's own `backward()` 1.19-1.30 times the host",
+        "time of the same layer inside a chain of 8. Layer profile version 4 times a block inside a chain of",
+        "itself: one forward pass and one `backward()` over the block applied 4 times and once, the difference over",
+        "3 (what a round pays once cancels: its edges, the `backward()` call, the zeroing). The chain check, paired",
+        "(the median of the pairs' ratios), on call4's machine before its runs (call4/chain.json):",
+        "",
+        *chain_lines,
+        "",
+        f"A block chained with itself takes {_span(ratios['chained', 'forward'])} (forward) and "
+        f"{_span(ratios['chained', 'backward'])} (backward) of",
+        "the chain's host time per block (the same weights and Python objects each time, where the chain's blocks",
+        f"differ); a block alone, less its unit calls, {_span(ratios['separate', 'forward'])} and "
+        f"{_span(ratios['separate', 'backward'])}. Neither is the engine's: the",
+        "engine model's host scale, fitted on runs (call5), takes the rest.",
+        "",
+        "## call4: version 4 profiles, no time terms fitted",
+        "",
+        *declared(CALL4),
+        "",
+        f"Searched with call3/engine.json: {engine_line(SEARCHED_WITH[CALL4])}.",
+        "",
+        *targets(found4),
+        "",
+        *table(found4, CALL4, RUNS),
+        "",
+        *units_table(units(CALL4, RUNS, SEARCHED_WITH[CALL4])),
+        "",
+        "## call5: the engine model fitted on call4's runs, scored on two unseen models",
+        "",
+        *declared(CALL5),
+        "",
+        f"call5/engine.json, made before the run: {engine_line(CALL5 / 'engine.json')}. Its fit on call4's runs "
+        "(in-sample, call5/fit_details.json):",
+        "",
+        *fit_table(),
+        "",
+        "### Held out",
+        "",
+        *targets(found5),
+        "",
+        *table(found5, CALL5, RUNS),
+        "",
+        f"Per unit (regime: the profile's summed host time over its device time, launch-bound above {LAUNCH_BOUND}):",
+        "",
+        *units_table(units(CALL5, RUNS, SEARCHED_WITH[CALL5])),
+        "",
+        "## The host's speed beside every profile and run",
+        "",
+        "The python workload of benchmarks/host_speed.py, one 100 ms window every 0.5 s in the benchmark's parent",
+        f"process while the child profiled or trained (host_*.json); a window at {SLOW} times the call's fastest",
+        "or more counts as slow:",
+        "",
+        *host_table(CALL4, found4),
+        *host_table(CALL5, found5)[2:],
+        "",
+        "The host files were written as `<output>.host.json` in call4 and renamed `host_<output>` after it (the",
+        "runs' glob took them for runs); their contents are as measured.",
+        "",
+        "Most profiles and runs ran in the host's slow mode (median windows about 100-110 us); "
+        f"{' and '.join(fast_runs) or 'none'} mostly in its fast mode (median below {FAST_MEDIAN_S * US:.0f} us).",
+        "A profile and its runs ran at alike speeds otherwise, so the errors above are the model's, not a host",
+        "that changed speed between profile and run.",
+        "",
+        "## What is left",
+        "",
+        "- One host scale for forward and backward: after the fit the backward units are within a few percent",
+        "  everywhere, the forward units are not (GPT-2 at micro-batch 1 long, Llama at 1 and 2 short), and their",
+        "  spread within one run is wide where the host sets the pace.",
+        "- GPT-2 at micro-batch 1 runs slower per forward unit than at micro-batch 2 in both calls; the profile",
+        "  does not see it (its host times at 1 and 2 are alike). Not found yet.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
