@@ -5,14 +5,15 @@ benchmarks/search_accuracy.py: the few numbers the pipeline engine and the host 
 
 RUNS/fit/<model>/layers.json and RUNS/fit/<model>/runs/b<b>.json (diagnostic runs with another allocator
 setting, `*_expandable.json` of an earlier layout, are left out). Time, where every run's layer profile
-measured the unit calls (version 3: the calls the engine pays once per micro-batch and the profiler once
-per layer, the micro-batch's load; envpipe.search.timing): with the search's own code
+measured the unit calls (version 3 on: the calls the engine pays once per micro-batch and stage, the
+micro-batch's load; envpipe.search.timing): with the search's own code
 (envpipe.search.evaluate.build_pipeline, P = 1), each run's predicted iteration time is
 T(k) + M h + t for host scale k, the engine's host work h per forward unit and t per iteration (exactly
 linear in h and t: every forward starts on an idle device). For every k on a grid, h and t >= 0 by least
-squares on the relative errors (scipy's nnls); the k of least squared relative error wins. Older profiles
-carry those calls in every layer, so a fit on them would put the engine's per-micro-batch savings into k
-and misread a version 3 profile: their time terms stay 1, 0 and 0 (the label says so). Memory, from
+squares on the relative errors (scipy's nnls); the k of least squared relative error wins. A host scale holds
+for the profiler that measured the runs' profiles (version 4 times a block inside a chain of itself, version
+3 on its own). Older profiles have no unit calls to tell the engine's per-micro-batch work from the layers':
+their time terms stay 1, 0 and 0 (the label says so). Memory, from
 the measurements alone: the allocator's fragmentation (its peak of inactive split blocks, memory it can
 neither reuse nor give back, over its allocated peak) and the memory outside the allocator beyond the
 profile's CUDA context, each the largest of the runs, so that no fit run needed more than predicted.
