@@ -29,6 +29,7 @@ from tests.support.fakes.kubelet import kubelet_expand
 
 Obj = dict[str, Any]
 SUBNET = "10.213.47"  # the node's pod network (/24), fixed so that DNS names can have fixed addresses
+CNI_LEASES = Path("/var/lib/cni/networks")  # the CNI host-local plugin's address leases, one folder per network
 
 
 def _quantity_bytes(q: str) -> int:
@@ -47,6 +48,10 @@ class Node:
             shutil.rmtree(stale, ignore_errors=True)
         self.files: dict[str, dict[str, str]] = {}  # Secrets and ConfigMaps by name: key -> text
         self.names: dict[str, str] = {}  # DNS name -> address: the cluster DNS of headless Services
+        # a run killed mid-way (no close) leaves its network and its containers' address leases: with fixed
+        # addresses the next run would find them taken ("requested IP address ... is not available")
+        podman.run("network", "rm", "-f", network, check=False)
+        shutil.rmtree(CNI_LEASES / network, ignore_errors=True)
         podman.run("network", "create", "--subnet", f"{SUBNET}.0/24", network)
 
     def dns(self, *names: str) -> None:
