@@ -28,6 +28,7 @@ from benchmarks import (
     search_accuracy_call3_results,
     search_accuracy_results,
     search_results,
+    setup_time,
 )
 from benchmarks.common import RESULTS, ROOT
 
@@ -73,6 +74,8 @@ RENDERED = (
              "python benchmarks/search_accuracy_call3_results.py"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              search_results.render, "python benchmarks/search_results.py"),
+    Rendered("setup_time.md", (RESULTS / "setup_runs" / "pip", RESULTS / "setup_runs" / "uv"),
+             setup_time.render, "python -m benchmarks.setup_time render"),
 )  # fmt: skip
 
 # Written by their benchmark in one step (no raw file kept), by the script that writes them.

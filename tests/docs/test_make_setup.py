@@ -1,7 +1,7 @@
 """What the README's first commands set up (the Makefile and pyproject.toml): `make demo` installs only
 what the demo needs, `make test` everything, each setup step one timed line; `make e2e` skips in one
-line, exit 0, where podman cannot run. The real setup time is measured, not tested (see the report in
-the README)."""
+line, exit 0, where podman cannot run. The real setup time is measured, not tested (see
+benchmarks/results/setup_time.md)."""
 
 from __future__ import annotations
 
