@@ -7,7 +7,8 @@ PY      := $(VENV)/bin/python
 # which the venv's own pip brings from PyPI. Bytecode is compiled at install, as pip does: the demo's and the
 # tests' many processes then never compile torch again (nor on every start where PYTHONDONTWRITEBYTECODE is set).
 UV_VERSION := 0.13.9
-UV      := $(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode
+UV_BIN  := $(VENV)/bin/uv
+UV      := $(UV_BIN) pip install --python $(PY) --quiet --compile-bytecode
 # torch's CPU build, never PyPI's CUDA one (a CUDA wheel cannot satisfy +cpu). uv reads no pip configuration:
 # where pip is told of a wheel folder (find-links; this project's machines keep the CPU wheel in one) uv
 # looks there, else in PyTorch's CPU index. `make demo TORCH_FROM='--index-url URL'` picks another source.
@@ -32,12 +33,16 @@ if out=$$( { $(2); } 2>&1 ); then t=$$(( ($${EPOCHREALTIME/./} - t0) / 100000 ))
 else rc=$$?; echo "failed:" >&2; tail -n 40 <<<"$$out" >&2; exit $$rc; fi
 endef
 
-# What `make demo` needs and nothing more: DeepSpeed, torch, transformers and the planner (no test tools).
-# The venv keeps its pip (the tests build wheels with it); uv is pinned so that every machine installs alike.
-demo-install: $(DEMO_STAMP)
-$(DEMO_STAMP): pyproject.toml
+# The venv, and uv in it from PyPI by the venv's own pip (which stays: the tests build wheels with it). uv is
+# pinned so that every machine installs alike.
+$(UV_BIN):
 	$(call step,python venv $(VENV) with uv $(UV_VERSION),$(PYTHON) -m venv $(VENV) \
 	  && $(PY) -m pip install --disable-pip-version-check -q uv==$(UV_VERSION))
+
+# What `make demo` needs and nothing more: DeepSpeed, torch, transformers and the planner (no test tools).
+# (uv order-only: a venv whose packages are current is not reinstalled for it; one without uv gets it.)
+demo-install: $(DEMO_STAMP)
+$(DEMO_STAMP): pyproject.toml | $(UV_BIN)
 	$(call step,torch 2.13.0$(,) the CPU build (from $(filter-out --%,$(TORCH_FROM))),$(UV) $(TORCH_FROM) '$(TORCH)')
 	$(call step,envpipe[train]: DeepSpeed$(,) transformers$(,) the planner,$(UV) -e '.[train]')
 	@touch $@

@@ -98,8 +98,9 @@ def test_the_license_is_an_spdx_expression() -> None:
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None, reason="needs root to become nobody")
 def test_make_e2e_as_a_user_skips_in_one_line() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # pytest's own tmp_path is root's alone
-        venv = Path(tmp) / "venv"  # stamps newer than pyproject.toml: the setup is done
-        venv.mkdir()
+        venv = Path(tmp) / "venv"  # uv, and stamps newer than pyproject.toml: the setup is done
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "uv").touch()
         (venv / ".installed-demo").touch()
         (venv / ".installed").touch()
         Path(tmp).chmod(0o755)
