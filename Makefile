@@ -3,7 +3,20 @@ SHELL   := /bin/bash
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
-PIP     := $(PY) -m pip install --disable-pip-version-check
+# Every install goes through uv (parallel downloads, one resolve, several times faster than pip on 2 cores),
+# which the venv's own pip brings from PyPI. Bytecode is compiled at install, as pip does: the demo's and the
+# tests' many processes then never compile torch again (nor on every start where PYTHONDONTWRITEBYTECODE is set).
+UV_VERSION := 0.13.9
+UV_BIN  := $(VENV)/bin/uv
+UV      := $(UV_BIN) pip install --python $(PY) --quiet --compile-bytecode
+# torch's CPU build, never PyPI's CUDA one (a CUDA wheel cannot satisfy +cpu). uv reads no pip configuration:
+# where pip is told of a wheel folder (find-links; this project's machines keep the CPU wheel in one) uv
+# looks there, else in PyTorch's CPU index. `make demo TORCH_FROM='--index-url URL'` picks another source.
+TORCH   := torch==2.13.0+cpu
+# (pip is asked once, and only by the targets that install torch)
+PIP_WHEELS = $(eval PIP_WHEELS := $$(shell $(PYTHON) -m pip config list 2>/dev/null \
+  | sed -n "s/^[^=]*\.find-links='\(..*\)'$$$$/\1/p" | head -1))$(PIP_WHEELS)
+TORCH_FROM ?= $(if $(PIP_WHEELS),$(addprefix --find-links ,$(PIP_WHEELS)),--index-url https://download.pytorch.org/whl/cpu)
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP   := $(VENV)/.installed
 PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
@@ -20,19 +33,24 @@ if out=$$( { $(2); } 2>&1 ); then t=$$(( ($${EPOCHREALTIME/./} - t0) / 100000 ))
 else rc=$$?; echo "failed:" >&2; tail -n 40 <<<"$$out" >&2; exit $$rc; fi
 endef
 
+# The venv, and uv in it from PyPI by the venv's own pip (which stays: the tests build wheels with it). uv is
+# pinned so that every machine installs alike.
+$(UV_BIN):
+	$(call step,python venv $(VENV) with uv $(UV_VERSION),$(PYTHON) -m venv $(VENV) \
+	  && $(PY) -m pip install --disable-pip-version-check -q uv==$(UV_VERSION))
+
 # What `make demo` needs and nothing more: DeepSpeed, torch, transformers and the planner (no test tools).
-# torch is pinned to the CPU build that lies on disk (plain `torch` would pull a multi-GB CUDA build).
+# (uv order-only: a venv whose packages are current is not reinstalled for it; one without uv gets it.)
 demo-install: $(DEMO_STAMP)
-$(DEMO_STAMP): pyproject.toml
-	$(call step,python venv $(VENV),$(PYTHON) -m venv $(VENV) && $(PIP) -q --upgrade pip)
-	$(call step,torch 2.13.0 (the CPU build),$(PIP) -q torch==2.13.0)
-	$(call step,envpipe[train]: DeepSpeed$(,) transformers$(,) the planner,$(PIP) -q -e '.[train]')
+$(DEMO_STAMP): pyproject.toml | $(UV_BIN)
+	$(call step,torch 2.13.0$(,) the CPU build (from $(filter-out --%,$(TORCH_FROM))),$(UV) $(TORCH_FROM) '$(TORCH)')
+	$(call step,envpipe[train]: DeepSpeed$(,) transformers$(,) the planner,$(UV) -e '.[train]')
 	@touch $@
 
 # Everything: every extra (the launcher, clockd, TensorBoard) and the test tools, on top of the demo's.
 install: $(STAMP)
 $(STAMP): $(DEMO_STAMP)
-	$(call step,envpipe[all$(,)test]: launcher$(,) clockd$(,) test tools,$(PIP) -q -e '.[all$(,)test]')
+	$(call step,envpipe[all$(,)test]: launcher$(,) clockd$(,) test tools,$(UV) -e '.[all$(,)test]')
 	@touch $@
 	@echo "make: $(VENV) is ready; its commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 

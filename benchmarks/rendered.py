@@ -29,6 +29,7 @@ from benchmarks import (
     search_accuracy_call4_results,
     search_accuracy_results,
     search_results,
+    setup_time,
 )
 from benchmarks.common import RESULTS, ROOT
 
@@ -77,6 +78,8 @@ RENDERED = (
              "python benchmarks/search_accuracy_call4_results.py"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              search_results.render, "python benchmarks/search_results.py"),
+    Rendered("setup_time.md", tuple(RESULTS / "setup_runs" / d for d in ("pip_0431", "uv_0438", "uv_0444")),
+             setup_time.render, "python -m benchmarks.setup_time render"),
 )  # fmt: skip
 
 # Written by their benchmark in one step (no raw file kept), by the script that writes them.

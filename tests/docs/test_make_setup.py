@@ -1,7 +1,7 @@
 """What the README's first commands set up (the Makefile and pyproject.toml): `make demo` installs only
 what the demo needs, `make test` everything, each setup step one timed line; `make e2e` skips in one
-line, exit 0, where podman cannot run. The real setup time is measured, not tested (see the report in
-the README)."""
+line, exit 0, where podman cannot run. The real setup time is measured, not tested (see
+benchmarks/results/setup_time.md)."""
 
 from __future__ import annotations
 
@@ -34,23 +34,44 @@ def _closure(extra: str) -> set[str]:
     return names
 
 
-def _dry(target: str, venv: Path) -> str:
+def _dry(target: str, venv: Path, **env: str) -> str:
     """The commands `make TARGET` would run for a fresh venv (make -n: nothing runs)."""
     return subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={venv}"], cwd=ROOT,
-                          capture_output=True, text=True, check=True, env={**os.environ, "MAKEFLAGS": ""}).stdout
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "MAKEFLAGS": "", **env}).stdout
+
+
+def _installs(commands: str) -> list[str]:
+    """What each `uv pip install` of the dry run installs (its flags before the requirements left out)."""
+    uv = r"uv pip install --python \S+ --quiet --compile-bytecode ([^;}]*?)(?:;|\s*}|$)"
+    return [i.strip() for i in re.findall(uv, commands, re.M)]
 
 
 def test_the_demo_installs_its_extra_and_no_test_tool(tmp_path: Path) -> None:
-    commands = _dry("demo-install", tmp_path / "venv")
-    installs = re.findall(r"pip install --disable-pip-version-check -q ([^;}]*?)(?:;|\s*}|$)", commands, re.M)
-    assert [i.strip() for i in installs] == ["--upgrade pip", "torch==2.13.0", "-e '.[train]'"]
+    commands = _dry("demo-install", tmp_path / "venv", PIP_FIND_LINKS="/srv/wheels")
+    assert re.search(r"-m venv \S+ && \S+/bin/python -m pip install .* uv==\d+\.\d+\.\d+;", commands)  # pip brings uv
+    assert _installs(commands) == ["--find-links /srv/wheels 'torch==2.13.0+cpu'", "-e '.[train]'"]
+    assert "torch==2.13.0" in _extras()["train"]  # the same version as the extra's pin, which +cpu satisfies
     assert not _closure("train") & TEST_TOOLS
     assert {"torch", "deepspeed", "transformers", "scipy"} <= _closure("train")
 
 
+def test_torch_comes_from_pips_wheel_folder_or_the_cpu_index(tmp_path: Path) -> None:
+    """uv reads no pip configuration: the Makefile passes pip's find-links on, else names PyTorch's CPU index."""
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nfind-links = /srv/a-wheel-folder\n")
+    from_config = _installs(_dry("demo-install", tmp_path / "venv", PIP_FIND_LINKS="", PIP_CONFIG_FILE=str(config)))
+    assert from_config[0] == "--find-links /srv/a-wheel-folder 'torch==2.13.0+cpu'"
+    # os.devnull: pip reads no configuration file at all
+    bare = _installs(_dry("demo-install", tmp_path / "venv", PIP_FIND_LINKS="", PIP_CONFIG_FILE=os.devnull))
+    assert bare[0] == "--index-url https://download.pytorch.org/whl/cpu 'torch==2.13.0+cpu'"
+    chosen = _dry("demo-install", tmp_path / "venv", TORCH_FROM="--index-url https://example.invalid/cpu")
+    assert "(from https://example.invalid/cpu)" in chosen and _installs(chosen)[0].startswith("--index-url https://ex")
+
+
 def test_make_test_installs_every_extra_and_the_test_tools(tmp_path: Path) -> None:
     commands = _dry("install", tmp_path / "venv")
-    assert "-e '.[train]'" in commands and "-e '.[all,test]'" in commands  # the demo's first, then the rest
+    assert _installs(commands)[1:] == ["-e '.[train]'", "-e '.[all,test]'"]  # the demo's first, then the rest
     assert _closure("test") >= TEST_TOOLS and "tensorboard" in _closure("test") & _closure("monitor")
     assert _closure("all") >= _closure("train") | _closure("launch") | _closure("sidecar")
 
@@ -77,8 +98,9 @@ def test_the_license_is_an_spdx_expression() -> None:
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None, reason="needs root to become nobody")
 def test_make_e2e_as_a_user_skips_in_one_line() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # pytest's own tmp_path is root's alone
-        venv = Path(tmp) / "venv"  # stamps newer than pyproject.toml: the setup is done
-        venv.mkdir()
+        venv = Path(tmp) / "venv"  # uv, and stamps newer than pyproject.toml: the setup is done
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "uv").touch()
         (venv / ".installed-demo").touch()
         (venv / ".installed").touch()
         Path(tmp).chmod(0o755)
