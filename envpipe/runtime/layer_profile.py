@@ -25,7 +25,9 @@ every forward). Each of ``reps`` repetitions takes three rounds, each starting o
   (its first launch, its final synchronization, the ``backward()`` call and the zeroing) is in both and
   cancels: the layer's share of a stage (H100, 2026-11-25: a layer's own ``backward()`` took 1.19-1.30 times
   the host time of the same layer inside a chain of 8, far more than the calls measured alone; a round of 4
-  over 4 put repeat sums 1-10 % above the engine's device-bound units);
+  over 4 put repeat sums 1-10 % above the engine's device-bound units). A layer chained with itself issues a
+  little faster than a chain of different layers (0.87-0.94 of it, benchmarks/layer_chain_check.py): the
+  search's engine model, fitted on training runs, scales the host times for that;
 - a held round: the device held by a spin kernel (``_DeviceHold``) while the host issues ``_QUEUE``
   forwards and their backwards, and then running the queued units back to back, timed by CUDA events: the
   device's time. The hold lasts twice the host's issuing of the free round (issuing behind a held device
