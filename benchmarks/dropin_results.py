@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from benchmarks.common import md_row, md_table, prediction_error, shown_path
+from benchmarks.runtime_bench import PLAN_ENGINE
 from envpipe.runtime.summary import RunSummary
 
 
@@ -53,6 +54,10 @@ def render(out: Path) -> str:
              "its steady iterations are 1F1B at default clocks. Peak memory: each job's own allocator peak on GPU 0 "
              "(from before the model was built). Times and energies are measured; predictions are the runtime's "
              "(simulated); error = (predicted − measured) / measured.", ""]
+    if bench.get("pair_scheduling"):
+        lines[-1:-1] = [f"The drop-in engine of each pair was held to DeepSpeed's order (ENVPIPE_SCHEDULING="
+                        f"{bench['pair_scheduling']}); `{PLAN_ENGINE}` runs are the engine as a user gets it (its "
+                        "default policy, whose order ran with clocks untouched, interleaved with 1F1B iterations)."]
     lines += ["## Throughput and memory", "",
               *md_table("model", "round", "stock iteration (ms)", "drop-in iteration (ms)", "drop-in / stock",
                         "stock peak (GiB)", "drop-in peak (GiB)")]
@@ -87,6 +92,7 @@ def render(out: Path) -> str:
             "—" if e is None else ", ".join(f"{x.stage}: {_pct(x.error)}" for x in e.stages),
             "—" if predicted is None else f"{1e3 * predicted:.1f} / {1e3 * measured:.1f}",
             "—" if predicted is None else _pct(prediction_error(predicted, measured))))
+    lines += _plan_runs({k: v for k, v in summaries.items() if k[2] == PLAN_ENGINE})
     if failed:
         lines += ["", "Runs that failed or ended before a report (see their log.txt): " + ", ".join(
             f"{r['model']} round {r['round']} {r['engine']}" for r in failed)]
@@ -96,6 +102,49 @@ def render(out: Path) -> str:
         lines += ["", "Runs cut before the benchmark recorded them (the call's time limit; see their log.txt), left "
                   "out of the tables: " + ", ".join(cut)]
     return "\n".join(lines) + "\n"
+
+
+def _plan_runs(summaries: dict[tuple[str, int, str], RunSummary]) -> list[str]:
+    """The default policy's plan as it ran (on GPUs without envpipe-clockd its order, clocks untouched): its time,
+    energy and peak memory per stage against the runtime's predictions, and against the run's own interleaved
+    1F1B iterations (both sides of one kind, named in the cells)."""
+    if not summaries:
+        return []
+    lines = ["", "## The default policy's plan deployed (its order; its clocks only where they can be set)", "",
+             "Predicted peak memory of a stage: its static bytes (parameters, gradients, optimizer state) plus the "
+             "order's most in-flight micro-batches times the activation bytes of one, both measured in calibration.",
+             "", *md_table("model", "run", "order that ran", "clocks", "time predicted / measured (ms)", "error",
+                           "vs its interleaved 1F1B iterations: slowdown, energy saving",
+                           "energy predicted / measured (J)", "error", "per stage",
+                           "peak memory per stage predicted / measured (GiB)")]
+    for (model, rnd, _), s in sorted(summaries.items()):
+        plan, e, m = s.plan, s.energy, s.measured
+        measured, predicted = s.steady.time_s.median, s.predicted_iteration_time_s
+        order = "—" if plan is None else plan.order + ("" if plan.order_deployed else " (not deployed: 1F1B ran)")
+        vs = "—" if m is None else (f"{_pct(m.slowdown.median)} ({s.clock.time}), "
+                                    f"{'—' if m.energy_saving is None else _pct(m.energy_saving.median)} ({m.energy})")
+        clocks = "planned" if plan is not None and plan.deployed else "untouched (default)"
+        lines.append(md_row(
+            model, rnd, order, clocks,
+            "—" if predicted is None else f"{1e3 * predicted:.1f} / {1e3 * measured:.1f} ({s.clock.time})",
+            "—" if predicted is None else _pct(prediction_error(predicted, measured)), vs,
+            "—" if e is None else f"{e.predicted_j:.1f} / {e.measured_j:.1f}", "—" if e is None else _pct(e.error),
+            "—" if e is None else ", ".join(f"{x.stage}: {_pct(x.error)}" for x in e.stages), _memory(s)))
+    return lines
+
+
+def _memory(s: RunSummary) -> str:
+    """Per stage: predicted / measured peak (GiB) and the error; replica 0's GPUs."""
+    if s.plan is None or s.plan.memory is None:
+        return "—"
+    cells = []
+    for g in (g for g in s.gpus if g.replica == 0):
+        use = s.plan.memory[g.stage]
+        predicted = use.static_bytes + use.planned_in_flight * use.activation_bytes_per_microbatch
+        measured = g.peak_memory_bytes
+        cells.append(f"{g.stage}: {_gib(predicted)} / {_gib(measured)}"
+                     + ("" if not measured else f" ({_pct(prediction_error(predicted, measured))})"))
+    return ", ".join(cells)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,12 +5,15 @@ torchrun, one process per GPU, each engine in processes of its own (so peak memo
     python benchmarks/runtime_bench.py --out OUT --cpu                      # tiny model, 2 CPU processes
 
 Per model, ``--rounds`` rounds, each running stock DeepSpeed (`--engine stock`, timed and metered by
-envpipe.runtime.stock) and the drop-in engine (`envpipe.initialize`, its default policy), in reverse order every
-other round so that drift favours neither. Clocks are never changed: without envpipe-clockd the engine's clock
-is 'auto', which on a GPU leaves clocks at default and reads the NVML energy counter, so the drop-in engine's
-steady iterations are 1F1B with every clock at its default, and its summary checks the energy model and the
-time prediction against the counter. Writes OUT/machine.txt, OUT/bench.json and each run's report folder
-(summary.json, iterations.rank*.jsonl, the log); benchmarks/dropin_results.py renders them.
+envpipe.runtime.stock) and the drop-in engine (`envpipe.initialize` held to DeepSpeed's 1F1B order,
+ENVPIPE_SCHEDULING=1f1b), in reverse order every other round so that drift favours neither. Then
+``--plan-runs`` runs of the drop-in engine as a user gets it (engine `envpipe-plan`: its default policy, which
+may choose EnvPipe's order, interleaved with ``--plan-compare`` 1F1B iterations). Clocks are never changed:
+without envpipe-clockd the engine's clock is 'auto', which on a GPU leaves clocks at default and reads the NVML
+energy counter, so the drop-in engine's steady iterations run their order with every clock at its default, and
+its summary checks the energy model and the time prediction against the counter. Writes OUT/machine.txt,
+OUT/bench.json and each run's report folder (summary.json, iterations.rank*.jsonl, the log);
+benchmarks/dropin_results.py renders them.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ MODELS = {
                       "--micro-batch", "2"],
     "tiny": ["--tiny"],
 }
-ENGINES = ("stock", "envpipe")
+ENGINES = ("stock", "envpipe")  # the throughput pair; the drop-in engine held to 1F1B (PAIR_SCHEDULING)
+PAIR_SCHEDULING = "1f1b"
+PLAN_ENGINE = "envpipe-plan"  # the drop-in engine's default policy and order, clocks untouched
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +53,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="stock/drop-in pairs per model")
     p.add_argument("--steps", type=int, default=20, help="training iterations per run")
     p.add_argument("--calibration-steps", type=int, default=3, help="the drop-in engine's calibration iterations")
+    p.add_argument("--plan-runs", type=int, default=0, help="runs per model of the drop-in engine's default policy "
+                   "(its order deployed, clocks untouched), after the pairs")
+    p.add_argument("--plan-compare", type=int, default=2, help="1F1B iterations interleaved with a plan run's")
     p.add_argument("--cpu", action="store_true", help="tiny model on 2 CPU processes: checks the script")
     args = p.parse_args(argv)
     args.model_names = ["tiny"] if args.cpu else args.models.split(",")
@@ -56,6 +64,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     if min(args.rounds, args.steps, args.gpus, args.microbatches) < 1 or args.steps <= args.calibration_steps:
         p.error("--rounds, --gpus, --microbatches must be >= 1 and --steps above --calibration-steps")
+    if min(args.plan_runs, args.plan_compare) < 0:
+        p.error("--plan-runs and --plan-compare must be >= 0")
     if args.out.exists():
         p.error(f"{args.out} exists: give a new folder")
     return args
@@ -66,12 +76,17 @@ def run(args: argparse.Namespace, model: str, rnd: int, engine: str) -> dict:
     folder = args.out / model / f"round{rnd}-{engine}"
     folder.mkdir(parents=True)
     nproc = 2 if args.cpu else args.gpus
+    compare = args.plan_compare if engine == PLAN_ENGINE else 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            str(EXAMPLE), *MODELS[model], "--microbatches", str(args.microbatches), "--steps", str(args.steps),
-           "--engine", engine, "--report-dir", str(folder), "--calibration-steps", str(args.calibration_steps),
-           "--compare-iterations", "0", "--log-interval", "1"]
+           "--engine", "stock" if engine == "stock" else "envpipe", "--report-dir", str(folder),
+           "--calibration-steps", str(args.calibration_steps), "--compare-iterations", str(compare),
+           "--log-interval", "1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
                                                        if args.cpu else {})}
+    env.pop("ENVPIPE_SCHEDULING", None)
+    if engine == "envpipe":
+        env["ENVPIPE_SCHEDULING"] = PAIR_SCHEDULING
     t0 = time.monotonic()
     with (folder / "log.txt").open("w") as log:
         rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
@@ -102,14 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True)
     (args.out / "machine.txt").write_text(machine(args))
     runs = []
+    plan = []  # per model: its pairs, then its plan runs (a call cut short keeps whole models)
     for model in args.model_names:
-        for rnd in range(args.rounds):
-            for engine in ENGINES if rnd % 2 == 0 else ENGINES[::-1]:
-                runs.append(run(args, model, rnd, engine))
-                (args.out / "bench.json").write_text(json.dumps(
-                    {"command": " ".join(["python", "benchmarks/runtime_bench.py", *(argv or sys.argv[1:])]),
-                     "gpus": 2 if args.cpu else args.gpus, "microbatches": args.microbatches, "runs": runs},
-                    indent=1) + "\n")  # after every run: a run cut short keeps what it finished
+        plan += [(model, rnd, engine) for rnd in range(args.rounds)
+                 for engine in (ENGINES if rnd % 2 == 0 else ENGINES[::-1])]
+        plan += [(model, rnd, PLAN_ENGINE) for rnd in range(args.plan_runs)]
+    for model, rnd, engine in plan:
+        runs.append(run(args, model, rnd, engine))
+        (args.out / "bench.json").write_text(json.dumps(
+            {"command": " ".join(["python", "benchmarks/runtime_bench.py", *(argv or sys.argv[1:])]),
+             "gpus": 2 if args.cpu else args.gpus, "microbatches": args.microbatches,
+             "pair_scheduling": PAIR_SCHEDULING, "runs": runs},
+            indent=1) + "\n")  # after every run: a run cut short keeps what it finished
     return 1 if any(r["exit"] for r in runs) else 0
 
 

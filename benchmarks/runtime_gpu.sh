@@ -4,7 +4,7 @@
 # drop-in engine runs without envpipe-clockd (clock 'auto': default clocks, the NVML energy counter).
 #
 #   OUT=/tmp/rt bash benchmarks/runtime_gpu.sh                                  # 1 GPU, GPT-2 16 x 2048
-#   GPUS=2 MODELS=gpt2-16x2048,llama-16x2048 MICROBATCHES=8 ROUNDS=4 OUT=/tmp/rt bash benchmarks/runtime_gpu.sh
+#   GPUS=2 MODELS=gpt2-16x2048,llama-16x2048 MICROBATCHES=8 ROUNDS=4 PLAN_RUNS=1 OUT=/tmp/rt bash benchmarks/runtime_gpu.sh
 #   CPU=1 OUT=/tmp/rt bash benchmarks/runtime_gpu.sh                            # tiny, 2 CPU processes: the logic
 #
 # DeepSpeed missing (the lent machines): the wheels carried in .whl/ are unpacked onto PYTHONPATH first
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-runtime-bench}
 PY=${PYTHON:-python3}
 ARGS=(--out "$OUT" --models "${MODELS:-gpt2-16x2048}" --gpus "${GPUS:-1}" --rounds "${ROUNDS:-2}"
-      --steps "${STEPS:-20}" --microbatches "${MICROBATCHES:-8}")
+      --steps "${STEPS:-20}" --microbatches "${MICROBATCHES:-8}" --plan-runs "${PLAN_RUNS:-0}")
 if [ "${CPU:-0}" = 1 ]; then ARGS+=(--cpu); fi
 source benchmarks/deepspeed_whl.sh
 status=0
