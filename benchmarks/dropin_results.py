@@ -111,8 +111,10 @@ def _plan_runs(summaries: dict[tuple[str, int, str], RunSummary]) -> list[str]:
     if not summaries:
         return []
     lines = ["", "## The default policy's plan deployed (its order; its clocks only where they can be set)", "",
-             "Predicted peak memory of a stage: its static bytes (parameters, gradients, optimizer state) plus the "
-             "order's most in-flight micro-batches times the activation bytes of one, both measured in calibration.",
+             "Predicted peak memory of a stage (the runtime's, `MemoryUse.predicted_peak_bytes`): its static bytes "
+             "(parameters, gradients, optimizer state), plus the order's most in-flight micro-batches times the "
+             "activation bytes of one, plus the calibration's transient bytes (its allocator peak beyond those), all "
+             "measured in calibration under 1F1B; — where the run's code did not record the transient.",
              "", *md_table("model", "run", "order that ran", "clocks", "time predicted / measured (ms)", "error",
                            "vs its interleaved 1F1B iterations: slowdown, energy saving",
                            "energy predicted / measured (J)", "error", "per stage",
@@ -139,11 +141,9 @@ def _memory(s: RunSummary) -> str:
         return "—"
     cells = []
     for g in (g for g in s.gpus if g.replica == 0):
-        use = s.plan.memory[g.stage]
-        predicted = use.static_bytes + use.planned_in_flight * use.activation_bytes_per_microbatch
-        measured = g.peak_memory_bytes
-        cells.append(f"{g.stage}: {_gib(predicted)} / {_gib(measured)}"
-                     + ("" if not measured else f" ({_pct(prediction_error(predicted, measured))})"))
+        predicted, measured = s.plan.memory[g.stage].predicted_peak_bytes, g.peak_memory_bytes
+        cells.append(f"{g.stage}: {_gib(predicted)} / {_gib(measured)}" + (
+            f" ({_pct(prediction_error(predicted, measured))})" if predicted is not None and measured else ""))
     return ", ".join(cells)
 
 

@@ -82,7 +82,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     blocking, tail = _phase_powers(rig, splits, idle)
     limit = rig.memory_limit()
     mine = stage_memory(int(np.median(saved)), static, limit, rig.cfg.memory_headroom,
-                        peak_in_flight(rig.baseline.orders())[rig.place.stage])
+                        peak_in_flight(rig.baseline.orders())[rig.place.stage], rig.peak_bytes())
     per_stage: dict[int, S.MemoryUse] = {}
     for w, mem in rig.gather(mine):  # a stage's largest replica decides
         cur = per_stage.get(w.stage)

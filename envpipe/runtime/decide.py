@@ -21,7 +21,7 @@ from typing import Any
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
-from envpipe.plan.memory import StageMemory, warmup_caps
+from envpipe.plan.memory import StageMemory, peak_in_flight, warmup_caps
 from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.reconfig import Reconfig
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
@@ -75,11 +75,14 @@ class Decision:
 
     @property
     def info(self) -> S.PlanInfo:
-        """Replica 0's plan, as the report names it."""
+        """Replica 0's plan, as the report names it; its memory counts the plan's own in-flight micro-batches
+        (calibration measured them under 1F1B's)."""
         plan = self.plans[0]
+        held = peak_in_flight(plan.orders())
+        memory = [replace(m, planned_in_flight=held[s]) for s, m in enumerate(self.memory)]
         return S.PlanInfo(self.policy, self.order, self.source, plan_digest(plan), self.budget_s,
                           [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages], plan.clocks(),
-                          list(self.memory) or None, list(self.refused), self.deployed)
+                          memory or None, list(self.refused), self.deployed)
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,18 @@ def device_limit(engine: Any, configured: int | None) -> int | None:
     return None
 
 
-def stage_memory(activation_bytes: int, static: int, limit: int | None, headroom: float, planned: int) -> MemoryUse:
-    """What the order choice may use: ``planned`` is the in-flight count of the order that runs now."""
+def stage_memory(activation_bytes: int, static: int, limit: int | None, headroom: float, planned: int,
+                 peak: int | None = None) -> MemoryUse:
+    """What the order choice may use: ``planned`` is the in-flight count of the order that runs now, ``peak``
+    the allocator's peak while it ran (GPUs), whose excess over static and in-flight bytes is kept as transient."""
     available = fits = None
     if limit is not None:
         available = max(0, math.floor(limit * (1.0 - headroom)) - static)
         fits = available // activation_bytes if activation_bytes > 0 else None
-    return MemoryUse(int(activation_bytes), int(static), limit, available, fits, planned)
+    transient = None if peak is None else max(0, peak - static - planned * activation_bytes)
+    return MemoryUse(int(activation_bytes), int(static), limit, available, fits, planned, transient)
+
+
+def peak_bytes(engine: Any) -> int | None:
+    """The allocator's peak so far on a GPU; None on CPU."""
+    return int(torch.cuda.max_memory_allocated(engine.device)) if engine.device.type == "cuda" else None

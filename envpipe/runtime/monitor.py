@@ -9,7 +9,7 @@ EnvPipe adds its events the same way, under `EnvPipe/Samples/...`, with the same
     energy_j_<kind>                every GPU of the job (kind: measured = NVML counter, simulated = a
     power_w_<kind>                 simulated GPU), and per stage: stage<s>/energy_j_<kind>
     stage<s>/clock_mhz             the stage's mean requested SM clock in that iteration (0: none requested)
-    phase                          0 calibrate, 1 profile, 2 reconfigure, 3 steady
+    phase                          0 calibrate, 1 profile, 2 reconfigure, 3 steady, 4 warm-up (a new order)
     runs_plan                      1: the plan ran, 0: 1F1B with every clock at max
     saving_planned_simulated       the planner's predicted energy saving (simulated against simulated)
     saving_<kind>                  the measured saving: plan vs this run's interleaved 1F1B all-max iterations
@@ -29,7 +29,7 @@ from typing import Any
 from envpipe.runtime import collective
 from envpipe.runtime.iterations import PLAN, Iteration
 
-PHASES = {"calibrate": 0, "profile": 1, "reconfigure": 2, "steady": 3}
+PHASES = {"calibrate": 0, "profile": 1, "reconfigure": 2, "steady": 3, "warm-up": 4}
 PREFIX = "EnvPipe/Samples/"
 
 

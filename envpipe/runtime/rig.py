@@ -24,7 +24,7 @@ from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import collective
 from envpipe.runtime.clocks import Clock, make_meter, simulated_gpu
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.memory import device_limit, static_bytes
+from envpipe.runtime.memory import device_limit, peak_bytes, static_bytes
 from envpipe.runtime.timing import StageTiming
 
 T = TypeVar("T")
@@ -80,6 +80,14 @@ class Rig:
         self.f_max = clock.supported_mhz[0] if clock is not None else 0
         self.baseline = Plan.at_one_clock(one_f_one_b(self.P, self.M), self.f_max, "1f1b", "baseline")
         self.samples_per_iteration = engine.train_batch_size()
+        self._orders_run: set[tuple] = set()  # the orders this process has run (a new one warms up first)
+
+    def ran(self, plan: Plan) -> None:
+        """``plan``'s order ran an iteration in this process."""
+        self._orders_run.add(_order_key(plan))
+
+    def has_run(self, plan: Plan) -> bool:
+        return _order_key(plan) in self._orders_run
 
     @property
     def on_gpu(self) -> bool:
@@ -113,5 +121,13 @@ class Rig:
         """What the stage holds between iterations (parameters, gradients, optimizer state)."""
         return static_bytes(self._engine)
 
+    def peak_bytes(self) -> int | None:
+        """The allocator's peak so far (GPUs; None on CPU)."""
+        return peak_bytes(self._engine)
+
     def memory_limit(self) -> int | None:
         return device_limit(self._engine, self.cfg.memory_limit_bytes)
+
+
+def _order_key(plan: Plan) -> tuple:
+    return tuple(tuple(units) for units in plan.orders())

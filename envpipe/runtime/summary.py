@@ -98,6 +98,17 @@ class MemoryUse:
     available_bytes: int | None  # for in-flight activations: the limit less the headroom and the static bytes
     max_in_flight: int | None  # micro-batches whose activations fit
     planned_in_flight: int  # what the order that ran keeps at most
+    # the calibration's allocator peak beyond static bytes and its in-flight activations (GPUs: workspaces,
+    # gradients in flight, the head's logits); None where no allocator peak is known (CPU)
+    transient_bytes: int | None = None
+
+    @property
+    def predicted_peak_bytes(self) -> int | None:
+        """The stage's allocator peak under the order that ran: static + its in-flight activations + the
+        calibration's transient bytes (None without a measured transient)."""
+        if self.transient_bytes is None:
+            return None
+        return self.static_bytes + self.planned_in_flight * self.activation_bytes_per_microbatch + self.transient_bytes
 
 
 @dataclass(frozen=True, config=_STRICT)

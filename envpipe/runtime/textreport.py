@@ -132,8 +132,10 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
     if plan is not None and plan.memory is not None:
         for st, mem in enumerate(plan.memory):
             fits = "no limit" if mem.max_in_flight is None else f"{mem.max_in_flight} fit"
+            predicted_peak = mem.predicted_peak_bytes
             lines.append(f"  stage {st} memory (measured): {mem.activation_bytes_per_microbatch / 2**20:.2f} MiB of "
-                         f"activations per micro-batch in flight, {fits}; the order keeps {mem.planned_in_flight}")
+                         f"activations per micro-batch in flight, {fits}; the order keeps {mem.planned_in_flight}"
+                         + ("" if predicted_peak is None else f"; predicted peak {predicted_peak / 2**20:.0f} MiB"))
     for why in plan.refused_orders if plan is not None else []:
         lines.append(f"  order not taken: {why}")
     if s.clock.uncontrolled_s:

@@ -24,8 +24,9 @@ from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.monitor import Finished, MonitorFeed
-from envpipe.runtime.steady import SteadyRecord
-from envpipe.runtime.timing import Calibration
+from envpipe.runtime.rig import Measured
+from envpipe.runtime.steady import WARMUP, SteadyRecord, steady
+from envpipe.runtime.timing import Calibration, StageTiming
 from envpipe.simgpu import JobTruth
 from tests.support.runtime_summary import sample_calibrated
 
@@ -76,6 +77,39 @@ def test_steady_record_keeps_the_window_and_a_bounded_tail() -> None:
     kept = record.iterations()
     assert [x.runs for x in kept[:4]] == window and len(kept) == 4 + record.recent.maxlen  # type: ignore[operator]
     assert kept[-1].index == 203  # the newest plan iterations
+
+
+class _RigRan:
+    """What the steady phase asks of the rig: the baseline, the config, whether an order ran in this process."""
+
+    def __init__(self, baseline: Plan, orders_run: list[Plan]) -> None:
+        self.baseline, self.cfg, self.sim = baseline, EnvPipeConfig(), None
+        self._run = [p.orders() for p in orders_run]
+
+    def has_run(self, plan: Plan) -> bool:
+        return plan.orders() in self._run
+
+
+@pytest.mark.parametrize(("ran_before", "pairs", "warms_up"), [(False, 2, True), (True, 2, False), (False, 0, False)])
+def test_a_new_order_warms_up_before_its_comparison_pairs(
+    monkeypatch: pytest.MonkeyPatch, ran_before: bool, pairs: int, warms_up: bool
+) -> None:
+    """EnvPipe's order first seen in the steady phase (a GPU without the clock daemon): one warm-up iteration
+    before the ABBA pairs (its first iteration paid 3.5x on 2 x H100), none where the order ran before or
+    nothing is compared."""
+    monkeypatch.setattr("envpipe.runtime.steady.progress", lambda _: None)
+    baseline = Plan.at_one_clock(one_f_one_b(2, 4), 1410, "1f1b", "baseline")
+    plan = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
+    phase = steady(_RigRan(baseline, [plan] if ran_before else []), SteadyRecord(plan, PLAN, pairs), 0,  # type: ignore[arg-type]
+                   lambda: None)
+    measured = Measured(StageTiming(0, 0.0, 1.0, []), None, None, None)
+    steps = [next(phase)] + [phase.send(measured) for _ in range(5)]
+    got = [(x.phase, x.runs, x.plan.orders() == plan.orders()) for x in steps]
+    ran = [x.runs for x in steps if x.phase == "steady"]
+    assert (got[0] == (WARMUP, PLAN, True)) is warms_up
+    assert ran[: 2 * pairs] == comparison_pattern(2 * pairs, pairs)[: 2 * pairs]
+    assert all(x.plan.orders() == (plan if r == PLAN else baseline).orders() for x, r in
+               zip([x for x in steps if x.phase == "steady"], ran, strict=True))
 
 
 def test_monitor_events_of_the_job_per_iteration() -> None:
