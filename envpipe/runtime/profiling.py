@@ -44,11 +44,14 @@ def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
                                      effective_mhz=calibrated.report.effective_clock_mhz)
     clocks = profile_clocks(clock.supported_mhz, cfg.profile_points)
     progress(f"profile: one 1F1B iteration at each of {', '.join(map(str, clocks))} MHz")
-    orders, rows = one_f_one_b(rig.P, rig.M), []
+    orders, timings = one_f_one_b(rig.P, rig.M), []
     for mhz in clocks:
         m = yield Step(Plan.at_one_clock(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
-        split = rig.energy(m.timing)
-        gathered = rig.gather((m.timing, None if split is None else (split.fwd_j, split.bwd_j)))
+        timings.append(m.timing)
+    splits = rig.unit_energies(timings)  # after the last: the clocks ran back to back (envpipe.runtime.calibrate)
+    rows = []
+    for gathered in rig.gather_each([(t, None if x is None else (x.fwd_j, x.bwd_j))
+                                     for t, x in zip(timings, splits, strict=True)]):
         its = [[(w, t) for w, (t, _) in gathered]]
         entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
         rows.append(replicas.slowest_with_energy(entries, [e or (np.nan, np.nan) for _, (_, e) in gathered], rig.P))

@@ -46,8 +46,7 @@ def _round(rig: Rig, plan: Plan, rnd: int) -> Phase[list[list[tuple[collective.P
         m = yield Step(plan if runs == PLAN else rig.baseline, "reconfigure", runs, extra={"round": rnd})
         t = m.timing
         mine.append((runs, t.step_end - t.step_start, t))
-    gathered = rig.gather(mine)
-    return [[(w, its[i]) for w, its in gathered] for i in range(len(mine))]
+    return rig.gather_each(mine)
 
 
 def measured_slowdown(iterations: list[list[tuple[collective.Place, Any]]]) -> tuple[float, float]:

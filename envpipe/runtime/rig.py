@@ -14,7 +14,7 @@ iteration and knows nothing of the phases (no cycle: envpipe.runtime.run owns it
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -96,6 +96,16 @@ class Rig:
     def gather(self, mine: Any) -> list[tuple[collective.Place, Any]]:
         """Every rank's object with its place (stage, replica), in rank order (a collective call)."""
         return collective.gather((self.place, mine))
+
+    def gather_each(self, mine: Sequence[T]) -> list[list[tuple[collective.Place, T]]]:
+        """Every rank's object of each of several iterations, per iteration, in one collective call after the
+        last of them: the iterations ran back to back, as steady ones do."""
+        everyone = self.gather(list(mine))
+        return [[(w, theirs[i]) for w, theirs in everyone] for i in range(len(mine))]
+
+    def unit_energies(self, timings: Sequence[StageTiming]) -> list[EnergySplit | None]:
+        """``energy`` of each iteration, once the counter has passed the last (one wait, after they all ran)."""
+        return [self.energy(t) for t in timings]
 
     def edge(self) -> float:
         """When an iteration starts or ends: host time, or a simulated GPU's virtual time, which every rank
