@@ -35,6 +35,7 @@ from benchmarks.common import RESULTS, ROOT
 
 RAW = RESULTS / "h200_runs"
 RAW_H100 = RESULTS / "h100_runs"
+RAW_H100X2 = RESULTS / "h100x2_runs"
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ RENDERED = (
     Rendered("dropin_h100.md", tuple(RAW_H100 / d for d in ("dropin_gpt2_0146", "dropin_llama_gpt2small_0150",
                                                            "dropin_gpt2small_0305", "dropin_llama_0309",
                                                            "dropin_llama_0445")),
+             dropin_results.render_all, "python benchmarks/dropin_results.py"),
+    Rendered("dropin_h100x2.md", tuple(RAW_H100X2 / d for d in ("dropin_gpt2_llama_1653", "dropin_gpt2_1714",
+                                                               "dropin_gpt2_cal10_1723")),
              dropin_results.render_all, "python benchmarks/dropin_results.py"),
     Rendered("freqmodel.md", (RESULTS / "freqmodel.json",),
              lambda raws: freqmodel_results.render(json.loads(raws[0].read_text())),
