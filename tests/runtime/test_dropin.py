@@ -166,6 +166,8 @@ def test_dropin_dp2_pp2_same_math_as_stock(tmp_path: Path) -> None:
     s = read_summary(tmp_path / "report" / "envpipe")
     assert s.data_parallel == 2 and s.plan is not None and s.plan.deployed
     assert s.job.plans_identical_across_replicas and len(s.gpus) == 4
+    rows = (tmp_path / "csv" / "envpipe" / "EnvPipe_Samples_energy_j_simulated.csv").read_text().splitlines()[1:]
+    assert len(rows) >= steps - 2 and all(float(r.split(",")[1]) > 0 for r in rows)  # the job's energy: 4 GPUs
 
 
 @pytest.mark.slow
