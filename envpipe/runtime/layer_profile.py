@@ -2,8 +2,8 @@
 
 Measures the layers exactly as the training job builds them (the caller hands over the same layer
 builders DeepSpeed's PipelineModule gets) and writes an `envpipe.search.layers.LayerProfile`. On CPU the
-device is the runtime's simulated GPU (``UnitTimer``, ``simulated_gpu_times``): its unit times are the sim
-clock's. It lives
+device is the runtime's simulated GPU (``simulated_gpu_times``): its unit times are the ones the runtime's
+simulated GPU charges. It lives
 in envpipe.runtime, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
 importable where only the planner is installed.
 
@@ -38,8 +38,8 @@ A narrow layer at a small micro-batch takes the host longer than the device (lau
 synchronization around every unit would charge both (H200, 2026-11-23: a profile so taken put a 16-block
 GPT-2 stage's unit at micro-batch 2 a third above the training run's), and one number per unit cannot tell
 a launch-bound stage from a device-bound one (H100, 2026-11-24: the search's time was 15-19 % short at
-micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a round is one unit and its host time 0 (the simulated
-GPU counts CPU time; there is nothing to hide).
+micro-batches 2 and 4 of a 1536-wide GPT-2). On CPU a round is one unit and its host time 0: the simulated
+GPU charges counted FLOPs by its one cost rule (envpipe.simgpu.cost), there is no launch to hide.
 
 Once per profile, on GPUs, the unit calls (``UnitCalls``), which the engine pays once per micro-batch and
 stage: the host's cost of one ``backward()`` call beyond its kernels (two roots' backward in two calls less
@@ -91,6 +91,7 @@ from envpipe.search.layers import (
     UnitCalls,
 )
 from envpipe.search.quiet import STDERR, STDOUT, native_output_silenced
+from envpipe.simgpu import step_s, unit_s
 
 _WINDOW = "envpipe.window."
 _QUEUE = 4  # GPU units per timed round (see the module's docstring)
@@ -169,7 +170,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
                    reps: int = 10, warmup: int = 3, idle_seconds: float = 2.0,
                    progress: Callable[[str], None] | None = None) -> LayerProfile:
     """Measure every layer of ``target`` at every micro-batch size (clocks untouched). On CPU the times are the
-    runtime's simulated GPU's (``UnitTimer``)."""
+    runtime's simulated GPU's (``simulated_gpu_times``)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     sizes = sorted(set(micro_batch_sizes))
@@ -284,21 +285,15 @@ Flops = dict[int, tuple[float, float]]  # micro-batch size -> (forward, backward
 
 
 def simulated_gpu_times(layers: Sequence[Layer], flops: Sequence[Flops]) -> list[Layer]:
-    """CPU: the runtime's simulated GPU runs a unit in its FLOPs at the job's rate, FLOPs over CPU seconds of
-    the units (envpipe.runtime.clocks.SimClock). Per micro-batch size that rate over all layers here; a layer
-    without FLOPs keeps its CPU time (the sim does the same where a stage counts none)."""
-    out = [dict(layer.per_micro_batch) for layer in layers]
-    for b in layers[0].per_micro_batch:
-        total_flops = sum(f[b][0] + f[b][1] for f in flops)
-        total_s = sum(layer.per_micro_batch[b].forward_s + layer.per_micro_batch[b].backward_s for layer in layers)
-        if total_flops <= 0:
-            continue
-        rate = total_flops / total_s
-        for per, f in zip(out, flops, strict=True):
-            cost = per[b]
-            per[b] = replace(cost, forward_s=f[b][0] / rate if f[b][0] > 0 else cost.forward_s,
-                             backward_s=f[b][1] / rate if f[b][1] > 0 else cost.backward_s)
-    return [replace(layer, per_micro_batch=per) for layer, per in zip(layers, out, strict=True)]
+    """CPU: what the runtime's simulated GPU charges, by its one cost rule (envpipe.simgpu.cost): each unit's
+    counted FLOPs at the nominal rate and each optimizer step's parameters at the nominal bandwidth, at the
+    highest clock, whatever the CPU took."""
+    out = []
+    for layer, f in zip(layers, flops, strict=True):
+        per = {b: replace(cost, forward_s=unit_s(f[b][0]), backward_s=unit_s(f[b][1]))
+               for b, cost in layer.per_micro_batch.items()}
+        out.append(replace(layer, per_micro_batch=per, optimizer_step_s=step_s(layer.parameters)))
+    return out
 
 
 def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
@@ -340,9 +335,9 @@ def _sync(device: torch.device) -> None:
 @dataclass(frozen=True)
 class UnitTimer:
     """What a unit costs on the device the job runs on, as (seconds, FLOPs). GPU: its wall time (synchronized).
-    CPU: what the runtime's simulated GPU counts (envpipe.runtime.clocks.SimClock, envpipe.runtime.engine):
-    the training thread's CPU time (the wall time when torch computes with several threads) and, for units,
-    the FLOPs of torch's FLOP counter, which is active while the engine counts them."""
+    CPU: the training thread's CPU time (the wall time when torch computes with several threads) and, for units,
+    the FLOPs of torch's FLOP counter, which the runtime's simulated GPU counts (``simulated_gpu_times`` turns
+    them into its seconds)."""
 
     device: torch.device
 
@@ -603,7 +598,7 @@ class _Optimizer:
         self.accumulator.flat.zero_()
 
     def time(self, reps: int, timer: UnitTimer) -> float:
-        """Median seconds of a step, synchronized (on CPU its CPU time: the simulated GPU's tail is that work)."""
+        """Median seconds of a step, synchronized (on CPU ``simulated_gpu_times`` charges the simulated GPU's)."""
         return statistics.median(timer(self.step, count_flops=False)[0] for _ in range(reps)) if self.opt else 0.0
 
     def state_bytes(self) -> int:
