@@ -132,7 +132,10 @@ def reset_every_gpu(
     as it stops; resetting behind its back would make its records wrong."""
     listeners = Listeners()
     try:
-        state.open()  # first: while we hold it, no daemon starts on any socket
+        try:
+            state.open()  # first: while we hold it, no daemon starts on any socket
+        except StateUnreadable as exc:  # held all the same: every GPU is reset below, whatever it said
+            log.error(event("state_file_unreadable", error=str(exc), then="resetting every GPU"))
         if socket_path:
             take_unix(listeners, socket_path, socket_mode)  # a daemon that runs without the state file
     except (SocketInUse, StateBusy) as exc:

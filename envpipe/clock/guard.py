@@ -6,12 +6,12 @@ Connections are counted per caller (``Conn.caller``): the lease the connection h
 one (the lease id is a secret: nobody else can be counted there), else the peer as the kernel names it.
 A caller at its own limit makes room among its own connections; at the total limit, room is made among
 the connections of the caller that holds the most. Only a connection doing no work for the daemon is
-closed (idle, or a request head or body still arriving: what a slow-loris attack holds), one that never
-sent a request first, then the longest quiet; never one whose request the daemon is serving, nor an
-attach stream. With none to close, the newcomer is refused. So a flood of connections costs the caller
-that floods its own older connections, and a newcomer of another caller sharing its identity (pods of
-one uid, pids hidden) is not refused. Connections are accepted in batches, so that a
-flood of them drains the listen backlog fast and other callers' connections are not left waiting in it.
+closed (idle, or a request head or body still arriving: what a slow-loris attack holds), the longest quiet
+first; never one whose request the daemon is serving, nor an attach stream. With none to close, the
+newcomer is refused. So a flood of connections costs the caller that floods its own older connections, and
+a newcomer of another caller sharing its identity (pods of one uid, pids hidden), about to send its first
+request, is neither refused nor the one closed. Connections are accepted in batches, so that a flood of
+them drains the listen backlog fast and other callers' connections are not left waiting in it.
 The limit is kept under the process's descriptor limit, and running out of descriptors anyway costs one
 log line a second, not a traceback per accept.
 """
@@ -106,11 +106,13 @@ class ConnectionGate:
             del self._conns[p]
 
     def _close_one(self, caller: str) -> bool:
-        """Close ``caller``'s connection that matters least: never used first, then the longest quiet."""
+        """Close ``caller``'s connection that matters least: the longest quiet (since it connected or its last
+        request head arrived). Not the newest unused one: with pids hidden a newcomer of another pod of the same
+        uid is that, about to send its first request, while the abuser's slow bodies are older."""
         closable = [c for c in self._conns.values() if c.caller == caller and c.closable()]
         if not closable:
             return False
-        victim = min(closable, key=lambda c: (c.served > 0, c.last_active))
+        victim = min(closable, key=lambda c: c.last_active)
         assert victim.transport is not None  # pruned otherwise
         victim.transport.close()  # is_closing() from now on: pruned
         if self.on_close is not None:

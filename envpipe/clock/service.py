@@ -214,7 +214,9 @@ class ClockService:
     # ---- start and stop -----------------------------------------------------------------------
     async def start(self, previous: dict[str, Entry] | None, why: str = "daemon start") -> None:
         """Reset what a dead daemon may have left: the GPUs its state names, or, with no state to go by
-        (first start, no --state-file, an unreadable file), every GPU. Then the daemon is ready."""
+        (first start, no --state-file, an unreadable file), every GPU. Then the daemon is ready, unless the
+        state file cannot be written: the resets happen all the same (a GPU left slow must not wait for a disk),
+        and the daemon runs unready, refusing every lock, until a write succeeds."""
         if previous is None:
             todo: Iterable[str] = list(self._gpus)
         else:
@@ -223,7 +225,8 @@ class ClockService:
                 left = previous[uuid]
                 audit.info(event("left_by_dead_daemon", gpu=uuid, lease=left.lease, owner=left.owner, since=left.since))
         unknown = Entry("unknown", why, time.time())  # no state to say who left it
-        await self._recorded.start({u: previous[u] if previous else unknown for u in todo})
+        with contextlib.suppress(StateUnwritable):  # logged once, and /readyz says so (Recorded.error)
+            await self._recorded.start({u: previous[u] if previous else unknown for u in todo})
         await self._reset_each(todo, why)
         self.started = True
         self._note_ready()

@@ -23,7 +23,7 @@ from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
 from envpipe.runtime.iterations import BASELINE
-from envpipe.runtime.memory import stage_memory
+from envpipe.runtime.memory import stage_memory, with_peak
 from envpipe.runtime.rig import EnergySplit, Measured, Phase, Rig, Step
 from envpipe.runtime.timing import Calibration, StageTiming
 
@@ -84,8 +84,8 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     idle = _idle_power(rig)
     blocking, tail = _phase_powers(rig, splits, idle)
     limit = rig.memory_limit()
-    mine = stage_memory(int(np.median(saved)), static, limit, rig.cfg.memory_headroom,
-                        peak_in_flight(rig.baseline.orders())[rig.place.stage], rig.peak_bytes())
+    mine = with_peak(stage_memory(int(np.median(saved)), static, limit, rig.cfg.memory_headroom,
+                                  peak_in_flight(rig.baseline.orders())[rig.place.stage]), rig.peak_bytes())
     per_stage: dict[int, S.MemoryUse] = {}
     for w, mem in rig.gather(mine):  # a stage's largest replica decides
         cur = per_stage.get(w.stage)

@@ -11,6 +11,7 @@ configured limit) less a headroom share, that gives each stage's most in-flight 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -69,16 +70,22 @@ def device_limit(engine: Any, configured: int | None) -> int | None:
     return None
 
 
-def stage_memory(activation_bytes: int, static: int, limit: int | None, headroom: float, planned: int,
-                 peak: int | None = None) -> MemoryUse:
-    """What the order choice may use: ``planned`` is the in-flight count of the order that runs now, ``peak``
-    the allocator's peak while it ran (GPUs), whose excess over static and in-flight bytes is kept as transient."""
+def stage_memory(activation_bytes: int, static: int, limit: int | None, headroom: float, planned: int) -> MemoryUse:
+    """What the order choice may use: ``planned`` is the in-flight count of the order that runs now."""
     available = fits = None
     if limit is not None:
         available = max(0, math.floor(limit * (1.0 - headroom)) - static)
         fits = available // activation_bytes if activation_bytes > 0 else None
-    transient = None if peak is None else max(0, peak - static - planned * activation_bytes)
-    return MemoryUse(int(activation_bytes), int(static), limit, available, fits, planned, transient)
+    return MemoryUse(int(activation_bytes), int(static), limit, available, fits, planned)
+
+
+def with_peak(use: MemoryUse, peak: int | None) -> MemoryUse:
+    """``use`` with the allocator's peak while its order ran (GPUs; None on CPU): what the peak held beyond the
+    static and in-flight bytes is kept as the stage's transient bytes."""
+    if peak is None:
+        return use
+    held = use.static_bytes + use.planned_in_flight * use.activation_bytes_per_microbatch
+    return replace(use, transient_bytes=max(0, peak - held))
 
 
 def peak_bytes(engine: Any) -> int | None:

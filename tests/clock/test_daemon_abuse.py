@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,25 @@ def test_bytes_that_are_not_http_forge_no_line_and_are_counted_not_traced(tmp_pa
     assert any('"path": "/v1/gpus/GPU-x\\n2026-11-24 01:00:00,000' in line for line in lines)  # escaped
     per_second = [line for line in lines if '"bad_http"' in line]
     assert 0 < len(per_second) <= 2 * 3  # once a second per caller: not one per request
+
+
+@pytest.fixture()
+def node_pids_hidden(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int, list[str]]]:
+    """The daemon as the chart runs it (hostPID off): every caller's pid is hidden, so the abuser and the trainer,
+    one uid, are one caller at the door until a request names a lease."""
+    from envpipe.clock import guard
+
+    seen = guard.peer_of
+    monkeypatch.setattr(guard, "peer_of", lambda s: replace(seen(s), pid=None, start_ticks=None))
+    sock, port = str(tmp_path / "c.sock"), free_port()
+    with daemon_thread(sock, metrics_port=port):
+        yield sock, port, [g["uuid"] for g in call(sock, "GET", "/v1/gpus")[1]["gpus"]]
+
+
+@pytest.mark.parametrize("attack", [("--slow-bodies", "300"), ("--connections", "2000")])
+def test_a_pod_of_the_same_uid_is_not_starved_with_pids_hidden(node_pids_hidden, attack: tuple[str, str]) -> None:
+    """Room is made among the caller's quietest connections: the abuser's old slow or idle ones, not the
+    trainer's new one that has yet to send its first request."""
+    sock, port, gpus = node_pids_hidden
+    with abuser(sock, gpus[0], *attack):
+        assert trainer_beside(sock, gpus[1], port) == []

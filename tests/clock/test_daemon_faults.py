@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -237,9 +238,13 @@ def test_the_guard_resets_what_a_dead_daemon_left_and_leaves_a_live_daemon_alone
             proc.communicate()
 
 
-def test_reset_all_and_exit(tmp_path) -> None:
+@pytest.mark.parametrize("left", [None, "not json", '{"version": 99}'], ids=["no-file", "corrupt", "other-version"])
+def test_reset_all_and_exit(tmp_path, left: str | None) -> None:
+    """Every GPU reset, whatever a dead daemon's state file says (an unreadable one included: no traceback)."""
     store, sock, state = str(tmp_path / "gpus.json"), str(tmp_path / "c.sock"), str(tmp_path / "state.json")
     FakeNvml([FakeGpu(A, sm_mhz=900), FakeGpu(B, sm_mhz=1005)], store=store)
+    if left is not None:
+        Path(state).write_text(left)
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
         daemon_argv(sock, "--reset-all-and-exit", "--state-file", state, nvml_store=store),
@@ -247,9 +252,10 @@ def test_reset_all_and_exit(tmp_path) -> None:
         text=True,
         env=env,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert json.loads(done.stdout) == {"reset": [A, B], "failed": {}}
     assert [g.sm_mhz for g in FakeNvml.from_store(store).gpus] == [MAX, MAX] and not os.path.exists(sock)
+    assert recorded(state) == {}  # written anew: nothing left slow
 
 
 @pytest.mark.parametrize("its_socket", ["b.sock", ""], ids=["another-socket", "no-socket"])

@@ -245,6 +245,24 @@ def test_a_state_file_that_cannot_be_written_makes_the_daemon_unready_until_it_c
         assert recorded(str(state)) == {gpu}
 
 
+def test_a_state_file_unwritable_at_start_still_resets_and_the_daemon_runs_unready(tmp_path) -> None:
+    """A full or broken disk at start (after a crash): the GPUs are reset all the same, the daemon serves,
+    unready and refusing locks, and becomes ready once the file can be written (not a crash loop that leaves
+    GPUs slow)."""
+    store, state, sock = str(tmp_path / "gpus.json"), tmp_path / "state.json", str(tmp_path / "c.sock")
+    fake = FakeNvml([FakeGpu(UUIDS[0], sm_mhz=1005)], store=store)  # left slow by a daemon that died
+    (tmp_path / "state.json.tmp").mkdir()  # every write fails (even as root)
+    with daemon_thread(sock, backend=NvmlBackend(fake), state=StateFile(str(state))):
+        assert fake.refresh()[0].sm_mhz == MAX  # no state to go by: every GPU reset
+        status, body = call(sock, "GET", "/readyz")
+        assert status == 503 and "state file" in body["message"]
+        lease = call(sock, "POST", "/v1/leases", {"gpus": [UUIDS[0]], "ttl_s": 30})[1]["lease"]
+        assert call(sock, "POST", f"/v1/gpus/{UUIDS[0]}/lock", {"lease": lease, "mhz": 1005})[0] == 503
+        (tmp_path / "state.json.tmp").rmdir()
+        wait_for(lambda: call(sock, "GET", "/readyz")[0] == 200, 5.0)
+        assert call(sock, "POST", f"/v1/gpus/{UUIDS[0]}/lock", {"lease": lease, "mhz": 1005})[0] == 200
+
+
 @pytest.mark.parametrize("what", ["directory", "fifo"])
 def test_a_lock_file_that_is_not_a_file_is_refused(tmp_path, what) -> None:
     lock = tmp_path / "state.json.lock"
