@@ -6,9 +6,6 @@ import pytest
 
 from envpipe.profile import Profile, embedded_profile_path, load_profile
 
-# Blocking power Perseus measured for each GPU (W).
-IDLE_W = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}
-
 
 @pytest.fixture(scope="session")
 def gpt3() -> Profile:

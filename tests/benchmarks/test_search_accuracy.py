@@ -26,7 +26,7 @@ from benchmarks.search_accuracy_results import RAW, render
 from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s
 from envpipe.search.engine import GPU, EngineModel, load_engine_model
 from envpipe.search.layers import NO_UNIT_CALLS, ModelShape, UnitCalls
-from tests.search.profiles import layer_profile
+from tests.support.layer_profiles import layer_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 

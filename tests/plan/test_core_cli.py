@@ -18,7 +18,7 @@ from envpipe.cli import main
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.planfile import Plan
 from envpipe.profile import embedded_profile_path, load_profile
-from tests.conftest import IDLE_W
+from tests.support.perseus import IDLE_W
 
 
 @pytest.mark.parametrize("name", list(IDLE_W))

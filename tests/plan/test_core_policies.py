@@ -11,7 +11,7 @@ from envpipe.plan.policies import initial_clocks, is_envelope, valley_clocks
 from envpipe.plan.reconfig import Reconfig, envpipe_critical_path
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile.gpus import candidate_clocks
-from tests.conftest import IDLE_W
+from tests.support.perseus import IDLE_W
 
 
 def test_candidate_clock_filters():

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from envpipe.cli import main
 from envpipe.plan.planfile import Plan
-from tests.search.profiles import layer_profile
+from tests.support.layer_profiles import layer_profile
 
 SCALE = float(os.environ.get("ENVPIPE_FUZZ_SCALE", "1"))
 NONFINITE = re.compile(r"(?i)(?<![a-z])(nan|inf|infinity)(?![a-z])")

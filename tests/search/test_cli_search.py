@@ -20,7 +20,7 @@ from envpipe.search.found import FoundConfigError, train_settings
 from envpipe.search.layers import load_layer_profile
 from envpipe.search.report import frontier_figure
 from envpipe.search.search import Objective, search
-from tests.search.profiles import cluster, layer_profile
+from tests.support.layer_profiles import cluster, layer_profile
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from envpipe.cli import main
 from envpipe.search.engine import GPU, SIMULATED_GPU, EngineModelError, engine_model, load_engine_model
-from tests.search.profiles import layer_profile
+from tests.support.layer_profiles import layer_profile
 
 
 def test_round_trip_and_the_default_per_device(tmp_path: Path) -> None:

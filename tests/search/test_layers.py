@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from envpipe.search.layers import NO_UNIT_CALLS, LayerProfileError, UnitCalls, load_layer_profile
-from tests.search.profiles import layer_profile
+from tests.support.layer_profiles import layer_profile
 
 CALLS = UnitCalls(2e-4, 3e-5, {1: 4e-4, 2: 4.5e-4, 4: 5e-4}, "measured here")
 

@@ -13,7 +13,7 @@ from envpipe.search.evaluate import build_pipeline, stage_memory
 from envpipe.search.layers import DeviceMemory
 from envpipe.search.memory import DeviceOverhead, MemoryTables
 from envpipe.search.space import Shape
-from tests.search.profiles import MIB, cluster, layer_profile
+from tests.support.layer_profiles import MIB, cluster, layer_profile
 
 
 def test_stage_bytes_by_hand_fp32() -> None:

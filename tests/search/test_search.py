@@ -17,7 +17,7 @@ from envpipe.search.evaluate import build_pipeline, plan_pipeline
 from envpipe.search.memory import MemoryTables
 from envpipe.search.search import Objective, search
 from envpipe.search.space import SearchError, Shape, shapes
-from tests.search.profiles import MIB, cluster, layer_profile
+from tests.support.layer_profiles import MIB, cluster, layer_profile
 
 
 def _cuts(layers: int, stages: int):

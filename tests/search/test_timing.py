@@ -17,7 +17,7 @@ from envpipe.search.layers import LayerCost, UnitCalls
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import Shape
 from envpipe.search.timing import issue, layer_weight, unit_times
-from tests.search.profiles import layer_profile
+from tests.support.layer_profiles import layer_profile
 
 MS = 1e-3
 
