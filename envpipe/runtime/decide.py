@@ -61,10 +61,10 @@ class Decision:
     policy: str  # optimal, baseline, uniform, envelope
     order: str  # the order's name: 1f1b, or envpipe with its extra warm-up forwards per stage
     plans: dict[int, Plan]  # per data-parallel replica
-    deployed: bool  # planned for clocks that can be set here
+    clocks_settable: bool  # planned for clocks that can be set here (the report says whether they ran)
     budget_s: float | None = None  # the optimal planner's iteration-time budget (simulated)
     memory: tuple[S.MemoryUse, ...] = ()  # per stage, as calibration measured it
-    refused: tuple[str, ...] = ()  # orders the memory limit or the budget ruled out, with why
+    refused_orders: tuple[str, ...] = ()  # orders the memory limit or the budget ruled out, with why
     predicted: S.PredictedComparison | None = None
     predicted_time_s: float | None = None  # the job's iteration under the plans (calibrated simulator)
     profile: Profile | None = None  # what the planner planned on (rank 0 re-plans from it)
@@ -82,7 +82,7 @@ class Decision:
         memory = [replace(m, planned_in_flight=held[s]) for s, m in enumerate(self.memory)]
         return S.PlanInfo(self.policy, self.order, self.source, plan_digest(plan), self.budget_s,
                           [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages], plan.clocks(),
-                          memory or None, list(self.refused), self.deployed)
+                          memory or None, list(self.refused_orders), self.clocks_settable)
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: Calibration, memory: Sequenc
         orders = envpipe_schedule(P, M, r)
     plan = Plan.at_one_clock(orders, job.f_max, cfg.scheduling, "baseline")
     return Decision(Origin.RULE, "EnvPipe's rule on the calibration's unit times", "baseline", order_name(r),
-                    {d: plan for d in range(job.replicas)}, True, memory=tuple(memory), refused=tuple(refused),
+                    {d: plan for d in range(job.replicas)}, True, memory=tuple(memory), refused_orders=tuple(refused),
                     predicted_time_s=predict_time(orders, cal))
 
 
