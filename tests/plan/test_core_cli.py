@@ -379,6 +379,7 @@ def test_tail_power_and_per_stage_blocking_power_reach_the_simulation(tmp_path):
     assert res.exit_code != 0 and "2 tail powers given for 8 stages" in res.output
 
 
+@pytest.mark.slow  # about 18 s: the MILP polish runs to its time limit at this budget
 def test_the_solvers_own_output_stays_off_stdout(tmp_path):
     """HiGHS prints `HighsMipSolverData::...` from C++ during the MILP polish (this budget made it print twice
     before the CLI held it back): only the plan reaches stdout."""
