@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 import numpy as np
 
-from envpipe.limits import MAX_STAGES, quote, range_error
+from envpipe.limits import MAX_STAGES, output_path_error, quote, range_error
 from envpipe.plan.planfile import Plan
 from envpipe.plan.render import summary_table, text_trace
 from envpipe.plan.simulate import Overheads, Timeline
@@ -89,21 +89,11 @@ def output_option(*names: str, help: str, suffixes: tuple[str, ...] = ()) -> Cal
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is None:
             return None
-        path = Path(value)
-        if suffixes and path.suffix.lower() not in suffixes:
+        if suffixes and Path(value).suffix.lower() not in suffixes:
             raise click.BadParameter(f"must end in {' or '.join(suffixes)}", ctx, param)
-        try:
-            if path.is_dir():
-                raise click.BadParameter(f"{value} is a directory", ctx, param)
-            parent = path.absolute().parent
-            while not parent.exists():
-                parent = parent.parent
-            if not parent.is_dir():
-                raise click.BadParameter(f"{parent} is not a directory", ctx, param)
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise click.BadParameter(f"cannot write in {parent}", ctx, param)
-        except (OSError, ValueError) as exc:  # a name too long, a NUL byte
-            raise click.BadParameter(f"not a usable file name: {exc}", ctx, param) from None
+        why = output_path_error(value)
+        if why is not None:
+            raise click.BadParameter(why, ctx, param)
         return value
 
     return click.option(*names, type=click.Path(dir_okay=False), default=None, callback=check, help=help)

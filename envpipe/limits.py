@@ -31,6 +31,7 @@ MAX_THRESHOLD_SCALE = 1e6
 MAX_PROFILE_ROWS = 262_144  # 2 x stages x clocks, e.g. 128 stages x 1,024 clocks
 MAX_PROFILE_BYTES = 16 * 2**20
 MAX_PLAN_BYTES = 16 * 2**20  # the largest plan (131,072 units) takes about 8 MiB
+MAX_CONFIG_BYTES = 16 * 2**20  # a DeepSpeed config (a found configuration's included)
 MAX_JSON_DEPTH = 8
 MAX_JSON_INT_DIGITS = 18
 
@@ -60,6 +61,25 @@ def read_text(path: str | Path, max_bytes: int, what: str) -> str:
         return data.decode("utf-8-sig")  # spreadsheet programs start UTF-8 files with a BOM
     except UnicodeDecodeError as exc:
         raise ValueError(f"not a UTF-8 {what} file (bad byte at offset {exc.start})") from None
+
+
+def output_path_error(path: str | Path) -> str | None:
+    """Why a file cannot be written at ``path`` (a directory, no writable directory above it, a name the system
+    refuses), or None. Missing directories are fine: writers create them."""
+    try:
+        where = Path(path)
+        if where.is_dir():
+            return f"{path} is a directory"
+        parent = where.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            return f"{parent} is not a directory"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"cannot write in {parent}"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+        return f"not a usable file name: {exc}"
+    return None
 
 
 def parse_json(text: str) -> Any:

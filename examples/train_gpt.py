@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import envpipe
+from envpipe.limits import MAX_MICROBATCHES, output_path_error
 
 NORMAL = {"layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304, "micro_batch": 4}
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 128, "micro_batch": 2}
@@ -49,7 +50,7 @@ def _counts(text: str) -> list[int]:
     return counts
 
 
-def _positive(kind: type) -> Any:
+def _positive(kind: type, most: float = float("inf")) -> Any:
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -57,8 +58,17 @@ def _positive(kind: type) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
         if not value > 0 or value != value or value == float("inf"):
             raise argparse.ArgumentTypeError(f"{text!r}: must be a positive finite number")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text!r}: at most {most:g}")
         return value
     return parse
+
+
+def _output(text: str) -> str:
+    why = output_path_error(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(why)
+    return text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,18 +77,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--version", action="version", version=f"envpipe {envpipe.__version__}")
     model = p.add_argument_group("model (defaults: GPT-2 XL-like; --tiny: a tiny one for CPU runs)")
     model.add_argument("--model", choices=["gpt2", "llama"], default="gpt2", help="the block family")
-    model.add_argument("--layers", type=_positive(int), help=f"transformer blocks (default {NORMAL['layers']})")
-    model.add_argument("--hidden", type=_positive(int), help=f"hidden size (default {NORMAL['hidden']})")
-    model.add_argument("--heads", type=_positive(int), help=f"attention heads (default {NORMAL['heads']})")
-    model.add_argument("--seq", type=_positive(int), help=f"sequence length (default {NORMAL['seq']})")
-    model.add_argument("--vocab", type=_positive(int), help=f"vocabulary size (default {NORMAL['vocab']})")
+    model.add_argument("--layers", type=_positive(int, 4096), help=f"transformer blocks (default {NORMAL['layers']})")
+    model.add_argument("--hidden", type=_positive(int, 2**17), help=f"hidden size (default {NORMAL['hidden']})")
+    model.add_argument("--heads", type=_positive(int, 4096), help=f"attention heads (default {NORMAL['heads']})")
+    model.add_argument("--seq", type=_positive(int, 2**20), help=f"sequence length (default {NORMAL['seq']})")
+    model.add_argument("--vocab", type=_positive(int, 2**23), help=f"vocabulary size (default {NORMAL['vocab']})")
     model.add_argument("--tiny", action="store_true", help="tiny defaults for the sizes not given: "
                        + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in TINY.items()))
     model.add_argument("--dtype", choices=["bf16", "fp32"], help="default: bf16 on GPU, fp32 on CPU")
     train = p.add_argument_group("training")
-    train.add_argument("--micro-batch", type=_positive(int), help=f"sequences per micro-batch (default "
+    train.add_argument("--micro-batch", type=_positive(int, 2**16), help=f"sequences per micro-batch (default "
                        f"{NORMAL['micro_batch']})")
-    train.add_argument("--microbatches", type=_positive(int), default=8, help="micro-batches per iteration (M)")
+    train.add_argument("--microbatches", type=_positive(int, MAX_MICROBATCHES), default=8,
+                       help="micro-batches per iteration (M)")
     train.add_argument("--steps", type=_positive(int), default=30, help="training iterations (train_batch calls)")
     train.add_argument("--lr", type=_positive(float), default=1e-3, help="AdamW learning rate")
     train.add_argument("--pipeline-stages", type=_positive(int), help="pipeline stages; data-parallel replicas = "
@@ -111,8 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ep.add_argument("--report-dir", help="[report_dir] default envpipe-report")
     ep.add_argument("--log-interval", type=int, help="[log_interval] a progress line every N iterations")
     prof = p.add_argument_group("layer profile (for `envpipe search`)")
-    prof.add_argument("--profile-layers", metavar="PATH", help="measure every layer of this model (time and memory "
-                      "per micro-batch size) into a layer profile, then exit (one process; clocks untouched)")
+    prof.add_argument("--profile-layers", metavar="PATH", type=_output, help="measure every layer of this model "
+                      "(time and memory per micro-batch size) into a layer profile, then exit (one process; clocks "
+                      "untouched)")
     prof.add_argument("--profile-micro-batches", type=_counts, default=[1, 2, 4], help="micro-batch sizes to profile")
     args = p.parse_args(argv)
     defaults = TINY if args.tiny else NORMAL
@@ -183,14 +195,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile_layers:
         profile_layers(args)
         return
-    from envpipe.runtime import config as envpipe_config
     from envpipe.runtime import distributed
+    from envpipe.runtime.entry import settings
     from envpipe.runtime.replicas import pipeline_shape
 
     try:
         config = deepspeed_config(args)
-        if args.engine == "envpipe":
-            envpipe_config.split(config)  # a bad `envpipe` block or ENVPIPE_* variable stops the job here
+        if args.engine == "envpipe":  # a bad `envpipe` block, ENVPIPE_* variable, plan or profile stops it here
+            settings(config, None)
         world = int(os.environ.get("WORLD_SIZE", "1"))  # a bad shape stops the job before any process group
         stages, _ = pipeline_shape(world, args.pipeline_stages)
         check_stage_layers(args, stages)

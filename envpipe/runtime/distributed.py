@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from typing import NoReturn
 
@@ -25,12 +26,21 @@ import deepspeed
 import torch.distributed as tdist
 
 SHM_COMM_OP = "deepspeed_shm_comm"
+# what a launcher sets (torchrun, DeepSpeed's, mpirun/OpenMPI, MPICH/PMI, Slurm): without any, one process
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
 def init_distributed(on_gpu: bool) -> None:
-    """`deepspeed.init_distributed` with NCCL on GPU, gloo on CPU, and no shared-memory comm op."""
+    """`deepspeed.init_distributed` with NCCL on GPU, gloo on CPU, and no shared-memory comm op. Started by no
+    launcher (`python script.py`), the job is one process: DeepSpeed would look for MPI instead."""
     # DeepSpeed caches the probed op table in the module so that edits to it persist (deepspeed/ops/__init__.py)
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    if not any(v in os.environ for v in LAUNCHER_VARIABLES):
+        with socket.socket() as s:  # a free port for the one process's store
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import copy
-import json
 import logging
 import os
 import signal
@@ -36,6 +35,7 @@ import deepspeed
 import torch
 from deepspeed.pipe import PipelineModule
 
+from envpipe.limits import MAX_CONFIG_BYTES, parse_json, read_text
 from envpipe.runtime import config as envpipe_config
 from envpipe.runtime.clocks import Device, make_clock
 from envpipe.runtime.engine import EnvPipeEngine, engine_class
@@ -94,7 +94,22 @@ def settings(config: dict[str, Any], path: Path | None) -> tuple[dict[str, Any],
     found = ds_config.pop(FOUND_BLOCK, None)
     if cfg.plan and path is not None and found is not None:
         cfg = cfg.model_copy(update={"plan": str(path.parent / cfg.plan)})
+    _check_inputs(cfg)
     return ds_config, cfg, found
+
+
+def _check_inputs(cfg: envpipe_config.EnvPipeConfig) -> None:
+    """A plan or profile file the run cannot use stops it here, in one line, not after its calibration."""
+    from envpipe.plan.planfile import Plan
+    from envpipe.profile import load_profile
+
+    for key, load in (("plan", Plan.load), ("profile", load_profile)):
+        given = getattr(cfg, key)
+        if given:
+            try:
+                load(given)
+            except (OSError, ValueError) as exc:
+                raise EnvPipeSetupError(f"'envpipe.{key}': {exc}") from None
 
 
 def read_config(args: Any, config: Any) -> tuple[dict[str, Any], Path | None]:
@@ -109,12 +124,12 @@ def read_config(args: Any, config: Any) -> tuple[dict[str, Any], Path | None]:
     if isinstance(source, dict):
         return copy.deepcopy(source), None
     path = Path(source)
-    try:
-        data = json.loads(path.read_text())
+    try:  # a regular file of bounded size: /dev/zero or a FIFO is refused, never read or waited on
+        data = parse_json(read_text(path, MAX_CONFIG_BYTES, "DeepSpeed config"))
     except OSError as exc:
-        raise EnvPipeSetupError(f"DeepSpeed config {path}: cannot read: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EnvPipeSetupError(f"DeepSpeed config {path}: not JSON ({exc})") from None
+        raise EnvPipeSetupError(f"DeepSpeed config {path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise EnvPipeSetupError(f"DeepSpeed config {path}: {exc}") from None
     if not isinstance(data, dict):
         raise EnvPipeSetupError(f"DeepSpeed config {path}: a DeepSpeed config is a JSON object")
     return data, path

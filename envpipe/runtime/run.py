@@ -188,9 +188,9 @@ class EnvPipeRun:
     # --- the report -----------------------------------------------------------------------------------
     def report(self) -> S.RunSummary | None:
         """The report now (a collective call); None before the steady phase (one line says so)."""
-        if self.record is None:
+        if self.record is None or not self.record.iterations():
             progress(f"no report yet: the run is in its {self._step.phase} phase (the report starts with the "
-                     "steady phase)")
+                     "steady phase's first iteration)")
             return None
         self.write_summary()
         return self.summary if collective.rank() == 0 else None

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from envpipe.atomicfile import atomic_write
 from envpipe.limits import MAX_CLOCK_MHZ, MAX_POWER_W, MAX_UNIT_TIME_S, parse_json, quote, range_error, read_text
 
 LAYER_PROFILE_VERSION = 4
@@ -244,7 +245,8 @@ class LayerProfile:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        with atomic_write(path) as fh:  # never a torn profile; a FIFO or device there is replaced, not written
+            fh.write(json.dumps(self.to_json(), indent=1) + "\n")
 
 
 def load_layer_profile(path: str | Path) -> LayerProfile:

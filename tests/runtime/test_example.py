@@ -141,6 +141,14 @@ def test_example_refuses_bad_settings(
     assert "--hidden 30 is not a multiple of --heads 4" in refused(["--tiny", "--hidden", "30", "--heads", "4"])
     assert "which clock 'none' cannot measure" in refused(["--tiny", "--clock", "none", "--policy", "envelope"])
     assert "4 pipeline stages do not divide the 1 processes" in refused(["--tiny", "--pipeline-stages", "4"])
+    # files that are not files: refused at once, never read (/dev/zero) or waited on (a FIFO)
+    os.mkfifo(tmp_path / "fifo")
+    for given in ("/dev/zero", str(tmp_path / "fifo")):
+        assert "not a regular file" in refused(["--tiny", "--config", given])
+        assert "'envpipe.plan': " in refused(["--tiny", "--plan", given])
+    assert "is a directory" in refused(["--tiny", "--profile-layers", str(tmp_path)])
+    assert "--hidden: '4000000000': at most 131072" in refused(["--tiny", "--hidden", "4000000000"])
+    (tmp_path / "fifo").unlink()
     assert sorted(tmp_path.iterdir()) == [tmp_path / "ds.json"]  # nothing left behind
 
 
@@ -240,3 +248,17 @@ def test_steady_iterations_time_units_every_tenth(tmp_path: Path) -> None:
     summary = read_summary(tmp_path / "rep")
     assert summary.steady.time_s.n == 12 and summary.steady.energy_j is None  # no clock: no energy counter
     assert [len(units) for units in summary.units_last_iteration] == [8, 8]  # the last timed one
+
+
+@pytest.mark.slow
+def test_one_process_without_a_launcher_and_a_loop_that_ends_before_the_steady_phase(tmp_path: Path) -> None:
+    """`python examples/train_gpt.py` (no torchrun: one process, not DeepSpeed's MPI discovery), stopping while
+    the run reconfigures: the report says in one line that there is none yet."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--tiny", "--steps", "12",
+                           "--report-dir", "rep"], env={**env, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "no report yet: the run is in its steady phase" in proc.stdout
+    assert len(iterations(tmp_path / "rep", 0)) == 12
