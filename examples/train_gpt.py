@@ -71,7 +71,8 @@ def _output(text: str) -> str:
     return text
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The script's command line (every option with its help: tests/runtime/test_example.py checks)."""
     p = _OneLineParser(description=__doc__.split("\n\n")[0], epilog=ENVIRONMENT,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"envpipe {envpipe.__version__}")
@@ -126,6 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "(time and memory per micro-batch size) into a layer profile, then exit (one process; clocks "
                       "untouched)")
     prof.add_argument("--profile-micro-batches", type=_counts, default=[1, 2, 4], help="micro-batch sizes to profile")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     defaults = TINY if args.tiny else NORMAL
     for key, value in defaults.items():

@@ -206,7 +206,9 @@ class _OneLineErrors(click.Command):
     help="Unix socket to serve on ('' for none).",
 )
 @click.option("--tcp", default=None, help="Also serve on loopback HOST:PORT (e.g. 127.0.0.1:4939).")
-@click.option("--backend", type=click.Choice(["nvml", "sim", "readonly"]), default="nvml", show_default=True)
+@click.option("--backend", type=click.Choice(["nvml", "sim", "readonly"]), default="nvml", show_default=True,
+              help="nvml: real GPUs, clocks set through NVML; sim: simulated GPUs (CPU machines, tests); readonly: "
+              "real NVML reads, clock changes recorded but never applied.")
 @click.option(
     "--sim-gpus",
     type=click.IntRange(1, 64),
@@ -235,8 +237,11 @@ class _OneLineErrors(click.Command):
     show_default=True,
     help="Default lease TTL in seconds (clients renew by heartbeats).",
 )
-@click.option("--ownership", type=click.Choice(["kubelet", "local"]), default="local", show_default=True)
-@click.option("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, show_default=True)
+@click.option("--ownership", type=click.Choice(["kubelet", "local"]), default="local", show_default=True,
+              help="Who may lock a GPU. kubelet: only the pod the kubelet assigned it to (its PodResources API; "
+              "the chart's setting); local: any caller on the socket (one machine, tests).")
+@click.option("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, show_default=True,
+              help="The kubelet's PodResources socket (--ownership kubelet).")
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -327,7 +332,8 @@ class _OneLineErrors(click.Command):
     help="Wait for SIGTERM, then do --reset-all-and-exit: a second container "
     "that resets GPUs at pod deletion when the daemon itself is dead.",
 )
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info", show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info", show_default=True,
+              help="Least level logged (the audit lines of clock changes are info).")
 def main(
     socket_path: str,
     tcp: str | None,

@@ -170,3 +170,12 @@ def test_socket_group_admits_a_non_root_member_and_nobody_else(tmp_path) -> None
         proc.terminate()
         proc.communicate(timeout=10)
         shutil.rmtree(home)
+
+
+def test_every_option_says_what_it_does() -> None:
+    """`envpipe-clockd --help` leaves no option unexplained."""
+    import click
+
+    from envpipe.clock.daemon import main
+
+    assert [p.opts for p in main.params if isinstance(p, click.Option) and not p.help and not p.hidden] == []

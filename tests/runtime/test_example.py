@@ -262,3 +262,9 @@ def test_one_process_without_a_launcher_and_a_loop_that_ends_before_the_steady_p
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "no report yet: the run is in its steady phase" in proc.stdout
     assert len(iterations(tmp_path / "rep", 0)) == 12
+
+
+def test_every_option_says_what_it_does() -> None:
+    """`train_gpt.py --help` leaves no option unexplained (DeepSpeed's launcher's --local_rank is hidden)."""
+    bare = [a.option_strings for a in _import_example().parser()._actions if a.option_strings and not a.help]
+    assert bare == []
