@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -20,7 +21,7 @@ import click
 
 from envpipe.atomicfile import new_file_mode
 from envpipe.cli_common import Finite
-from envpipe.limits import MAX_SLOWDOWN, MAX_UNITS
+from envpipe.limits import MAX_SLOWDOWN, MAX_UNITS, quote
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.engine import EngineModelError, engine_model, load_engine_model
 from envpipe.search.layers import LayerProfile, LayerProfileError, load_layer_profile
@@ -53,6 +54,15 @@ class _Progress:
 
 def _gbps(low_open: bool = True) -> Finite:
     return Finite(0, MAX_LINK_GBPS, low_open=low_open)
+
+
+def _shell_words(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Options for a shell command line: words a shell can split (checked before any work or file)."""
+    try:
+        shlex.split(value)
+    except ValueError as exc:  # an unbalanced quote
+        raise click.BadParameter(f"{quote(value)}: {exc}", ctx, param) from None
+    return value
 
 
 @click.command("search")
@@ -93,7 +103,8 @@ def _gbps(low_open: bool = True) -> Finite:
               "benchmarks/search_fit.py (default: the fit committed with envpipe, measured on an H100)")
 @click.option("--out-dir", type=click.Path(file_okay=False), default="found", show_default=True,
               help="where search.json, found.json, found.plan.json, top/ and frontier.png go")
-@click.option("--launch-args", default="", help="backend options for the printed envpipe-launch command, "
+@click.option("--launch-args", default="", callback=_shell_words,
+              help="backend options for the printed envpipe-launch command, "
               "e.g. \"--backend kube --image REGISTRY/envpipe-runtime:TAG\"")
 def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batch: int, memory_gib: float | None,
                    memory_margin_gib: float, objective: str, min_throughput: float | None, max_slowdown: float | None,

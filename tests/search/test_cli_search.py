@@ -87,6 +87,8 @@ def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> Non
     (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{bad}"], "Error: {bad}: layer 1 micro-batch 1: "
                                                                              "'forward_s' must be in (0, 3600]"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{missing}"], "Error: {missing}: cannot read"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--launch-args", '--image "x'],
+     "Invalid value for '--launch-args': '--image \"x': No closing quotation"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: list[str], message: str) -> None:
     bad = tmp_path / "bad.json"
