@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -170,3 +171,31 @@ def test_profile_clocks_spread_over_supported() -> None:
     assert profile_clocks([1410, 1395, 1380, 1365, 1350], 3) == [1410, 1380, 1350]
     assert profile_clocks([1005, 1410], 4) == [1410, 1005]
     assert profile_clocks([1410, 1200], 1) == [1410]
+
+
+@pytest.mark.parametrize(("time_kind", "label"), [("measured (wall clock)", "measured"),
+                                                  ("simulated GPU", "simulated GPU")])
+def test_the_runtime_gantt_says_what_ran_and_what_kind_its_times_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, time_kind: str, label: str
+) -> None:
+    """Read from the figure's artists: the title names what ran (the plan, or 1F1B all-max where the order
+    did not run) and whether its times are measured or the simulated GPU's."""
+    from envpipe.plan import gantt
+    from envpipe.runtime.report import draw_gantt
+
+    drawn = []
+    real = gantt.gantt_figure
+
+    def keep(*args: object, **kwargs: object) -> object:
+        drawn.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return drawn[-1]
+
+    monkeypatch.setattr(gantt, "gantt_figure", keep)
+    s = sample_summary()
+    s = replace(s, clock=replace(s.clock, time=time_kind))
+    draw_gantt(s, tmp_path / "a.png")
+    plan = S.PlanInfo("optimal", "envpipe", "planner", "d", 0.2, [["F0", "B0"]] * 2, None, None, [], False, True)
+    draw_gantt(replace(s, plan=plan), tmp_path / "b.png")
+    titles = [" ".join(fig.axes[0].get_title().split()) for fig in drawn]
+    assert titles == [f"one iteration of 1F1B all-max ({label})",
+                      f"one iteration of the plan (policy optimal, order envpipe) ({label})"]
