@@ -48,13 +48,25 @@ def test_config_as_deepspeed_takes_it(tmp_path: Path) -> None:
             read_config(bad_args, bad_config)
 
 
-def test_envpipe_blocks_come_out_and_a_found_plan_lies_beside_its_file(tmp_path: Path) -> None:
+def test_envpipe_blocks_come_out_and_a_found_plan_lies_beside_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = Plan.at_one_clock(one_f_one_b(2, 4), 1410, "1f1b", "baseline")
+    (tmp_path / "found").mkdir()
+    plan.save(tmp_path / "found" / "p.json")
     found = {"envpipe": {"plan": "p.json", "type": "optimal"}, "envpipe_search": {"version": 1}, "steps_per_print": 9}
     ds_config, cfg, block = settings(found, tmp_path / "found" / "found.json")
     assert ds_config == {"steps_per_print": 9} and block == {"version": 1}
     assert cfg.plan == str(tmp_path / "found" / "p.json") and "envpipe" in found  # the caller's dict stays
+    monkeypatch.chdir(tmp_path)
+    plan.save(tmp_path / "p.json")
     _, plain, none = settings({"envpipe": {"plan": "p.json"}}, tmp_path / "ds.json")
     assert plain.plan == "p.json" and none is None  # a plain config: the path as the user wrote it
+    # a plan or profile the run cannot use stops it here, in one line, not after its calibration
+    with pytest.raises(EnvPipeSetupError, match=r"^'envpipe.plan': missing.json: cannot read"):
+        settings({"envpipe": {"plan": "missing.json"}}, None)
+    with pytest.raises(EnvPipeSetupError, match=r"^'envpipe.profile': .*ds.json"):
+        settings({"envpipe": {"profile": str(_write(tmp_path / "ds.json", "{}"))}}, None)
 
 
 def _write(path: Path, text: str) -> Path:
