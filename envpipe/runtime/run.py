@@ -45,7 +45,7 @@ from envpipe.runtime.monitor import MonitorFeed
 from envpipe.runtime.profiling import stage_profile
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
 from envpipe.runtime.rig import Measured, Phase, Rig
-from envpipe.runtime.steady import SteadyRecord, steady, what_runs
+from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
 from envpipe.runtime.timing import StageTiming
 from envpipe.simgpu import JobTruth
 
@@ -69,6 +69,7 @@ class EnvPipeRun:
         self._warned_slow = False
         self._closed = False
         self._oracle_for: tuple[str, S.OracleComparison] | None = None
+        self._steady_runs = 0  # steady iterations run (every rank counts alike; the record's lag behind the meter)
         self.shape = self._job_shape()
         self._program = self._phases(None, 0)
         self._step = next(self._program)
@@ -106,6 +107,7 @@ class EnvPipeRun:
                        rig.samples_per_iteration, int(engine.global_samples), list(engine.clocks_requested), value,
                        bool(engine.units), dict(step.extra))
         self._log().add(it)
+        self._steady_runs += step.phase == STEADY
         self._step = self._program.send(Measured(timing, value, saved, engine.allreduce_s))
         if it.index % self.cfg.monitor_interval == 0:
             self.monitor.flush()
@@ -124,7 +126,7 @@ class EnvPipeRun:
     def _done(self, it: Iteration) -> None:
         """An iteration whose energy is known: the progress line, the monitor, the steady record."""
         self.monitor.add(it, self.engine.stage_id)
-        if it.phase == "steady" and self.record is not None:
+        if it.phase == STEADY and self.record is not None:
             self.record.add(it)
         every = self.cfg.log_interval
         if every and it.index % every == 0:
@@ -137,7 +139,7 @@ class EnvPipeRun:
 
     def _check_prediction(self, it: Iteration) -> None:
         """One warning line when a steady plan iteration takes more than SLOW_FACTOR x its prediction."""
-        if self._warned_slow or self.planned is None or it.phase != "steady" or self.record is None:
+        if self._warned_slow or self.planned is None or it.phase != STEADY or self.record is None:
             return
         predicted = self.planned.decision.predicted_time_s
         if it.runs == self.record.main and predicted and it.time_s > SLOW_FACTOR * predicted:
@@ -188,7 +190,7 @@ class EnvPipeRun:
     # --- the report -----------------------------------------------------------------------------------
     def report(self) -> S.RunSummary | None:
         """The report now (a collective call); None before the steady phase (one line says so)."""
-        if self.record is None or not self.record.iterations():
+        if self.record is None or not self._steady_runs:  # the same on every rank: the collective below meets
             progress(f"no report yet: the run is in its {self._step.phase} phase (the report starts with the "
                      "steady phase's first iteration)")
             return None

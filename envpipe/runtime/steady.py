@@ -33,7 +33,7 @@ from envpipe.runtime.timing import StageTiming
 # many iterations; every iteration still reports its time and energy. Why: on 2 x H200 the runtime timing every
 # iteration ran about 4 ms per iteration (1-2.5%) slower than the same engine untimed (measured 2026-11-23).
 TIMED_EVERY = 10
-WARMUP = "warm-up"  # the phase of a new order's first iteration
+STEADY, WARMUP = "steady", "warm-up"  # the phases here: the plan's iterations, a new order's first one
 KEPT = 50  # steady iterations of the plan whose units and tails the summary keeps (bounded memory on long runs)
 
 
@@ -88,7 +88,7 @@ def steady(rig: Rig, record: SteadyRecord, done_pairs: int, write_summary: Calla
     while True:
         runs = window[i] if i < len(window) else record.main
         timed = i % TIMED_EVERY == 0 or i == first_report - 1 or (rig.sim is not None)
-        m = yield Step(record.runs if runs == PLAN else rig.baseline, "steady", runs, timed)
+        m = yield Step(record.runs if runs == PLAN else rig.baseline, STEADY, runs, timed)
         if m.timing.units:
             record.last_timed[runs] = m.timing
             if runs == record.main:
