@@ -69,7 +69,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     # The energies and the job's view only now, in one wait for the counter and one gather: the iterations ran
     # back to back, as steady ones do. Waiting after each left 40-115 ms idle gaps between them on 2 x H100
     # (2026-11-27), and each iteration then read about 6 % less energy than the same iteration back to back.
-    own_splits = rig.unit_energies(own)
+    own_splits = [rig.energy(t) for t in own]  # one wait: the counter passes the last, then all are known
     splits = [x for x in (own_splits[1:] if steps > 1 else own_splits) if x is not None]
     gathered = rig.gather_each([(t, None if x is None else (x.fwd_j, x.bwd_j)) for t, x in zip(own, own_splits,
                                                                                               strict=True)])

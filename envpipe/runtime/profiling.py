@@ -48,7 +48,7 @@ def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
     for mhz in clocks:
         m = yield Step(Plan.at_one_clock(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
         timings.append(m.timing)
-    splits = rig.unit_energies(timings)  # after the last: the clocks ran back to back (envpipe.runtime.calibrate)
+    splits = [rig.energy(t) for t in timings]  # after the last: the clocks ran back to back (as in calibrate)
     rows = []
     for gathered in rig.gather_each([(t, None if x is None else (x.fwd_j, x.bwd_j))
                                      for t, x in zip(timings, splits, strict=True)]):

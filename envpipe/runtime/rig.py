@@ -103,10 +103,6 @@ class Rig:
         everyone = self.gather(list(mine))
         return [[(w, theirs[i]) for w, theirs in everyone] for i in range(len(mine))]
 
-    def unit_energies(self, timings: Sequence[StageTiming]) -> list[EnergySplit | None]:
-        """``energy`` of each iteration, once the counter has passed the last (one wait, after they all ran)."""
-        return [self.energy(t) for t in timings]
-
     def edge(self) -> float:
         """When an iteration starts or ends: host time, or a simulated GPU's virtual time, which every rank
         then agrees on (the job's collectives make every GPU wait for the last one)."""

@@ -262,7 +262,6 @@ class _CountingRig:
         return [(self.place, mine)]
 
     gather_each = Rig.gather_each
-    unit_energies = Rig.unit_energies
 
 
 def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:
