@@ -71,8 +71,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     # (2026-11-27), and each iteration then read about 6 % less energy than the same iteration back to back.
     own_splits = [rig.energy(t) for t in own]  # one wait: the counter passes the last, then all are known
     splits = [x for x in (own_splits[1:] if steps > 1 else own_splits) if x is not None]
-    gathered = rig.gather_each([(t, None if x is None else (x.fwd_j, x.bwd_j)) for t, x in zip(own, own_splits,
-                                                                                              strict=True)])
+    gathered = rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(own, own_splits, strict=True)])
     measured = gathered[1:] or gathered
     iterations = [[(w, t) for w, (t, _) in it] for it in measured]
     cals = replicas.calibrate_replicas(one_f_one_b(rig.P, rig.M), iterations)

@@ -171,6 +171,10 @@ class EnvPipeEngine(PipelineEngine):
         self._sim = simulated_gpu(clock)
         self._timing = timing or (clock is not None and clock.needs_unit_times)
 
+    def has_run(self, orders: Sequence[Sequence[Unit]]) -> bool:
+        """These per-stage orders were set for an iteration before (each order is checked once, when first set)."""
+        return tuple(tuple(o) for o in orders) in self._valid_orders
+
     def time_units(self, on: bool) -> None:
         """Time units (CUDA events, one synchronize) in the next iterations or not. A clock that must
         see every unit (the sim clock stretches each one) has units always timed."""

@@ -22,7 +22,7 @@ from envpipe.runtime import replicas
 from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.collective import progress
 from envpipe.runtime.iterations import BASELINE
-from envpipe.runtime.rig import Phase, Rig, Step
+from envpipe.runtime.rig import EnergySplit, Phase, Rig, Step
 
 
 def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
@@ -50,8 +50,7 @@ def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
         timings.append(m.timing)
     splits = [rig.energy(t) for t in timings]  # after the last: the clocks ran back to back (as in calibrate)
     rows = []
-    for gathered in rig.gather_each([(t, None if x is None else (x.fwd_j, x.bwd_j))
-                                     for t, x in zip(timings, splits, strict=True)]):
+    for gathered in rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(timings, splits, strict=True)]):
         its = [[(w, t) for w, (t, _) in gathered]]
         entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
         rows.append(replicas.slowest_with_energy(entries, [e or (np.nan, np.nan) for _, (_, e) in gathered], rig.P))

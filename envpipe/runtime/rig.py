@@ -66,6 +66,11 @@ class EnergySplit:
     tail_j: float  # after the last unit: gradient all-reduce, optimizer step
     tail_s: float
 
+    @staticmethod
+    def unit_means(split: EnergySplit | None) -> tuple[float | None, float | None] | None:
+        """(mean forward, mean backward) unit energy of an iteration, None without a meter."""
+        return None if split is None else (split.fwd_j, split.bwd_j)
+
 
 class Rig:
     def __init__(self, engine: Any, cfg: EnvPipeConfig, clock: Clock | None) -> None:
@@ -80,14 +85,10 @@ class Rig:
         self.f_max = clock.supported_mhz[0] if clock is not None else 0
         self.baseline = Plan.at_one_clock(one_f_one_b(self.P, self.M), self.f_max, "1f1b", "baseline")
         self.samples_per_iteration = engine.train_batch_size()
-        self._orders_run: set[tuple] = set()  # the orders this process has run (a new one warms up first)
-
-    def ran(self, plan: Plan) -> None:
-        """``plan``'s order ran an iteration in this process."""
-        self._orders_run.add(_order_key(plan))
 
     def has_run(self, plan: Plan) -> bool:
-        return _order_key(plan) in self._orders_run
+        """``plan``'s order ran an iteration in this process (a new one warms up before it is compared)."""
+        return bool(self._engine.has_run(plan.orders()))
 
     @property
     def on_gpu(self) -> bool:
@@ -133,7 +134,3 @@ class Rig:
 
     def memory_limit(self) -> int | None:
         return device_limit(self._engine, self.cfg.memory_limit_bytes)
-
-
-def _order_key(plan: Plan) -> tuple:
-    return tuple(tuple(units) for units in plan.orders())

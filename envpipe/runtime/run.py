@@ -95,7 +95,6 @@ class EnvPipeRun:
         if rig.on_gpu:
             torch.cuda.synchronize()
         t1 = rig.edge()
-        rig.ran(step.plan)
         saved = None
         if engine.saved_meter is not None:
             saved, engine.saved_meter = engine.saved_meter.per_unit, None
