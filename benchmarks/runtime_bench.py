@@ -52,7 +52,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=1, help="processes (GPUs); one pipeline stage each")
     p.add_argument("--rounds", type=int, default=2, help="stock/drop-in pairs per model")
     p.add_argument("--steps", type=int, default=20, help="training iterations per run")
-    p.add_argument("--calibration-steps", type=int, default=3, help="the drop-in engine's calibration iterations")
+    p.add_argument("--calibration-steps", type=int, default=None,
+                   help="the drop-in engine's calibration iterations (default: the runtime's)")
     p.add_argument("--plan-runs", type=int, default=0, help="runs per model of the drop-in engine's default policy "
                    "(its order deployed, clocks untouched), after the pairs")
     p.add_argument("--plan-compare", type=int, default=2, help="1F1B iterations interleaved with a plan run's")
@@ -62,7 +63,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.model_names if m not in MODELS]
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    if min(args.rounds, args.steps, args.gpus, args.microbatches) < 1 or args.steps <= args.calibration_steps:
+    if min(args.rounds, args.steps, args.gpus, args.microbatches) < 1 or args.steps <= (args.calibration_steps or 0):
         p.error("--rounds, --gpus, --microbatches must be >= 1 and --steps above --calibration-steps")
     if min(args.plan_runs, args.plan_compare) < 0:
         p.error("--plan-runs and --plan-compare must be >= 0")
@@ -80,8 +81,9 @@ def run(args: argparse.Namespace, model: str, rnd: int, engine: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            str(EXAMPLE), *MODELS[model], "--microbatches", str(args.microbatches), "--steps", str(args.steps),
            "--engine", "stock" if engine == "stock" else "envpipe", "--report-dir", str(folder),
-           "--calibration-steps", str(args.calibration_steps), "--compare-iterations", str(compare),
-           "--log-interval", "1"]
+           "--compare-iterations", str(compare), "--log-interval", "1"]
+    if args.calibration_steps is not None:
+        cmd += ["--calibration-steps", str(args.calibration_steps)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
                                                        if args.cpu else {})}
     env.pop("ENVPIPE_SCHEDULING", None)

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import envpipe
 from envpipe.limits import MAX_MICROBATCHES, output_path_error
+from envpipe.runtime.config import EnvPipeConfig
 
 NORMAL = {"layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304, "micro_batch": 4}
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 128, "micro_batch": 2}
@@ -62,6 +63,11 @@ def _positive(kind: type, most: float = float("inf")) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r}: at most {most:g}")
         return value
     return parse
+
+
+def _default(field: str) -> Any:
+    """The runtime's default of an 'envpipe' config key, for the help texts (one source of truth)."""
+    return EnvPipeConfig.model_fields[field].default
 
 
 def _output(text: str) -> str:
@@ -107,20 +113,25 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--deepspeed", action="store_true", help="accepted for DeepSpeed's launcher (no effect)")
     train.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # DeepSpeed's launcher
     ep = p.add_argument_group("EnvPipe (each sets the config's 'envpipe' key in brackets)")
-    ep.add_argument("--policy", choices=["optimal", "baseline", "uniform", "envelope"], help="[type] default optimal")
-    ep.add_argument("--clock", choices=["auto", "sim", "daemon", "readonly", "none"], help="[clock] default auto")
+    ep.add_argument("--policy", choices=["optimal", "baseline", "uniform", "envelope"],
+                    help=f"[type] default {_default('type')}")
+    ep.add_argument("--clock", choices=["auto", "sim", "daemon", "readonly", "none"],
+                    help=f"[clock] default {_default('clock')}")
     ep.add_argument("--plan", help="[plan] run this plan file (no profiling, no planning)")
     ep.add_argument("--max-slowdown", type=float, help="[max_slowdown] budget: this run's 1F1B all-max iteration "
                     "x (1 + this)")
     ep.add_argument("--time-budget", type=float, help="[time_budget_s] budget: an iteration time in seconds")
     ep.add_argument("--memory-limit-gib", type=_positive(float), help="[memory_limit_bytes] memory per GPU for the "
                     "order choice (default: the GPU's; CPU: none)")
-    ep.add_argument("--calibration-steps", type=int, help="[calibration_iterations] default 2")
-    ep.add_argument("--profile-points", type=int, help="[profile_points] clocks profiled online (default 4)")
-    ep.add_argument("--reconfigure-rounds", type=int, help="[reconfigure_rounds] default 5")
+    ep.add_argument("--calibration-steps", type=int,
+                    help=f"[calibration_iterations] default {_default('calibration_iterations')}")
+    ep.add_argument("--profile-points", type=int, help="[profile_points] clocks profiled online "
+                    f"(default {_default('profile_points')})")
+    ep.add_argument("--reconfigure-rounds", type=int,
+                    help=f"[reconfigure_rounds] default {_default('reconfigure_rounds')}")
     ep.add_argument("--compare-iterations", type=int, help="[compare_iterations] 1F1B all-max iterations "
-                    "interleaved with the plan's, for the measured saving (default 10)")
-    ep.add_argument("--report-dir", help="[report_dir] default envpipe-report")
+                    f"interleaved with the plan's, for the measured saving (default {_default('compare_iterations')})")
+    ep.add_argument("--report-dir", help=f"[report_dir] default {_default('report_dir')}")
     ep.add_argument("--log-interval", type=int, help="[log_interval] a progress line every N iterations")
     prof = p.add_argument_group("layer profile (for `envpipe search`)")
     prof.add_argument("--profile-layers", metavar="PATH", type=_output, help="measure every layer of this model "

@@ -24,7 +24,7 @@ from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.monitor import Finished, MonitorFeed
-from envpipe.runtime.rig import Measured, Rig
+from envpipe.runtime.rig import EnergySplit, Measured, Rig
 from envpipe.runtime.steady import WARMUP, SteadyRecord, steady
 from envpipe.runtime.timing import Calibration, StageTiming
 from envpipe.simgpu import JobTruth
@@ -254,8 +254,11 @@ class _CountingRig:
     def peak_bytes(self) -> None:
         return None
 
-    def energy(self, timing: StageTiming) -> None:
+    def energy(self, timing: StageTiming) -> EnergySplit:
+        """Iteration i's units read 10 + i J (forward) and 20 + 3 i J (backward): a counter that drifts."""
         self.events.append("counter")
+        i = timing.step_start
+        return EnergySplit(10.0 + i, 20.0 + 3 * i, 1.0, 0.1, 2.0, 0.1)
 
     def gather(self, mine: object) -> list[tuple[Place, object]]:
         self.events.append("gather")
@@ -281,3 +284,6 @@ def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch
             calibrated = done.value
     assert rig.events[:4] == ["counter"] * 4 and "gather" in rig.events[4:]
     assert calibrated.report.iterations == 3  # the first warmed up
+    # the unit energies are the measured iterations' mean (1, 2, 3), not the last iteration's reading alone
+    assert calibrated.unit_energies[0]["F_j"] == pytest.approx(12.0)
+    assert calibrated.unit_energies[0]["B_j"] == pytest.approx(26.0)
