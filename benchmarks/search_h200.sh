@@ -7,6 +7,7 @@
 #
 #   OUT=/tmp/sr bash benchmarks/search_h200.sh                  # 2 x H200: GPT-2 and Llama, bf16
 #   MODELS=llama OUT=/tmp/sr bash benchmarks/search_h200.sh     # one model (8 runs of about 40 s each)
+#   MODELS=gpt2 GPT2_ARGS="--model gpt2 --layers 28 --hidden 1024 --heads 16 --seq 512 --vocab 50304" ...  # another shape
 #   MODELS= PROFILE_48=1 OUT=/tmp/sr bash benchmarks/search_h200.sh  # only the 48-layer GPT-2 XL profile
 #   CPU=1 OUT=/tmp/sr bash benchmarks/search_h200.sh            # small models on 2 CPU processes (gloo, sim clock)
 #   CPU=1 TINY=1 MODELS=gpt2 SIZES=2 SHIFT=0 ...                 # the tests' quick check of the script's logic
@@ -35,8 +36,8 @@ if [ "${CPU:-0}" = 1 ]; then
 else
   unset ENVPIPE_CLOCKD_SOCKET 2>/dev/null || true
   MODELS=${MODELS-"gpt2 llama"}
-  ARGS[gpt2]="--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 50304"
-  ARGS[llama]="--model llama --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 32000"
+  ARGS[gpt2]=${GPT2_ARGS:-"--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 50304"}
+  ARGS[llama]=${LLAMA_ARGS:-"--model llama --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 32000"}
   SIZES=${SIZES:-2,4,8}; BATCH=${BATCH:-32}; MEMORY_GIB=${MEMORY_GIB:-130}
 fi
 mkdir -p "$OUT" "$WORK"
@@ -82,7 +83,7 @@ if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-0}" = 1 ]; then
   $PY examples/train_gpt.py --model gpt2 --layers 48 --hidden 1600 --heads 25 --seq 1024 --vocab 50304 \
     --profile-layers "$OUT/layers_gpt2_48.json" --profile-micro-batches 1,2,4,8 > "$WORK/profile48.log" 2>&1 || tail -20 "$WORK/profile48.log"
 fi
-cmd="MODELS=\"$MODELS\" SIZES=$SIZES BATCH=$BATCH STEPS=$STEPS SHIFT=$SHIFT${CPU:+ CPU=$CPU} bash benchmarks/search_h200.sh"
+cmd="${GPT2_ARGS:+GPT2_ARGS=\"$GPT2_ARGS\" }${LLAMA_ARGS:+LLAMA_ARGS=\"$LLAMA_ARGS\" }MODELS=\"$MODELS\" SIZES=$SIZES BATCH=$BATCH STEPS=$STEPS SHIFT=$SHIFT${CPU:+ CPU=$CPU} bash benchmarks/search_h200.sh"
 $PY benchmarks/search_results.py "$WORK" --command "$cmd" > "$OUT/search_h200.md"
 tar -czf "$OUT/search_runs.tar.gz" -C "$WORK" .
 echo "$(date -u +%T) results: $OUT/search_h200.md"
