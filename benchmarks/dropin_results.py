@@ -32,9 +32,99 @@ def _gib(b: int | None) -> str:
 
 
 def render_all(outs: list[Path]) -> str:
-    """Several output folders (runs of different models or days) in one file, one section each."""
-    body = "\n".join(render(out) if i == 0 else render(out).split("\n", 2)[2] for i, out in enumerate(outs))
-    return body + f"\nRendered by `python benchmarks/dropin_results.py {' '.join(shown_path(o) for o in outs)}`.\n"
+    """Several output folders (runs of different models or days) in one file: with more than one, a summary by
+    code version first, then one section each."""
+    sections = [render(out) for out in outs]
+    title, rest = sections[0].split("\n", 1)
+    head = [title, "", *_summary(outs)] if len(outs) > 1 else [title]
+    body = "\n".join([rest.lstrip("\n"), *(x.split("\n", 2)[2] for x in sections[1:])])
+    return "\n".join(head) + "\n" + body + (
+        f"\nRendered by `python benchmarks/dropin_results.py {' '.join(shown_path(o) for o in outs)}`.\n")
+
+
+def _commit(out: Path) -> str:
+    path = out / "commit.txt"
+    return path.read_text().split()[0] if path.is_file() else "not recorded"
+
+
+def _finished(out: Path) -> dict[tuple[str, int, str], RunSummary]:
+    bench = json.loads((out / "bench.json").read_text())
+    return {(r["model"], r["round"], r["engine"]): RunSummary.load(out / r["folder"] / "summary.json")
+            for r in bench["runs"] if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()}
+
+
+def _summary(outs: list[Path]) -> list[str]:
+    """Every folder's runs pooled by the code that ran them: throughput ratios, the energy and time errors, and the
+    calibration's power against the steady iterations' (from the per-iteration lines)."""
+    pooled: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for out in outs:
+        summaries = _finished(out)
+        for (model, rnd, engine), s in summaries.items():
+            acc = pooled.setdefault((_commit(out), model), {})
+            stock = summaries.get((model, rnd, "stock"))
+            if engine == "envpipe" and stock is not None and stock.clock.time == s.clock.time:
+                acc.setdefault("ratio", []).append(stock.steady.time_s.median / s.steady.time_s.median)
+            if engine == "stock":
+                continue
+            kind = "1f1b" if engine == "envpipe" else "plan"
+            if s.energy is not None:
+                acc.setdefault(f"energy {kind}", []).append(s.energy.error)
+            if s.predicted_iteration_time_s is not None:
+                acc.setdefault(f"time {kind}", []).append(
+                    prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median))
+            acc.setdefault("calibration power", []).extend(_calibration_power(out / _folder(out, model, rnd, engine)))
+
+    def cell(xs: list[float] | None, pct: bool = True) -> str:
+        if not xs:
+            return "—"
+        show = _pct if pct else (lambda x: f"{x:.4f}")
+        if len(xs) == 1:
+            return show(xs[0])
+        middle = f"median {show(statistics.median(xs))}, " if len(xs) > 2 else ""
+        return f"{middle}{show(min(xs))} … {show(max(xs))} (n = {len(xs)})"
+
+    lines = ["## Summary by code version", "",
+             "Every folder below pooled by the commit that ran it, in the folders' order. Drop-in / stock: "
+             "throughput ratio per round (target ≥ 0.995). Energy and time errors: the runtime's prediction against "
+             "the NVML counter and the wall clock over the steady iterations, per run (target within 3 %): `1f1b` "
+             "runs held to DeepSpeed's order, `plan` runs the default policy's order with clocks untouched. "
+             "Calibration power: per run and stage, the mean power of the calibration's measured iterations over "
+             "that of the steady 1F1B iterations (iterations over 1.5 x the median time left out), from "
+             "iterations.rank*.jsonl.", "",
+             *md_table("code", "model", "drop-in / stock", "energy error, 1f1b", "energy error, plan",
+                       "time error, 1f1b", "time error, plan", "calibration power vs steady")]
+    for (commit, model), acc in pooled.items():  # in the folders' order
+        if not any(acc.values()):
+            continue  # only stock runs finished
+        lines.append(md_row(commit, model, cell(acc.get("ratio"), pct=False), cell(acc.get("energy 1f1b")),
+                            cell(acc.get("energy plan")), cell(acc.get("time 1f1b")), cell(acc.get("time plan")),
+                            cell(acc.get("calibration power"))))
+    return [*lines, ""]
+
+
+def _folder(out: Path, model: str, rnd: int, engine: str) -> str:
+    bench = json.loads((out / "bench.json").read_text())
+    return next(r["folder"] for r in bench["runs"] if (r["model"], r["round"], r["engine"]) == (model, rnd, engine))
+
+
+def _calibration_power(run: Path) -> list[float]:
+    """Per stage (rank): the calibration's measured iterations' mean power over the steady 1F1B iterations' - 1 (none
+    where the lines have no energies)."""
+    changes = []
+    for path in sorted(run.glob("iterations.rank*.jsonl")):
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        calibration = [x for x in lines if x["phase"] == "calibrate"][1:]  # the first warms up
+        steady = [x for x in lines if x["phase"] == "steady" and x["runs"] == "baseline"]
+        if not calibration or not steady or any(x["energy_j"] is None for x in calibration + steady):
+            continue
+        typical = statistics.median(x["time_s"] for x in steady)
+        steady = [x for x in steady if x["time_s"] < 1.5 * typical]
+
+        def power(xs: list[dict]) -> float:
+            return sum(x["energy_j"] for x in xs) / sum(x["time_s"] for x in xs)
+
+        changes.append(power(calibration) / power(steady) - 1)
+    return changes
 
 
 def render(out: Path) -> str:
