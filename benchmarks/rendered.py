@@ -84,6 +84,8 @@ RENDERED = (
              "python benchmarks/search_accuracy_call4_results.py"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              search_results.render, "python benchmarks/search_results.py"),
+    Rendered("search_h100x2.md", (RAW_H100X2 / "search_gpt2_28x1024_2053.tar.gz",), search_results.render,
+             "python benchmarks/search_results.py"),
     Rendered("setup_time.md", tuple(RESULTS / "setup_runs" / d for d in ("pip_0431", "uv_0438", "uv_0444")),
              setup_time.render, "python -m benchmarks.setup_time render"),
 )  # fmt: skip

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envpipe.plan.case import PipelineCase
-from envpipe.plan.evaluate import baseline_timeline, plan_from_timeline
+from envpipe.plan.evaluate import baseline_timeline, evaluate_plan, plan_from_timeline
 from envpipe.plan.memory import StageMemory, peak_in_flight
 from envpipe.plan.optimal import optimal_plan
 from envpipe.plan.planfile import Plan
@@ -137,6 +137,11 @@ class Candidate:
         return 1.0 - self.energy_j / self.baseline_energy_j
 
     @property
+    def order_time_s(self) -> float:
+        """The iteration time of the plan's order with every unit at the top clock (simulated)."""
+        return order_time_s(self.pipeline, self.plan)
+
+    @property
     def order(self) -> str:
         if not self.planned:
             return "1f1b (not planned)"
@@ -144,6 +149,14 @@ class Candidate:
 
     def throughput(self) -> float:
         return self.shape.global_batch / self.iteration_time_s
+
+
+def order_time_s(pipeline: Pipeline, plan: Plan) -> float:
+    """The iteration time of ``plan``'s order with every unit at the top clock: what runs where clocks cannot be
+    set (GPUs without envpipe-clockd: the runtime deploys the order, the GPU keeps its default clocks)."""
+    p, shape = pipeline.profile, pipeline.shape
+    case = PipelineCase.of(p, shape.microbatches, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
+    return evaluate_plan(Plan.at_one_clock(plan.orders(), p.f_max, plan.schedule, plan.policy), case).iteration_time
 
 
 def stage_memory(pipeline: Pipeline, capacity: int) -> StageMemory:

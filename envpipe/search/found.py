@@ -73,6 +73,7 @@ def predicted(candidate: Candidate) -> dict[str, Any]:
     return {
         "iteration_time_s": candidate.iteration_time_s,
         "baseline_iteration_time_s": candidate.pipeline.baseline_time_s,  # 1F1B, every unit at the top clock
+        "order_iteration_time_s": candidate.order_time_s,  # the plan's order at the top clock (no envpipe-clockd)
         "throughput_samples_per_s": candidate.throughput(),
         "energy_per_iteration_j": candidate.energy_j,
         "baseline_energy_per_iteration_j": candidate.baseline_energy_j,

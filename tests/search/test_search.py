@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from envpipe.plan.memory import peak_in_flight
+from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cut import Cut
 from envpipe.search.engine import SIMULATED_GPU, device_overhead, engine_model
 from envpipe.search.evaluate import build_pipeline, plan_pipeline
+from envpipe.search.found import found_config
 from envpipe.search.memory import MemoryTables
 from envpipe.search.search import Objective, search
 from envpipe.search.space import SearchError, Shape, shapes
@@ -81,6 +83,23 @@ def test_envpipe_order_only_with_memory_for_it() -> None:
         candidate = plan_pipeline(build_pipeline(profile, hw, shape, cut, tables), hw.memory_bytes)
         assert (candidate.reschedule[0] > 0) == extra_allowed, candidate.reschedule
         assert max(candidate.peak_bytes) <= capacity
+
+
+def test_the_order_at_the_top_clock_is_predicted_for_gpus_without_the_clock_daemon() -> None:
+    """Where clocks cannot be set the runtime deploys the plan's order at default clocks: the search predicts that
+    run too (found configurations carry it as `order_iteration_time_s`)."""
+    profile = layer_profile([2.0, 2.0, 2.0, 6.0], act_mib=[40.0] * 4)
+    shape, cut = Shape(2, 1, 1, 8), Cut((2, 2), 0.0)
+    hw = cluster(1, 2, float(1 << 34) / MIB)
+    pipeline = build_pipeline(profile, hw, shape, cut, MemoryTables(profile, 1, 1, 8))
+    planned = plan_pipeline(pipeline, hw.memory_bytes)
+    assert planned.reschedule[0] > 0  # EnvPipe's order, its units off the critical path at lower clocks
+    top = planned.order_time_s
+    assert pipeline.time_lower_bound_s <= top <= planned.iteration_time_s
+    assert found_config(planned, profile, hw, "plan.json", engine_model(profile))["envpipe_search"]["predicted"][
+        "order_iteration_time_s"] == top
+    baseline = replace(planned, plan=Plan.at_one_clock(one_f_one_b(2, 8), pipeline.profile.f_max, "1f1b", "b"))
+    assert baseline.order_time_s == pytest.approx(pipeline.baseline_time_s)  # 1F1B at the top clock: the baseline
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
