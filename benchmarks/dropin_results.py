@@ -47,10 +47,14 @@ def _commit(out: Path) -> str:
     return path.read_text().split()[0] if path.is_file() else "not recorded"
 
 
-def _finished(out: Path) -> dict[tuple[str, int, str], RunSummary]:
-    bench = json.loads((out / "bench.json").read_text())
-    return {(r["model"], r["round"], r["engine"]): RunSummary.load(out / r["folder"] / "summary.json")
-            for r in bench["runs"] if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()}
+def _finished(out: Path, bench: dict) -> dict[tuple[str, int, str], Path]:
+    """The folders of the benchmark's runs that ended with a report, by (model, round, engine)."""
+    return {(r["model"], r["round"], r["engine"]): out / r["folder"] for r in bench["runs"]
+            if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()}
+
+
+def _summaries(folders: dict[tuple[str, int, str], Path]) -> dict[tuple[str, int, str], RunSummary]:
+    return {key: RunSummary.load(folder / "summary.json") for key, folder in folders.items()}
 
 
 def _summary(outs: list[Path]) -> list[str]:
@@ -58,7 +62,8 @@ def _summary(outs: list[Path]) -> list[str]:
     calibration's power against the steady iterations' (from the per-iteration lines)."""
     pooled: dict[tuple[str, str], dict[str, list[float]]] = {}
     for out in outs:
-        summaries = _finished(out)
+        folders = _finished(out, json.loads((out / "bench.json").read_text()))
+        summaries = _summaries(folders)
         for (model, rnd, engine), s in summaries.items():
             acc = pooled.setdefault((_commit(out), model), {})
             stock = summaries.get((model, rnd, "stock"))
@@ -72,7 +77,7 @@ def _summary(outs: list[Path]) -> list[str]:
             if s.predicted_iteration_time_s is not None:
                 acc.setdefault(f"time {kind}", []).append(
                     prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median))
-            acc.setdefault("calibration power", []).extend(_calibration_power(out / _folder(out, model, rnd, engine)))
+            acc.setdefault("calibration power", []).extend(_calibration_power(folders[model, rnd, engine]))
 
     def cell(xs: list[float] | None, pct: bool = True) -> str:
         if not xs:
@@ -102,11 +107,6 @@ def _summary(outs: list[Path]) -> list[str]:
     return [*lines, ""]
 
 
-def _folder(out: Path, model: str, rnd: int, engine: str) -> str:
-    bench = json.loads((out / "bench.json").read_text())
-    return next(r["folder"] for r in bench["runs"] if (r["model"], r["round"], r["engine"]) == (model, rnd, engine))
-
-
 def _calibration_power(run: Path) -> list[float]:
     """Per stage (rank): the calibration's measured iterations' mean power over the steady 1F1B iterations' - 1 (none
     where the lines have no energies)."""
@@ -131,10 +131,9 @@ def render(out: Path) -> str:
     bench = json.loads((out / "bench.json").read_text())
     machine = (out / "machine.txt").read_text().strip().splitlines() if (out / "machine.txt").is_file() else []
     commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").is_file() else "not recorded"
-    runs = [r for r in bench["runs"] if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()]
-    summaries = {(r["model"], r["round"], r["engine"]): RunSummary.load(out / r["folder"] / "summary.json")
-                 for r in runs}
-    failed = [r for r in bench["runs"] if r not in runs]
+    folders = _finished(out, bench)
+    summaries = _summaries(folders)
+    failed = [r for r in bench["runs"] if (r["model"], r["round"], r["engine"]) not in folders]
     lines = ["# Stock DeepSpeed against the drop-in engine, and the energy model against the counter", "",
              f"Raw data: `{shown_path(out)}` (bench.json, each run's summary.json, iterations.rank*.jsonl and log). "
              f"Command: `{bench['command']}`. Code: {commit}. Machine:", "", *(f"    {x}" for x in machine), "",

@@ -77,8 +77,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     cals = replicas.calibrate_replicas(one_f_one_b(rig.P, rig.M), iterations)
     entries = replicas.stage_entries(cals, iterations[-1])
     cal = replicas.job_calibration(cals, entries, rig.P)
-    energies = replicas.slowest_with_energy(entries, _mean_unit_energies([[e for _, (_, e) in it] for it in measured]),
-                                            rig.P)
+    energies = replicas.slowest_with_energy(entries, [[e for _, (_, e) in it] for it in measured], rig.P)
     effective = _effective_clock(rig, own[1:] or own)
     idle = _idle_power(rig)
     blocking, tail = _phase_powers(rig, splits, idle)
@@ -97,22 +96,6 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
                            cal.head_s, effective, idle, blocking, tail)
     straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
     return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail)
-
-
-def _mean_unit_energies(per_iteration: list[list[tuple[float | None, float | None] | None]]
-                        ) -> list[tuple[float | None, float | None]]:
-    """Per rank (rank order), its mean forward and backward unit energy over the measured iterations.
-
-    Why the mean: one iteration's reading of the counter is off by a few percent either way (it updates every
-    few tens of milliseconds); on 2 x H100 a stage's iterations read 182-205 J where their mean was 198 J
-    (2026-11-27), and the prediction took the last calibration iteration's alone."""
-    means: list[tuple[float | None, float | None]] = []
-    for rank in zip(*per_iteration, strict=True):
-        known = [e for e in rank if e is not None]
-        fwd = [f for f, _ in known if f is not None]
-        bwd = [b for _, b in known if b is not None]
-        means.append((float(np.mean(fwd)) if fwd else None, float(np.mean(bwd)) if bwd else None))
-    return means
 
 
 def _phase_powers(rig: Rig, splits: list[EnergySplit], idle_w: float | None

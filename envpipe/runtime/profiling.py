@@ -53,6 +53,6 @@ def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
     for gathered in rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(timings, splits, strict=True)]):
         its = [[(w, t) for w, (t, _) in gathered]]
         entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
-        rows.append(replicas.slowest_with_energy(entries, [e or (np.nan, np.nan) for _, (_, e) in gathered], rig.P))
+        rows.append(replicas.slowest_with_energy(entries, [[e for _, (_, e) in gathered]], rig.P))
     return profile_from_clocks(clocks, rows, "online", predict_mhz=clock.supported_mhz,
                                effective_mhz=calibrated.report.effective_clock_mhz)

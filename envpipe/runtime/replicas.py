@@ -73,13 +73,26 @@ def slowest_per_stage(entries: Iterable[Entry], stages: int, exclude: Iterable[i
     return [dict(best[s]) for s in range(stages)]
 
 
-def slowest_with_energy(entries: Sequence[Entry], energies: Sequence[tuple[float | None, ...]],
+UnitEnergies = tuple[float | None, float | None]  # one rank's mean F and B unit energy in one iteration (J)
+
+
+def slowest_with_energy(entries: Sequence[Entry], iterations: Sequence[Sequence[UnitEnergies | None]],
                         stages: int) -> list[dict[str, float]]:
-    """`slowest_per_stage` of ``entries`` with each rank's mean F and B unit energy (``energies``, rank order;
-    nan where unknown) as F_j and B_j."""
+    """`slowest_per_stage` of ``entries`` with each rank's F and B unit energy as F_j and B_j: its mean over
+    ``iterations`` (each a per-rank list in rank order, None where a rank has no meter; nan where none is known).
+
+    Why the mean: one iteration's reading of the counter is off by a few percent either way (it updates every
+    few tens of milliseconds); on 2 x H100 a stage's calibration iterations read 182-205 J where their mean was
+    198 J (2026-11-27), and the prediction had taken the last one's alone."""
     nan = float("nan")
-    return slowest_per_stage([(w, {**st, "F_j": nan if e[0] is None else e[0], "B_j": nan if e[1] is None else e[1]})
-                              for (w, st), e in zip(entries, energies, strict=True)], stages)
+    means = []
+    for rank in zip(*iterations, strict=True):
+        known = [e for e in rank if e is not None]
+        fwd = [f for f, _ in known if f is not None]
+        bwd = [b for _, b in known if b is not None]
+        means.append((statistics.fmean(fwd) if fwd else nan, statistics.fmean(bwd) if bwd else nan))
+    return slowest_per_stage([(w, {**st, "F_j": f, "B_j": b}) for (w, st), (f, b) in zip(entries, means, strict=True)],
+                             stages)
 
 
 def stage_tails(entries: Iterable[Entry], stages: int) -> list[float]:
