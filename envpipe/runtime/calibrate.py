@@ -5,7 +5,12 @@ its slowest replica), the straggler, every stage's unit energies and the power i
 neighbour and in its tail (all-reduce, optimizer step) — each phase of an iteration is charged at its own
 measured power —, the activation bytes each forward keeps and the stage's static memory
 (envpipe.runtime.memory), each stage's SM clock under load (NVML: the power cap's clock) and the GPU's idle
-power. The first iteration warms up; a simulated GPU fixes its unit costs after it.
+power. The first iteration warms up and meters memory; a simulated GPU fixes its unit costs after it.
+
+A real GPU's counter moves every 100 ms, too coarse to split a few-ms bubble from the units around it, so
+there the blocking power is measured on its own (each GPU held 0.5 s in a collective) and every measured
+iteration's waits are charged at it, the rest of the iteration's energy going to its units and tail
+(`EnergySplit.charging_waits_at`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from envpipe.energy.meter import PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.plan.simulate import Overheads
-from envpipe.runtime import replicas
+from envpipe.runtime import collective, replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
 from envpipe.runtime.iterations import BASELINE
@@ -28,6 +33,7 @@ from envpipe.runtime.rig import EnergySplit, Measured, Phase, Rig, Step
 from envpipe.runtime.timing import Calibration, StageTiming
 
 IDLE_S = 0.5  # how long the idle power is measured
+BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power is measured
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class Calibrated:
     idle_power_w: float | None  # the idle GPU's power
     blocking_power_w: list[float] | None  # per stage: power while waiting for a neighbour (measured)
     tail_power_w: list[float] | None  # per stage: power in the tail (measured)
+    waiting_power_w: float | None = None  # this rank's GPU blocked in a collective (measured; None: not measured)
 
     def overheads(self) -> Overheads:
         """What an iteration costs besides its units, as measured: the transfer, each stage's tail, and the power
@@ -59,17 +66,20 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     own: list[StageTiming] = []
     saved, static = [0], 0
     for i in range(steps):
-        metering = i == 1 or steps == 1  # after the first iteration every optimizer state exists
-        if metering:
+        if i == 1 or steps == 1:  # after the first iteration every optimizer state exists
             static = rig.static_bytes()
-        m: Measured = yield Step(rig.baseline, "calibrate", BASELINE, measure_memory=metering)
+        # The saved-tensor hooks slow an iteration (442 against 362 ms on 2 x H100, 2026-11-27) and lower its
+        # power, so they ride on the first, warm-up iteration, which is neither timed into the model nor metered.
+        m: Measured = yield Step(rig.baseline, "calibrate", BASELINE, measure_memory=i == 0)
         if m.saved_bytes is not None:
             saved = m.saved_bytes or [0]
         own.append(m.timing)
     # The energies and the job's view only now, in one wait for the counter and one gather: the iterations ran
     # back to back, as steady ones do. Waiting after each left 40-115 ms idle gaps between them on 2 x H100
     # (2026-11-27), and each iteration then read about 6 % less energy than the same iteration back to back.
-    own_splits = [rig.energy(t) for t in own]  # one wait: the counter passes the last, then all are known
+    idle = _idle_power(rig)
+    waiting = _blocked_power(rig)
+    own_splits = [rig.energy(t, waiting) for t in own]
     splits = [x for x in (own_splits[1:] if steps > 1 else own_splits) if x is not None]
     gathered = rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(own, own_splits, strict=True)])
     measured = gathered[1:] or gathered
@@ -79,8 +89,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     cal = replicas.job_calibration(cals, entries, rig.P)
     energies = replicas.slowest_with_energy(entries, [[e for _, (_, e) in it] for it in measured], rig.P)
     effective = _effective_clock(rig, own[1:] or own)
-    idle = _idle_power(rig)
-    blocking, tail = _phase_powers(rig, splits, idle)
+    blocking, tail = _phase_powers(rig, splits, waiting, idle)
     limit = rig.memory_limit()
     mine = with_peak(stage_memory(int(np.median(saved)), static, limit, rig.cfg.memory_headroom,
                                   peak_in_flight(rig.baseline.orders())[rig.place.stage]), rig.peak_bytes())
@@ -95,31 +104,60 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     report = S.Calibration(len(times), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
                            cal.head_s, effective, idle, blocking, tail)
     straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
-    return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail)
+    return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail,
+                      waiting)
 
 
-def _phase_powers(rig: Rig, splits: list[EnergySplit], idle_w: float | None
+def _phase_powers(rig: Rig, splits: list[EnergySplit], waiting_w: float | None, idle_w: float | None
                   ) -> tuple[list[float] | None, list[float] | None]:
-    """Per stage, the measured power while blocked and in the tail (a collective call).
+    """Per stage, the power while blocked and in the tail (a collective call).
 
-    Pooled over the calibration's measured iterations and over the stage's replicas. Where a stage never
-    waited (one stage: no bubbles) its blocking power is the idle GPU's."""
+    The tail's from the calibration's measured iterations; the blocking power measured blocked in a collective
+    (``waiting_w``) where it was, else from the iterations' waits. Both pooled over the stage's replicas. Where
+    a stage never waited (one stage: no bubbles) its blocking power is the idle GPU's."""
     mine = (sum(x.wait_j for x in splits), sum(x.wait_s for x in splits), sum(x.tail_j for x in splits),
-            sum(x.tail_s for x in splits)) if splits else None
+            sum(x.tail_s for x in splits), waiting_w) if splits else None
     pooled: dict[int, list[float]] = {}
     for w, sums in rig.gather(mine):
         if sums is None:
             return None, None  # no energy counter on some rank: nothing measured
-        acc = pooled.setdefault(w.stage, [0.0, 0.0, 0.0, 0.0])
+        acc = pooled.setdefault(w.stage, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
         for k in range(4):
             acc[k] += sums[k]
+        if sums[4] is not None:
+            acc[4] += sums[4]
+            acc[5] += 1
     blocking, tail = [], []
+    fallback = idle_w if idle_w is not None else 0.0
     for s in range(rig.P):
-        wait_j, wait_s, tail_j, tail_s = pooled[s]
-        fallback = idle_w if idle_w is not None else 0.0
-        blocking.append(wait_j / wait_s if wait_s > 1e-6 else fallback)
+        wait_j, wait_s, tail_j, tail_s, waiting_sum, waited = pooled[s]
+        if waited:
+            blocking.append(waiting_sum / waited)
+        else:
+            blocking.append(wait_j / wait_s if wait_s > 1e-6 else fallback)
         tail.append(tail_j / tail_s if tail_s > 1e-6 else fallback)
     return blocking, tail
+
+
+def _blocked_power(rig: Rig) -> float | None:
+    """This GPU's power while it waits in a collective for a rank that holds back (a collective call), over
+    `BLOCKED_S`: a bubble's power, over a window a 100 ms counter resolves. Rank 0 holds back while every other
+    rank waits, then rank 1 while rank 0 waits. None where the counter resolves bubbles itself (a simulated
+    GPU's, whose knots are unit boundaries), without a counter, or alone (no one to wait for)."""
+    if not isinstance(rig.meter, PolledMeter) or collective.world_size() < 2:
+        return None
+    me, window = collective.rank(), (0.0, 0.0)
+    rig.wait_in_collective()  # a group's communicator is made at its first use: outside the window
+    for holder in (0, 1):
+        t0 = time.perf_counter()
+        if me == holder:
+            time.sleep(BLOCKED_S)
+        rig.wait_in_collective()
+        if me != holder and window == (0.0, 0.0):
+            window = (t0, time.perf_counter())
+    if not rig.meter.wait_until(window[1]):
+        return None
+    return float(rig.meter.trace.between(*window)) / (window[1] - window[0])
 
 
 def _effective_clock(rig: Rig, timings: list[StageTiming]) -> list[float | None]:

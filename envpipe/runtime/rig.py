@@ -18,6 +18,9 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
+import torch.distributed
+
 from envpipe.energy.accounting import account
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import one_f_one_b
@@ -61,10 +64,26 @@ class EnergySplit:
 
     fwd_j: float | None  # mean forward unit
     bwd_j: float | None
+    units_j: float  # every unit
     wait_j: float  # between the iteration's start and its last unit, outside units: blocked on a neighbour
     wait_s: float
     tail_j: float  # after the last unit: gradient all-reduce, optimizer step
     tail_s: float
+
+    def charging_waits_at(self, power_w: float) -> EnergySplit:
+        """This split with its waits charged at ``power_w`` (measured over a window the counter resolves) and
+        the difference moved to the work, units and tail in proportion; the iteration's total stays as measured.
+
+        Why: NVML's counter moves every 100 ms on H100 and H200, and a bubble lasts a few ms, so the
+        interpolated counter charges a bubble at about the iteration's mean power (490-530 W on 2 x H100,
+        where a longer iteration cost 100-250 W more per extra second: 2026-11-27), and the units too little."""
+        work = self.units_j + self.tail_j
+        if work <= 0:
+            return self
+        k = max(0.0, (work + self.wait_j - power_w * self.wait_s) / work)
+        scaled = lambda j: None if j is None else j * k  # noqa: E731
+        return EnergySplit(scaled(self.fwd_j), scaled(self.bwd_j), self.units_j * k, power_w * self.wait_s,
+                           self.wait_s, self.tail_j * k, self.tail_s)
 
     @staticmethod
     def unit_means(split: EnergySplit | None) -> tuple[float | None, float | None] | None:
@@ -112,17 +131,27 @@ class Rig:
         self.sim.sync(collective.job_max(self.sim.now()))
         return self.sim.now()
 
-    def energy(self, timing: StageTiming) -> EnergySplit | None:
-        """This rank's energy in ``timing``'s iteration, split into units, waits and tail; None without a
-        meter or timed units (a collective-free call: the meter is local)."""
+    def energy(self, timing: StageTiming, wait_power_w: float | None = None) -> EnergySplit | None:
+        """This rank's energy in ``timing``'s iteration, split into units, waits and tail, the waits charged at
+        ``wait_power_w`` where given (`EnergySplit.charging_waits_at`); None without a meter or timed units (a
+        collective-free call: the meter is local)."""
         if self.meter is None or not timing.units or not self.meter.wait_until(timing.step_end):
             return None
         last_end = max(b for *_, b in timing.units)
         units = account(self.meter.trace, [(a, b) for _, _, a, b in timing.units], timing.step_start, last_end)
         kinds = [k for k, *_ in timing.units]
         tail_j = float(self.meter.trace.between(last_end, timing.step_end))
-        return EnergySplit(units.mean(kinds, "F"), units.mean(kinds, "B"), units.idle_j, units.idle_s, tail_j,
-                          timing.step_end - last_end)
+        split = EnergySplit(units.mean(kinds, "F"), units.mean(kinds, "B"), sum(units.unit_j), units.idle_j,
+                            units.idle_s, tail_j, timing.step_end - last_end)
+        return split if wait_power_w is None else split.charging_waits_at(wait_power_w)
+
+    def wait_in_collective(self) -> None:
+        """Wait on this rank's device in one all-reduce over the job until every rank has joined (a collective
+        call): on a GPU an NCCL kernel spins the way a pipeline bubble's receive does."""
+        token = torch.zeros(1, device=self._engine.device)
+        torch.distributed.all_reduce(token)
+        if self.on_gpu:
+            torch.cuda.synchronize()
 
     def static_bytes(self) -> int:
         """What the stage holds between iterations (parameters, gradients, optimizer state)."""

@@ -254,11 +254,12 @@ class _CountingRig:
     def peak_bytes(self) -> None:
         return None
 
-    def energy(self, timing: StageTiming) -> EnergySplit:
+    def energy(self, timing: StageTiming, wait_power_w: float | None = None) -> EnergySplit:
         """Iteration i's units read 10 + i J (forward) and 20 + 3 i J (backward): a counter that drifts."""
+        assert wait_power_w is None  # no counter to measure a blocked GPU with
         self.events.append("counter")
         i = timing.step_start
-        return EnergySplit(10.0 + i, 20.0 + 3 * i, 1.0, 0.1, 2.0, 0.1)
+        return EnergySplit(10.0 + i, 20.0 + 3 * i, 2 * (30.0 + 4 * i), 1.0, 0.1, 2.0, 0.1)
 
     def gather(self, mine: object) -> list[tuple[Place, object]]:
         self.events.append("gather")
@@ -276,6 +277,8 @@ def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch
     step = next(phase)
     for i in range(rig.cfg.calibration_iterations):
         assert step.phase == "calibrate" and rig.events == [], (i, rig.events)
+        # the saved-tensor hooks slow an iteration: only the warm-up one, which is neither timed nor metered, has them
+        assert step.measure_memory == (i == 0), i
         t0 = float(i)
         units = [(k, mb, t0 + 0.1 * j, t0 + 0.1 * j + 0.05) for j, (k, mb) in enumerate(one_f_one_b(1, 2)[0])]
         try:
@@ -287,3 +290,78 @@ def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch
     # the unit energies are the measured iterations' mean (1, 2, 3), not the last iteration's reading alone
     assert calibrated.unit_energies[0]["F_j"] == pytest.approx(12.0)
     assert calibrated.unit_energies[0]["B_j"] == pytest.approx(26.0)
+
+
+def test_waits_charged_at_the_blocked_power_move_the_rest_to_the_work() -> None:
+    """A 100 ms counter charges a few-ms bubble at about the iteration's mean power; charged at the power measured
+    blocked in a collective, the surplus goes to the units and the tail in proportion, the total unchanged."""
+    # 4 forwards of 5 J and 4 backwards of 10 J; waits 30 J in 60 ms (500 W); tail 10 J in 20 ms
+    split = EnergySplit(5.0, 10.0, 60.0, 30.0, 0.06, 10.0, 0.02)
+    charged = split.charging_waits_at(150.0)
+    assert charged.wait_j == pytest.approx(9.0) and charged.wait_s == 0.06  # 150 W x 60 ms
+    k = (70.0 + 30.0 - 9.0) / 70.0  # 1.3: the work takes the 21 J the waits gave up
+    assert (charged.fwd_j, charged.bwd_j, charged.units_j, charged.tail_j) == pytest.approx(
+        (5.0 * k, 10.0 * k, 60.0 * k, 10.0 * k))
+    assert charged.units_j + charged.wait_j + charged.tail_j == pytest.approx(100.0)
+    assert charged.tail_s == 0.02
+    # a blocked power above the split's wait power takes from the work; never below zero
+    assert split.charging_waits_at(1e6).units_j == 0.0
+    assert EnergySplit(None, None, 0.0, 1.0, 0.1, 0.0, 0.0).charging_waits_at(5.0).wait_j == 1.0  # no work: as it is
+
+
+_BLOCKED_RANK = """
+import sys, threading, time
+import torch, torch.distributed as tdist
+from envpipe.energy.meter import PolledMeter
+from envpipe.runtime.calibrate import _blocked_power
+
+class Counter:
+    # 300 W while this rank waits in the collective, 50 W otherwise
+    def __init__(self):
+        self.t, self.j, self.waiting, self.lock = time.perf_counter(), 0.0, False, threading.Lock()
+    def read(self):
+        with self.lock:
+            now = time.perf_counter()
+            self.j += (now - self.t) * (300.0 if self.waiting else 50.0)
+            self.t = now
+            return self.j
+    def set(self, waiting):
+        self.read()
+        self.waiting = waiting
+
+class Rig:
+    def __init__(self, counter):
+        self.counter, self.meter = counter, PolledMeter(counter.read, period_s=0.002)
+    def wait_in_collective(self):
+        self.counter.set(True)
+        tdist.all_reduce(torch.zeros(1))
+        self.counter.set(False)
+
+tdist.init_process_group("gloo")
+rig = Rig(Counter())
+print("blocked", _blocked_power(rig))
+rig.meter.close()
+tdist.destroy_process_group()
+"""
+
+
+def test_blocked_power_is_read_while_the_rank_waits_for_the_one_holding_back(tmp_path: Path) -> None:
+    """Two real gloo processes: rank 0 holds back while rank 1 waits, then rank 1 while rank 0 waits; each rank's
+    blocked power comes from its own wait (300 W on its counter), never from its hold (50 W)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.ports import free_port
+
+    script = tmp_path / "rank.py"
+    script.write_text(_BLOCKED_RANK)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+        watts = float(out.split("blocked", 1)[1])
+        assert watts == pytest.approx(300.0, rel=0.05), out
