@@ -5,7 +5,8 @@ its slowest replica), the straggler, every stage's unit energies and the power i
 neighbour and in its tail (all-reduce, optimizer step) — each phase of an iteration is charged at its own
 measured power —, the activation bytes each forward keeps and the stage's static memory
 (envpipe.runtime.memory), each stage's SM clock under load (NVML: the power cap's clock) and the GPU's idle
-power. The first iteration warms up and meters memory; a simulated GPU fixes its unit costs after it.
+power. The first two iterations warm up (the first also meters memory); a simulated GPU fixes its unit
+costs after the first.
 
 A real GPU's counter moves every 100 ms, too coarse to split a few-ms bubble from the units around it, so
 there the blocking power is measured on its own (each GPU held 0.5 s in a collective) and every measured
@@ -34,6 +35,10 @@ from envpipe.runtime.timing import Calibration, StageTiming
 
 IDLE_S = 0.5  # how long the idle power is measured
 BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power is measured
+# Calibration iterations that only warm up (neither timed into the model nor metered). The second too: on
+# 2 x H100 it read 1.0-7.3 % less energy than a steady iteration (medians per code version), the later ones
+# -0.9 to +1.3 % (2026-11-27, benchmarks/results/dropin_h100x2.md, from 88c596a on).
+WARMUP_ITERATIONS = 2
 
 
 @dataclass(frozen=True)
@@ -79,16 +84,16 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     # (2026-11-27), and each iteration then read about 6 % less energy than the same iteration back to back.
     idle = _idle_power(rig)
     waiting = _blocked_power(rig)
+    own = own[min(WARMUP_ITERATIONS, steps - 1):]  # the measured iterations (at least the last)
     own_splits = [rig.energy(t, waiting) for t in own]
-    splits = [x for x in (own_splits[1:] if steps > 1 else own_splits) if x is not None]
-    gathered = rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(own, own_splits, strict=True)])
-    measured = gathered[1:] or gathered
+    splits = [x for x in own_splits if x is not None]
+    measured = rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(own, own_splits, strict=True)])
     iterations = [[(w, t) for w, (t, _) in it] for it in measured]
     cals = replicas.calibrate_replicas(one_f_one_b(rig.P, rig.M), iterations)
     entries = replicas.stage_entries(cals, iterations[-1])
     cal = replicas.job_calibration(cals, entries, rig.P)
     energies = replicas.slowest_with_energy(entries, [[e for _, (_, e) in it] for it in measured], rig.P)
-    effective = _effective_clock(rig, own[1:] or own)
+    effective = _effective_clock(rig, own)
     blocking, tail = _phase_powers(rig, splits, waiting, idle)
     limit = rig.memory_limit()
     mine = with_peak(stage_memory(int(np.median(saved)), static, limit, rig.cfg.memory_headroom,
@@ -144,8 +149,10 @@ def _blocked_power(rig: Rig) -> float | None:
     `BLOCKED_S`: a bubble's power, over a window a 100 ms counter resolves. Rank 0 holds back while every other
     rank waits, then rank 1 while rank 0 waits. None where the counter resolves bubbles itself (a simulated
     GPU's, whose knots are unit boundaries), without a counter, or alone (no one to wait for)."""
-    if not isinstance(rig.meter, PolledMeter) or collective.world_size() < 2:
+    polled = [mine for _, mine in rig.gather(isinstance(rig.meter, PolledMeter))]  # every rank or none waits
+    if not all(polled) or len(polled) < 2:
         return None
+    assert isinstance(rig.meter, PolledMeter)
     me, window = collective.rank(), (0.0, 0.0)
     rig.wait_in_collective()  # a group's communicator is made at its first use: outside the window
     for holder in (0, 1):

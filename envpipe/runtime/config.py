@@ -59,8 +59,9 @@ class EnvPipeConfig(BaseModel):
     time_budget_s: Positive | None = None  # or an absolute iteration-time budget
     memory_limit_bytes: Annotated[int, Field(ge=1)] | None = None  # per GPU; default on GPUs: the device's memory
     memory_headroom: Fraction = 0.1  # the share of the limit that in-flight activations may not use
-    # 1F1B all-max iterations before planning; the first warms up, each unit's time is its median over the rest
-    calibration_iterations: Annotated[int, Field(ge=1)] = 4
+    # 1F1B all-max iterations before planning; the first two warm up (envpipe.runtime.calibrate), each unit's time
+    # is its median over the rest
+    calibration_iterations: Annotated[int, Field(ge=1)] = 5
     compare_iterations: Annotated[int, Field(ge=0)] = 10  # steady 1F1B all-max iterations interleaved with the plan's
     profile_points: Annotated[int, Field(ge=1)] = 4  # clocks profiled online
     reconfigure_rounds: Annotated[int, Field(ge=1)] = 5  # most reconfiguration rounds

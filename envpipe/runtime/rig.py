@@ -75,8 +75,9 @@ class EnergySplit:
         the difference moved to the work, units and tail in proportion; the iteration's total stays as measured.
 
         Why: NVML's counter moves every 100 ms on H100 and H200, and a bubble lasts a few ms, so the
-        interpolated counter charges a bubble at about the iteration's mean power (490-530 W on 2 x H100,
-        where a longer iteration cost 100-250 W more per extra second: 2026-11-27), and the units too little."""
+        interpolated counter charges a bubble at about the iteration's mean power (330-536 W on 2 x H100, where a
+        longer iteration cost a median 69-306 W more per extra second: benchmarks/results/dropin_h100x2.md), and
+        the units too little."""
         work = self.units_j + self.tail_j
         if work <= 0:
             return self
