@@ -60,16 +60,19 @@ def _summaries(folders: dict[tuple[str, int, str], Path]) -> dict[tuple[str, int
 def _summary(outs: list[Path]) -> list[str]:
     """Every folder's runs pooled by the code that ran them: throughput ratios, the energy and time errors, and the
     calibration's power against the steady iterations' (from the per-iteration lines)."""
-    pooled: dict[tuple[str, str], dict[str, list[float]]] = {}
+    pooled: dict[tuple[str, str, int], dict[str, list[float]]] = {}
     for out in outs:
-        folders = _finished(out, json.loads((out / "bench.json").read_text()))
+        bench = json.loads((out / "bench.json").read_text())
+        folders = _finished(out, bench)
         summaries = _summaries(folders)
         for (model, rnd, engine), s in summaries.items():
-            acc = pooled.setdefault((_commit(out), model), {})
+            acc = pooled.setdefault((_commit(out), model, bench["microbatches"]), {})
             stock = summaries.get((model, rnd, "stock"))
             if engine == "envpipe" and stock is not None and stock.clock.time == s.clock.time:
                 acc.setdefault("ratio", []).append(stock.steady.time_s.median / s.steady.time_s.median)
-            if engine == "stock":
+            if engine == "stock":  # how steady the host was: the stock run's interquartile range of iteration times
+                t = s.steady.time_s
+                acc.setdefault("stock spread", []).append((t.q3 - t.q1) / t.median)
                 continue
             kind = "1f1b" if engine == "envpipe" else "plan"
             if s.energy is not None:
@@ -77,12 +80,16 @@ def _summary(outs: list[Path]) -> list[str]:
             if s.predicted_iteration_time_s is not None:
                 acc.setdefault(f"time {kind}", []).append(
                     prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median))
-            acc.setdefault("calibration power", []).extend(_calibration_power(folders[model, rnd, engine]))
+            measured = s.calibration.iterations if s.calibration is not None else 0
+            for name, values in _energy_checks(folders[model, rnd, engine], measured).items():
+                acc.setdefault(name, []).extend(values)
+            if s.calibration is not None and s.calibration.blocking_power_w is not None:
+                acc.setdefault("blocking power", []).extend(s.calibration.blocking_power_w)
 
-    def cell(xs: list[float] | None, pct: bool = True) -> str:
+    def cell(xs: list[float] | None, pct: bool = True, watts: bool = False) -> str:
         if not xs:
             return "—"
-        show = _pct if pct else (lambda x: f"{x:.4f}")
+        show = (lambda x: f"{x:.0f}") if watts else _pct if pct else (lambda x: f"{x:.4f}")
         if len(xs) == 1:
             return show(xs[0])
         middle = f"median {show(statistics.median(xs))}, " if len(xs) > 2 else ""
@@ -95,26 +102,43 @@ def _summary(outs: list[Path]) -> list[str]:
              "runs held to DeepSpeed's order, `plan` runs the default policy's order with clocks untouched. "
              "Calibration power: per run and stage, the mean power of the calibration's measured iterations over "
              "that of the steady 1F1B iterations (iterations over 1.5 x the median time left out), from "
-             "iterations.rank*.jsonl.", "",
-             *md_table("code", "model", "drop-in / stock", "energy error, 1f1b", "energy error, plan",
-                       "time error, 1f1b", "time error, plan", "calibration power vs steady")]
-    for (commit, model), acc in pooled.items():  # in the folders' order
+             "iterations.rank*.jsonl. Stock spread: each stock run's interquartile range of steady iteration "
+             "times over their median (the host's noise, which the ratios share).", "",
+             *md_table("code", "model", "M", "drop-in / stock", "energy error, 1f1b", "energy error, plan",
+                       "time error, 1f1b", "time error, plan", "calibration power vs steady", "stock spread")]
+    for (commit, model, microbatches), acc in pooled.items():  # in the folders' order
         if not any(acc.values()):
             continue  # only stock runs finished
-        lines.append(md_row(commit, model, cell(acc.get("ratio"), pct=False), cell(acc.get("energy 1f1b")),
-                            cell(acc.get("energy plan")), cell(acc.get("time 1f1b")), cell(acc.get("time plan")),
-                            cell(acc.get("calibration power"))))
+        lines.append(md_row(commit, model, microbatches, cell(acc.get("ratio"), pct=False),
+                            cell(acc.get("energy 1f1b")), cell(acc.get("energy plan")), cell(acc.get("time 1f1b")),
+                            cell(acc.get("time plan")), cell(acc.get("calibration power")),
+                            cell(acc.get("stock spread"))))
+    lines += ["", "The calibration's energy, per run and stage (same pooling): the blocking power the model charges "
+              "waits at (W; measured blocked in a collective from 13c24cb on, before it from the interpolated counter "
+              "over the iterations' waits); the marginal power of the steady 1F1B iterations (W: the slope of their "
+              "energy against their time; an iteration the host stretched costs this much per extra second); the "
+              "first measured calibration iteration's energy and the later ones' mean against the steady median.", "",
+              *md_table("code", "model", "M", "blocking power (W)", "marginal power (W)",
+                        "first measured calibration iteration vs steady", "later ones vs steady")]
+    for (commit, model, microbatches), acc in pooled.items():
+        if acc.get("first measured"):
+            lines.append(md_row(commit, model, microbatches, cell(acc.get("blocking power"), watts=True),
+                                cell(acc.get("marginal power"), watts=True), cell(acc.get("first measured")),
+                                cell(acc.get("later measured"))))
     return [*lines, ""]
 
 
-def _calibration_power(run: Path) -> list[float]:
-    """Per stage (rank): the calibration's measured iterations' mean power over the steady 1F1B iterations' - 1 (none
-    where the lines have no energies)."""
-    changes = []
+def _energy_checks(run: Path, measured: int) -> dict[str, list[float]]:
+    """Per stage (rank), from the iteration lines, against the steady 1F1B iterations (the first and those over
+    1.5 x the median time left out): the calibration's ``measured`` (last) iterations' mean power - 1 (`calibration
+    power`); the first measured one's energy and the others' mean energy over the steady median - 1 (`first
+    measured`, `later measured`); and the slope of energy against time over the steady iterations (`marginal
+    power`, W: what an iteration stretched by the host costs per extra second; where their times span 20 ms)."""
+    checks: dict[str, list[float]] = {}
     for path in sorted(run.glob("iterations.rank*.jsonl")):
         lines = [json.loads(x) for x in path.read_text().splitlines()]
-        calibration = [x for x in lines if x["phase"] == "calibrate"][1:]  # the first warms up
-        steady = [x for x in lines if x["phase"] == "steady" and x["runs"] == "baseline"]
+        calibration = [x for x in lines if x["phase"] == "calibrate"][-measured:] if measured else []
+        steady = [x for x in lines if x["phase"] == "steady" and x["runs"] == "baseline"][1:]
         if not calibration or not steady or any(x["energy_j"] is None for x in calibration + steady):
             continue
         typical = statistics.median(x["time_s"] for x in steady)
@@ -123,8 +147,17 @@ def _calibration_power(run: Path) -> list[float]:
         def power(xs: list[dict]) -> float:
             return sum(x["energy_j"] for x in xs) / sum(x["time_s"] for x in xs)
 
-        changes.append(power(calibration) / power(steady) - 1)
-    return changes
+        energy = statistics.median(x["energy_j"] for x in steady)
+        checks.setdefault("calibration power", []).append(power(calibration) / power(steady) - 1)
+        checks.setdefault("first measured", []).append(calibration[0]["energy_j"] / energy - 1)
+        if len(calibration) > 1:
+            later = statistics.mean(x["energy_j"] for x in calibration[1:])
+            checks.setdefault("later measured", []).append(later / energy - 1)
+        times = [x["time_s"] for x in steady]
+        if max(times) - min(times) >= 0.02:
+            slope = statistics.linear_regression(times, [x["energy_j"] for x in steady]).slope
+            checks.setdefault("marginal power", []).append(slope)
+    return checks
 
 
 def render(out: Path) -> str:

@@ -14,20 +14,28 @@ back like the engine's iterations):
 
 Conditions rotate in blocks of iterations, repeated, so drift (warm-up, temperature) spreads over all of
 them; each block's energy is the counter between its first start and last end. Output: one JSON file with
-every iteration (time, energy, condition, temperature) for a renderer; energies are measured (NVML counter).
+every iteration (time, energy, condition, temperature); energies are measured (NVML counter).
+
+    python benchmarks/meter_probe.py --out probe_gpu0.json --device 0      # on a GPU machine
+    python benchmarks/meter_probe.py --render FOLDER                       # the table, from FOLDER/probe_*.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
 import envpipe.energy.meter as meter_module
+from benchmarks.common import shown_path
 from envpipe.energy.meter import PolledMeter, nvml_reader, nvml_sm_clock
 
 CONDITIONS = ("plain", "clocks", "clocks_every_10", "events", "after_idle")
@@ -52,7 +60,49 @@ def iteration(model: nn.Module, x: torch.Tensor, events: bool) -> None:
     torch.cuda.synchronize()
 
 
+def render(folders: list[Path]) -> str:
+    """Per GPU: each condition's median block power and iteration time against `plain` (measured)."""
+    lines = ["# Does the runtime's metering change what it measures?", "",
+             "benchmarks/meter_probe.py on each GPU at once: a bf16 transformer stack (forward and backward, back to "
+             "back) in blocks of iterations per condition, conditions rotated per round. Power: a block's NVML "
+             "counter energy over its time (measured); change against `plain`: the medians over rounds. Clocks and "
+             "power limits untouched. `after_idle` is one iteration after 0.5 s without work, shorter than the "
+             "counter's update period: its power shows the counter, not the GPU. The load draws about the power "
+             "limit in machine.txt (a pipeline stage drew 520-650 W).", ""]
+    for folder in folders:
+        machine = (folder / "machine.txt").read_text().strip().splitlines()
+        lines += [f"Raw data: `{shown_path(folder)}`. "
+                  f"{(folder / 'command.txt').read_text().strip()} Machine:", "", *(f"    {x}" for x in machine), ""]
+        for path in sorted(folder.glob("probe_gpu*.json")):
+            raw = json.loads(path.read_text())
+            by: dict[str, list[dict]] = {}
+            for b in raw["blocks"]:
+                by.setdefault(b["condition"], []).append(b)
+
+            def power(blocks: list[dict]) -> float:
+                return statistics.median(b["energy_j"] / b["time_s"] for b in blocks)
+
+            def iteration_s(blocks: list[dict]) -> float:
+                return statistics.median(b["time_s"] / len(b["iteration_energy_j"]) for b in blocks)
+
+            plain = by["plain"]
+            lines += [f"{path.stem}: {raw['gpu']}, counter update period (median) "
+                      f"{1e3 * raw['counter_update_s_median']:.0f} ms, {raw['args']['block']} iterations per block", "",
+                      "| condition | rounds | power (W) | vs plain | iteration (ms) | vs plain |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            for cond, blocks in by.items():
+                watts, seconds = power(blocks), iteration_s(blocks)
+                lines.append(f"| {cond} | {len(blocks)} | {watts:.0f} | {watts / power(plain) - 1:+.1%} "
+                             f"| {1e3 * seconds:.1f} | {seconds / iteration_s(plain) - 1:+.1%} |")
+            lines.append("")
+    return "\n".join([*lines, f"Rendered by `python benchmarks/meter_probe.py --render "
+                              f"{' '.join(shown_path(f) for f in folders)}`.", ""])
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--render"]:
+        print(render([Path(p) for p in sys.argv[2:]]), end="")
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", type=int, default=0)
