@@ -25,7 +25,7 @@ from envpipe.energy.meter import PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.plan.simulate import Overheads
-from envpipe.runtime import collective, replicas
+from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
 from envpipe.runtime.iterations import BASELINE
@@ -121,23 +121,23 @@ def _phase_powers(rig: Rig, splits: list[EnergySplit], waiting_w: float | None, 
     (``waiting_w``) where it was, else from the iterations' waits. Both pooled over the stage's replicas. Where
     a stage never waited (one stage: no bubbles) its blocking power is the idle GPU's."""
     mine = (sum(x.wait_j for x in splits), sum(x.wait_s for x in splits), sum(x.tail_j for x in splits),
-            sum(x.tail_s for x in splits), waiting_w) if splits else None
+            sum(x.tail_s for x in splits)) if splits else None
     pooled: dict[int, list[float]] = {}
-    for w, sums in rig.gather(mine):
+    waited: dict[int, list[float]] = {}
+    for w, (sums, blocked) in rig.gather((mine, waiting_w)):
         if sums is None:
             return None, None  # no energy counter on some rank: nothing measured
-        acc = pooled.setdefault(w.stage, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        acc = pooled.setdefault(w.stage, [0.0, 0.0, 0.0, 0.0])
         for k in range(4):
             acc[k] += sums[k]
-        if sums[4] is not None:
-            acc[4] += sums[4]
-            acc[5] += 1
+        if blocked is not None:
+            waited.setdefault(w.stage, []).append(blocked)
     blocking, tail = [], []
     fallback = idle_w if idle_w is not None else 0.0
     for s in range(rig.P):
-        wait_j, wait_s, tail_j, tail_s, waiting_sum, waited = pooled[s]
-        if waited:
-            blocking.append(waiting_sum / waited)
+        wait_j, wait_s, tail_j, tail_s = pooled[s]
+        if s in waited:
+            blocking.append(float(np.mean(waited[s])))
         else:
             blocking.append(wait_j / wait_s if wait_s > 1e-6 else fallback)
         tail.append(tail_j / tail_s if tail_s > 1e-6 else fallback)
@@ -153,7 +153,7 @@ def _blocked_power(rig: Rig) -> float | None:
     if not all(polled) or len(polled) < 2:
         return None
     assert isinstance(rig.meter, PolledMeter)
-    me, window = collective.rank(), (0.0, 0.0)
+    me, window = rig.place.rank, (0.0, 0.0)
     rig.wait_in_collective()  # a group's communicator is made at its first use: outside the window
     for holder in (0, 1):
         t0 = time.perf_counter()

@@ -196,7 +196,7 @@ class UnitEnergy:
 
     fwd_j: float | None  # mean forward unit energy (counter interpolated at unit boundaries)
     bwd_j: float | None
-    wait_power_w: float | None  # power outside units, from the counter (coarse on a 100 ms counter)
+    wait_power_w: float | None  # power outside units: the calibration's blocked power where it measured one
 
 
 @dataclass(frozen=True, config=_STRICT)

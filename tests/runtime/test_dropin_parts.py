@@ -310,7 +310,7 @@ def test_waits_charged_at_the_blocked_power_move_the_rest_to_the_work() -> None:
 
 
 _BLOCKED_RANK = """
-import sys, threading, time
+import sys, threading, time, types
 import torch, torch.distributed as tdist
 from envpipe.energy.meter import PolledMeter
 from envpipe.runtime.calibrate import _blocked_power
@@ -332,6 +332,7 @@ class Counter:
 class Rig:
     def __init__(self, counter):
         self.counter, self.meter = counter, PolledMeter(counter.read, period_s=0.002)
+        self.place = types.SimpleNamespace(rank=tdist.get_rank())
     def gather(self, mine):
         everyone = [None] * tdist.get_world_size()
         tdist.all_gather_object(everyone, mine)
@@ -383,3 +384,21 @@ def test_no_rank_waits_for_a_blocked_power_when_one_has_no_counter(tmp_path: Pat
     """A rank without an energy counter cannot hold the others in a collective it never joins: every rank agrees
     first, and none measures (no hang, no half-measured job)."""
     assert _blocked_powers(tmp_path, without_counter=1) == [None, None]
+
+
+def test_a_stage_is_charged_its_replicas_mean_blocked_power_else_its_waits() -> None:
+    """Stage 0's two replicas measured 120 and 130 W blocked: 125 W, whatever their interpolated waits said; stage 1
+    measured none (a simulated GPU's exact counter): its waits' own power, 40 J over 0.2 s."""
+    from envpipe.runtime.calibrate import _phase_powers
+
+    class TwoStages:
+        P = 2
+
+        def gather(self, mine: object) -> list[tuple[Place, object]]:
+            split = (50.0, 0.1, 5.0, 0.02)  # wait J, wait s, tail J, tail s
+            return [(Place(0, 0, 0, "h", 0), (split, 120.0)), (Place(1, 0, 1, "h", 0), (split, 130.0)),
+                    (Place(2, 1, 0, "h", 0), ((40.0, 0.2, 6.0, 0.03), None))]
+
+    blocking, tail = _phase_powers(TwoStages(), [], None, 70.0)  # type: ignore[arg-type]
+    assert blocking == pytest.approx([125.0, 200.0])
+    assert tail == pytest.approx([10.0 / 0.04, 200.0])
