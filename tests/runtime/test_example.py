@@ -260,7 +260,7 @@ def test_one_process_without_a_launcher_and_a_loop_that_ends_before_the_steady_p
                            "--report-dir", "rep"], env={**env, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "no report yet: the run is in its steady phase" in proc.stdout
+    assert "no report yet: the run is in its reconfigure phase" in proc.stdout
     assert len(iterations(tmp_path / "rep", 0)) == 12
 
 
