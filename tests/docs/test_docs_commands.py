@@ -20,12 +20,13 @@ The rules, for whoever writes docs:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
 import subprocess
 import sys
-import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ SHELLS = {"sh", "bash"}
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>.*)$")
 MARKER = re.compile(r"^\s*<!-- (?P<kind>not run by tests|slow test): (?P<why>\S.*?) -->\s*$")
 ANY_MARKER = re.compile(r"^\s*<!--\s*(not run by tests|slow test)\b")
-TAG = "ENVPIPE_DOCS_BLOCK"  # set in every block's environment, to find what it started
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 TIMEOUT_S = {"fast": 120, "slow": 1200}
 
 
@@ -136,16 +137,26 @@ def tail(text: str, n: int = 40) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Processes started by one block: they inherit its tag, also those that left its process group."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(TAG) == tag:
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
+@contextlib.contextmanager
+def adopting_orphans() -> Iterator[None]:
+    """While inside, this process adopts the orphans of its descendants (Linux's child subreaper).
+
+    A block's process that left its session (setsid, a daemon's double fork) still ends up a child of
+    ours, whatever it is doing: scanning /proc for an inherited tag misses a process in the middle of an
+    exec, whose environment reads empty until the new program's is in place (it did, on a loaded CI host).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def descendants() -> set[psutil.Process]:
+    """This process's descendants (psutil.Process compares by pid and start time, so a reused pid differs)."""
+    return set(psutil.Process().children(recursive=True))
 
 
 def kill_all(procs: list[psutil.Process]) -> None:
@@ -169,11 +180,11 @@ def run_block(block: Block, tmp_path: Path, timeout_s: float) -> Run:
     root = tmp_path / "root"
     root.mkdir(parents=True)
     fresh_clone_view(root)
-    tag = uuid.uuid4().hex
-    env = {**os.environ, "PATH": f"{Path(sys.prefix) / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", TAG: tag}
+    env = {**os.environ, "PATH": f"{Path(sys.prefix) / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("PYTHONPATH", None)  # a user's shell has none; the venv's editable install finds the package
     # Output goes to files, not pipes: a process that outlives the block cannot hold the test up.
-    with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err:
+    with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err, adopting_orphans():
+        ours = descendants()  # the tests' own helpers, running before the block starts
         proc = subprocess.Popen(
             ["bash", "-e", "-o", "pipefail", "-c", block.code],
             cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
@@ -186,7 +197,7 @@ def run_block(block: Block, tmp_path: Path, timeout_s: float) -> Run:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             timed_out = True
-        left = tagged_processes(tag)
+        left = list(descendants() - ours)
         kill_all(left)
         out.seek(0)
         err.seek(0)
@@ -254,15 +265,20 @@ def test_parser_on_a_sample() -> None:
 
 
 def test_runner_stops_what_a_block_leaves_behind(tmp_path: Path) -> None:
-    escaped = Block("s.md", 1, "sh", "setsid sleep 60 > /dev/null 2>&1 < /dev/null &\necho started", None, "")
+    escaped = Block("s.md", 1, "sh", "setsid sleep 61 > /dev/null 2>&1 < /dev/null &\necho started", None, "")
     run = run_block(escaped, tmp_path / "a", timeout_s=60)
     assert (run.returncode, run.timed_out, run.left_running, run.stdout) == (0, False, 1, "started\n")
-    assert not tagged_processes_named("sleep 60")
-    hung = Block("s.md", 1, "sh", "sleep 60", None, "")
-    run = run_block(hung, tmp_path / "b", timeout_s=0.5)
+    assert not processes_named("sleep 61")
+    # A daemon's double fork, the orphan caught in its exec: still found, however slow the host.
+    daemon = Block("s.md", 1, "sh", "(setsid bash -c 'exec sleep 62' &) ; echo started", None, "")
+    run = run_block(daemon, tmp_path / "b", timeout_s=60)
+    assert (run.returncode, run.left_running) == (0, 1)
+    assert not processes_named("sleep 62")
+    hung = Block("s.md", 1, "sh", "sleep 63", None, "")
+    run = run_block(hung, tmp_path / "c", timeout_s=0.5)
     assert run.timed_out and not run.left_running
+    assert not processes_named("sleep 63")
 
 
-def tagged_processes_named(cmdline: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline", "environ"])
-            if " ".join(p.info["cmdline"] or []) == cmdline and TAG in (p.info["environ"] or {})]
+def processes_named(cmdline: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if " ".join(p.info["cmdline"] or []) == cmdline]
