@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envpipe.energy.meter import PolledMeter, clock_under_load
+from envpipe.energy.meter import EnergyMeter, PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.plan.simulate import Overheads
@@ -162,9 +162,7 @@ def _blocked_power(rig: Rig) -> float | None:
         rig.wait_in_collective()
         if me != holder and window == (0.0, 0.0):
             window = (t0, time.perf_counter())
-    if not rig.meter.wait_until(window[1]):
-        return None
-    return float(rig.meter.trace.between(*window)) / (window[1] - window[0])
+    return _mean_power(rig.meter, *window)
 
 
 def _effective_clock(rig: Rig, timings: list[StageTiming]) -> list[float | None]:
@@ -195,5 +193,11 @@ def _idle_power(rig: Rig) -> float | None:
         t0 = time.perf_counter()
         time.sleep(IDLE_S)
         t1 = time.perf_counter()
-    rig.meter.wait_until(t1)
-    return float(rig.meter.trace.between(t0, t1)) / (t1 - t0)
+    return _mean_power(rig.meter, t0, t1)
+
+
+def _mean_power(meter: EnergyMeter, t0: float, t1: float) -> float | None:
+    """The counter's mean power over [t0, t1]; None if it never reaches t1 (the counter stopped)."""
+    if not meter.wait_until(t1):
+        return None
+    return float(meter.trace.between(t0, t1)) / (t1 - t0)
