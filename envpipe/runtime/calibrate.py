@@ -51,7 +51,12 @@ class Calibrated:
     idle_power_w: float | None  # the idle GPU's power
     blocking_power_w: list[float] | None  # per stage: power while waiting for a neighbour (measured)
     tail_power_w: list[float] | None  # per stage: power in the tail (measured)
-    waiting_power_w: float | None = None  # this rank's GPU blocked in a collective (measured; None: not measured)
+    # per rank (global): its GPU blocked in a collective (measured; None: not measured); kept in a checkpoint,
+    # so that a resumed job splits its iterations' energy as the calibrated one did
+    waiting_power_w: list[float | None] | None = None
+
+    def waiting_power_of(self, rank: int) -> float | None:
+        return None if self.waiting_power_w is None else self.waiting_power_w[rank]
 
     def overheads(self) -> Overheads:
         """What an iteration costs besides its units, as measured: the transfer, each stage's tail, and the power
@@ -94,7 +99,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     cal = replicas.job_calibration(cals, entries, rig.P)
     energies = replicas.slowest_with_energy(entries, [[e for _, (_, e) in it] for it in measured], rig.P)
     effective = _effective_clock(rig, own)
-    blocking, tail = _phase_powers(rig, splits, waiting, idle)
+    blocking, tail, waiting_per_rank = _phase_powers(rig, splits, waiting, idle)
     limit = rig.memory_limit()
     mine = with_peak(stage_memory(int(np.median(saved)), static, limit, rig.cfg.memory_headroom,
                                   peak_in_flight(rig.baseline.orders())[rig.place.stage]), rig.peak_bytes())
@@ -110,12 +115,12 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
                            cal.head_s, effective, idle, blocking, tail)
     straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
     return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail,
-                      waiting)
+                      waiting_per_rank)
 
 
 def _phase_powers(rig: Rig, splits: list[EnergySplit], waiting_w: float | None, idle_w: float | None
-                  ) -> tuple[list[float] | None, list[float] | None]:
-    """Per stage, the power while blocked and in the tail (a collective call).
+                  ) -> tuple[list[float] | None, list[float] | None, list[float | None]]:
+    """Per stage, the power while blocked and in the tail, and every rank's ``waiting_w`` (a collective call).
 
     The tail's from the calibration's measured iterations; the blocking power measured blocked in a collective
     (``waiting_w``) where it was, else from the iterations' waits. Both pooled over the stage's replicas. Where
@@ -124,9 +129,11 @@ def _phase_powers(rig: Rig, splits: list[EnergySplit], waiting_w: float | None, 
             sum(x.tail_s for x in splits)) if splits else None
     pooled: dict[int, list[float]] = {}
     waited: dict[int, list[float]] = {}
-    for w, (sums, blocked) in rig.gather((mine, waiting_w)):
+    everyone = rig.gather((mine, waiting_w))
+    per_rank = [blocked for _, (_, blocked) in everyone]  # in rank order
+    for w, (sums, blocked) in everyone:
         if sums is None:
-            return None, None  # no energy counter on some rank: nothing measured
+            return None, None, per_rank  # no energy counter on some rank: nothing measured
         acc = pooled.setdefault(w.stage, [0.0, 0.0, 0.0, 0.0])
         for k in range(4):
             acc[k] += sums[k]
@@ -141,7 +148,7 @@ def _phase_powers(rig: Rig, splits: list[EnergySplit], waiting_w: float | None, 
         else:
             blocking.append(wait_j / wait_s if wait_s > 1e-6 else fallback)
         tail.append(tail_j / tail_s if tail_s > 1e-6 else fallback)
-    return blocking, tail
+    return blocking, tail, per_rank
 
 
 def _blocked_power(rig: Rig) -> float | None:

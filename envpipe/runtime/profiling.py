@@ -49,7 +49,7 @@ def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
         m = yield Step(Plan.at_one_clock(orders, mhz, "1f1b", "profile"), f"profile@{mhz}", BASELINE)
         timings.append(m.timing)
     # after the last: the clocks ran back to back; waits charged as in calibration
-    splits = [rig.energy(t, calibrated.waiting_power_w) for t in timings]
+    splits = [rig.energy(t, calibrated.waiting_power_of(rig.place.rank)) for t in timings]
     rows = []
     for gathered in rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(timings, splits, strict=True)]):
         its = [[(w, t) for w, (t, _) in gathered]]

@@ -203,7 +203,8 @@ class EnvPipeRun:
         log.write_known(wait=True)  # every steady iteration so far has its energy
         record, planned = self.record, self.planned
         peak = torch.cuda.max_memory_allocated() if self.rig.on_gpu else None
-        energies = [self.rig.energy(t, planned.calibrated.waiting_power_w) for t in record.timings]  # as calibrated
+        waiting_w = planned.calibrated.waiting_power_of(self.rig.place.rank)
+        energies = [self.rig.energy(t, waiting_w) for t in record.timings]  # split as calibrated
         unit = S.UnitEnergy(_mean([e.fwd_j for e in energies if e]), _mean([e.bwd_j for e in energies if e]),
                             _mean([e.wait_j / e.wait_s for e in energies if e and e.wait_s > 0])) if energies else None
         last = record.last_timed.get(record.main)

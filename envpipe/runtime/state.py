@@ -85,6 +85,7 @@ class RunState:
     straggler_rule: S.StragglerRule | None
     reconfiguration: S.Reconfiguration | None
     pairs_done: int  # steady comparison pairs already measured
+    waiting_power_w: list[float | None] | None = None  # per rank (absent from states saved before 2026-11-28)
 
 
 _ADAPTER: TypeAdapter[RunState] = TypeAdapter(RunState)
@@ -107,13 +108,14 @@ def to_state(shape: JobShape, decided: Decided, pairs_done: int) -> RunState:
                     [{k: float(v) for k, v in row.items()} for row in c.unit_energies], c.straggler, c.idle_power_w,
                     c.blocking_power_w, c.tail_power_w, decision.origin.value,
                     {str(d): p.to_json() for d, p in decision.plans.items()}, decision.info, decision.predicted,
-                    decision.predicted_time_s, saved, decision.straggler_rule, decided.reconfiguration, pairs_done)
+                    decision.predicted_time_s, saved, decision.straggler_rule, decided.reconfiguration, pairs_done,
+                    c.waiting_power_w)
 
 
 def from_state(state: RunState) -> Decided:
     calibrated = Calibrated(Calibration(**state.calibration), state.calibration_report, list(state.memory),
                             [dict(row) for row in state.unit_energies], state.straggler, state.idle_power_w,
-                            state.blocking_power_w, state.tail_power_w)
+                            state.blocking_power_w, state.tail_power_w, state.waiting_power_w)
     p = state.profile
     profile = None if p is None else Profile(np.asarray(p.freqs), np.asarray(p.fwd_time, float),
                                              np.asarray(p.bwd_time, float), np.asarray(p.fwd_energy, float),

@@ -150,7 +150,8 @@ def test_checkpointed_state_round_trip_and_what_changed(tmp_path: Path) -> None:
     decision = Decision(Origin.PLANNER, "planner", "optimal", "envpipe", {0: plan, 1: plan}, True, 1.0,
                         predicted_time_s=0.2, profile=sub)
     shape = state.JobShape(4, 2, 2, 4, 2, ["a", "b"])
-    state.save(tmp_path, state.to_state(shape, Decided(sample_calibrated(), decision, None), 1))
+    calibrated = replace(sample_calibrated(), waiting_power_w=[121.0, None, 126.0, 119.0])
+    state.save(tmp_path, state.to_state(shape, Decided(calibrated, decision, None), 1))
     loaded = state.load(tmp_path)
     assert isinstance(loaded, state.RunState) and loaded.pairs_done == 1 and loaded.shape == shape
     restored = state.from_state(loaded)
@@ -159,6 +160,12 @@ def test_checkpointed_state_round_trip_and_what_changed(tmp_path: Path) -> None:
     assert restored.reconfiguration is None
     assert again.profile is not None and np.array_equal(again.profile.fwd_time, sub.fwd_time)
     assert calibrated.timing == sample_calibrated().timing and np.isnan(calibrated.unit_energies[0]["B_j"])
+    assert [calibrated.waiting_power_of(r) for r in range(4)] == [121.0, None, 126.0, 119.0]
+    older = json.loads((tmp_path / state.STATE_FILE).read_text())
+    del older["waiting_power_w"]  # a state saved before the field: still resumes, splitting energy as it did
+    (tmp_path / state.STATE_FILE).write_text(json.dumps(older))
+    loaded = state.load(tmp_path)
+    assert isinstance(loaded, state.RunState) and state.from_state(loaded).calibrated.waiting_power_of(3) is None
     assert shape.differences(state.JobShape(4, 2, 2, 8, 2, ["a", "b"])) == ["microbatches 8 -> 4"]
     assert shape.differences(state.JobShape(4, 2, 2, 4, 2, ["a", "x"])) == ["the model's parameters on stage(s) [1]"]
 
@@ -399,6 +406,7 @@ def test_a_stage_is_charged_its_replicas_mean_blocked_power_else_its_waits() -> 
             return [(Place(0, 0, 0, "h", 0), (split, 120.0)), (Place(1, 0, 1, "h", 0), (split, 130.0)),
                     (Place(2, 1, 0, "h", 0), ((40.0, 0.2, 6.0, 0.03), None))]
 
-    blocking, tail = _phase_powers(TwoStages(), [], None, 70.0)  # type: ignore[arg-type]
+    blocking, tail, per_rank = _phase_powers(TwoStages(), [], None, 70.0)  # type: ignore[arg-type]
     assert blocking == pytest.approx([125.0, 200.0])
+    assert per_rank == [120.0, 130.0, None]  # kept per rank: each rank charges its own waits at its own
     assert tail == pytest.approx([10.0 / 0.04, 200.0])
