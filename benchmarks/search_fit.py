@@ -1,22 +1,22 @@
 """Fit the engine model of `envpipe search` (envpipe.search.engine.EngineModel) on the fit set's runs of
 benchmarks/search_accuracy.py: the few numbers the pipeline engine and the host add to the layer profile.
 
-    python benchmarks/search_fit.py RUNS/fit --out fit.json
+    python benchmarks/search_fit.py RUNS/fit [MORE_RUNS/fit ...] --out fit.json
 
-RUNS/fit/<model>/layers.json and RUNS/fit/<model>/runs/b<b>.json (diagnostic runs with another allocator
-setting, `*_expandable.json` of an earlier layout, are left out). Time, where every run's layer profile
-measured the unit calls (version 3 on: the calls the engine pays once per micro-batch and stage, the
-micro-batch's load; envpipe.search.timing): with the search's own code
-(envpipe.search.evaluate.build_pipeline, P = 1), each run's predicted iteration time is
-T(k) + M h + t for host scale k, the engine's host work h per forward unit and t per iteration (exactly
-linear in h and t: every forward starts on an idle device). For every k on a grid, h and t >= 0 by least
-squares on the relative errors (scipy's nnls); the k of least squared relative error wins. A host scale holds
-for the profiler that measured the runs' profiles (version 4 times a block inside a chain of itself, version
-3 on its own). Older profiles have no unit calls to tell the engine's per-micro-batch work from the layers':
-their time terms stay 1, 0 and 0 (the label says so). Memory, from
-the measurements alone: the allocator's fragmentation (its peak of inactive split blocks, memory it can
-neither reuse nor give back, over its allocated peak) and the memory outside the allocator beyond the
-profile's CUDA context, each the largest of the runs, so that no fit run needed more than predicted.
+Every folder's runs are pooled: RUNS/fit/<model>/layers.json and RUNS/fit/<model>/runs/b<b>.json
+(diagnostic runs with another allocator setting, `*_expandable.json` of an earlier layout, are left out).
+Time, where every run's layer profile measured the unit calls (version 3 on: the calls the engine pays once
+per micro-batch and stage, the micro-batch's load; envpipe.search.timing): with the search's own code
+(envpipe.search.evaluate.build_pipeline, P = 1), each run's predicted iteration time is T(k) + M h + t for
+host scale k, the engine's host work h per forward unit and t per iteration (exactly linear in h and t: every
+forward starts on an idle device). For every k on a grid, h and t >= 0 by least squares on the relative errors
+(scipy's nnls); the k of least squared relative error wins. A host scale holds for the profiler that measured
+the runs' profiles (version 4 times a block inside a chain of itself, version 3 on its own). Older profiles
+have no unit calls to tell the engine's per-micro-batch work from the layers': their time terms stay 1, 0 and
+0 (the label says so). Memory, from the measurements alone: the allocator's fragmentation (its peak of
+inactive split blocks, memory it can neither reuse nor give back, over its allocated peak) and the memory
+outside the allocator beyond the profile's CUDA context, each the largest of the runs, so that no fit run
+needed more than predicted.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,20 +133,23 @@ def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("fit_dir", type=Path)
+    p.add_argument("fit_dirs", type=Path, nargs="+", metavar="fit_dir", help="a fit set's folder; several pool")
     p.add_argument("--out", type=Path, required=True, help="the engine model JSON (`envpipe search --engine-model`)")
     p.add_argument("--details", type=Path, help="also the fit's per-run residuals, JSON")
     p.add_argument("--date", default=None, help="the date in the label (default: the layer profiles')")
     args = p.parse_args()
-    runs = load_runs(args.fit_dir)
+    missing = [str(folder) for folder in args.fit_dirs if not folder.is_dir()]
+    if missing:
+        raise SystemExit(f"not a folder: {', '.join(missing)}")
+    runs = [run for folder in args.fit_dirs for run in load_runs(folder)]
     if not runs:
-        raise SystemExit(f"no GPU runs under {args.fit_dir}")
+        raise SystemExit(f"no GPU runs under {', '.join(map(str, args.fit_dirs))}")
     date = args.date or min(r.layers.date for r in runs)[:10]
     engine, details = fit(runs, date)
     args.out.write_text(json.dumps(engine.to_json(), indent=1) + "\n")
     if args.details:
         args.details.write_text(json.dumps(details, indent=1) + "\n")
-    print(json.dumps(replace(engine, label=engine.label).to_json(), indent=1))
+    print(json.dumps(engine.to_json(), indent=1))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,21 @@ def test_the_committed_engine_models_are_the_fits_of_the_committed_runs() -> Non
     assert all(r["outside_beyond_profile_bytes"] <= engine.outside_allocator_bytes for r in details["runs"])
 
 
+def test_the_fit_pools_several_folders_and_refuses_a_missing_one_in_one_line(tmp_path: Path) -> None:
+    """call4's and call5's runs in one fit: 16 runs of four models; the same as fitting their runs together."""
+    folders = [RAW / "call4" / "run1" / "heldout", RAW / "call5" / "run1" / "heldout"]
+    out = tmp_path / "engine.json"
+    run = subprocess.run([sys.executable, "benchmarks/search_fit.py", *map(str, folders), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    engine, _ = fit([r for folder in folders for r in load_runs(folder)], "2026-11-25")
+    assert load_engine_model(out) == engine and "on 16 runs of" in engine.label
+    missing = subprocess.run([sys.executable, "benchmarks/search_fit.py", str(folders[0]), str(tmp_path / "nope"),
+                              "--out", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert (missing.returncode, missing.stderr) == (1, f"not a folder: {tmp_path / 'nope'}\n")
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_the_held_out_predictions_came_before_the_runs() -> None:
     """Each held-out run's predictions are those its found configuration carried, made with the engine model
     fitted on the fit set alone (named in the configuration)."""
