@@ -14,6 +14,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -31,12 +32,30 @@ def _gib(b: int | None) -> str:
     return "—" if b is None else f"{b / 2**30:.1f}"
 
 
+@dataclass(frozen=True)
+class Bench:
+    """One output folder of benchmarks/runtime_bench.py, read once."""
+
+    out: Path
+    bench: dict
+    folders: dict[tuple[str, int, str], Path]  # the runs that ended with a report, by (model, round, engine)
+    summaries: dict[tuple[str, int, str], RunSummary]
+
+    @classmethod
+    def load(cls, out: Path) -> Bench:
+        bench = json.loads((out / "bench.json").read_text())
+        folders = {(r["model"], r["round"], r["engine"]): out / r["folder"] for r in bench["runs"]
+                   if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()}
+        return cls(out, bench, folders, {key: RunSummary.load(f / "summary.json") for key, f in folders.items()})
+
+
 def render_all(outs: list[Path]) -> str:
     """Several output folders (runs of different models or days) in one file: with more than one, a summary by
     code version first, then one section each."""
-    sections = [render(out) for out in outs]
+    benches = [Bench.load(out) for out in outs]
+    sections = [render(b) for b in benches]
     title, rest = sections[0].split("\n", 1)
-    head = [title, "", *_summary(outs)] if len(outs) > 1 else [title]
+    head = [title, "", *_summary(benches)] if len(outs) > 1 else [title]
     body = "\n".join([rest.lstrip("\n"), *(x.split("\n", 2)[2] for x in sections[1:])])
     return "\n".join(head) + "\n" + body + (
         f"\nRendered by `python benchmarks/dropin_results.py {' '.join(shown_path(o) for o in outs)}`.\n")
@@ -47,26 +66,14 @@ def _commit(out: Path) -> str:
     return path.read_text().split()[0] if path.is_file() else "not recorded"
 
 
-def _finished(out: Path, bench: dict) -> dict[tuple[str, int, str], Path]:
-    """The folders of the benchmark's runs that ended with a report, by (model, round, engine)."""
-    return {(r["model"], r["round"], r["engine"]): out / r["folder"] for r in bench["runs"]
-            if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()}
-
-
-def _summaries(folders: dict[tuple[str, int, str], Path]) -> dict[tuple[str, int, str], RunSummary]:
-    return {key: RunSummary.load(folder / "summary.json") for key, folder in folders.items()}
-
-
-def _summary(outs: list[Path]) -> list[str]:
+def _summary(benches: list[Bench]) -> list[str]:
     """Every folder's runs pooled by the code that ran them: throughput ratios, the energy and time errors, and the
     calibration's power against the steady iterations' (from the per-iteration lines)."""
     pooled: dict[tuple[str, str, int], dict[str, list[float]]] = {}
-    for out in outs:
-        bench = json.loads((out / "bench.json").read_text())
-        folders = _finished(out, bench)
-        summaries = _summaries(folders)
+    for b in benches:
+        summaries = b.summaries
         for (model, rnd, engine), s in summaries.items():
-            acc = pooled.setdefault((_commit(out), model, bench["microbatches"]), {})
+            acc = pooled.setdefault((_commit(b.out), model, b.bench["microbatches"]), {})
             stock = summaries.get((model, rnd, "stock"))
             if engine == "envpipe" and stock is not None and stock.clock.time == s.clock.time:
                 acc.setdefault("ratio", []).append(stock.steady.time_s.median / s.steady.time_s.median)
@@ -81,7 +88,7 @@ def _summary(outs: list[Path]) -> list[str]:
                 acc.setdefault(f"time {kind}", []).append(
                     prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median))
             measured = s.calibration.iterations if s.calibration is not None else 0
-            for name, values in _energy_checks(folders[model, rnd, engine], measured).items():
+            for name, values in _energy_checks(b.folders[model, rnd, engine], measured).items():
                 acc.setdefault(name, []).extend(values)
             if s.calibration is not None and s.calibration.blocking_power_w is not None:
                 acc.setdefault("blocking power", []).extend(s.calibration.blocking_power_w)
@@ -160,13 +167,11 @@ def _energy_checks(run: Path, measured: int) -> dict[str, list[float]]:
     return checks
 
 
-def render(out: Path) -> str:
-    bench = json.loads((out / "bench.json").read_text())
+def render(b: Bench) -> str:
+    out, bench, summaries = b.out, b.bench, b.summaries
     machine = (out / "machine.txt").read_text().strip().splitlines() if (out / "machine.txt").is_file() else []
     commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").is_file() else "not recorded"
-    folders = _finished(out, bench)
-    summaries = _summaries(folders)
-    failed = [r for r in bench["runs"] if (r["model"], r["round"], r["engine"]) not in folders]
+    failed = [r for r in bench["runs"] if (r["model"], r["round"], r["engine"]) not in b.folders]
     lines = ["# Stock DeepSpeed against the drop-in engine, and the energy model against the counter", "",
              f"Raw data: `{shown_path(out)}` (bench.json, each run's summary.json, iterations.rank*.jsonl and log). "
              f"Command: `{bench['command']}`. Code: {commit}. Machine:", "", *(f"    {x}" for x in machine), "",
