@@ -159,6 +159,21 @@ def descendants() -> set[psutil.Process]:
     return set(psutil.Process().children(recursive=True))
 
 
+def still_running(adopted: set[psutil.Process]) -> list[psutil.Process]:
+    """The block's processes that still run. Those that already ended are our zombies now (we adopted them):
+    reaped here, not counted (short-lived daemons of the deploy tests double-fork and exit)."""
+    running = []
+    for proc in adopted:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(proc)
+            elif proc.ppid() == os.getpid():
+                os.waitpid(proc.pid, os.WNOHANG)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            continue
+    return running
+
+
 def kill_all(procs: list[psutil.Process]) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -197,7 +212,7 @@ def run_block(block: Block, tmp_path: Path, timeout_s: float) -> Run:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             timed_out = True
-        left = list(descendants() - ours)
+        left = still_running(descendants() - ours)
         kill_all(left)
         out.seek(0)
         err.seek(0)
@@ -274,6 +289,11 @@ def test_runner_stops_what_a_block_leaves_behind(tmp_path: Path) -> None:
     run = run_block(daemon, tmp_path / "b", timeout_s=60)
     assert (run.returncode, run.left_running) == (0, 1)
     assert not processes_named("sleep 62")
+    # An orphan that already ended is no leftover: adopted, it is our zombie, reaped and not counted.
+    ended = Block("s.md", 1, "sh", "(sh -c 'exit 0' &) ; sleep 0.5", None, "")
+    run = run_block(ended, tmp_path / "z", timeout_s=60)
+    assert (run.returncode, run.left_running) == (0, 0)
+    assert not [c for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
     hung = Block("s.md", 1, "sh", "sleep 63", None, "")
     run = run_block(hung, tmp_path / "c", timeout_s=0.5)
     assert run.timed_out and not run.left_running
