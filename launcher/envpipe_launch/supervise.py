@@ -224,7 +224,8 @@ class Supervisor:
         return False
 
 
-def _prctl(option: int, value: int) -> bool:
+def set_prctl(option: int, value: int) -> bool:
+    """prctl(option, value) on this process; False where it fails or libc has none."""
     prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
     return prctl is not None and prctl(option, value, 0, 0, 0) == 0
 
@@ -240,7 +241,7 @@ def _start_guard(stop_timeout_s: float) -> int | None:
         return pid
     try:  # the guard: it runs no Python code of the supervisor's after this point
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, *STOP_SIGNALS})  # its group's stop is not its
-        if _prctl(PR_SET_PDEATHSIG, signal.SIGUSR1) and os.getppid() == supervisor:
+        if set_prctl(PR_SET_PDEATHSIG, signal.SIGUSR1) and os.getppid() == supervisor:
             signal.sigwait({signal.SIGUSR1})  # the supervisor died (or it had, just before the prctl)
         elif os.getppid() == supervisor:
             os._exit(0)  # no prctl: no guard
@@ -252,7 +253,7 @@ def _start_guard(stop_timeout_s: float) -> int | None:
 
 
 def _become_subreaper() -> bool:
-    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    return set_prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def main() -> None:

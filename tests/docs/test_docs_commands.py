@@ -20,7 +20,6 @@ The rules, for whoever writes docs:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import signal
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from envpipe_launch.supervise import PR_SET_CHILD_SUBREAPER, set_prctl
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -39,7 +39,6 @@ SHELLS = {"sh", "bash"}
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>.*)$")
 MARKER = re.compile(r"^\s*<!-- (?P<kind>not run by tests|slow test): (?P<why>\S.*?) -->\s*$")
 ANY_MARKER = re.compile(r"^\s*<!--\s*(not run by tests|slow test)\b")
-PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 TIMEOUT_S = {"fast": 120, "slow": 1200}
 
 
@@ -145,13 +144,12 @@ def adopting_orphans() -> Iterator[None]:
     ours, whatever it is doing: scanning /proc for an inherited tag misses a process in the middle of an
     exec, whose environment reads empty until the new program's is in place (it did, on a loaded CI host).
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    if not set_prctl(PR_SET_CHILD_SUBREAPER, 1):
+        raise OSError("prctl(PR_SET_CHILD_SUBREAPER) failed: cannot catch what a block leaves behind")
     try:
         yield
     finally:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        set_prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 
 def descendants() -> set[psutil.Process]:
