@@ -67,8 +67,10 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     _warn_thread_count(found)
     on_gpu = deepspeed.get_accelerator().device_name() == "cuda"
     rank = int(os.environ.get("RANK", "0"))
-    replica = model._topo.get_coord(rank).data
-    device = Device(on_gpu, int(os.environ.get("LOCAL_RANK", "0")), replica)
+    coord = model._topo.get_coord(rank)
+    replica = coord.data
+    # a simulated GPU runs its own stage's share of the hidden truth, the one the report's oracle reads
+    device = Device(on_gpu, int(os.environ.get("LOCAL_RANK", "0")), replica, coord.pipe, model.num_stages)
     clock = make_clock(cfg, device, sim_slowdown(replica))
     try:
         with engine_class():
