@@ -17,13 +17,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import envpipe
 from envpipe.limits import MAX_MICROBATCHES, output_path_error
-from envpipe.runtime.config import EnvPipeConfig
+from envpipe.runtime.config import CALIBRATION_LEAST, ClockKind, EnvPipeConfig
 
 NORMAL = {"layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304, "micro_batch": 4}
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 128, "micro_batch": 2}
@@ -31,7 +31,8 @@ ENVIRONMENT = """environment:
   ENVPIPE_TYPE          the policy (optimal, baseline, uniform, envelope); overrides --policy and the config
   ENVPIPE_SCHEDULING    1f1b, or envpipe (the planner may choose EnvPipe's extra warm-up forwards)
   ENVPIPE_RECONFIGURE   default (none), greedy, balanced (EnvPipe's), replan (the optimal policy's default)
-  ENVPIPE_CLOCK         auto, sim (CPU), daemon (envpipe-clockd, or stop with one line), readonly, none
+  ENVPIPE_CLOCK         auto, sim (CPU), sim-readonly (CPU, clocks that cannot be set), daemon (envpipe-clockd,
+                        or stop with one line), readonly, none
   ENVPIPE_CLOCKD_SOCKET the clock daemon's socket (default /run/envpipe/clockd.sock)
   DS_ACCELERATOR=cpu    train on CPU processes over gloo (clocks simulated)"""
 
@@ -115,16 +116,17 @@ def parser() -> argparse.ArgumentParser:
     ep = p.add_argument_group("EnvPipe (each sets the config's 'envpipe' key in brackets)")
     ep.add_argument("--policy", choices=["optimal", "baseline", "uniform", "envelope"],
                     help=f"[type] default {_default('type')}")
-    ep.add_argument("--clock", choices=["auto", "sim", "daemon", "readonly", "none"],
-                    help=f"[clock] default {_default('clock')}")
+    ep.add_argument("--clock", choices=get_args(ClockKind), help=f"[clock] default {_default('clock')}")
+    ep.add_argument("--rehearse", action="store_true", default=None, help="[rehearse] where clocks cannot be set: "
+                    "stretch each unit by its planned clock's extra time and measure the plan against 1F1B")
     ep.add_argument("--plan", help="[plan] run this plan file (no profiling, no planning)")
     ep.add_argument("--max-slowdown", type=float, help="[max_slowdown] budget: this run's 1F1B all-max iteration "
                     "x (1 + this)")
     ep.add_argument("--time-budget", type=float, help="[time_budget_s] budget: an iteration time in seconds")
     ep.add_argument("--memory-limit-gib", type=_positive(float), help="[memory_limit_bytes] memory per GPU for the "
                     "order choice (default: the GPU's; CPU: none)")
-    ep.add_argument("--calibration-steps", type=int,
-                    help=f"[calibration_iterations] default {_default('calibration_iterations')}")
+    ep.add_argument("--calibration-steps", type=int, help="[calibration_iterations] a fixed count (default: until the "
+                    f"iteration time settles, {CALIBRATION_LEAST} to {_default('calibration_max_iterations')})")
     ep.add_argument("--profile-points", type=int, help="[profile_points] clocks profiled online "
                     f"(default {_default('profile_points')})")
     ep.add_argument("--reconfigure-rounds", type=int,
@@ -156,7 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 BLOCK_FLAGS = {"policy": "type", "clock": "clock", "plan": "plan", "max_slowdown": "max_slowdown",
                "time_budget": "time_budget_s", "calibration_steps": "calibration_iterations",
                "profile_points": "profile_points", "reconfigure_rounds": "reconfigure_rounds",
-               "compare_iterations": "compare_iterations", "report_dir": "report_dir", "log_interval": "log_interval"}
+               "compare_iterations": "compare_iterations", "report_dir": "report_dir", "log_interval": "log_interval",
+               "rehearse": "rehearse"}
 
 
 def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,6 +8,13 @@ measured power —, the activation bytes each forward keeps and the stage's stat
 power. The first two iterations warm up (the first also meters memory); a simulated GPU fixes its unit
 costs after the first.
 
+How many (unless `calibration_iterations` fixes the count): until the iteration time has settled, i.e. the median of
+the last `SETTLE_WINDOW` job iteration times moved by at most `calibration_tolerance` from the median one iteration
+earlier (at least `CALIBRATION_LEAST`, at most `calibration_max_iterations` iterations). A short or launch-bound
+job's first iterations run slower than its later ones (a CNN pipeline on 4 x H200, 2026-11-28: the calibration's
+median 14 % above the steady iterations'), and a prediction made from them misses by as much; the model takes the
+settled iterations only, and the report says when the time never settled.
+
 A real GPU's counter moves every 100 ms, too coarse to split a few-ms bubble from the units around it, so
 there the blocking power is measured on its own (each GPU held 0.5 s in a collective) and every measured
 iteration's waits are charged at it, the rest of the iteration's energy going to its units and tail
@@ -16,7 +23,9 @@ iteration's waits are charged at it, the rest of the iteration's energy going to
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +48,7 @@ BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power
 # 2 x H100 it read 1.0-7.3 % less energy than a steady iteration (medians per code version), the later ones
 # -0.9 to +1.3 % (2026-11-27, benchmarks/results/dropin_h100x2.md, from 88c596a on).
 WARMUP_ITERATIONS = 2
+SETTLE_WINDOW = 3  # iterations whose median must hold still (the model then takes these and the one before)
 
 
 @dataclass(frozen=True)
@@ -68,15 +78,30 @@ class Calibrated:
                                    self.tail_power_w or blocking)
 
 
+def median_change(times: Sequence[float], window: int = SETTLE_WINDOW) -> float | None:
+    """How far the median of the last ``window`` times moved from the median one iteration earlier (relative);
+    None with fewer than ``window + 1`` times."""
+    if len(times) <= window:
+        return None
+    now, before = statistics.median(times[-window:]), statistics.median(times[-window - 1:-1])
+    return float(now / before - 1.0)
+
+
 def calibrate(rig: Rig) -> Phase[Calibrated]:
-    steps = rig.cfg.calibration_iterations
-    progress(f"calibrate: {steps} iteration(s) of 1F1B with every clock at max")
+    cfg = rig.cfg
+    least, most = cfg.calibration_range
+    warmup = min(WARMUP_ITERATIONS, most - 1)
+    progress(f"calibrate: {least} iteration(s) of 1F1B with every clock at max" if least == most else
+             f"calibrate: 1F1B with every clock at max until the iteration time settles (within "
+             f"{100 * cfg.calibration_tolerance:g} %; {least} to {most} iterations)")
     if isinstance(rig.meter, PolledMeter):
         rig.meter.sample_clocks = True
     own: list[StageTiming] = []
+    times: list[float] = []  # the job's measured iterations (its slowest rank's time)
     saved, static = [0], 0
-    for i in range(steps):
-        if i == 1 or steps == 1:  # after the first iteration every optimizer state exists
+    change: float | None = None
+    for i in range(most):
+        if i == 1 or least == 1:  # after the first iteration every optimizer state exists
             static = rig.static_bytes()
         # The saved-tensor hooks slow an iteration (442 against 362 ms on 2 x H100, 2026-11-27) and lower its
         # power, so they ride on the first, warm-up iteration, which is neither timed into the model nor metered.
@@ -84,12 +109,23 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
         if m.saved_bytes is not None:
             saved = m.saved_bytes or [0]
         own.append(m.timing)
+        if i < warmup:
+            continue
+        times.append(max(t for _, t in rig.gather(m.timing.step_end - m.timing.step_start)))
+        change = median_change(times)
+        if i + 1 >= least and change is not None and abs(change) <= cfg.calibration_tolerance:
+            break
+    settled = None if change is None else abs(change) <= cfg.calibration_tolerance
+    if change is not None and not settled:
+        progress(f"calibrate: the iteration time still moved {100 * change:+.1f} % after {len(own)} iterations: "
+                 "the predictions are flagged")
     # The energies and the job's view only now, in one wait for the counter and one gather: the iterations ran
     # back to back, as steady ones do. Waiting after each left 40-115 ms idle gaps between them on 2 x H100
     # (2026-11-27), and each iteration then read about 6 % less energy than the same iteration back to back.
     idle = _idle_power(rig)
     waiting = _blocked_power(rig)
-    own = own[min(WARMUP_ITERATIONS, steps - 1):]  # the measured iterations (at least the last)
+    ran = len(own)
+    own = own[-min(len(times), SETTLE_WINDOW + 1):]  # the settled iterations (at least the last)
     own_splits = [rig.energy(t, waiting) for t in own]
     splits = [x for x in own_splits if x is not None]
     measured = rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(own, own_splits, strict=True)])
@@ -108,11 +144,11 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
         cur = per_stage.get(w.stage)
         if cur is None or mem.activation_bytes_per_microbatch > cur.activation_bytes_per_microbatch:
             per_stage[w.stage] = mem
-    times = [max(t.step_end - t.step_start for _, t in it) for it in iterations]
-    spread = S.Spread.of(times)
+    used = [max(t.step_end - t.step_start for _, t in it) for it in iterations]
+    spread = S.Spread.of(used)
     assert spread is not None
-    report = S.Calibration(len(times), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
-                           cal.head_s, effective, idle, blocking, tail)
+    report = S.Calibration(len(used), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
+                           cal.head_s, effective, idle, blocking, tail, ran, settled, change)
     straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
     return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail,
                       waiting_per_rank)

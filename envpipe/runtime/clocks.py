@@ -70,17 +70,20 @@ class SimClock:
 
     kind = "sim"
     energy_label = "simulated"
-    controls_clocks = True
     needs_unit_times = True  # every unit advances the virtual time
-    note: str | None = None
 
-    def __init__(self, gpu: SimGpu) -> None:
+    def __init__(self, gpu: SimGpu, controls: bool = True) -> None:
+        """``controls`` False: the simulated GPU of a node without the clock daemon (requests change nothing)."""
         self.gpu = gpu
         self.supported_mhz = list(gpu.supported_mhz)
-        self.requested: list[int] = []
+        self.controls_clocks = controls
+        self.note: str | None = None if controls else (
+            "clock 'sim-readonly': the simulated GPU's clocks cannot be set (as on a GPU node without envpipe-clockd); "
+            "every number is the simulated GPU's")
 
     def set(self, mhz: int) -> None:
-        self.gpu.set_clock(mhz)
+        if self.controls_clocks:
+            self.gpu.set_clock(mhz)
 
     def energy_j(self) -> float:
         return self.gpu.energy_j()
@@ -216,10 +219,11 @@ def make_clock(
     if kind == "readonly":  # energy only: NVML's counter, clocks left as they are
         return NvmlEnergyClock(device.local_rank, "clock 'readonly': clocks are left as they are; every number is "
                                "measured, and the plan's saving is predicted (simulated)")
-    if kind == "sim":
+    if kind in ("sim", "sim-readonly"):
         if device.on_gpu:  # a simulated GPU keeps virtual time, which GPU timing does not see
-            raise ClockUnavailable("envpipe clock 'sim' emulates clocks on CPU only; use 'daemon' or 'auto' on GPUs")
-        return sim_clock(device, slowdown)
+            raise ClockUnavailable(f"envpipe clock '{kind}' emulates clocks on CPU only; use 'daemon' or 'auto' "
+                                   "on GPUs")
+        return sim_clock(device, slowdown, controls=kind == "sim")
     if kind == "auto" and not device.on_gpu:
         return sim_clock(device, slowdown)
     from envpipe.clock.client import SOCKET_ENV, ClockClient, ClockDaemonUnavailable
@@ -240,10 +244,10 @@ def make_clock(
         return NvmlEnergyClock(device.local_rank, note)
 
 
-def sim_clock(device: Device, slowdown: float = 1.0) -> SimClock:
+def sim_clock(device: Device, slowdown: float = 1.0, controls: bool = True) -> SimClock:
     """The clock of this rank's simulated GPU: its stage's share of the job's hidden truth (envpipe.simgpu)."""
     gpu = SimGpu(JobTruth.embedded(device.stages), device.stage, device.replica, slowdown=slowdown)
-    return SimClock(gpu)
+    return SimClock(gpu, controls)
 
 
 def _gpu_identity(index: int) -> tuple[str, list[int]]:

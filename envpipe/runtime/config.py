@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 Policy = Literal["optimal", "baseline", "uniform", "envelope"]
 Scheduling = Literal["1f1b", "envpipe"]
 Reconfig = Literal["default", "greedy", "balanced", "replan"]
-ClockKind = Literal["auto", "sim", "daemon", "readonly", "none"]
+ClockKind = Literal["auto", "sim", "sim-readonly", "daemon", "readonly", "none"]
 Straggler = Literal["report", "frontier"]
+CALIBRATION_LEAST = 6  # until settled: two warm-ups and the four iterations whose medians of three are compared
 REPLAN = "replan"  # the optimal policy's reconfiguration: re-plan from measured units until within budget
 ENVIRONMENT = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reconfig": "ENVPIPE_RECONFIGURE",
                "clock": "ENVPIPE_CLOCK"}
@@ -46,8 +47,13 @@ class EnvPipeConfig(BaseModel):
     scheduling: Scheduling = "envpipe"  # optimal: may choose EnvPipe's extra warm-up forwards (or 1F1B) within memory
     reconfig: Reconfig | None = None  # None: 'replan' for optimal, EnvPipe's 'default' (none) for its policies
     # auto: sim on CPU; on GPUs the daemon when it answers, else default clocks (one line). readonly: the NVML
-    # energy counter, clocks never changed (what auto falls back to). none: no clock, no energy.
+    # energy counter, clocks never changed (what auto falls back to). sim-readonly: a simulated GPU whose clocks
+    # cannot be set (CPU: what a GPU node without the daemon does). none: no clock, no energy.
     clock: ClockKind = "auto"
+    # where clocks cannot be set: stretch every unit the plan runs below its top clock by the extra time the
+    # frequency model predicts at its planned clock (envpipe.runtime.rehearse), interleaved with 1F1B all-max
+    # iterations, so the plan's timing is measured before any clock daemon exists
+    rehearse: bool = False
     gpu: Text | None = None  # EnvPipe's clock candidate rule (its policies)
     plan: Text | None = None  # skip profiling and planning: run this plan file
     profile: Text | None = None  # skip profiling: plan from this profile CSV
@@ -59,9 +65,13 @@ class EnvPipeConfig(BaseModel):
     time_budget_s: Positive | None = None  # or an absolute iteration-time budget
     memory_limit_bytes: Annotated[int, Field(ge=1)] | None = None  # per GPU; default on GPUs: the device's memory
     memory_headroom: Fraction = 0.1  # the share of the limit that in-flight activations may not use
-    # 1F1B all-max iterations before planning; the first two warm up (envpipe.runtime.calibrate), each unit's time
-    # is its median over the rest
-    calibration_iterations: Annotated[int, Field(ge=1)] = 5
+    # 1F1B all-max iterations before planning (the first two warm up): None, until the median of the last few
+    # iteration times moves by at most `calibration_tolerance` (at least CALIBRATION_LEAST, at most
+    # `calibration_max_iterations`); a number: exactly that many (envpipe.runtime.calibrate). Each unit's time is its
+    # median over the settled iterations.
+    calibration_iterations: Annotated[int, Field(ge=1)] | None = None
+    calibration_max_iterations: Annotated[int, Field(ge=CALIBRATION_LEAST)] = 30
+    calibration_tolerance: Fraction = 0.01
     compare_iterations: Annotated[int, Field(ge=0)] = 10  # steady 1F1B all-max iterations interleaved with the plan's
     profile_points: Annotated[int, Field(ge=1)] = 4  # clocks profiled online
     reconfigure_rounds: Annotated[int, Field(ge=1)] = 5  # most reconfiguration rounds
@@ -69,6 +79,13 @@ class EnvPipeConfig(BaseModel):
     log_interval: Annotated[int, Field(ge=0)] = 10  # rank 0 prints every N-th iteration (0: phases only)
     progress_total: Annotated[int, Field(ge=1)] | None = None  # the job's steps, if known: progress lines say i/N
     summary_interval: Annotated[int, Field(ge=1)] = 50  # steady iterations between rewrites of the report
+
+    @property
+    def calibration_range(self) -> tuple[int, int]:
+        """(least, most) calibration iterations: the given count, or from CALIBRATION_LEAST until settled."""
+        if self.calibration_iterations is not None:
+            return self.calibration_iterations, self.calibration_iterations
+        return CALIBRATION_LEAST, self.calibration_max_iterations
 
     @property
     def reconfig_method(self) -> str:
@@ -85,6 +102,12 @@ class EnvPipeConfig(BaseModel):
         if self.clock == "none" and self.type != "baseline" and not self.plan and not self.profile:
             raise ValueError(f"policy '{self.type}' plans clocks from a profile, which clock 'none' cannot measure: "
                              "use clock 'auto', give 'profile' or 'plan', or use type 'baseline'")
+        if self.rehearse and self.type == "baseline" and not self.plan:
+            raise ValueError("'rehearse' stretches units by their planned clocks: policy 'baseline' plans none (use "
+                             "type 'optimal', 'uniform' or 'envelope', or give 'plan')")
+        if self.rehearse and self.clock == "none":
+            raise ValueError("'rehearse' measures a plan against this run's 1F1B iterations: clock 'none' has no GPU "
+                             "time to stretch; use clock 'auto'")
         if self.reconfig == REPLAN and self.type != "optimal":
             raise ValueError(f"reconfig '{REPLAN}' re-plans with the optimal planner: it needs type 'optimal'")
         return self

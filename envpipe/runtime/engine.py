@@ -36,6 +36,7 @@ from envpipe.runtime.schedule import (
     ISendGrad,
     SetClock,
     Stock1F1BSchedule,
+    Stretch,
     TailMark,
     Unit,
     UnitEnd,
@@ -75,6 +76,9 @@ class EnvPipeEngine(PipelineEngine):
         self._pending: list[tuple[Any, torch.Tensor]] = []
         self.unit_orders: list[list[Unit]] | None = None
         self.unit_clocks: list[list[int]] | None = None
+        self.unit_stretch: list[float] | None = None  # this stage's rehearsal delay per unit (seconds)
+        self._spinner: Any = None  # envpipe.runtime.spin.Spinner, built at the first stretch on a GPU
+        self._stretched: list[float] = []  # the delays this iteration asked for (s)
         self.clock: Clock | None = None
         self._sim: SimGpu | None = None  # a simulated GPU keeps virtual time (CPU)
         self._params: tuple[int, int] | None = None
@@ -157,8 +161,10 @@ class EnvPipeEngine(PipelineEngine):
         clocks: Sequence[Sequence[int]] | None = None,
         clock: Clock | None = None,
         timing: bool = False,
+        stretch: Sequence[float] | None = None,
     ) -> None:
-        """Use these per-stage orders (all stages, same on every rank) for the following iterations."""
+        """Use these per-stage orders (all stages, same on every rank) for the following iterations; ``stretch``:
+        this stage's delay per unit of its order (a rehearsal: envpipe.runtime.rehearse)."""
         if len(orders) != self.num_stages:
             raise ValueError(f"the plan has {len(orders)} stages, the pipeline {self.num_stages}")
         key = tuple(tuple(o) for o in orders)
@@ -167,6 +173,11 @@ class EnvPipeEngine(PipelineEngine):
             self._valid_orders.add(key)
         self.unit_orders = [list(o) for o in orders]
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
+        self.unit_stretch = list(stretch) if stretch is not None and any(stretch) else None
+        if self.unit_stretch is not None and self._on_gpu and self._spinner is None:
+            from envpipe.runtime.spin import Spinner
+
+            self._spinner = Spinner(self.device)
         self.clock = clock
         self._sim = simulated_gpu(clock)
         self._timing = timing or (clock is not None and clock.needs_unit_times)
@@ -185,7 +196,8 @@ class EnvPipeEngine(PipelineEngine):
             self.unit_orders = one_f_one_b(self.num_stages, self.micro_batches)
         clocks = self.unit_clocks[self.stage_id] if self.unit_clocks is not None else None
         if self.unit_orders == one_f_one_b(self.num_stages, self.micro_batches):  # every stage decides alike
-            return Stock1F1BSchedule(self.micro_batches, self.num_stages, self.stage_id, clocks, self._timing)
+            return Stock1F1BSchedule(self.micro_batches, self.num_stages, self.stage_id, clocks, self._timing,
+                                     self.unit_stretch)
         return UnitOrderSchedule(
             self.unit_orders[self.stage_id],
             self.micro_batches,
@@ -193,11 +205,13 @@ class EnvPipeEngine(PipelineEngine):
             self.stage_id,
             clocks=clocks,
             timed=self._timing,
+            stretch=self.unit_stretch,
         )
 
     def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
         self.units = []
         self.clocks_requested = []
+        self._stretched = []
         self._gpu_units: list[tuple[str, int, Any, Any, int | None]] = []
         self._tail_marks: dict[str, Any] = {}
         self._t0 = self._now()
@@ -353,6 +367,25 @@ class EnvPipeEngine(PipelineEngine):
             end = time.perf_counter()
         self.units.append(UnitRecord(kind, mb, self._unit_start - self._t0, end - self._t0, self._current_mhz))
 
+    def _exec_stretch(self, seconds: float) -> None:
+        """The unit just run, longer by ``seconds``: a GPU spins on its timer after the unit's kernels, on the unit's
+        stream (so its sends and the next unit wait for it); a simulated GPU ends the unit later."""
+        if self._spinner is not None:
+            self._spinner.delay(seconds)
+        elif self._sim is not None:
+            self._sim.stretch(seconds)
+        else:
+            time.sleep(seconds)
+        self._stretched.append(seconds)
+
+    def stretched(self) -> tuple[float, float] | None:
+        """The last iteration's delays: (asked, inserted) seconds; inserted is what a GPU's timer spun (waits for
+        it), else what was asked. None where the iteration stretched nothing."""
+        if not self._stretched:
+            return None
+        asked = sum(self._stretched)
+        return asked, self._spinner.inserted_s() if self._spinner is not None else asked
+
     def _exec_tail_mark(self, at: str) -> None:
         if self._sim is not None and at == "reduced":  # the gradient all-reduce on the simulated link
             self._sim.tail(LINK.allreduce_s(self._parameter_bytes()[1], self.grid.get_data_parallel_world_size()))
@@ -409,6 +442,7 @@ class EnvPipeEngine(PipelineEngine):
         ISendActivation: _exec_isend_activations,
         ISendGrad: _exec_isend_grads,
         SetClock: _exec_set_clock,
+        Stretch: _exec_stretch,
         UnitStart: _exec_unit_start,
         UnitEnd: _exec_unit_end,
         TailMark: _exec_tail_mark,

@@ -102,23 +102,23 @@ def job_iterations(
     return job
 
 
-def comparison_pattern(steps: int, pairs: int) -> list[str]:
-    """What each steady iteration runs: the first ``pairs`` pairs interleave the plan with the baseline in
-    ABBA order (drift within a pair favours neither side), the rest run the plan."""
+def comparison_pattern(steps: int, pairs: int, runs: str = PLAN) -> list[str]:
+    """What each steady iteration runs: the first ``pairs`` pairs interleave ``runs`` (the plan) with the baseline
+    in ABBA order (drift within a pair favours neither side), the rest run ``runs``."""
     pattern = []
     for k in range(min(pairs, steps // 2)):
-        pattern += [PLAN, BASELINE] if k % 2 == 0 else [BASELINE, PLAN]
-    return pattern + [PLAN] * (steps - len(pattern))
+        pattern += [runs, BASELINE] if k % 2 == 0 else [BASELINE, runs]
+    return pattern + [runs] * (steps - len(pattern))
 
 
 Measure = tuple[float, float | None]  # (time, energy) of one iteration
 
 
-def paired(job: Sequence[tuple[str, float, float | None]]) -> list[tuple[Measure, Measure]]:
-    """((plan time, energy), (baseline time, energy)) for each interleaved pair, in order."""
+def paired(job: Sequence[tuple[str, float, float | None]], runs: str = PLAN) -> list[tuple[Measure, Measure]]:
+    """((``runs``' time, energy), (baseline time, energy)) for each interleaved pair, in order."""
     pairs: list[tuple[Measure, Measure]] = []
     for a, b in zip(job[0::2], job[1::2], strict=False):
-        if {a[0], b[0]} == {PLAN, BASELINE}:
-            plan, base = (a, b) if a[0] == PLAN else (b, a)
+        if {a[0], b[0]} == {runs, BASELINE}:
+            plan, base = (a, b) if a[0] == runs else (b, a)
             pairs.append(((plan[1], plan[2]), (base[1], base[2])))
     return pairs

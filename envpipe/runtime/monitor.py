@@ -9,10 +9,14 @@ EnvPipe adds its events the same way, under `EnvPipe/Samples/...`, with the same
     energy_j_<kind>                every GPU of the job (kind: measured = NVML counter, simulated = a
     power_w_<kind>                 simulated GPU), and per stage: stage<s>/energy_j_<kind>
     stage<s>/clock_mhz             the stage's mean requested SM clock in that iteration (0: none requested)
-    phase                          0 calibrate, 1 profile, 2 reconfigure, 3 steady, 4 warm-up (a new order)
+    phase                          0 calibrate, 1 profile, 2 reconfigure, 3 steady, 4 warm-up (a new order),
+                                   5 rehearse
     runs_plan                      1: the plan ran, 0: 1F1B with every clock at max
     saving_planned_simulated       the planner's predicted energy saving (simulated against simulated)
     saving_<kind>                  the measured saving: plan vs this run's interleaved 1F1B all-max iterations
+    plan_kept                      after the comparison pairs: 1 the plan (or its order) runs on, 0 it measured
+                                   slower than the budget or dearer, and 1F1B all-max runs (envpipe.runtime.noharm)
+    prediction_trusted             1: the report's predictions held (envpipe.runtime.prediction.trust), 0: flagged
 
 A job's energy needs every rank's counter, so ranks hand their finished iterations to rank 0 every
 `monitor_interval` iterations (one gather); rank 0 writes the events of every iteration all ranks have
@@ -29,7 +33,7 @@ from typing import Any
 from envpipe.runtime import collective
 from envpipe.runtime.iterations import PLAN, Iteration
 
-PHASES = {"calibrate": 0, "profile": 1, "reconfigure": 2, "steady": 3, "warm-up": 4}
+PHASES = {"calibrate": 0, "profile": 1, "reconfigure": 2, "steady": 3, "warm-up": 4, "rehearse": 5}
 PREFIX = "EnvPipe/Samples/"
 
 
@@ -64,6 +68,8 @@ class MonitorFeed:
         self._partial: dict[int, list[Finished]] = {}  # rank 0: iterations not every rank has finished
         self.saving_planned: float | None = None
         self.saving_measured: float | None = None
+        self.plan_kept: bool | None = None
+        self.trusted: bool | None = None
 
     def add(self, it: Iteration, stage: int) -> None:
         clocks = it.clocks_requested
@@ -117,4 +123,7 @@ class MonitorFeed:
             out.append((f"{PREFIX}saving_planned_simulated", self.saving_planned, step))
         if self.saving_measured is not None:
             out.append((f"{PREFIX}saving_{self.kind}", self.saving_measured, step))
+        for name, flag in (("plan_kept", self.plan_kept), ("prediction_trusted", self.trusted)):
+            if flag is not None:
+                out.append((f"{PREFIX}{name}", int(flag), step))
         return out

@@ -53,6 +53,34 @@ def energy_prediction(records: Sequence[RankRecord], runs: str, plan: Plan, deci
     return S.EnergyPrediction(stages, total_p, total_m, _error(total_p, total_m), energy)
 
 
+# What a prediction must hold to be trusted: the run's iteration time and energy within 3 %, each stage's energy
+# within 5 % (the targets the runtime is measured against: benchmarks/results/dropin_*.md).
+TIME_BAND, ENERGY_BAND, STAGE_ENERGY_BAND = 0.03, 0.03, 0.05
+
+
+def trust(summary: S.RunSummary) -> S.Trust:
+    """Whether this run's predictions can be trusted: its calibration settled, and its time and energy were predicted
+    within their bands (each reason why not is one line)."""
+    reasons = []
+    c = summary.calibration
+    if c is not None and c.settled is False and c.change is not None:
+        reasons.append(f"the calibration's iteration time never settled (its median still moved {100 * c.change:+.1f} %"
+                       f" after {c.ran} iterations)")
+    elif c is not None and c.settled is None:
+        reasons.append(f"{c.iterations} measured calibration iteration(s): too few to tell whether the time settled")
+    if summary.time_error is not None and abs(summary.time_error) > TIME_BAND:
+        reasons.append(f"iteration time predicted {100 * summary.time_error:+.1f} % off the measured "
+                       f"(band +-{100 * TIME_BAND:g} %)")
+    e = summary.energy
+    if e is not None and abs(e.error) > ENERGY_BAND:
+        reasons.append(f"energy predicted {100 * e.error:+.1f} % off the counter (band +-{100 * ENERGY_BAND:g} %)")
+    for x in [] if e is None else e.stages:
+        if abs(x.error) > STAGE_ENERGY_BAND:
+            reasons.append(f"stage {x.stage}'s energy predicted {100 * x.error:+.1f} % off the counter "
+                           f"(band +-{100 * STAGE_ENERGY_BAND:g} %)")
+    return S.Trust(not reasons, reasons)
+
+
 def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 

@@ -28,7 +28,7 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.reconfig import Reconfig, reconfigure_rounds
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
-from envpipe.runtime import collective, decide, replicas
+from envpipe.runtime import collective, decide, noharm, replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.iterations import PLAN, comparison_pattern, paired
@@ -36,7 +36,6 @@ from envpipe.runtime.rig import Phase, Rig, Step
 from envpipe.runtime.timing import StageTiming, measured_timeline
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
-TOLERANCE = 0.005  # a slowdown this far over budget counts as noise even when the round's pairs agree closely
 
 
 def _round(rig: Rig, plan: Plan, rnd: int) -> Phase[list[list[tuple[collective.Place, Any]]]]:
@@ -91,7 +90,7 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
         over = (statistics.median(plan_times) / cfg.time_budget_s - 1.0 if cfg.time_budget_s is not None
                 else slowdown - allowed)
         runner_note = f"slowdown {100 * slowdown:+.1f}% against 1F1B all-max (noise {100 * noise:.1f}%)"
-        if over <= max(TOLERANCE, noise):
+        if over <= noharm.allowance(noise):  # the steady phase's no-harm rule allows the same
             reason = f"within budget: {runner_note}"
             break
         chosen = collective.decided(partial(_replan, rig, chosen, overheads, iterations, over))

@@ -43,6 +43,7 @@ class Step:
     timed: bool = True  # time every unit (CUDA events and one synchronize on GPUs)
     measure_memory: bool = False  # meter the bytes each forward keeps for its backward
     extra: Mapping[str, Any] = field(default_factory=dict)  # more fields for the iteration's JSON line
+    stretch: Sequence[float] | None = None  # this rank's delay per unit of its stage's order (a rehearsal)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Measured:
     loss: float | None
     saved_bytes: list[int] | None  # per forward unit, when the step asked for it
     allreduce_s: float | None  # the gradient all-reduce (ReduceTiedGrads + ReduceGrads), when units were timed
+    stretched: tuple[float, float] | None = None  # a rehearsed iteration's delays: (asked, inserted) seconds
 
 
 Phase = Generator[Step, Measured, T]  # a phase: yields steps, receives their measurements, returns its result

@@ -13,9 +13,12 @@ order, so the phases' collectives meet.
 - decide (rank 0, envpipe.runtime.decide, broadcast; a planning error is raised on every rank).
 - reconfigure (envpipe.runtime.reconfigure): re-plan from measured units until within budget (optimal), or
   EnvPipe's raises on the measured critical path (greedy, balanced).
+- rehearse (envpipe.runtime.rehearse, `rehearse: true` where clocks cannot be set): the plan's units stretched by
+  their planned clocks' extra time, interleaved with 1F1B all-max iterations: the plan's timing, measured.
 - steady (envpipe.runtime.steady): the plan, interleaved at first with 1F1B all-max iterations, so that
-  the report compares measured with measured, for as long as the user's loop runs; the report is rewritten
-  at intervals.
+  the report compares measured with measured; what measured slower than the budget or dearer than 1F1B gives way
+  to 1F1B all-max (envpipe.runtime.noharm); for as long as the user's loop runs; the report is rewritten at
+  intervals.
 
 What was decided (`Decided`) travels in DeepSpeed checkpoints (envpipe.runtime.state): a resumed job goes
 straight to the steady plan unless the job's shape or model changed.
@@ -24,6 +27,7 @@ straight to the steady plan unless the job's shape or model changed.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,18 +36,19 @@ from typing import Any
 
 import torch
 
-from envpipe.runtime import collective, decide, prediction, state
+from envpipe.runtime import collective, decide, noharm, prediction, state
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated, calibrate
 from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.collect import RankRecord, Reported, assemble
 from envpipe.runtime.collective import progress
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
-from envpipe.runtime.iterations import PLAN, Iteration, IterationLog
+from envpipe.runtime.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
 from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.monitor import MonitorFeed
 from envpipe.runtime.profiling import stage_profile
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
+from envpipe.runtime.rehearse import rehearse
 from envpipe.runtime.rig import Measured, Phase, Rig
 from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
 from envpipe.runtime.timing import StageTiming
@@ -63,6 +68,7 @@ class EnvPipeRun:
         self.log: IterationLog | None = None  # opened at the first iteration (a resumed run appends)
         self.planned: decide.Decided | None = None
         self.record: SteadyRecord | None = None
+        self.rehearsal: S.Rehearsal | None = None
         self.summary: S.RunSummary | None = None  # rank 0: the latest report written
         self.resumed = False
         self._drawn: str | None = None  # the plan digest the Gantt picture shows
@@ -87,7 +93,7 @@ class EnvPipeRun:
     def train_batch(self, run: Callable[[], Any]) -> Any:
         engine, rig, step = self.engine, self.rig, self._step
         engine.set_unit_orders(step.plan.orders(), step.plan.clocks() if rig.controls else None, self.clock,
-                               timing=step.timed)
+                               timing=step.timed, stretch=step.stretch)
         if step.measure_memory:
             engine.saved_meter = SavedTensorMeter(engine.module.parameters())
         t0 = rig.edge()
@@ -107,7 +113,7 @@ class EnvPipeRun:
                        bool(engine.units), dict(step.extra))
         self._log().add(it)
         self._steady_runs += step.phase == STEADY
-        self._step = self._program.send(Measured(timing, value, saved, engine.allreduce_s))
+        self._step = self._program.send(Measured(timing, value, saved, engine.allreduce_s, engine.stretched()))
         if it.index % self.cfg.monitor_interval == 0:
             self.monitor.flush()
         self._trim_meter()
@@ -167,13 +173,32 @@ class EnvPipeRun:
             progress(f"decide: {chosen.policy}, order {chosen.order}; from {chosen.source}")
             chosen, reconfiguration = yield from self._reconfigure(chosen, calibrated)
             self.planned = decide.Decided(calibrated, chosen, reconfiguration)
+            if cfg.rehearse and rig.controls:
+                progress("rehearse: clocks can be set here, so the plan runs with its clocks; no rehearsal")
+            elif cfg.rehearse:
+                self.rehearsal = yield from rehearse(rig, chosen)
         else:
             self.planned = restored
         plan, main, pairs = what_runs(rig, self.planned.decision)
         self.record = SteadyRecord(plan, main, pairs)
         predicted = self.planned.decision.predicted
         self.monitor.saving_planned = None if predicted is None else predicted.energy_saving
-        yield from steady(rig, self.record, done_pairs, self.write_summary)
+        yield from steady(rig, self.record, done_pairs, self.write_summary, self._judge)
+
+    def _judge(self) -> S.Verdict:
+        """The no-harm verdict on the steady phase's comparison pairs, the same on every rank (a collective call)."""
+        assert self.record is not None and self.planned is not None
+        self._log().write_known(wait=True)  # every compared iteration has its energy
+        mine = [(it.runs, it.time_s, it.energy_j) for it in self.record.compared]
+        pairs = paired(job_iterations(collective.gather(mine)))
+        cfg, decision = self.cfg, self.planned.decision
+        allowed = cfg.max_slowdown or 0.0
+        if cfg.time_budget_s is not None:
+            allowed = cfg.time_budget_s / statistics.median(b[0] for _, b in pairs) - 1.0
+        what = "the plan" if self.rig.controls else f"the plan's order, {decision.order}, at default clocks"
+        verdict = noharm.judge(pairs, allowed, self.rig.controls, what)
+        self.monitor.plan_kept = verdict.kept
+        return verdict
 
     def _reconfigure(self, chosen: decide.Decision, calibrated: Calibrated
                      ) -> Phase[tuple[decide.Decision, S.Reconfiguration | None]]:
@@ -225,7 +250,10 @@ class EnvPipeRun:
         reported = Reported("envpipe", record.main, self.rig.samples_per_iteration, self.rig.M,
                             [it.wall_time for it in record.iterations() if it.runs == record.main])
         summary = assemble(everyone, self.cfg, self.clock, planned, reported)
-        summary = replace(summary, energy=self._energy_prediction(everyone), oracle=self._oracle(flops))
+        energy = self._energy_prediction(everyone)
+        summary = replace(summary, energy=energy, oracle=self._oracle(flops), verdict=record.verdict,
+                          rehearsal=self.rehearsal)
+        summary = replace(summary, trust=prediction.trust(summary))
         from envpipe.runtime.report import write_report
 
         draw = self._drawn != record.digest
@@ -235,6 +263,7 @@ class EnvPipeRun:
         self.summary = summary
         if summary.measured is not None and summary.measured.energy_saving is not None:
             self.monitor.saving_measured = summary.measured.energy_saving.median
+        self.monitor.trusted = summary.trust.trusted if summary.trust is not None else None
 
     def _energy_prediction(self, records: list[RankRecord]) -> S.EnergyPrediction | None:
         assert self.planned is not None and self.record is not None

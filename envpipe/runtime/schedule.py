@@ -55,6 +55,11 @@ class UnitEnd(ds.PipeInstruction):
     """Marks the end of a forward/backward unit."""
 
 
+class Stretch(ds.PipeInstruction):
+    """Delay the unit just run by `seconds` on its own stream, after its kernels (a rehearsal of a lower clock:
+    envpipe.runtime.rehearse); what depends on the unit waits as it would for the slower unit."""
+
+
 class TailMark(ds.PipeInstruction):
     """Marks the gradient all-reduce (ReduceTiedGrads + ReduceGrads): "start" before it, "reduced" after."""
 
@@ -70,37 +75,36 @@ class UnitOrderSchedule(ds.PipeSchedule):
         stage_id: int,
         clocks: Sequence[int] | None = None,
         timed: bool = False,
+        stretch: Sequence[float] | None = None,
     ) -> None:
         super().__init__(micro_batches=micro_batches, stages=stages, stage_id=stage_id)
-        if clocks is not None and len(clocks) != len(order):
-            raise ScheduleError(f"stage {stage_id}: {len(clocks)} clocks for {len(order)} units")  # a bug, not input
+        for name, per_unit in (("clocks", clocks), ("stretches", stretch)):
+            if per_unit is not None and len(per_unit) != len(order):  # a bug, not input
+                raise ScheduleError(f"stage {stage_id}: {len(per_unit)} {name} for {len(order)} units")
         self.order = list(order)
         self.clocks = list(clocks) if clocks is not None else None
         self.timed = timed
+        self.stretch = list(stretch) if stretch is not None else None
 
     def num_pipe_buffers(self) -> int:
         return max(2, peak_in_flight([self.order])[0])  # the most forwards whose backward has not run
 
-    def _unit_cmds(self, kind: str, mb: int) -> list[ds.PipeInstruction]:
+    def _unit_cmds(self, i: int, kind: str, mb: int) -> list[ds.PipeInstruction]:
         buf = self._buffer_idx(mb)
+        stretch = 0.0 if self.stretch is None else self.stretch[i]
         if kind == "F":
             cmds: list[ds.PipeInstruction] = [] if self.is_first_stage else [IRecvActivation(buf)]
             if self.is_first_stage or self.is_last_stage:
                 cmds.append(ds.LoadMicroBatch(buf))
-            cmds += self._timed(kind, mb, buf, ds.ForwardPass(buf))
+            cmds += unit_cmds(kind, mb, buf, ds.ForwardPass(buf), self.timed, stretch)
             if not self.is_last_stage:
                 cmds.append(ISendActivation(buf))
             return cmds
         cmds = [] if self.is_last_stage else [IRecvGrad(buf)]
-        cmds += self._timed(kind, mb, buf, ds.BackwardPass(buf))
+        cmds += unit_cmds(kind, mb, buf, ds.BackwardPass(buf), self.timed, stretch)
         if not self.is_first_stage:
             cmds.append(ISendGrad(buf))
         return cmds
-
-    def _timed(self, kind: str, mb: int, buf: int, cmd: ds.PipeInstruction) -> list[ds.PipeInstruction]:
-        if not self.timed:
-            return [cmd]
-        return [UnitStart(kind=kind, mb=mb, buffer_id=buf), cmd, UnitEnd(kind=kind, mb=mb, buffer_id=buf)]
 
     def steps(self) -> Iterator[list[ds.PipeInstruction]]:
         current: int | None = None
@@ -109,11 +113,20 @@ class UnitOrderSchedule(ds.PipeSchedule):
             if self.clocks is not None and self.clocks[i] != current:
                 current = self.clocks[i]
                 cmds.append(SetClock(mhz=current))
-            yield cmds + self._unit_cmds(kind, mb)
+            yield cmds + self._unit_cmds(i, kind, mb)
         reduce: list[ds.PipeInstruction] = [ds.ReduceTiedGrads(), ds.ReduceGrads()]
         if self.timed:  # the gradient all-reduce's own time, for the report (the tail is timed by the runner)
             reduce = [TailMark(at="start"), *reduce, TailMark(at="reduced")]
         yield [*reduce, ds.OptimizerStep()]
+
+
+def unit_cmds(kind: str, mb: int, buf: int, cmd: ds.PipeInstruction, timed: bool, stretch: float
+              ) -> list[ds.PipeInstruction]:
+    """A unit's pass, its stretch (after its kernels, inside its time: a slower unit ends later) and its marks."""
+    cmds = [cmd] if stretch <= 0 else [cmd, Stretch(seconds=stretch)]
+    if not timed:
+        return cmds
+    return [UnitStart(kind=kind, mb=mb, buffer_id=buf), *cmds, UnitEnd(kind=kind, mb=mb, buffer_id=buf)]
 
 
 class Stock1F1BSchedule(ds.TrainSchedule):
@@ -124,12 +137,14 @@ class Stock1F1BSchedule(ds.TrainSchedule):
     """
 
     def __init__(self, micro_batches: int, stages: int, stage_id: int, clocks: Sequence[int] | None = None,
-                 timed: bool = False) -> None:
+                 timed: bool = False, stretch: Sequence[float] | None = None) -> None:
         super().__init__(micro_batches=micro_batches, stages=stages, stage_id=stage_id)
-        if clocks is not None and len(clocks) != 2 * micro_batches:
-            raise ScheduleError(f"stage {stage_id}: {len(clocks)} clocks for {2 * micro_batches} units")
+        for name, per_unit in (("clocks", clocks), ("stretches", stretch)):
+            if per_unit is not None and len(per_unit) != 2 * micro_batches:
+                raise ScheduleError(f"stage {stage_id}: {len(per_unit)} {name} for {2 * micro_batches} units")
         self.clocks = list(clocks) if clocks is not None else None
         self.timed = timed
+        self.stretch = list(stretch) if stretch is not None else None
 
     def steps(self) -> Iterator[list[ds.PipeInstruction]]:
         unit, current = 0, None
@@ -142,12 +157,8 @@ class Stock1F1BSchedule(ds.TrainSchedule):
                     if self.clocks is not None and self.clocks[unit] != current:
                         current = self.clocks[unit]
                         out.insert(0, SetClock(mhz=current))  # before the step's receive, as in UnitOrderSchedule
-                    if self.timed:
-                        mb, buf = mbs[kind], cmd.buffer_id
-                        out += [UnitStart(kind=kind, mb=mb, buffer_id=buf), cmd,
-                                UnitEnd(kind=kind, mb=mb, buffer_id=buf)]
-                    else:
-                        out.append(cmd)
+                    stretch = 0.0 if self.stretch is None else self.stretch[unit]
+                    out += unit_cmds(kind, mbs[kind], cmd.buffer_id, cmd, self.timed, stretch)
                     mbs[kind] += 1
                     unit += 1
                 elif isinstance(cmd, ds.ReduceTiedGrads) and self.timed:

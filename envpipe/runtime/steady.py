@@ -12,6 +12,10 @@ one warm-up iteration (phase `warm-up`, in no comparison and no steady figure): 
 p2p patterns and allocator growth, 3.5 times a steady one on 2 x H100 (measured 2026-11-27), which would
 decide a pair.
 
+At the end of the pairs, first, do no harm (envpipe.runtime.noharm): what ran stays only if it measured within
+the budget and no dearer than the 1F1B iterations beside it; otherwise the job runs 1F1B with every clock at max
+from then on, and says why.
+
 The report is written at the end of the comparison pairs and again every `summary_interval` iterations
 (a collective call: every rank counts the same iterations).
 """
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envpipe.plan.planfile import Plan
+from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
 from envpipe.runtime.decide import Decision, plan_digest
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
@@ -49,10 +54,17 @@ class SteadyRecord:
     timings: deque[StageTiming] = field(default_factory=lambda: deque(maxlen=KEPT))  # timed iterations of `main`
     last_timed: dict[str, StageTiming] = field(default_factory=dict)  # per what ran, its last timed iteration
     tails: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=KEPT))  # (all-reduce, tail)
+    verdict: S.Verdict | None = None  # what the pairs decided (envpipe.runtime.noharm)
 
     @property
     def digest(self) -> str:
         return plan_digest(self.runs)
+
+    def judged(self, verdict: S.Verdict, baseline: Plan) -> None:
+        """The pairs' verdict; what runs from now on is 1F1B all-max where it did not keep the plan."""
+        self.verdict = verdict
+        if not verdict.kept:
+            self.runs, self.main = baseline, BASELINE
 
     def iterations(self) -> list[Iteration]:
         return [*self.compared, *self.recent]
@@ -75,8 +87,10 @@ def what_runs(rig: Rig, decision: Decision) -> tuple[Plan, str, int]:
     return plan, PLAN, rig.cfg.compare_iterations  # the plan's order at default clocks
 
 
-def steady(rig: Rig, record: SteadyRecord, done_pairs: int, write_summary: Callable[[], None]) -> Phase[None]:
-    """Run the plan forever (the user's loop decides how long); ``done_pairs``: pairs a resumed run already has."""
+def steady(rig: Rig, record: SteadyRecord, done_pairs: int, write_summary: Callable[[], None],
+           judge: Callable[[], S.Verdict]) -> Phase[None]:
+    """Run the plan forever (the user's loop decides how long); ``done_pairs``: pairs a resumed run already has;
+    ``judge``: the verdict on the comparison pairs (a collective call)."""
     pairs = max(0, record.pairs - done_pairs)
     window = comparison_pattern(2 * pairs, pairs)
     progress("steady: the plan" + (f", its first {len(window)} iterations interleaved with 1F1B all-max iterations "
@@ -96,5 +110,9 @@ def steady(rig: Rig, record: SteadyRecord, done_pairs: int, write_summary: Calla
                 units_end = max(b for *_, b in m.timing.units)
                 record.tails.append((m.allreduce_s or 0.0, m.timing.step_end - units_end))
         i += 1
+        if window and i == len(window):
+            verdict = judge()
+            record.judged(verdict, rig.baseline)
+            progress(f"steady: {verdict.reason}")
         if i == first_report or (i > first_report and (i - first_report) % rig.cfg.summary_interval == 0):
             write_summary()

@@ -168,6 +168,9 @@ class Calibration:
     idle_power_w: float | None  # the idle GPU's power
     blocking_power_w: list[float] | None = None  # per stage: power while waiting for a neighbour (measured)
     tail_power_w: list[float] | None = None  # per stage: power after the last unit (all-reduce, optimizer step)
+    ran: int | None = None  # calibration iterations run, warm-ups included (`iterations`: the settled ones used)
+    settled: bool | None = None  # the iteration time settled (None: too few measured iterations to tell)
+    change: float | None = None  # the last move of the median iteration time (relative)
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -318,6 +321,54 @@ class OracleComparison:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class Verdict:
+    """First, do no harm (envpipe.runtime.noharm): whether the steady phase kept what it deployed after its
+    comparison pairs, and why (measured against this run's own 1F1B all-max iterations)."""
+
+    kept: bool  # False: 1F1B with every clock at max runs from then on
+    what: str  # what was judged: the plan, or its order at default clocks
+    slowdown: float  # median over the pairs: its time / 1F1B's - 1
+    energy_saving: float | None  # median over the pairs: 1 - its energy / 1F1B's (None: no counter)
+    allowed_slowdown: float  # the budget, and where clocks ran the pairs' noise
+    reason: str  # one line
+
+
+@dataclass(frozen=True, config=_STRICT)
+class RehearsedStage:
+    """One stage of a rehearsal: the delay its units were planned to get per iteration, and what its GPU spun."""
+
+    stage: int
+    planned_s: float  # per iteration: the extra time of its units at their planned clocks (the frequency model)
+    inserted_s: float | None  # per iteration, median: the GPU timer's (a simulated GPU's: exactly as asked)
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Rehearsal:
+    """The plan's timing where clocks cannot be set (envpipe.runtime.rehearse): its units stretched by their planned
+    clocks' extra time, interleaved with this run's 1F1B all-max iterations (measured times, both sides)."""
+
+    pairs: int
+    slowdown: Spread  # measured, per pair: rehearsed plan / 1F1B all-max - 1
+    predicted_slowdown: float  # the planner's (simulated)
+    predicted_energy_saving: float  # the planner's (simulated): a spinning GPU draws idle power, so none is measured
+    stages: list[RehearsedStage]
+    time: str  # what the times are (measured wall clock, or a simulated GPU's)
+
+    @property
+    def error(self) -> float:
+        """Predicted less measured slowdown, in fractions of the 1F1B iteration (percentage points / 100)."""
+        return self.predicted_slowdown - self.slowdown.median
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Trust:
+    """Whether the run's predictions (time, energy) can be trusted, and if not why (each reason one line)."""
+
+    trusted: bool
+    reasons: list[str]
+
+
+@dataclass(frozen=True, config=_STRICT)
 class RunSummary:
     """One run of the EnvPipe runtime (or of stock DeepSpeed for comparison): summary.json."""
 
@@ -343,6 +394,9 @@ class RunSummary:
     energy: EnergyPrediction | None = None  # predicted vs measured energy of what ran, per stage
     oracle: OracleComparison | None = None  # a simulated GPU: what a planner knowing its hidden truth saves
     wall_throughput_samples_per_s: float | None = None  # steady iterations on the host's wall clock
+    verdict: Verdict | None = None  # what the steady phase kept after its comparison pairs, and why
+    rehearsal: Rehearsal | None = None  # the plan rehearsed where clocks cannot be set
+    trust: Trust | None = None  # whether the predictions above hold for this run
 
     def to_json(self) -> dict[str, Any]:
         return _ADAPTER.dump_python(self, mode="json")  # type: ignore[no-any-return]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envpipe.runtime.summary import Iterations, PlanInfo, RunSummary, Spread
+from envpipe.runtime.summary import Iterations, PlanInfo, RunSummary, Spread, Verdict
 
 
 def _ms(x: float | None) -> str:
@@ -68,8 +68,32 @@ def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
     return rows
 
 
-def _deployment(plan: PlanInfo) -> str:
-    """What of the plan ran: its order and clocks, its order only, or nothing (its order is 1F1B's)."""
+def headline(s: RunSummary) -> str:
+    """The run's result in one line: what it saved, measured against what, and how sure."""
+    kind = "simulated GPU" if s.clock.energy.startswith("simulated") else "measured"
+    sure = "" if s.trust is None else (" (predictions held)" if s.trust.trusted else
+                                      " (predictions flagged: see below)")
+    v, m = s.verdict, s.measured
+    if s.plan is None:
+        return f"{s.engine}: {s.steady.throughput_samples_per_s:.2f} samples/s ({s.clock.time}){sure}"
+    if v is not None and not v.kept:
+        return f"saved nothing: {v.reason} (no harm; {kind}){sure}"
+    if m is not None and m.energy_saving is not None:
+        return (f"saved {_pct(m.energy_saving.median, sign=False)} energy at {_pct(m.slowdown.median)} time against "
+                f"this run's own 1F1B all-max iterations ({kind}, {m.pairs} pairs){sure}")
+    if m is not None:
+        return f"{_pct(m.slowdown.median)} time against this run's own 1F1B all-max iterations ({kind}; no energy " \
+               f"counter){sure}"
+    predicted = "" if s.predicted is None else \
+        f"; the plan would save {_pct(s.predicted.energy_saving, sign=False)} (predicted, simulated)"
+    return f"saved nothing measurable: clocks cannot be set here and the plan's order is 1F1B{predicted}{sure}"
+
+
+def _deployment(plan: PlanInfo, verdict: Verdict | None) -> str:
+    """What of the plan ran: its order and clocks, its order only, or nothing (its order is 1F1B's, or it was
+    withdrawn after its comparison pairs)."""
+    if verdict is not None and not verdict.kept:
+        return " (withdrawn after its comparison pairs: see 'no harm' below; 1F1B all-max runs)"
     if plan.deployed:
         return ""
     if plan.order_deployed:
@@ -80,11 +104,12 @@ def _deployment(plan: PlanInfo) -> str:
 def render(s: RunSummary, report_dir: str | Path) -> str:
     out = Path(report_dir)
     plan = s.plan
-    lines = [f"EnvPipe run: {s.stages} stage{'' if s.stages == 1 else 's'} x {s.microbatches} micro-batches"
+    lines = [headline(s),
+             f"EnvPipe run: {s.stages} stage{'' if s.stages == 1 else 's'} x {s.microbatches} micro-batches"
              + (f", {s.data_parallel} data-parallel replicas" if s.data_parallel > 1 else "") + f" ({s.engine})"]
     if plan is not None:
         lines.append(f"  plan: policy {plan.policy}, order {plan.order}; from {plan.source}; digest {plan.digest}"
-                     + _deployment(plan))
+                     + _deployment(plan, s.verdict))
     lines.append(f"  clocks: {s.clock.kind}; energy {s.clock.energy}; times {s.clock.time}"
                  + (f"; {s.clock.note}" if s.clock.note else ""))
     if s.calibration is not None:
@@ -100,6 +125,8 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
         if m.energy_saving is not None:
             lines.append(f"    energy saving {_spread_pct(m.energy_saving)}")
         lines.append(f"    slowdown {_spread_pct(m.slowdown)}")
+    if s.verdict is not None:
+        lines.append(f"  no harm (what runs after the pairs): {s.verdict.reason}")
     lines.append(_iterations("plan" if plan is not None and plan.deployed else "steady", s.steady, s.clock.energy))
     if s.baseline is not None:
         lines.append(_iterations("1F1B all-max", s.baseline, s.clock.energy))
@@ -124,6 +151,19 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
         lines.append(f"  simulated GPU ({o.source}): a planner knowing its hidden truth saves "
                      f"{_pct(o.energy_saving, sign=False)}; this run's plan, learned by profiling, saves "
                      f"{_pct(o.planner_energy_saving, sign=False)} on the same truth (simulated, both)")
+    rh = s.rehearsal
+    if rh is not None:
+        lines.append(f"  rehearsal (clocks cannot be set here: each unit stretched by its planned clock's extra time, "
+                     f"times {rh.time}): slowdown {_spread_pct(rh.slowdown)} against this run's 1F1B all-max "
+                     f"iterations; predicted {_pct(rh.predicted_slowdown)} (simulated), off by "
+                     f"{100 * rh.error:+.1f} points; energy saving {_pct(rh.predicted_energy_saving, sign=False)} "
+                     "predicted only (simulated: a spinning GPU draws idle power)")
+        for rs in rh.stages:
+            lines.append(f"    stage {rs.stage}: planned stretch {_ms(rs.planned_s)} per iteration, inserted "
+                         f"{_ms(rs.inserted_s)}")
+    if s.trust is not None:
+        lines.append("  predictions: held (calibration settled; time and energy within their bands)" if s.trust.trusted
+                     else "  predictions NOT trusted: " + "; ".join(s.trust.reasons))
     r = s.reconfiguration
     if r is not None:
         times = ", ".join(_ms(x.measured_time_s) for x in r.rounds)

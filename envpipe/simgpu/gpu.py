@@ -47,6 +47,7 @@ class SimGpu:
         self.vt = 0.0  # virtual time (s): the end of the GPU's last work, or when it was last synced
         self._ready = 0.0  # when the next unit's input arrives (the latest stamp received)
         self._start: float | None = None  # the running unit's virtual start
+        self._stretch_s = 0.0  # the running unit's rehearsal delay (`stretch`)
         self._busy_s = self._busy_j = 0.0
         self.trace = CounterTrace()  # the exact counter in virtual time
         self.trace.add(0.0, 0.0)
@@ -97,6 +98,15 @@ class SimGpu:
             self.trace.add(start, self.energy_at(start))  # blocked until the unit starts
         return start
 
+    def stretch(self, seconds: float) -> None:
+        """Delay the running unit's end by ``seconds`` after its work, drawing the blocking power meanwhile, as a
+        real GPU does while a one-thread kernel spins on its timer (a rehearsal's stretch: envpipe.runtime.rehearse)."""
+        if self._start is None:
+            raise RuntimeError("a stretch belongs to a running unit")
+        if not seconds >= 0:
+            raise ValueError(f"a stretch lasts a non-negative time, got {seconds!r}")
+        self._stretch_s += seconds
+
     def unit_end(self, kind: str, flops: float | None = None) -> float:
         """End the unit `unit_start` began: ``flops`` counted for it, or None for its kind's last count.
         Returns its virtual end."""
@@ -111,7 +121,11 @@ class SimGpu:
             raise ValueError(f"no FLOPs counted yet for a {kind} unit of this GPU")
         seconds, watts = self._truth.unit(kind, self.mhz, unit_s(self.unit_flops[kind]) * self.slowdown)
         start, self._start = self._start, None
-        return self._busy(start, seconds, watts)
+        end = self._busy(start, seconds, watts)
+        if self._stretch_s:  # spinning: blocked power, exactly the asked time (no noise: a timer, not work)
+            self.vt, self._stretch_s = end + self._stretch_s, 0.0
+            self.trace.add(self.vt, self.energy_at(self.vt))
+        return self.vt
 
     def tail(self, top_s: float) -> float:
         """Run a tail part (an all-reduce: `Link.allreduce_s`; an optimizer step: `cost.step_s`) of ``top_s``

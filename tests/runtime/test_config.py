@@ -49,7 +49,8 @@ def test_split_leaves_input_alone() -> None:
         ({"memory_limit_bytes": 1.5}, {}, r"'envpipe.memory_limit_bytes' is 1.5: input should be a valid integer"),
         ({"memory_limit_bytes": True}, {}, r"input should be a valid integer"),
         ({"compare_iterations": -1}, {}, r"input should be greater than or equal to 0"),
-        ({}, {"ENVPIPE_CLOCK": "nvml"}, r"ENVPIPE_CLOCK is 'nvml'; choose one of auto, sim, daemon, readonly, none"),
+        ({}, {"ENVPIPE_CLOCK": "nvml"},
+         r"ENVPIPE_CLOCK is 'nvml'; choose one of auto, sim, sim-readonly, daemon, readonly, none"),
         ({"type": "envelope", "reconfig": "replan"}, {}, r"reconfig 'replan' re-plans with the optimal planner"),
     ],
 )

@@ -127,7 +127,9 @@ def test_summary_round_trip_and_schema(tmp_path: Path) -> None:
     s = sample_summary()
     write_report(tmp_path, s)
     assert read_summary(tmp_path) == s  # validated against the committed schema, read back as the type
-    assert (tmp_path / "report.txt").read_text().startswith("EnvPipe run: 2 stages x 8 micro-batches")
+    headline, first = (tmp_path / "report.txt").read_text().splitlines()[:2]  # the result, then the run
+    assert headline == "envpipe: 160.00 samples/s (measured (wall clock))"
+    assert first.startswith("EnvPipe run: 2 stages x 8 micro-batches")
     assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "summary.json").read_text())
     schema = json.loads(S.SCHEMA_PATH.read_text())

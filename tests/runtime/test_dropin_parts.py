@@ -16,7 +16,8 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import prediction, state
-from envpipe.runtime.calibrate import Calibrated, calibrate
+from envpipe.runtime import summary as S
+from envpipe.runtime.calibrate import Calibrated, calibrate, median_change
 from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
@@ -112,8 +113,9 @@ def test_a_new_order_warms_up_before_its_comparison_pairs(
     monkeypatch.setattr("envpipe.runtime.steady.progress", lambda _: None)
     baseline = Plan.at_one_clock(one_f_one_b(2, 4), 1410, "1f1b", "baseline")
     plan = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
+    kept = S.Verdict(True, "the plan", 0.0, None, 0.0, "kept")
     phase = steady(_RigRan(baseline, [plan] if ran_before else []), SteadyRecord(plan, PLAN, pairs), 0,  # type: ignore[arg-type]
-                   lambda: None)
+                   lambda: None, lambda: kept)
     measured = Measured(StageTiming(0, 0.0, 1.0, []), None, None, None)
     steps = [next(phase)] + [phase.send(measured) for _ in range(5)]
     got = [(x.phase, x.runs, x.plan.orders() == plan.orders()) for x in steps]
@@ -247,7 +249,7 @@ class _CountingRig:
     """A one-stage rig that records when the calibration reads the energy counter and meets the other ranks."""
 
     def __init__(self) -> None:
-        self.cfg, self.P, self.M, self.sim, self.meter = EnvPipeConfig(), 1, 2, None, None  # 5 iterations
+        self.cfg, self.P, self.M, self.sim, self.meter = EnvPipeConfig(), 1, 2, None, None
         self.place = Place(0, 0, 0, "host", 0)
         self.baseline = Plan.at_one_clock(one_f_one_b(1, 2), 1410, "1f1b", "baseline")
         self.events: list[str] = []
@@ -275,28 +277,72 @@ class _CountingRig:
     gather_each = Rig.gather_each
 
 
-def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No wait for the energy counter and no collective between calibration iterations (on 2 x H100 the waits
-    left 40-115 ms idle gaps, and each iteration then read about 6 % less energy than back to back)."""
-    monkeypatch.setattr("envpipe.runtime.calibrate.progress", lambda _: None)
-    rig = _CountingRig()
+def _calibrate(rig: _CountingRig, times: list[float]) -> tuple[Calibrated, list[str]]:
+    """Drive the calibration with iteration i taking ``times[i]`` s; the events before each step's iteration."""
     phase = calibrate(rig)  # type: ignore[arg-type]
-    step = next(phase)
-    for i in range(rig.cfg.calibration_iterations):
-        assert step.phase == "calibrate" and rig.events == [], (i, rig.events)
+    step, before = next(phase), []
+    for i, length in enumerate(times):
+        assert step.phase == "calibrate"
         # the saved-tensor hooks slow an iteration: only the warm-up one, which is neither timed nor metered, has them
         assert step.measure_memory == (i == 0), i
+        before.append(",".join(rig.events))
         t0 = float(i)
         units = [(k, mb, t0 + 0.1 * j, t0 + 0.1 * j + 0.05) for j, (k, mb) in enumerate(one_f_one_b(1, 2)[0])]
         try:
-            step = phase.send(Measured(StageTiming(0, t0, t0 + 0.5, units), None, [100], None))
+            step = phase.send(Measured(StageTiming(0, t0, t0 + length, units), None, [100], None))
         except StopIteration as done:
-            calibrated = done.value
-    assert rig.events.count("counter") == 3 and "gather" in rig.events  # all after the last iteration
-    assert calibrated.report.iterations == 3  # the first two warmed up
-    # the unit energies are the measured iterations' mean (2, 3, 4), not the last iteration's reading alone
-    assert calibrated.unit_energies[0]["F_j"] == pytest.approx(13.0)
-    assert calibrated.unit_energies[0]["B_j"] == pytest.approx(29.0)
+            return done.value, before
+    raise AssertionError(f"the calibration ran past {len(times)} iterations")
+
+
+def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No wait for the energy counter between calibration iterations (on 2 x H100 the waits left 40-115 ms idle
+    gaps, and each iteration then read about 6 % less energy than back to back); the ranks only agree, in one small
+    gather per measured iteration, on the iteration's time (whether it settled)."""
+    monkeypatch.setattr("envpipe.runtime.calibrate.progress", lambda _: None)
+    rig = _CountingRig()
+    calibrated, before = _calibrate(rig, [0.5] * 30)
+    assert len(before) == 6 and all("counter" not in x for x in before)  # 2 warm-ups + 4 settled: the least count
+    assert [x.count("gather") for x in before] == [0, 0, 0, 1, 2, 3]  # one per measured iteration, after it
+    assert rig.events.count("counter") == 4  # all after the last iteration
+    r = calibrated.report
+    assert (r.iterations, r.ran, r.settled, r.change) == (4, 6, True, 0.0)  # the first two warmed up
+    # the unit energies are the settled iterations' mean (2 to 5), not the last iteration's reading alone
+    assert calibrated.unit_energies[0]["F_j"] == pytest.approx(13.5)
+    assert calibrated.unit_energies[0]["B_j"] == pytest.approx(30.5)
+
+
+def test_calibration_runs_until_the_iteration_time_settles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch-bound job's first iterations run slow: the calibration goes on until the median of the last three
+    moves by at most the tolerance, and the model takes the settled ones only."""
+    monkeypatch.setattr("envpipe.runtime.calibrate.progress", lambda _: None)
+    falling = [0.9, 0.8, 0.7, 0.62, 0.56, 0.52, 0.5, 0.5, 0.5, 0.5, 0.5]
+    calibrated, _ = _calibrate(_CountingRig(), falling + [0.5] * 20)
+    r = calibrated.report
+    # medians of three: ..., 0.52 (0.56, 0.52, 0.5), 0.5 (0.52, 0.5, 0.5): -3.8 %; then 0.5, 0.5: settled at 9
+    assert r.ran == 9 and r.settled and r.change == 0.0 and r.iterations == 4
+    assert r.time_s.median == pytest.approx(0.5) and r.time_s.max == pytest.approx(0.52)  # the slow ones are not in it
+
+
+def test_a_calibration_that_never_settles_stops_at_its_cap_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines: list[str] = []
+    monkeypatch.setattr("envpipe.runtime.calibrate.progress", lines.append)
+    rig = _CountingRig()
+    rig.cfg = EnvPipeConfig(calibration_max_iterations=8)
+    calibrated, _ = _calibrate(rig, [1.0 - 0.05 * i for i in range(8)])
+    r = calibrated.report
+    assert r.ran == 8 and r.settled is False and r.change == pytest.approx(0.7 / 0.75 - 1)  # medians of three
+    assert any("still moved -6.7 % after 8 iterations: the predictions are flagged" in x for x in lines), lines
+    few = _CountingRig()
+    few.cfg = EnvPipeConfig(calibration_iterations=2)  # a fixed count: too few to tell
+    r = _calibrate(few, [1.0, 1.0])[0].report
+    assert (r.ran, r.iterations, r.settled, r.change) == (2, 1, None, None)
+
+
+def test_median_change() -> None:
+    assert median_change([1.0, 1.0, 1.0]) is None  # three: nothing to compare yet
+    assert median_change([2.0, 1.0, 1.0, 1.0]) == 0.0  # one slow first iteration does not move the median
+    assert median_change([1.3, 1.2, 1.1, 1.0]) == pytest.approx(1.1 / 1.2 - 1)
 
 
 def test_waits_charged_at_the_blocked_power_move_the_rest_to_the_work() -> None:

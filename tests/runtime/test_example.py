@@ -19,6 +19,8 @@ from tests.support.runtime_summary import iterations, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
+DEMO = ("--layers", "4", "--hidden", "192", "--heads", "4", "--seq", "96", "--vocab", "512", "--micro-batch", "4",
+        "--microbatches", "8")  # the Makefile's demo: the optimal plan takes EnvPipe's order
 
 
 def _import_example() -> ModuleType:
@@ -268,3 +270,35 @@ def test_every_option_says_what_it_does() -> None:
     """`train_gpt.py --help` leaves no option unexplained (DeepSpeed's launcher's --local_rank is hidden)."""
     bare = [a.option_strings for a in _import_example().parser()._actions if a.option_strings and not a.help]
     assert bare == []
+
+
+@pytest.mark.slow
+def test_without_clock_control_the_order_earns_its_place_and_the_plan_is_rehearsed(tmp_path: Path) -> None:
+    """clock 'sim-readonly' (the simulated GPU of a node without envpipe-clockd): the plan's order runs at default
+    clocks in pairs with 1F1B and the no-harm verdict decides what runs after them; with `rehearse`, first the
+    plan's units are stretched by exactly their planned extra time, in pairs with 1F1B."""
+    for name, steps, extra in (("order", 12, []), ("rehearsed", 16, ["--rehearse"])):
+        done = _torchrun(["--clock", "sim-readonly", "--compare-iterations", "2", "--calibration-steps", "2",
+                          "--steps", str(steps), "--report-dir", str(tmp_path / name), *extra], {}, tmp_path, DEMO)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("order", "rehearsed"):
+        s, out = read_summary(tmp_path / name), tmp_path / name
+        assert s.clock.kind == "sim" and not s.clock.controls_clocks and s.plan is not None
+        v, m = s.verdict, s.measured
+        assert v is not None and m is not None and m.pairs == 2 and m.energy_saving is not None
+        assert v.kept == (m.slowdown.median <= 0 and m.energy_saving.median >= 0)  # no allowance without clocks
+        assert v.slowdown == pytest.approx(m.slowdown.median) and v.what.startswith("the plan's order, envpipe")
+        steady = [x["runs"] for x in iterations(out, 0) if x["phase"] == "steady"]
+        assert steady[:4] == ["plan", "baseline", "baseline", "plan"]
+        assert set(steady[4:]) == {"plan" if v.kept else "baseline"}
+        text = (out / "report.txt").read_text()
+        assert f"no harm (what runs after the pairs): {v.reason}" in text
+        assert text.splitlines()[0].startswith("saved nothing:" if not v.kept else "saved ")
+    r = read_summary(tmp_path / "rehearsed").rehearsal
+    assert r is not None and r.pairs == 2 and r.time == "simulated GPU"
+    assert any(x.planned_s > 0 for x in r.stages)
+    assert all(x.inserted_s == pytest.approx(x.planned_s, rel=1e-12, abs=1e-15) for x in r.stages)  # exactly
+    assert abs(r.error) < 0.01, r  # the rehearsed slowdown within 1 point of the planner's
+    rehearse = [x["runs"] for x in iterations(tmp_path / "rehearsed", 0) if x["phase"] == "rehearse"]
+    assert rehearse[-4:] == ["rehearsal", "baseline", "baseline", "rehearsal"]
+    assert "rehearsal (clocks cannot be set here" in (tmp_path / "rehearsed" / "report.txt").read_text()

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from envpipe.clock.service import ServiceConfig
+from envpipe.plan.planfile import Plan
+from envpipe.plan.schedules import one_f_one_b
+from envpipe.simgpu import JobTruth
 from tests.support.clockd_helpers import daemon_thread
 from tests.support.pipelines import ROOT, assert_same_math, run_pipeline
 from tests.support.runtime_summary import iterations, read_summary
@@ -109,3 +112,25 @@ def test_gpu_node_without_clock_control_deploys_the_order_not_the_clocks(tmp_pat
     assert "clocks not deployed" in text
     log = (tmp_path / "rank0.log").read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_plan_measured_over_its_budget_gives_way_to_1f1b(tmp_path: Path) -> None:
+    """A plan file whose clocks slow the job (clock 'sim': they run; a plan file is not re-planned): its pairs
+    measure it over the budget, so the rest of the job runs 1F1B all-max and the report says why."""
+    slowest = JobTruth.embedded(2).clocks_mhz[-1]
+    Plan.at_one_clock(one_f_one_b(2, M), slowest, "1f1b", "uniform").save(tmp_path / "slow.json")
+    runs = [{"name": "slow", "engine": "runtime", "M": M, "steps": 8,
+             "envpipe": {"clock": "sim", "plan": str(tmp_path / "slow.json"), "compare_iterations": 2,
+                         "calibration_iterations": 2}}]
+    run_pipeline(2, runs, tmp_path)
+    s = read_summary(tmp_path / "slow")
+    v = s.verdict
+    assert v is not None and not v.kept and v.what == "the plan" and v.slowdown > 0.1
+    assert "over the 0 % budget" in v.reason and v.reason.endswith("running 1F1B with every clock at max")
+    steady = [x for x in iterations(tmp_path / "slow", 0) if x["phase"] == "steady"]
+    assert [x["runs"] for x in steady] == ["plan", "baseline", "baseline", "plan", "baseline", "baseline"]
+    assert steady[-1]["clocks_requested_mhz"] in ([], [JobTruth.embedded(2).clocks_mhz[0]])
+    assert s.plan is not None and not s.plan.deployed  # what runs now is 1F1B all-max
+    text = (tmp_path / "slow" / "report.txt").read_text()
+    assert text.splitlines()[0].startswith("saved nothing: the plan measured +") and "withdrawn" in text

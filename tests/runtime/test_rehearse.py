@@ -1,0 +1,90 @@
+"""The rehearsal's parts (fast): each unit's planned stretch from the profile, where the schedules put the delay,
+the simulated GPU's stretched unit, and the report's numbers from every rank's iterations. A real DeepSpeed job
+rehearses on the simulated GPU in tests/runtime/test_optimal.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from deepspeed.runtime.pipe import schedule as ds
+
+from envpipe.plan.planfile import Plan
+from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
+from envpipe.profile import Profile
+from envpipe.runtime import summary as S
+from envpipe.runtime.collective import Place
+from envpipe.runtime.iterations import BASELINE
+from envpipe.runtime.rehearse import REHEARSAL, stretches, summarize, unit_time
+from envpipe.runtime.schedule import Stock1F1BSchedule, Stretch, UnitEnd, UnitOrderSchedule, UnitStart
+from envpipe.simgpu import JobTruth, SimGpu
+
+FREQS = np.array([1400, 1200, 1000])
+
+
+def _profile() -> Profile:
+    """Two stages: forwards 10 / 20 ms at the top clock, slower by 20 % and 50 % at 1200 and 1000 MHz."""
+    slow = np.array([1.0, 1.2, 1.5])
+    f = np.array([0.010 * slow, 0.020 * slow])
+    return Profile(FREQS, f, 2 * f, 100 * f, 200 * f, "test")
+
+
+def test_a_units_stretch_is_its_extra_time_at_its_planned_clock() -> None:
+    profile = _profile()
+    assert unit_time(profile, 1, "F", 1200) == pytest.approx(0.024)
+    assert unit_time(profile, 0, "B", 1100) == pytest.approx(0.027)  # between clocks: linear
+    assert unit_time(profile, 0, "F", 1980) == pytest.approx(0.010)  # above the profile's clocks: flat
+    orders = one_f_one_b(2, 2)
+    plan = Plan.at_one_clock(orders, 1400, "1f1b", "optimal").with_clocks([[1400, 1200, 1000, 1400], [1000] * 4])
+    assert [u.kind for u in plan.stages[0]] == ["F", "F", "B", "B"]
+    assert stretches(plan, profile, 0, 1400) == pytest.approx([0.0, 0.002, 0.010, 0.0])
+    assert stretches(plan, profile, 1, 1400) == pytest.approx([0.010, 0.020, 0.010, 0.020])
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_the_delay_follows_the_units_pass_inside_its_marks(timed: bool) -> None:
+    """After the pass and before its end mark (a slower unit ends later), in both schedules, whether timed or not;
+    a unit without a stretch gets no instruction."""
+    stretch = [0.0, 0.002, 0.010, 0.0]
+    stock = [c for step in Stock1F1BSchedule(2, 2, 0, timed=timed, stretch=stretch).steps() for c in step]
+    posted = [c for step in UnitOrderSchedule(envpipe_schedule(2, 2, [0, 0])[0], 2, 2, 0, timed=timed,
+                                              stretch=stretch).steps() for c in step]
+    for cmds in (stock, posted):
+        passes = [i for i, c in enumerate(cmds) if isinstance(c, ds.ForwardPass | ds.BackwardPass)]
+        delays = [(i, c.kwargs["seconds"]) for i, c in enumerate(cmds) if isinstance(c, Stretch)]
+        assert [s for _, s in delays] == [0.002, 0.010]
+        assert [i - 1 for i, _ in delays] == [passes[1], passes[2]]
+        if timed:
+            assert all(isinstance(cmds[i + 1], UnitEnd) for i, _ in delays)
+            assert sum(isinstance(c, UnitStart) for c in cmds) == 4
+    with pytest.raises(ValueError, match="3 stretches for 4 units"):
+        Stock1F1BSchedule(2, 2, 0, stretch=[0.0] * 3)
+
+
+def test_a_simulated_gpu_ends_a_stretched_unit_exactly_that_much_later_at_its_blocking_power() -> None:
+    truth = JobTruth.embedded(2)
+    plain, stretched = (SimGpu(truth, 0, noise=0.0) for _ in range(2))
+    for gpu, extra in ((plain, 0.0), (stretched, 0.004)):
+        gpu.unit_start()
+        if extra:
+            gpu.stretch(extra)
+        gpu.unit_end("F", 1e12)
+    assert stretched.now() - plain.now() == pytest.approx(0.004, abs=1e-12)
+    assert stretched.energy_j() - plain.energy_j() == pytest.approx(0.004 * truth.stage(0).blocking_w)
+    with pytest.raises(RuntimeError, match="a stretch belongs to a running unit"):
+        plain.stretch(0.001)
+
+
+def test_the_report_pairs_the_jobs_iterations_and_each_stages_delays() -> None:
+    """Two stages: the job's time per iteration is its slowest rank's; per stage the planned and inserted delay."""
+    predicted = S.PredictedComparison(1.0, 90.0, 1.0, 100.0, 0.1, 0.002, "test")
+
+    def its(plan_s: float, inserted: float | None) -> list[tuple[str, float, float | None]]:
+        rehearsed = (REHEARSAL, plan_s, inserted)
+        return [rehearsed, (BASELINE, 1.0, None), (BASELINE, 1.0, None), rehearsed]
+
+    gathered = [(Place(0, 0, 0, "h", 0), (0.030, its(1.01, 0.0301))),
+                (Place(1, 1, 0, "h", 0), (0.0, its(1.02, None)))]
+    r = summarize(gathered, predicted, "measured (wall clock)")
+    assert r.pairs == 2 and r.slowdown.median == pytest.approx(0.02)  # stage 1 ended last
+    assert r.predicted_slowdown == 0.002 and r.error == pytest.approx(0.002 - 0.02)
+    assert [(x.stage, x.planned_s, x.inserted_s) for x in r.stages] == [(0, 0.030, 0.0301), (1, 0.0, None)]
