@@ -1,0 +1,224 @@
+"""Where the drop-in engine's time goes: its parts switched on one at a time, iteration by iteration, in one job.
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/dropin_ablation.py --out OUT --model llama-16x2048
+    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/dropin_ablation.py --out OUT --cpu
+    python benchmarks/dropin_ablation.py --render OUT [OUT ...]           # the table
+
+One EnvPipeEngine (envpipe.runtime.engine.build: DeepSpeed's PipelineEngine with EnvPipe's instructions, no
+phases) trains the model. Each cycle runs every variant once, in an order shuffled per cycle (seeded), so the
+host's drift and any periodic effect fall on every variant alike; a variant's cost is its median iteration over
+DeepSpeed's own path's. Variants, each one part on top of DeepSpeed's steps:
+
+- `deepspeed`: DeepSpeed's own `TrainSchedule` through PipelineEngine's own `_exec_schedule` (the stock path);
+- `steady`: the drop-in engine's steady iteration held to 1F1B (`Stock1F1BSchedule`, untimed; its
+  `_exec_schedule` with the per-iteration bookkeeping);
+- `unit-events`: `steady` with every unit timed (a CUDA event pair per unit, one synchronize), as every tenth
+  steady iteration and every calibration iteration are;
+- `posted-p2p`: 1F1B through `UnitOrderSchedule` (posted sends, per-direction process groups): the p2p path of
+  EnvPipe's orders;
+- `meter`: `steady` with the energy counter polled in a background thread (NVML on GPUs; stock runs have one too);
+- `collective`: `steady` and one small all-gather (the calibration's per-iteration settle check; the report's
+  gathers are every `summary_interval` iterations).
+
+An iteration's time is the slowest rank's: a host timer around `train_batch` and a device synchronize. Clocks are
+never changed. Writes OUT/ablation.json (every iteration of every variant) and OUT/machine.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from benchmarks.common import md_row, md_table, shown_path
+
+VARIANTS = ("deepspeed", "steady", "unit-events", "posted-p2p", "meter", "collective")
+MODELS = {  # the shapes of benchmarks/runtime_bench.py (sequence, micro-batch): the runs this explains
+    "gpt2-16x2048": ("gpt2", 16, 2048, 16, 1024, 4),
+    "llama-16x2048": ("llama", 16, 2048, 16, 2048, 2),
+    "tiny": ("gpt2", 4, 32, 2, 16, 2),
+}
+VOCAB, TINY_VOCAB = 50304, 128
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, help="a folder for ablation.json and machine.txt")
+    p.add_argument("--model", default="llama-16x2048", choices=[m for m in MODELS if m != "tiny"])
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--cycles", type=int, default=12, help="iterations per variant")
+    p.add_argument("--warmup", type=int, default=3, help="iterations before the cycles (not measured)")
+    p.add_argument("--cpu", action="store_true", help="a tiny model on CPU processes (gloo): checks the script")
+    p.add_argument("--render", type=Path, nargs="+", metavar="OUT", help="render these folders' results")
+    args = p.parse_args(argv)
+    if args.render is None and args.out is None:
+        p.error("give --out (run) or --render (the table)")
+    if min(args.microbatches, args.cycles) < 1 or args.warmup < 0:
+        p.error("--microbatches and --cycles must be >= 1, --warmup >= 0")
+    return args
+
+
+@contextlib.contextmanager
+def patched(obj: Any, **attrs: Any) -> Iterator[None]:
+    """Instance attributes shadowing ``obj``'s methods for one iteration."""
+    for name, value in attrs.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name in attrs:
+            delattr(obj, name)
+
+
+def variants(engine: Any, data: Any, on_gpu: bool) -> dict[str, Callable[[], None]]:
+    """Each variant as one training iteration of ``engine`` (every rank runs the same variant in turn)."""
+    from deepspeed.runtime.pipe import schedule as ds
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    from envpipe.plan.schedules import one_f_one_b
+    from envpipe.runtime import collective
+    from envpipe.runtime.clocks import NvmlEnergyClock, make_meter
+    from envpipe.runtime.schedule import UnitOrderSchedule
+
+    P, M, stage = engine.num_stages, engine.micro_batches, engine.stage_id
+    order = one_f_one_b(P, M)
+
+    def deepspeed_path() -> None:
+        stock = ds.TrainSchedule(micro_batches=M, stages=P, stage_id=stage)
+        with patched(engine, _train_schedule=lambda: stock,
+                     _exec_schedule=lambda sched: PipelineEngine._exec_schedule(engine, sched)):
+            PipelineEngine.train_batch(engine, data)
+
+    def steady(timed: bool = False) -> None:
+        engine.set_unit_orders(order, timing=timed)
+        engine.train_batch(data)
+
+    def posted() -> None:
+        engine.set_unit_orders(order)
+        with patched(engine, _train_schedule=lambda: UnitOrderSchedule(order[stage], M, P, stage)):
+            engine.train_batch(data)
+
+    def metered() -> None:
+        meter = make_meter(NvmlEnergyClock(engine.device.index or 0)) if on_gpu else None
+        try:
+            steady()
+        finally:
+            if meter is not None:
+                meter.close()
+
+    def gathered() -> None:
+        steady()
+        collective.gather(1.0)
+
+    return {"deepspeed": deepspeed_path, "steady": steady, "unit-events": lambda: steady(timed=True),
+            "posted-p2p": posted, "meter": metered, "collective": gathered}
+
+
+def run(args: argparse.Namespace) -> None:
+    import deepspeed
+    import torch
+
+    from envpipe.models.gpt import counting, pipeline
+    from envpipe.runtime import collective, distributed
+    from envpipe.runtime.engine import build
+    from envpipe.search.layers import ModelShape
+
+    on_gpu = not args.cpu and torch.cuda.is_available()
+    distributed.init_distributed(on_gpu)
+    family, layers, hidden, heads, seq, micro = MODELS["tiny" if args.cpu else args.model]
+    shape = ModelShape(family, layers, hidden, heads, seq, TINY_VOCAB if args.cpu else VOCAB)
+    torch.manual_seed(1234)
+    model = pipeline(shape, torch.distributed.get_world_size(), None)
+    config: dict[str, Any] = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": args.microbatches,
+                              "steps_per_print": 10**9}
+    if on_gpu:
+        config["bf16"] = {"enabled": True}
+    engine = build(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4), config=config)
+    data = counting(shape, micro, engine.device, seed=0)
+    parts = variants(engine, data, on_gpu)
+
+    def timed(step: Callable[[], None]) -> float:
+        t0 = time.perf_counter()
+        step()
+        if on_gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for name in [v for v in VARIANTS for _ in range(args.warmup)]:  # every path's first iterations
+        timed(parts[name])
+    rng, mine = random.Random(0), []  # the same order on every rank: the variants' collectives meet
+    for cycle in range(args.cycles):
+        names = list(VARIANTS)
+        rng.shuffle(names)
+        mine += [(cycle, name, timed(parts[name])) for name in names]
+    everyone = collective.gather(mine)
+    if collective.rank() == 0:
+        from benchmarks.runtime_bench import machine
+
+        rows = [{"cycle": c, "variant": v, "time_s": max(r[i][2] for r in everyone)} for i, (c, v, _) in
+                enumerate(mine)]
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "machine.txt").write_text(machine(args))
+        (args.out / "ablation.json").write_text(json.dumps(
+            {"command": " ".join(["python", "benchmarks/dropin_ablation.py", *sys.argv[1:]]),
+             "model": "tiny (CPU)" if args.cpu else args.model,
+             "microbatches": args.microbatches, "stages": engine.num_stages, "cycles": args.cycles,
+             "deepspeed": deepspeed.__version__, "torch": torch.__version__, "on_gpu": on_gpu,
+             "iterations": rows}, indent=1) + "\n")
+    distributed.exit_process()
+
+
+def render(outs: list[Path]) -> str:
+    """The table: per variant, its median iteration and its cost over DeepSpeed's own path (median of the per-cycle
+    ratios, and their interquartile range)."""
+    lines = ["# Where the drop-in engine's time goes: an ablation in one job", "",
+             "Each part of the drop-in engine switched on alone on top of DeepSpeed's own steps, every variant once "
+             "per cycle in a shuffled order (benchmarks/dropin_ablation.py). Cost: per cycle, the variant's iteration "
+             "over DeepSpeed's own path's in the same cycle, less 1; median and interquartile range over the cycles. "
+             "Measured (wall clock, the slowest rank's iteration); clocks never changed.", ""]
+    for out in outs:
+        data = json.loads((out / "ablation.json").read_text())
+        machine = (out / "machine.txt").read_text().strip().splitlines() if (out / "machine.txt").is_file() else []
+        by = {v: {r["cycle"]: r["time_s"] for r in data["iterations"] if r["variant"] == v} for v in VARIANTS}
+        lines += [f"## {data['model']}, {data['stages']} stages, M = {data['microbatches']}, {data['cycles']} cycles",
+                  "", f"Raw data: `{shown_path(out)}`. Command: `{data['command']}`. Machine:", "",
+                  *(f"    {x}" for x in machine), "",
+                  *md_table("variant", "iteration (ms, median)", "cost over DeepSpeed's path (median)", "IQR")]
+        base = by["deepspeed"]
+        for v in VARIANTS:
+            costs = sorted(by[v][c] / base[c] - 1.0 for c in by[v] if c in base)
+            q1, _, q3 = statistics.quantiles(costs, n=4, method="inclusive") if len(costs) > 1 else (costs[0],) * 3
+            lines.append(md_row(v, f"{1e3 * statistics.median(by[v].values()):.1f}",
+                                f"{100 * statistics.median(costs):+.2f}%", f"{100 * q1:+.2f}% to {100 * q3:+.2f}%"))
+        lines.append("")
+    return "\n".join(lines) + f"Rendered by `python benchmarks/dropin_ablation.py --render " \
+        f"{' '.join(shown_path(o) for o in outs)}`.\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.render is not None:
+        missing = [o for o in args.render if not (o / "ablation.json").is_file()]
+        if missing:
+            print(f"dropin_ablation.py: error: {missing[0]}/ablation.json: no such file", file=sys.stderr)
+            return 2
+        sys.stdout.write(render(args.render))
+        return 0
+    if args.cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
