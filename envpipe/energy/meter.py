@@ -172,25 +172,31 @@ class SimMeter:
         return None
 
 
-def nvml_reader(device_index: int, nvml: Any = None) -> tuple[Callable[[], float], Callable[[], None]]:
+def nvml_handle(nvml: Any, gpu: int | str) -> Any:
+    """The NVML handle of ``gpu``: a UUID ("GPU-..."), or NVML's own index (NVML numbers every GPU of the host in
+    PCI order, whatever CUDA_VISIBLE_DEVICES shows a process: a CUDA index is not an NVML index)."""
+    return nvml.nvmlDeviceGetHandleByUUID(gpu) if isinstance(gpu, str) else nvml.nvmlDeviceGetHandleByIndex(gpu)
+
+
+def nvml_reader(gpu: int | str, nvml: Any = None) -> tuple[Callable[[], float], Callable[[], None]]:
     """(read joules, shutdown) for one GPU's NVML energy counter (read-only; ``nvml`` defaults to pynvml)."""
     if nvml is None:
         import pynvml
 
         nvml = pynvml
     nvml.nvmlInit()
-    handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+    handle = nvml_handle(nvml, gpu)
     return (lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0), nvml.nvmlShutdown
 
 
-def nvml_sm_clock(device_index: int, nvml: Any = None) -> tuple[Callable[[], float], Callable[[], None]]:
+def nvml_sm_clock(gpu: int | str, nvml: Any = None) -> tuple[Callable[[], float], Callable[[], None]]:
     """(read the current SM clock in MHz, shutdown) for one GPU (read-only; ``nvml`` defaults to pynvml)."""
     if nvml is None:
         import pynvml
 
         nvml = pynvml
     nvml.nvmlInit()
-    handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+    handle = nvml_handle(nvml, gpu)
     return (lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))), nvml.nvmlShutdown
 
 

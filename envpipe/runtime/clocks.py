@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_reader, nvml_sm_clock
+from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_handle, nvml_reader, nvml_sm_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.simgpu import JobTruth, SimGpu
 
@@ -110,9 +110,9 @@ class DaemonClock:
     note: str | None = None
 
     def __init__(self, client: Any, gpu_uuid: str, supported_mhz: list[int], emulated: SimClock | None = None,
-                 device_index: int = 0) -> None:
+                 nvml_gpu: int | str = 0) -> None:
         self._client = client
-        self.device_index = device_index  # the CUDA device whose NVML counter the runtime's meter reads
+        self.nvml_gpu = nvml_gpu  # the GPU whose NVML counter the runtime's meter reads (`nvml_id`)
         self.gpu_uuid = gpu_uuid
         self.supported_mhz = supported_mhz
         self.emulated = emulated
@@ -148,12 +148,12 @@ class NvmlEnergyClock:
     controls_clocks = False
     needs_unit_times = False
 
-    def __init__(self, device_index: int, note: str | None = None) -> None:
+    def __init__(self, cuda_index: int, note: str | None = None) -> None:
         import pynvml  # lazily: CPU machines have no NVML
 
-        self.device_index = device_index
-        self._read_j, self._shutdown = nvml_reader(device_index, pynvml)  # the energy meter's NVML reader
-        self.supported_mhz = supported_clocks(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index))
+        self.nvml_gpu = nvml_id(cuda_index)
+        self._read_j, self._shutdown = nvml_reader(self.nvml_gpu, pynvml)  # the energy meter's NVML reader
+        self.supported_mhz = supported_clocks(pynvml, nvml_handle(pynvml, self.nvml_gpu))
         self.note = note
 
     def set(self, mhz: int) -> None:
@@ -233,7 +233,7 @@ def make_clock(
         if device.on_gpu:
             uuid, supported = _gpu_identity(device.local_rank)
             return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported,
-                               device_index=device.local_rank)
+                               nvml_gpu=nvml_id(device.local_rank))
         return _emulated_daemon_clock(socket_path, device, sim_clock(device, slowdown), environ)
     except ClockDaemonUnavailable as exc:
         if kind == "daemon":
@@ -250,13 +250,24 @@ def sim_clock(device: Device, slowdown: float = 1.0, controls: bool = True) -> S
     return SimClock(gpu, controls)
 
 
+def nvml_id(cuda_index: int) -> int | str:
+    """How NVML names CUDA device ``cuda_index`` of this process: its UUID. NVML numbers the host's GPUs in PCI order,
+    whatever CUDA_VISIBLE_DEVICES shows the process, so an index would meter (or lock) another job's GPU. Without
+    CUDA (CPU tests against a fake NVML) the index itself."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return cuda_index
+    return f"GPU-{torch.cuda.get_device_properties(cuda_index).uuid}"
+
+
 def _gpu_identity(index: int) -> tuple[str, list[int]]:
     """(UUID, supported SM clocks) of CUDA device ``index`` from NVML (read-only queries)."""
     import pynvml
 
     pynvml.nvmlInit()
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = nvml_handle(pynvml, nvml_id(index))
         uuid = pynvml.nvmlDeviceGetUUID(handle)
         return (uuid.decode() if isinstance(uuid, bytes) else uuid), supported_clocks(pynvml, handle)
     finally:
@@ -292,9 +303,9 @@ def make_meter(clock: Clock | None) -> EnergyMeter | None:
         return SimMeter(sim.trace, sim.energy_at)
     if clock is None:
         return None
-    index = getattr(clock, "device_index", 0)
-    read_j, close_j = nvml_reader(index)
-    read_mhz, close_mhz = nvml_sm_clock(index)
+    gpu = getattr(clock, "nvml_gpu", 0)
+    read_j, close_j = nvml_reader(gpu)
+    read_mhz, close_mhz = nvml_sm_clock(gpu)
 
     def close() -> None:
         close_mhz()

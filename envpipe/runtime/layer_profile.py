@@ -623,8 +623,9 @@ class _PowerMeter:
         self._read: Callable[[], float] | None = None
         if device.type == "cuda":
             from envpipe.energy.meter import nvml_reader
+            from envpipe.runtime.clocks import nvml_id
 
-            self._read, self._close = nvml_reader(device.index or 0)
+            self._read, self._close = nvml_reader(nvml_id(device.index or 0))
             e0, t0 = self._read(), time.perf_counter()
             time.sleep(idle_seconds)
             self._idle_w = (self._read() - e0) / (time.perf_counter() - t0)

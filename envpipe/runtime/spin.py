@@ -28,14 +28,15 @@ def _kernel() -> Any:
         raise RehearsalUnavailable(f"'rehearse' needs Triton for its GPU delay (PyTorch's CUDA builds ship it): "
                                    f"{exc}") from None
 
-    @triton.jit  # type: ignore[misc]
-    def spin(out_ptr: Any, ns: Any) -> None:
+    # one compiled kernel whatever the slot and the time (Triton would specialise integers divisible by 16)
+    @triton.jit(do_not_specialize=["slot", "ns"])  # type: ignore[misc]
+    def spin(out_ptr, slot, ns):  # type: ignore[no-untyped-def]  # Triton reads annotations as its own types
         t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
         now = t0
         while now - t0 < ns:
             now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
                                             pack=1)
-        tl.store(out_ptr, now - t0)
+        tl.store(out_ptr + slot, now - t0)
 
     return spin
 
@@ -57,7 +58,7 @@ class Spinner:
         """Enqueue a delay of ``seconds`` on the current stream (returns at once)."""
         if self._next >= MAX_DELAYS:
             raise RuntimeError(f"more than {MAX_DELAYS} delays in one iteration")
-        self._spin[(1,)](self._spun[self._next:], int(seconds * 1e9), num_warps=1)
+        self._spin[(1,)](self._spun, self._next, int(seconds * 1e9), num_warps=1)
         self._next += 1
 
     def inserted_s(self) -> float:

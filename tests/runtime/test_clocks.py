@@ -126,3 +126,29 @@ def test_daemon_clock_by_uuid_and_an_unknown_uuid(tmp_path: Path) -> None:
             make_clock(parse({"clock": "daemon"}, {}), CPU, environ=env)
         with pytest.raises(ClockUnavailable, match="none for local rank 9"):
             make_clock(parse({"clock": "daemon"}, {}), Device(False, 9), environ={"ENVPIPE_CLOCKD_SOCKET": sock})
+
+
+def test_a_cuda_device_is_metered_by_its_uuid_not_its_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CUDA_VISIBLE_DEVICES=2,3 a process's cuda:0 is the host's third GPU, and NVML numbers every GPU of the
+    host: the meter finds its GPU by UUID. (Two 2-GPU jobs side by side on 4 x H200, 2026-11-28: by index, the
+    second job read the first job's GPUs.)"""
+    import types
+    import uuid
+
+    import torch
+
+    from envpipe.energy.meter import nvml_reader
+    from envpipe.runtime.clocks import nvml_id
+    from tests.support.fake_pynvml import FakeGpu, FakeNvml
+
+    ids = [uuid.UUID(int=i + 1) for i in range(4)]
+    nvml = FakeNvml([FakeGpu(f"GPU-{u}", energy_mj=10**9 * (i + 1)) for i, u in enumerate(ids)])
+    visible = [ids[2], ids[3]]  # CUDA_VISIBLE_DEVICES=2,3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=visible[i]))
+    assert nvml_id(0) == f"GPU-{ids[2]}"
+    read, close = nvml_reader(nvml_id(1), nvml)
+    assert round(read() / 1e6) == 4  # the host's fourth GPU (4 MJ)
+    close()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert nvml_id(1) == 1  # no CUDA (a fake NVML on CPU): the index

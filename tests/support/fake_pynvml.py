@@ -159,6 +159,13 @@ class FakeNvml:
             raise NVMLError_InvalidArgument()
         return self.gpus[i]
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
+        self._check()
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise NVMLError_InvalidArgument()
+
     def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
         return h.uuid
 
