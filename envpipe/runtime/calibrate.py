@@ -23,6 +23,7 @@ iteration's waits are charged at it, the rest of the iteration's energy going to
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -49,6 +50,11 @@ BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power
 # -0.9 to +1.3 % (2026-11-27, benchmarks/results/dropin_h100x2.md, from 88c596a on).
 WARMUP_ITERATIONS = 2
 SETTLE_WINDOW = 3  # iterations whose median must hold still (the model then takes these and the one before)
+# Then untimed 1F1B iterations, together at least ANCHOR_S long (the NVML counter moves every 100 ms): the steady
+# iterations are untimed, and unit timing (an event pair per unit and a synchronize) made the CNN example's timed
+# iterations 8-10 % slower than its untimed ones on 4 x H200 and 2 x H200 (2026-11-28). The predictions of what
+# runs are anchored on them: the simulator's ratio of what runs to 1F1B, times these (envpipe.runtime.prediction).
+ANCHOR_S, ANCHOR_LEAST, ANCHOR_MOST = 0.5, 3, 30
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     # The energies and the job's view only now, in one wait for the counter and one gather: the iterations ran
     # back to back, as steady ones do. Waiting after each left 40-115 ms idle gaps between them on 2 x H100
     # (2026-11-27), and each iteration then read about 6 % less energy than the same iteration back to back.
+    anchor = yield from _anchor(rig, statistics.median(times[-SETTLE_WINDOW:]))
     idle = _idle_power(rig)
     waiting = _blocked_power(rig)
     ran = len(own)
@@ -148,10 +155,31 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     spread = S.Spread.of(used)
     assert spread is not None
     report = S.Calibration(len(used), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
-                           cal.head_s, effective, idle, blocking, tail, ran, settled, change)
+                           cal.head_s, effective, idle, blocking, tail, ran, settled, change, *anchor)
     straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
     return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail,
                       waiting_per_rank)
+
+
+def _anchor(rig: Rig, typical_s: float) -> Phase[tuple[int, float, list[float] | None]]:
+    """Untimed 1F1B iterations back to back: (how many, the job's median iteration, per stage every GPU's mean
+    energy per iteration or None without a counter) (a collective at the end)."""
+    n = min(ANCHOR_MOST, max(ANCHOR_LEAST, math.ceil(ANCHOR_S / max(typical_s, 1e-9))))
+    spans = []
+    for _ in range(n):
+        m: Measured = yield Step(rig.baseline, "calibrate", BASELINE, timed=False, extra={"anchor": True})
+        spans.append((m.timing.step_start, m.timing.step_end))
+    mine = None
+    if rig.meter is not None and rig.meter.wait_until(spans[-1][1]):
+        mine = sum(float(rig.meter.trace.between(a, b)) for a, b in spans) / n
+    everyone = rig.gather(([b - a for a, b in spans], mine))
+    times = [max(theirs[0][i] for _, theirs in everyone) for i in range(n)]
+    per_stage: dict[int, float] = {}
+    for w, (_, energy) in everyone:
+        if energy is None:
+            return n, statistics.median(times), None
+        per_stage[w.stage] = per_stage.get(w.stage, 0.0) + energy
+    return n, statistics.median(times), [per_stage[s] for s in range(rig.P)]
 
 
 def _phase_powers(rig: Rig, splits: list[EnergySplit], waiting_w: float | None, idle_w: float | None

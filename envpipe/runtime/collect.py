@@ -68,6 +68,19 @@ def measured_comparison(job: Sequence[tuple[str, float, float | None]], energy: 
     return S.MeasuredComparison(len(pairs), saving, slowdown, energy)
 
 
+def anchored_time(decided: Decided, plan_ran: bool, order_ran: bool, stages: int, microbatches: int) -> float:
+    """The predicted iteration of what the steady phase runs: the simulator's time for it over its time for 1F1B
+    all-max, times the calibration's untimed 1F1B iterations (the anchor; the simulator's own time where the run
+    measured none). The planner's model for a plan whose clocks ran, the calibrated simulator for an order."""
+    chosen, cal, report = decided.decision, decided.calibrated.timing, decided.calibrated.report
+    base = predict_time(one_f_one_b(stages, microbatches), cal)
+    if plan_ran and chosen.predicted_time_s is not None and chosen.predicted is not None:
+        ratio = chosen.predicted_time_s / chosen.predicted.baseline_time_s
+    else:
+        ratio = (predict_time(chosen.plans[0].orders(), cal) if order_ran else base) / base
+    return ratio * (report.anchor_time_s if report.anchor_time_s is not None else base)
+
+
 def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -142,9 +155,8 @@ def assemble(records: Sequence[RankRecord], cfg: EnvPipeConfig, clock: Clock | N
     steady = iterations(job, steady_main, samples)
     assert steady is not None
     predicted_s = None
-    if chosen is not None and cal is not None:
-        predicted_s = chosen.predicted_time_s if order_ran and controls else predict_time(
-            chosen.plans[0].orders() if order_ran else one_f_one_b(stages, microbatches), cal)
+    if chosen is not None and cal is not None and decided is not None:
+        predicted_s = anchored_time(decided, order_ran and controls, order_ran, stages, microbatches)
     info = None if chosen is None else replace(chosen.info, deployed=order_ran and controls, order_deployed=order_ran)
     lost = [r.lost_control for r in records if r.lost_control is not None]
     clock_info = S.ClockInfo(

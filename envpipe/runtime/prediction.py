@@ -5,7 +5,9 @@ Energy model: what the steady phase ran, simulated on the profile the run planne
 transfer and tails, each phase charged at its own power: units at their profiled energy, a stage's waits
 at its measured blocking power, its tail (all-reduce, optimizer step) at its measured tail power. The
 prediction is one pipeline's; with data parallelism every replica runs it, so a stage's prediction is
-times the replicas. Measured: per stage, the median steady energy of each of its GPUs, summed.
+times the replicas. It is anchored on the calibration's untimed 1F1B iterations: per stage, the simulated
+ratio of what ran to 1F1B all-max, times that stage's measured 1F1B energy (envpipe.runtime.calibrate).
+Measured: per stage, the median steady energy of each of its GPUs, summed.
 Error = (predicted - measured) / measured.
 """
 
@@ -46,8 +48,11 @@ def energy_prediction(records: Sequence[RankRecord], runs: str, plan: Plan, deci
             return None
         measured[r.place.stage] = measured.get(r.place.stage, 0.0) + e
     replicas = len({r.place.replica for r in records})
-    tl = evaluate_plan(plan, PipelineCase(profile, plan.num_microbatches, calibrated.overheads()))
-    predicted = replicas * tl.stage_energy
+    case = PipelineCase(profile, plan.num_microbatches, calibrated.overheads())
+    predicted = replicas * evaluate_plan(plan, case).stage_energy
+    anchor = calibrated.report.anchor_energy_j
+    if anchor is not None:  # each stage's simulated ratio to 1F1B all-max, times its measured 1F1B iterations
+        predicted = predicted / (replicas * baseline_timeline(case).stage_energy) * np.asarray(anchor)
     stages = [S.StageEnergy(s, float(p), measured[s], _error(float(p), measured[s])) for s, p in enumerate(predicted)]
     total_p, total_m = float(predicted.sum()), sum(measured.values())
     return S.EnergyPrediction(stages, total_p, total_m, _error(total_p, total_m), energy)

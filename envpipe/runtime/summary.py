@@ -171,6 +171,11 @@ class Calibration:
     ran: int | None = None  # calibration iterations run, warm-ups included (`iterations`: the settled ones used)
     settled: bool | None = None  # the iteration time settled (None: too few measured iterations to tell)
     change: float | None = None  # the last move of the median iteration time (relative)
+    # the untimed 1F1B iterations after the settled ones (as most steady iterations run: unit timing costs a
+    # launch-bound job up to 10 %): what the predictions are anchored on
+    anchor_iterations: int | None = None
+    anchor_time_s: float | None = None  # the job's median iteration
+    anchor_energy_j: list[float] | None = None  # per stage (every replica's GPU), per iteration
 
 
 @dataclass(frozen=True, config=_STRICT)

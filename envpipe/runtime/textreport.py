@@ -62,7 +62,8 @@ def key_numbers(s: RunSummary) -> list[tuple[str, str]]:
                   _pct(s.predicted.energy_saving, sign=False)),
                  ("slowdown, the planner's prediction (simulated)", _pct(s.predicted.slowdown))]
     if s.predicted_iteration_time_s is not None:
-        rows.append(("iteration time predicted (calibrated simulator)", f"{s.predicted_iteration_time_s:.3f} s"))
+        rows.append(("iteration time predicted (simulated, anchored on measured 1F1B)",
+                     f"{s.predicted_iteration_time_s:.3f} s"))
     if s.time_error is not None:
         rows.append((f"iteration time error (predicted vs {_got(s)})", _pct(s.time_error)))
     return rows
@@ -140,7 +141,8 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
     if s.predicted_iteration_time_s is not None:
         err = "" if s.time_error is None else \
             f"; {_got(s)} {_ms(s.steady.time_s.median)} (error {_pct(s.time_error)})"
-        lines.append(f"  predicted iteration (calibrated simulator): {_ms(s.predicted_iteration_time_s)}{err}")
+        lines.append("  predicted iteration (simulator, anchored on the calibration's untimed 1F1B iterations): "
+                     f"{_ms(s.predicted_iteration_time_s)}{err}")
     e = s.energy
     if e is not None:
         per_stage = ", ".join(f"stage {x.stage} {_pct(x.error)}" for x in e.stages)

@@ -278,10 +278,11 @@ class _CountingRig:
 
 
 def _calibrate(rig: _CountingRig, times: list[float]) -> tuple[Calibrated, list[str]]:
-    """Drive the calibration with iteration i taking ``times[i]`` s; the events before each step's iteration."""
+    """Drive the calibration with iteration i taking ``times[i]`` s (the last one's after those); the events before
+    each step's iteration."""
     phase = calibrate(rig)  # type: ignore[arg-type]
     step, before = next(phase), []
-    for i, length in enumerate(times):
+    for i, length in enumerate([*times, *[times[-1]] * 40]):
         assert step.phase == "calibrate"
         # the saved-tensor hooks slow an iteration: only the warm-up one, which is neither timed nor metered, has them
         assert step.measure_memory == (i == 0), i
@@ -292,7 +293,7 @@ def _calibrate(rig: _CountingRig, times: list[float]) -> tuple[Calibrated, list[
             step = phase.send(Measured(StageTiming(0, t0, t0 + length, units), None, [100], None))
         except StopIteration as done:
             return done.value, before
-    raise AssertionError(f"the calibration ran past {len(times)} iterations")
+    raise AssertionError(f"the calibration ran past {len(times) + 40} iterations")
 
 
 def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,11 +303,13 @@ def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("envpipe.runtime.calibrate.progress", lambda _: None)
     rig = _CountingRig()
     calibrated, before = _calibrate(rig, [0.5] * 30)
-    assert len(before) == 6 and all("counter" not in x for x in before)  # 2 warm-ups + 4 settled: the least count
-    assert [x.count("gather") for x in before] == [0, 0, 0, 1, 2, 3]  # one per measured iteration, after it
+    # 2 warm-ups + 4 settled (the least count), then 3 untimed ones (the anchor: at least 0.5 s, at least 3)
+    assert len(before) == 9 and all("counter" not in x for x in before)
+    assert [x.count("gather") for x in before] == [0, 0, 0, 1, 2, 3, 4, 4, 4]  # one per measured iteration
     assert rig.events.count("counter") == 4  # all after the last iteration
     r = calibrated.report
     assert (r.iterations, r.ran, r.settled, r.change) == (4, 6, True, 0.0)  # the first two warmed up
+    assert (r.anchor_iterations, r.anchor_time_s, r.anchor_energy_j) == (3, 0.5, None)  # no counter here
     # the unit energies are the settled iterations' mean (2 to 5), not the last iteration's reading alone
     assert calibrated.unit_energies[0]["F_j"] == pytest.approx(13.5)
     assert calibrated.unit_energies[0]["B_j"] == pytest.approx(30.5)
