@@ -1,6 +1,7 @@
 """Table of a data x pipeline benchmark: one row per run from each run's summary.json (benchmarks/dp_h200.sh).
 
 Usage: python benchmarks/dp_table.py OUT_DIR RUN...   (RUN: a report directory name under OUT_DIR)
+       python benchmarks/dp_table.py --render OUT_DIR...  (a results file: every folder's command, machine, table)
 Prints Markdown: shape, iteration time and throughput (measured), job-wide energy per iteration summed
 over every GPU of every node and per node (label from the report), and per stage the gradient
 all-reduce and the tail (step end - last unit end) measured on each replica vs the calibrated tail the
@@ -16,6 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks.common import shown_path
 from envpipe.runtime.summary import RunSummary
 
 
@@ -53,21 +55,45 @@ def _missing(out: Path, name: str) -> str:
     return "not run or failed"
 
 
+def table(out: Path, runs: list[str]) -> str:
+    """The table of ``runs`` under ``out`` (envpipe_X compared with stock_X)."""
+    lines = ["| run | shape | iteration (s, measured) | samples/s | vs stock | energy / iteration, all GPUs (J) "
+             "| per node (J) | predicted (s, simulated) | per stage, per replica (s, measured) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    summaries = {n: RunSummary.load(out / n / "summary.json") for n in runs if (out / n / "summary.json").exists()}
+    for name in runs:
+        if name not in summaries:
+            lines.append(f"| {name} | {_missing(out, name)} | | | | | | | |")
+            continue
+        lines.append(row(name, summaries[name], summaries.get(name.replace("envpipe", "stock", 1))))
+    return "\n".join(lines) + "\n"
+
+
+RUNS = ["stock_dp1", "envpipe_dp1", "stock_dp2", "envpipe_dp2", "stock_dp2_zero1", "envpipe_dp2_zero1"]  # dp_h200.sh's
+
+
+def render(outs: list[Path]) -> str:
+    """A results file of dp_h200.sh's output folders: each one's command, machine and table."""
+    parts = ["# Data x pipeline parallelism: stock DeepSpeed against the drop-in engine", "",
+             "One run per engine and shape (benchmarks/dp_h200.sh: not interleaved, so single-run noise applies). "
+             "Clocks never changed (clock 'readonly'). Times and energies measured; predictions simulated.", ""]
+    for out in outs:
+        command = (out / "command.txt").read_text().strip() if (out / "command.txt").is_file() else "not recorded"
+        machine = (out / "machine.txt").read_text().strip().splitlines()
+        parts += [f"Raw data: `{shown_path(out)}`. Command: `{command}`. Machine:", "",
+                  *(f"    {x}" for x in machine), "", table(out, [r for r in RUNS if (out / f"{r}.log").exists()]),
+                  f"Rendered by `python benchmarks/dp_table.py --render {shown_path(out)}`.", ""]
+    return "\n".join(parts)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--render"] and len(argv) > 1:
+        sys.stdout.write(render([Path(a) for a in argv[1:]]))
+        return 0
     if len(argv) < 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    out = Path(argv[0])
-    print("| run | shape | iteration (s, measured) | samples/s | vs stock | energy / iteration, all GPUs (J) "
-          "| per node (J) | predicted (s, simulated) | per stage, per replica (s, measured) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    summaries = {n: RunSummary.load(out / n / "summary.json") for n in argv[1:] if (out / n / "summary.json").exists()}
-    for name in argv[1:]:
-        if name not in summaries:
-            print(f"| {name} | {_missing(out, name)} | | | | | | | |")
-            continue
-        # envpipe_X is compared with stock_X
-        print(row(name, summaries[name], summaries.get(name.replace("envpipe", "stock", 1))))
+    sys.stdout.write(table(Path(argv[0]), argv[1:]))
     return 0
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from benchmarks.common import md_row, md_table, prediction_error, shown_path
-from benchmarks.runtime_bench import PLAN_ENGINE
+from benchmarks.runtime_bench import PLAN_ENGINE, REHEARSE_ENGINE
+from envpipe.runtime import summary as S
 from envpipe.runtime.summary import RunSummary
 
 
@@ -40,13 +41,20 @@ class Bench:
     bench: dict
     folders: dict[tuple[str, int, str], Path]  # the runs that ended with a report, by (model, round, engine)
     summaries: dict[tuple[str, int, str], RunSummary]
+    energy_void: str | None  # why the folder's energy readings are not this job's GPUs' (energy_void.txt), if so
 
     @classmethod
     def load(cls, out: Path) -> Bench:
         bench = json.loads((out / "bench.json").read_text())
         folders = {(r["model"], r["round"], r["engine"]): out / r["folder"] for r in bench["runs"]
                    if r["exit"] == 0 and (out / r["folder"] / "summary.json").is_file()}
-        return cls(out, bench, folders, {key: RunSummary.load(f / "summary.json") for key, f in folders.items()})
+        void = out / "energy_void.txt"
+        return cls(out, bench, folders, {key: RunSummary.load(f / "summary.json") for key, f in folders.items()},
+                   void.read_text().strip() if void.is_file() else None)
+
+    def energy(self, s: RunSummary) -> S.EnergyPrediction | None:
+        """The run's energy prediction against the counter, unless the folder's readings are void."""
+        return None if self.energy_void else s.energy
 
 
 def render_all(outs: list[Path]) -> str:
@@ -82,15 +90,16 @@ def _summary(benches: list[Bench]) -> list[str]:
                 acc.setdefault("stock spread", []).append((t.q3 - t.q1) / t.median)
                 continue
             kind = "1f1b" if engine == "envpipe" else "plan"
-            if s.energy is not None:
-                acc.setdefault(f"energy {kind}", []).append(s.energy.error)
+            energy = b.energy(s)
+            if energy is not None:
+                acc.setdefault(f"energy {kind}", []).append(energy.error)
             if s.predicted_iteration_time_s is not None:
                 acc.setdefault(f"time {kind}", []).append(
                     prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median))
-            measured = s.calibration.iterations if s.calibration is not None else 0
+            measured = s.calibration.iterations if s.calibration is not None and not b.energy_void else 0
             for name, values in _energy_checks(b.folders[model, rnd, engine], measured).items():
                 acc.setdefault(name, []).extend(values)
-            if s.calibration is not None and s.calibration.blocking_power_w is not None:
+            if s.calibration is not None and s.calibration.blocking_power_w is not None and not b.energy_void:
                 acc.setdefault("blocking power", []).extend(s.calibration.blocking_power_w)
 
     def cell(xs: list[float] | None, pct: bool = True, watts: bool = False) -> str:
@@ -175,8 +184,9 @@ def render(b: Bench) -> str:
     lines = ["# Stock DeepSpeed against the drop-in engine, and the energy model against the counter", "",
              f"Raw data: `{shown_path(out)}` (bench.json, each run's summary.json, iterations.rank*.jsonl and log). "
              f"Command: `{bench['command']}`. Code: {commit}. Machine:", "", *(f"    {x}" for x in machine), "",
-             f"Each engine ran examples/train_gpt.py in processes of its own ({bench['gpus']} per job, one pipeline "
-             f"stage each, M = {bench['microbatches']}), alternating by round. Clocks were never changed: the "
+             f"Each engine ran examples/train_gpt.py{_cnn(bench)} in processes of its own "
+             f"({bench['gpus']} per job, {_layout(bench)}, M = {bench['microbatches']}), alternating by round. Clocks "
+             "were never changed: the "
              "drop-in engine ran without envpipe-clockd (clock 'auto': default clocks, the NVML energy counter), so "
              "its steady iterations are 1F1B at default clocks. Peak memory: each job's own allocator peak on GPU 0 "
              "(from before the model was built). Times and energies are measured; predictions are the runtime's "
@@ -185,6 +195,9 @@ def render(b: Bench) -> str:
         lines[-1:-1] = [f"The drop-in engine of each pair was held to DeepSpeed's order (ENVPIPE_SCHEDULING="
                         f"{bench['pair_scheduling']}); `{PLAN_ENGINE}` runs are the engine as a user gets it (its "
                         "default policy, whose order ran with clocks untouched, interleaved with 1F1B iterations)."]
+    if b.energy_void:
+        lines += [f"**Energy void in this folder:** {b.energy_void} Its energy numbers are left out (—); its times "
+                  "are measured and shown.", ""]
     lines += ["## Throughput and memory", "",
               *md_table("model", "round", "stock iteration (ms)", "drop-in iteration (ms)", "drop-in / stock",
                         "stock peak (GiB)", "drop-in peak (GiB)")]
@@ -211,7 +224,7 @@ def render(b: Bench) -> str:
     for (model, rnd, engine), s in sorted(summaries.items()):
         if engine != "envpipe":
             continue
-        e, measured = s.energy, s.steady.time_s.median
+        e, measured = b.energy(s), s.steady.time_s.median
         predicted = s.predicted_iteration_time_s
         lines.append(md_row(
             model, rnd, "—" if e is None else f"{e.predicted_j:.1f} / {e.measured_j:.1f}",
@@ -219,7 +232,8 @@ def render(b: Bench) -> str:
             "—" if e is None else ", ".join(f"{x.stage}: {_pct(x.error)}" for x in e.stages),
             "—" if predicted is None else f"{1e3 * predicted:.1f} / {1e3 * measured:.1f}",
             "—" if predicted is None else _pct(prediction_error(predicted, measured))))
-    lines += _plan_runs({k: v for k, v in summaries.items() if k[2] == PLAN_ENGINE})
+    lines += _plan_runs(b, {k: v for k, v in summaries.items() if k[2] == PLAN_ENGINE})
+    lines += _rehearsed(b, {k: v for k, v in summaries.items() if k[2] == REHEARSE_ENGINE})
     if failed:
         lines += ["", "Runs that failed or ended before a report (see their log.txt): " + ", ".join(
             f"{r['model']} round {r['round']} {r['engine']}" for r in failed)]
@@ -231,7 +245,7 @@ def render(b: Bench) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plan_runs(summaries: dict[tuple[str, int, str], RunSummary]) -> list[str]:
+def _plan_runs(b: Bench, summaries: dict[tuple[str, int, str], RunSummary]) -> list[str]:
     """The default policy's plan as it ran (on GPUs without envpipe-clockd its order, clocks untouched): its time,
     energy and peak memory per stage against the runtime's predictions, and against the run's own interleaved
     1F1B iterations (both sides of one kind, named in the cells)."""
@@ -247,11 +261,11 @@ def _plan_runs(summaries: dict[tuple[str, int, str], RunSummary]) -> list[str]:
                            "energy predicted / measured (J)", "error", "per stage",
                            "peak memory per stage predicted / measured (GiB)")]
     for (model, rnd, _), s in sorted(summaries.items()):
-        plan, e, m = s.plan, s.energy, s.measured
+        plan, e, m = s.plan, b.energy(s), s.measured
         measured, predicted = s.steady.time_s.median, s.predicted_iteration_time_s
         order = "—" if plan is None else plan.order + ("" if plan.order_deployed else " (not deployed: 1F1B ran)")
-        vs = "—" if m is None else (f"{_pct(m.slowdown.median)} ({s.clock.time}), "
-                                    f"{'—' if m.energy_saving is None else _pct(m.energy_saving.median)} ({m.energy})")
+        saving = None if m is None or m.energy_saving is None or b.energy_void else m.energy_saving.median
+        vs = "—" if m is None else f"{_pct(m.slowdown.median)} ({s.clock.time}), {_pct(saving)} ({m.energy})"
         clocks = "planned" if plan is not None and plan.deployed else "untouched (default)"
         lines.append(md_row(
             model, rnd, order, clocks,
@@ -259,6 +273,59 @@ def _plan_runs(summaries: dict[tuple[str, int, str], RunSummary]) -> list[str]:
             "—" if predicted is None else _pct(prediction_error(predicted, measured)), vs,
             "—" if e is None else f"{e.predicted_j:.1f} / {e.measured_j:.1f}", "—" if e is None else _pct(e.error),
             "—" if e is None else ", ".join(f"{x.stage}: {_pct(x.error)}" for x in e.stages), _memory(s)))
+    return lines
+
+
+def _cnn(bench: dict) -> str:
+    """How the CNN runs ran, where the folder has some."""
+    return " (`cnn`: examples/train_cnn.py)" if any(r["model"].startswith("cnn") for r in bench["runs"]) else ""
+
+
+def _layout(bench: dict) -> str:
+    """How the job's processes are laid out: one stage each, or stages x data-parallel replicas (ZeRO)."""
+    stages = bench.get("pipeline_stages")
+    zero = f", ZeRO-{bench['zero_stage']}" if bench.get("zero_stage") else ""
+    if stages is None:
+        return f"one pipeline stage each{zero}"
+    return f"{stages} pipeline stage(s) x {bench['gpus'] // stages} data-parallel replicas{zero}"
+
+
+def _rehearsed(b: Bench, summaries: dict[tuple[str, int, str], RunSummary]) -> list[str]:
+    """The default policy with `rehearse` (clocks untouched): the plan's units stretched by their planned clocks'
+    extra time against the run's interleaved 1F1B iterations (measured) beside the planner's slowdown (simulated);
+    then the plan's order against 1F1B and what the no-harm rule kept; the predictions of what ran, and whether the
+    run trusted them."""
+    if not summaries:
+        return []
+    lines = ["", "## The plan rehearsed, and what the no-harm rule kept (clocks untouched)", "",
+             "Rehearsal: every unit the plan runs below the top clock stretched on the GPU by its planned clock's "
+             "extra time (a kernel spinning on the GPU's timer), in ABBA pairs with 1F1B all-max iterations: the "
+             "rehearsed plan's measured slowdown (median of the pairs) against the planner's predicted slowdown, "
+             "and its error in points (predicted − measured). Stretch per iteration: planned (the frequency model)"
+             " / inserted (the GPU's timer), per stage. The plan's energy saving is the planner's prediction only "
+             "(a spinning GPU draws idle power). No harm: the plan's order at default clocks against 1F1B, and "
+             "what ran after the pairs. Predictions: what ran, anchored on the calibration's untimed 1F1B "
+             "iterations.", "",
+             *md_table("model", "run", "order", "rehearsed slowdown: measured / predicted", "error (points)",
+                       "stretch per stage (ms): planned / inserted", "order vs 1F1B: time, energy", "kept",
+                       "time error", "energy error", "per stage", "predictions trusted")]
+    for (model, rnd, _), s in sorted(summaries.items()):
+        r, v, e = s.rehearsal, s.verdict, b.energy(s)
+        rehearsed = "—" if r is None else f"{_pct(r.slowdown.median)} / {_pct(r.predicted_slowdown)}"
+        stretch = "—" if r is None else ", ".join(
+            f"{x.stage}: {1e3 * x.planned_s:.2f} / " + ("—" if x.inserted_s is None else f"{1e3 * x.inserted_s:.2f}")
+            for x in r.stages)
+        order = "—" if v is None else f"{_pct(v.slowdown)}, " + ("—" if v.energy_saving is None or b.energy_void
+                                                                 else _pct(-v.energy_saving))
+        kept = "— (1F1B: nothing to compare)" if v is None else ("the order" if v.kept else "1F1B")
+        time_error = None if s.predicted_iteration_time_s is None else \
+            prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median)
+        trusted = "—" if s.trust is None else ("yes" if s.trust.trusted else "no: " + "; ".join(s.trust.reasons))
+        lines.append(md_row(
+            model, rnd, "—" if s.plan is None else s.plan.order, rehearsed,
+            "—" if r is None else f"{100 * r.error:+.1f}", stretch, order, kept, _pct(time_error),
+            "—" if e is None else _pct(e.error), "—" if e is None else ", ".join(f"{x.stage}: {_pct(x.error)}"
+                                                                                for x in e.stages), trusted))
     return lines
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks import (
     clockd_fair,
+    dp_table,
     dropin_results,
     freqmodel_results,
     meter_probe,
@@ -37,6 +38,10 @@ from benchmarks.common import RESULTS, ROOT
 RAW = RESULTS / "h200_runs"
 RAW_H100 = RESULTS / "h100_runs"
 RAW_H100X2 = RESULTS / "h100x2_runs"
+RAW_H200X2 = RESULTS / "h200x2_runs"
+RAW_H200X4 = RESULTS / "h200x4_runs"
+# the 2-GPU runs of issue #34, in the order they ran (c1: the first device call, ...)
+H200X2_DROPIN = ("c1_cnn_m8", "c1_gpt2_m8_r1", "c1_llama_m8_r1", "c1_llama_m8_rh")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,12 @@ RENDERED = (
                                                                "dropin_llama_2338", "dropin_m16_2344",
                                                                "dropin_m8_2349")),
              dropin_results.render_all, "python benchmarks/dropin_results.py"),
+    Rendered("dropin_h200x2.md", tuple(RAW_H200X2 / d for d in H200X2_DROPIN), dropin_results.render_all,
+             "python benchmarks/dropin_results.py"),
+    Rendered("dropin_h200x4.md", tuple(RAW_H200X4 / d for d in ("dropin_gpt2_x4_0626", "dropin_llama_x4_0633")),
+             dropin_results.render_all, "python benchmarks/dropin_results.py"),
+    Rendered("dp_h200x4.md", (RAW_H200X4 / "dp_pp_x4_0722",), dp_table.render,
+             "python benchmarks/dp_table.py --render"),
     Rendered("meter_probe_h100x2.md", (RAW_H100X2 / "meter_probe_2317",), meter_probe.render,
              "python benchmarks/meter_probe.py --render"),
     Rendered("freqmodel.md", (RESULTS / "freqmodel.json",),
