@@ -140,7 +140,8 @@ def test_node_zero_waits_for_every_sshd_then_runs_pdsh(capsys) -> None:
     wait, run = script.split("; exec deepspeed ")
     assert "for h in d-0.d d-1.d d-2.d; do until (exec 3<>/dev/tcp/$$h/2222)" in wait
     assert run.startswith("--hostfile /etc/envpipe/job/hostfile --master_addr d-0.d --master_port 29500 "
-                          "--launcher pdsh --ssh_port 2222 --no_ssh_check examples/train_gpt.py --steps 5")
+                          "--launcher pdsh --ssh_port 2222 --no_ssh_check --force_multi examples/train_gpt.py "
+                          "--steps 5")
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["PDSH_SSH_ARGS_APPEND"].startswith("-o StrictHostKeyChecking=no")
     assert c["readinessProbe"] == {"tcpSocket": {"port": 2222}, "periodSeconds": 2}

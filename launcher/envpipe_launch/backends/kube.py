@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from .. import sshkeys
+from .. import sshkeys, words
 from ..errors import LaunchError
-from ..job import JobSpec, job_name
+from ..job import JobSpec, env_pairs, job_name
 from ..kube_manifests import Batch, KubeJob, PodSettings
 from ..pod_contract import ClockdSocket
 from .kube_run import KubeRun
@@ -137,6 +137,10 @@ def build_job(spec: JobSpec, opts: KubeOptions) -> KubeJob:
             f"--shm-size {opts.pods.shm_gib} GiB must be below --worker-memory {opts.pods.memory_gib} GiB "
             "(a memory-backed /dev/shm counts against the pod's memory limit)"
         )
+    for what, word in [("training script", spec.script), *(("argument", a) for a in spec.script_args)]:
+        words.check_text(what, word)
+    if not opts.no_ssh:  # DeepSpeed's env file in the ConfigMap, read by its pdsh runner on node 0
+        words.check_env(env_pairs(spec.env), words.PDSH)
     name = job_name(opts.name or "envpipe", "" if opts.name else secrets.token_hex(3))
     return KubeJob(
         spec,
