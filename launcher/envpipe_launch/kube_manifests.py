@@ -42,6 +42,7 @@ from .pod_contract import RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
 
 LABEL = "envpipe.io/job"
 ROLE = "envpipe.io/role"
+LAUNCH = "envpipe.io/launch"  # one launch's objects: what it may delete of what it asked to create
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set on each pod by the Job controller
 SSH_DIR = "/etc/envpipe/ssh"  # the image's entrypoint reads authorized_keys and id_ed25519 here
@@ -120,6 +121,7 @@ class KubeJob:
     pods: PodSettings = field(default_factory=PodSettings)
     batch: Batch = field(default_factory=Batch)
     worker_wait_s: int = 600  # how long node 0 waits for every node's sshd
+    launch: str | None = None  # this launch's id (label LAUNCH of every object; none in a dry run)
 
     @property
     def kind(self) -> WorkloadKind:
@@ -138,7 +140,8 @@ class KubeJob:
         return hostfile.render([hostfile.Host(h, max(self.spec.gpus_per_node, 1)) for h in self.hosts()])
 
     def meta(self, name: str, role: str) -> Obj:
-        return {"name": name, "namespace": self.namespace, "labels": {LABEL: self.name, ROLE: role}}
+        labels = {LABEL: self.name, ROLE: role, **({LAUNCH: self.launch} if self.launch else {})}
+        return {"name": name, "namespace": self.namespace, "labels": labels}
 
     def pod_labels(self) -> dict[str, str]:
         return {LABEL: self.name, ROLE: "node"}

@@ -4,6 +4,7 @@ for the nodes, stream node 0's log, pass the exit status through, delete everyth
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import sys
@@ -192,6 +193,7 @@ def launch(
     if dry_run_only:
         sys.stdout.write(dry_run(job))
         return 0
+    job = dataclasses.replace(job, launch=secrets.token_hex(8))  # this launch's objects: what it may delete
     run = KubeRun(job, api_client or _load_config(), opts.ready_timeout_s)
     what = f"{job.kind.kind} {job.name}"
     print(f"envpipe-launch: {what} in namespace {job.namespace}", file=sys.stderr)
@@ -206,7 +208,7 @@ def launch(
         print("envpipe-launch: interrupted", file=sys.stderr)
         return 130
     finally:
-        if opts.keep:
+        if opts.keep and run.created:  # a job stopped half-created is deleted: a suspended one would never end
             print(
                 f"envpipe-launch: kept {what} (the cluster deletes it {job.batch.ttl_after_finished_s}s after it "
                 f"finishes; everything now: kubectl delete {job.kind.kind.lower()} {job.name} -n {job.namespace})",
