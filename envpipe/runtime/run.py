@@ -263,20 +263,16 @@ class EnvPipeRun:
         if self.planned is None or self.record is None or collective.rank() != 0:
             return
         done = min(self.record.pairs, len(self.record.compared) // 2)
-        state.save(folder, state.to_state(self.shape, self.planned, done))
+        why = state.write(folder, self.shape, self.planned, done)
+        if why:
+            progress(f"checkpoint {folder}: EnvPipe's state not saved ({why}); a resume from it profiles again")
 
     def load_state(self, folder: Path) -> None:
         """Resume from a checkpoint's folder in its steady plan, or say in one line why not and start the phases
         again (a collective call: rank 0 reads, every rank resumes alike)."""
-        found = collective.decided(lambda: state.load(folder))
-        restored, pairs = None, 0
-        if isinstance(found, str):
-            why = found
-        elif diffs := self.shape.differences(found.shape):
-            why = f"the job changed since checkpoint {folder} ({'; '.join(diffs)})"
-        else:
-            restored, pairs = state.from_state(found), found.pairs_done
-            why = ""
+        found = collective.decided(lambda: state.load(folder, self.shape))
+        restored, pairs = (None, 0) if isinstance(found, str) else (state.from_state(found), found.pairs_done)
+        why = found if isinstance(found, str) else ""
         progress(f"resume: {why}; calibrating and profiling again" if restored is None else
                  f"resume: the steady plan of checkpoint {folder} ({restored.decision.order}), no profiling")
         self.resumed = True
