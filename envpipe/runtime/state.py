@@ -270,10 +270,15 @@ def _rows(table: Any) -> list[list[float]]:
     return [[float(x) for x in row] for row in np.asarray(table, float)]
 
 
+def document(state: RunState) -> dict[str, Any]:
+    """The state as the file holds it (JSON types)."""
+    return _ADAPTER.dump_python(state, mode="json")  # type: ignore[no-any-return]
+
+
 def save(folder: Path, state: RunState) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_write(folder / STATE_FILE) as fh:
-        json.dump(_ADAPTER.dump_python(state, mode="json"), fh, allow_nan=False)
+        json.dump(document(state), fh, allow_nan=False)
 
 
 def write(folder: Path, shape: JobShape, decided: Decided, pairs_done: int) -> str | None:
@@ -292,7 +297,7 @@ def load(folder: Path, job: JobShape) -> RunState | str:
     path = folder / STATE_FILE
     try:
         text = limits.read_text(path, MAX_STATE_BYTES, "EnvPipe state")
-        data = limits.parse_json(text)
+        data = limits.parse_json(text, MAX_STATE_DEPTH)
     except FileNotFoundError:
         return f"checkpoint {folder} has no EnvPipe state ({STATE_FILE})"
     except OSError as exc:

@@ -20,32 +20,19 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from envpipe.limits import parse_json
 from envpipe.plan.planfile import Plan
-from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.profile import embedded_profile_path, load_profile
+from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import state
-from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.engine import EnvPipeEngine
-from tests.support.runtime_summary import sample_calibrated
+from tests.support.runtime_summary import sample_calibrated, sample_decided
 
 MODELS = ["0123456789abcdef", "fedcba9876543210"]
 SHAPE = state.JobShape(4, 2, 2, 4, 2, MODELS)
 
 
-def decided() -> Decided:
-    profile = load_profile(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
-    sub = type(profile)(profile.freqs, profile.fwd_time[:2], profile.bwd_time[:2], profile.fwd_energy[:2],
-                        profile.bwd_energy[:2], "two stages")
-    plan = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
-    decision = Decision(Origin.PLANNER, "planner", "optimal", "envpipe", {0: plan, 1: plan}, True, 1.0,
-                        predicted_time_s=0.2, profile=sub)
-    calibrated = replace(sample_calibrated(), waiting_power_w=[121.0, None, 126.0, 119.0])
-    return Decided(calibrated, decision, None)
-
-
 @pytest.fixture
 def saved(tmp_path: Path) -> dict[str, Any]:
     """A good state's document, as saved."""
-    state.save(tmp_path, state.to_state(SHAPE, decided(), 1))
+    state.save(tmp_path, state.to_state(SHAPE, sample_decided(), 1))
     return json.loads((tmp_path / state.STATE_FILE).read_text())
 
 
@@ -54,7 +41,7 @@ def test_round_trip_keeps_what_was_decided(tmp_path: Path, saved: dict[str, Any]
     assert isinstance(loaded, state.RunState) and loaded.pairs_done == 1 and loaded.shape == SHAPE
     restored = state.from_state(loaded)
     calibrated, again = restored.calibrated, restored.decision
-    original = decided().decision
+    original = sample_decided().decision
     assert again == replace(original, profile=again.profile) and again.info == original.info
     assert restored.reconfiguration is None
     assert again.profile is not None and np.array_equal(again.profile.fwd_time, original.profile.fwd_time)
@@ -128,7 +115,7 @@ RAW: list[tuple[str, str, str]] = [  # (what, text, what the line names)
     ("Infinity", '{"version": 1, "idle_power_w": -Infinity}', "-Infinity is not a finite number"),
     ("pairs_done 10^400", '{"version": 1, "pairs_done": 1' + "0" * 400 + "}", "integer out of range"),
     ("a float that overflows", '{"version": 1, "idle_power_w": 1e400}', "number out of range"),
-    ("5,000-deep nesting", '{"version": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}", "nested deeper"),
+    ("5,000-deep nesting", '{"version": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}", "nested deeper than 10 levels"),
     ("11-deep nesting", '{"version": 1, "x": ' + "[" * 11 + "]" * 11 + "}", "nested deeper than 10 levels"),
     ("not JSON", "{", "not JSON"),
     ("a list", "[1]", "not a version 1 EnvPipe state"),
@@ -176,11 +163,11 @@ def test_no_state_a_fifo_and_dev_zero_are_one_line_at_once(tmp_path: Path) -> No
 
 def test_numbers_of_a_run_outside_the_bounds_are_one_line_not_a_crash(tmp_path: Path) -> None:
     """A checkpoint goes on without EnvPipe's state when a number of the run itself is out of bounds."""
-    bad = decided()
+    bad = sample_decided()
     bad = replace(bad, calibrated=replace(bad.calibrated, idle_power_w=1e9))
     why = state.write(tmp_path, SHAPE, bad, 0)
     assert why is not None and why.startswith("idle_power_w:") and not (tmp_path / state.STATE_FILE).exists()
-    assert state.write(tmp_path, SHAPE, decided(), 0) is None and (tmp_path / state.STATE_FILE).exists()
+    assert state.write(tmp_path, SHAPE, sample_decided(), 0) is None and (tmp_path / state.STATE_FILE).exists()
 
 
 def test_the_state_is_in_the_tag_before_deepspeed_names_it_latest(tmp_path: Path, monkeypatch) -> None:
@@ -195,7 +182,7 @@ def test_the_state_is_in_the_tag_before_deepspeed_names_it_latest(tmp_path: Path
 
     class Run:
         def save_state(self, folder: Path) -> None:
-            state.save(folder, state.to_state(SHAPE, decided(), 0))
+            state.save(folder, state.to_state(SHAPE, sample_decided(), 0))
 
     monkeypatch.setattr(PipelineEngine, "save_checkpoint", deepspeed_save)
     engine = object.__new__(EnvPipeEngine)  # DeepSpeed's engine needs a process group: only what the call uses
