@@ -38,10 +38,12 @@ PDSH, OPENMPI, MVAPICH = "pdsh", "openmpi", "mvapich"
 # add_export leaves a value of these characters as it is (Python's \w: Unicode letters and digits, and _)
 _EXPORT_PLAIN = re.compile(r"[\w@%+=:,./-]*")
 _DOUBLE_QUOTED_SPECIAL = re.compile(r'([\\$`"])')  # what stays special inside a shell's double quotes
+_BUT_THE_QUOTE = re.compile(r"([\\$`])")  # the same, less the `"` that DeepSpeed's parse_user_args escapes
+_PDSH_FORMAT = re.compile(r"%[hun%]|%\Z")  # what pdsh replaces (a lone % at the end: it reads past the end)
 # DeepSpeed's runner exports the variables of its environment that start with one of these: its own list
-# (runner.EXPORT_ENVS) and those of its accelerators (`export_envs()`: cuda, npu, mlu, sdaa, supa), 0.19.8
-RUNNER_EXPORTS = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL", "ASCEND", "HCCL", "NEUWARE_HOME", "CNCL", "BCCL",
-                  "BIREN", "SUPA", "LD_LIBRARY", "PATH")
+# (runner.EXPORT_ENVS, 0.19.8) and the cuda accelerator's (`export_envs()`). Other accelerators add their own
+# (npu: ASCEND, HCCL, LD_LIBRARY, PATH; ...), unchecked here: PATH is no value to refuse on a cuda host.
+RUNNER_EXPORTS = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")
 
 
 def check(what: str, word: str) -> str:
@@ -83,7 +85,7 @@ def argument(word: str) -> str:
     the other characters special inside double quotes, `\\` `$` and `` ` ``, get their backslash."""
     if " " not in check("argument", word):
         return shell_word(word)
-    return _for_pdsh(re.sub(r"([\\$`])", r"\\\1", word))
+    return _for_pdsh(_BUT_THE_QUOTE.sub(r"\\\1", word))
 
 
 def value_error(value: str, launcher: str) -> str | None:
@@ -127,9 +129,6 @@ def runner_exports(environ: Mapping[str, str], given: Mapping[str, str]) -> dict
     """The variables of `environ` that DeepSpeed's runner exports to the other hosts by itself, less those
     the env file sets again (`given`: its value wins there)."""
     return {k: v for k, v in environ.items() if k.startswith(RUNNER_EXPORTS) and k not in given}
-
-
-_PDSH_FORMAT = re.compile(r"%[hun%]|%\Z")
 
 
 def inherited_error(value: str, launcher: str) -> str | None:
