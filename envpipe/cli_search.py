@@ -34,6 +34,9 @@ MAX_GLOBAL_BATCH = 2**24
 MAX_TOP_K = 1000
 MAX_MEMORY_GIB = 2**20
 MAX_LINK_GBPS = 1e6  # gigabits per second: 1 Pb/s
+# 100 Mb/s: slower than any link a GPU job trains over; much lower ones made every time overflow the planner's
+# (1e-300 Gb/s: InfeasibleBudget tracebacks)
+MIN_LINK_GBPS = 0.1
 MAX_LATENCY_US = 1e6
 MAX_THROUGHPUT = 1e12  # samples per second
 BITS = 8  # a link's gigabits per second are GBPS / 8 gigabytes per second
@@ -52,8 +55,8 @@ class _Progress:
             click.echo(f"search: {what} ({done}/{total}), {now - self.start:.0f} s", err=True)
 
 
-def _gbps(low_open: bool = True) -> Finite:
-    return Finite(0, MAX_LINK_GBPS, low_open=low_open)
+def _gbps() -> Finite:
+    return Finite(MIN_LINK_GBPS, MAX_LINK_GBPS)
 
 
 def _shell_words(ctx: click.Context, param: click.Parameter, value: str) -> str:

@@ -82,15 +82,17 @@ def output_path_error(path: str | Path) -> str | None:
     return None
 
 
-def parse_json(text: str) -> Any:
+def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """JSON with finite numbers only (no NaN or Infinity, no float that overflows), integers of at most
-    ``MAX_JSON_INT_DIGITS`` digits, and nesting the parser survives; ValueError (the reason) otherwise."""
+    ``MAX_JSON_INT_DIGITS`` digits, and nesting the parser survives; ValueError (the reason) otherwise. The
+    caller checks its own depth (``json_depth``) against ``max_depth``, which the message for nesting beyond
+    the parser names."""
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_short_int)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
     except RecursionError:  # the C scanner stops cleanly at the interpreter's recursion limit
-        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise ValueError(f"nested deeper than {max_depth} levels") from None
 
 
 def _refuse_constant(name: str) -> NoReturn:

@@ -269,7 +269,8 @@ class _OneLineErrors(click.Command):
     default="",
     show_default=True,
     help="Where to record which GPUs are off their default clock, so a restart resets what a dead "
-    "daemon left (a host path; '' keeps it in memory and resets every GPU at start).",
+    "daemon left (a host path); its lock keeps a second daemon off the node's GPUs. Required with --backend "
+    "nvml; '' (sim, readonly) keeps it in memory and resets every GPU at start.",
 )
 @click.option(
     "--driver-deadline",
@@ -383,6 +384,11 @@ def main(
         )
     if reset_all_and_exit and guard:
         raise click.UsageError("give --reset-all-and-exit or --guard, not both")
+    if backend == "nvml" and not state_file:
+        raise click.UsageError(
+            "--backend nvml needs --state-file: its lock is how a second daemon on this node, on any socket, is "
+            "refused before it resets the GPUs a live one leased (the chart passes one)"
+        )
     if (reset_all_and_exit or guard) and not state_file:
         flag = "--guard" if guard else "--reset-all-and-exit"
         raise click.UsageError(

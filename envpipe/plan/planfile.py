@@ -37,7 +37,7 @@ from envpipe.limits import (
     read_text,
     units_error,
 )
-from envpipe.plan.dag import PipelineDag, ScheduleError
+from envpipe.plan.dag import PipelineDag, ScheduleError, engine_order_dag
 from envpipe.plan.layout import StageLayout
 from envpipe.plan.schedules import ChunkUnit, Unit, schedule_layout
 from envpipe.profile import Profile
@@ -153,6 +153,18 @@ class Plan:
             raise PlanError(f"made from another profile than {profile.source} ({self.profile_digest[:19]}..., "
                             f"this profile is {profile.digest[:19]}...); plan again on it, or delete the "
                             "plan's profile_digest to simulate it anyway")
+
+    def pipeline_error(self, num_stages: int, num_microbatches: int) -> str | None:
+        """Why DeepSpeed's pipeline engine cannot run this plan in a pipeline of ``num_stages`` stages and
+        ``num_microbatches`` micro-batches (another shape, or an order it does not run), or None."""
+        if (self.num_stages, self.num_microbatches) != (num_stages, num_microbatches):
+            return (f"plan is for {self.num_stages} stages x {self.num_microbatches} micro-batches, this run has "
+                    f"{num_stages} x {num_microbatches}")
+        try:
+            engine_order_dag(self.orders(), num_microbatches)
+        except (ScheduleError, PlanError) as exc:
+            return str(exc)
+        return None
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:

@@ -106,12 +106,12 @@ class EnvPipeEngine(PipelineEngine):
         return super().eval_batch(*args, **kwargs)
 
     def save_checkpoint(self, save_dir: Any, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """DeepSpeed's checkpoint, with what EnvPipe decided (`envpipe_state.json` in the tag's folder)."""
+        """DeepSpeed's checkpoint, with what EnvPipe decided (`envpipe_state.json` in the tag's folder), written
+        first: DeepSpeed names the tag in `latest` last, so no crash leaves `latest` naming a tag without it."""
         tag = f"global_step{self.global_steps}" if tag is None else tag  # DeepSpeed's default, resolved here
-        saved = super().save_checkpoint(save_dir, tag, *args, **kwargs)
         if self.envpipe is not None:
             self.envpipe.save_state(Path(save_dir) / str(tag))
-        return saved
+        return super().save_checkpoint(save_dir, tag, *args, **kwargs)
 
     def load_checkpoint(self, load_dir: Any, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
         """DeepSpeed's `load_checkpoint`; a checkpoint with EnvPipe's state resumes in its steady plan."""

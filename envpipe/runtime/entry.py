@@ -80,6 +80,7 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
                 mpu=mpu, dist_init_required=dist_init_required, collate_fn=collate_fn, config=ds_config,
                 mesh_param=mesh_param)
         assert isinstance(engine, EnvPipeEngine)
+        _check_plan_fits(cfg, engine.num_stages, engine.micro_batches)
         engine.envpipe = EnvPipeRun(engine, cfg, clock)
     except BaseException:
         if clock is not None:
@@ -112,6 +113,20 @@ def _check_inputs(cfg: envpipe_config.EnvPipeConfig) -> None:
                 load(given)
             except (OSError, ValueError) as exc:
                 raise EnvPipeSetupError(f"'envpipe.{key}': {exc}") from None
+
+
+def _check_plan_fits(cfg: envpipe_config.EnvPipeConfig, stages: int, microbatches: int) -> None:
+    """A plan file for another pipeline stops the job here, in one line, before its first step (it was refused
+    only when the run reached its plan, after calibration, with a traceback)."""
+    from envpipe.plan.planfile import Plan
+
+    if cfg.plan:
+        try:
+            why = Plan.load(cfg.plan).pipeline_error(stages, microbatches)
+        except (OSError, ValueError) as exc:  # read and checked in `settings` already; changed since
+            why = str(exc)
+        if why:
+            raise EnvPipeSetupError(f"'envpipe.plan' {cfg.plan}: {why}")
 
 
 def read_config(args: Any, config: Any) -> tuple[dict[str, Any], Path | None]:

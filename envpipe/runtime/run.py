@@ -163,7 +163,9 @@ class EnvPipeRun:
         meter.trace.trim(keep if oldest is None else min(keep, oldest))
 
     # --- the phases -----------------------------------------------------------------------------------
-    def _phases(self, restored: decide.Decided | None, done_pairs: int) -> Phase[None]:
+    def _phases(self, restored: decide.Decided | None, done_pairs: int, verdict: S.Verdict | None = None
+                ) -> Phase[None]:
+        """The phases; a resumed run starts from what its checkpoint decided (and what its pairs kept)."""
         rig, cfg = self.rig, self.cfg
         if restored is None:
             calibrated = yield from calibrate(rig)
@@ -181,6 +183,9 @@ class EnvPipeRun:
             self.planned = restored
         plan, main, pairs = what_runs(rig, self.planned.decision)
         self.record = SteadyRecord(plan, main, pairs)
+        if verdict is not None:
+            self.record.judged(verdict, rig.baseline)
+            self.monitor.plan_kept = verdict.kept
         predicted = self.planned.decision.predicted
         self.monitor.saving_planned = None if predicted is None else predicted.energy_saving
         yield from steady(rig, self.record, done_pairs, self.write_summary, self._judge)
@@ -292,25 +297,22 @@ class EnvPipeRun:
         if self.planned is None or self.record is None or collective.rank() != 0:
             return
         done = min(self.record.pairs, len(self.record.compared) // 2)
-        state.save(folder, state.to_state(self.shape, self.planned, done))
+        why = state.write(folder, self.shape, self.planned, done, self.record.verdict)
+        if why:
+            progress(f"checkpoint {folder}: EnvPipe's state not saved ({why}); a resume from it profiles again")
 
     def load_state(self, folder: Path) -> None:
         """Resume from a checkpoint's folder in its steady plan, or say in one line why not and start the phases
         again (a collective call: rank 0 reads, every rank resumes alike)."""
-        found = collective.decided(lambda: state.load(folder))
-        restored, pairs = None, 0
-        if isinstance(found, str):
-            why = found
-        elif diffs := self.shape.differences(found.shape):
-            why = f"the job changed since checkpoint {folder} ({'; '.join(diffs)})"
-        else:
-            restored, pairs = state.from_state(found), found.pairs_done
-            why = ""
+        found = collective.decided(lambda: state.load(folder, self.shape))
+        restored, pairs = (None, 0) if isinstance(found, str) else (state.from_state(found), found.pairs_done)
+        verdict = None if isinstance(found, str) else found.verdict
+        why = found if isinstance(found, str) else ""
         progress(f"resume: {why}; calibrating and profiling again" if restored is None else
                  f"resume: the steady plan of checkpoint {folder} ({restored.decision.order}), no profiling")
         self.resumed = True
         self._program.close()
-        self._program = self._phases(restored, pairs)
+        self._program = self._phases(restored, pairs, verdict)
         self._step = next(self._program)
 
     def close(self) -> None:

@@ -351,7 +351,9 @@ def _layer(raw: Any, index: int, sizes: list[int], version: int, carried_calls_s
         cell = _object(per_raw[str(b)], at)
         forward, backward = (_number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S, positive=True)
                              for k in _PER_MB_KEYS[:2])
-        held, output, forward_peak, backward_peak = (_count(cell, k, f"{at}: '{k}'") for k in _PER_MB_KEYS[2:6])
+        # a layer always keeps something for its backward (its input, at least): 0 bytes is no measurement
+        held = _count(cell, "activation_bytes", f"{at}: 'activation_bytes'", minimum=1)
+        output, forward_peak, backward_peak = (_count(cell, k, f"{at}: '{k}'") for k in _PER_MB_KEYS[3:6])
         forward_host, backward_host, forward_repeat, backward_repeat = (
             _number(cell, k, f"{at}: '{k}'", MAX_UNIT_TIME_S) if version >= 2 else 0.0 for k in _PER_MB_KEYS[6:])
         per[b] = LayerCost(forward, backward, held, output, forward_peak, backward_peak, forward_host,

@@ -145,7 +145,8 @@ def _exit(message: str, status: int) -> None:
 @click.option(
     "--toleration", multiple=True, metavar="KEY[=VAL][:EFFECT]", help="kube: worker toleration (repeatable)."
 )
-@click.option("--affinity", "affinity_file", default=None, help="kube: YAML/JSON file of the workers' affinity.")
+@click.option("--affinity", "affinity_file", type=RegularFile(), default=None,
+              help="kube: YAML/JSON file of the workers' affinity.")
 @click.option("--image-pull-secret", multiple=True, metavar="NAME", help="kube: pull secret (repeatable).")
 @click.option("--priority-class", default=None, help="kube: priorityClassName of the pods.")
 @click.option(

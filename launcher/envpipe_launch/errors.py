@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
@@ -35,7 +36,11 @@ class Stopped(BaseException):
 @contextlib.contextmanager
 def handling(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
     """`handler` for SIGINT and SIGTERM inside the block, unless a signal was ignored when this process
-    started (a background job of a script ignores SIGINT, and so do its children, by convention)."""
+    started (a background job of a script ignores SIGINT, and so do its children, by convention). Outside
+    the main thread, where Python delivers no signal, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
         for s, h in old.items():

@@ -9,6 +9,7 @@ from importlib import resources
 
 import jinja2
 
+from . import textfile
 from .errors import LaunchError
 from .job import MAX_PROCS_PER_NODE
 
@@ -94,17 +95,7 @@ def parse(text: str, fmt: str = "deepspeed") -> list[Host]:
 
 def read(path: str) -> list[Host]:
     """A DeepSpeed hostfile the user gave (`host slots=N` lines, UTF-8, at most MAX_BYTES)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise LaunchError(f"cannot read hostfile {path}: {e.strerror or e}") from e
-    if len(data) > MAX_BYTES:
-        raise LaunchError(f"hostfile {path}: larger than {MAX_BYTES} bytes, not a hostfile")
-    try:
-        text = data.decode("utf-8-sig")  # an editor's byte-order mark is not part of the first host
-    except UnicodeDecodeError as e:
-        raise LaunchError(f"hostfile {path}: not UTF-8 text (byte {e.start})") from e
+    text = textfile.read_text(path, MAX_BYTES, "hostfile")
     try:
         return parse(text)
     except LaunchError as e:

@@ -34,14 +34,15 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hostfile
+from . import hostfile, words
 from .deepspeed_cmd import SSH_CLIENT_OPTS
-from .job import DEFAULT_MASTER_PORT, JobSpec
+from .job import DEFAULT_MASTER_PORT, JobSpec, env_pairs
 from .kube_syntax import escape_expansion
 from .pod_contract import RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
 
 LABEL = "envpipe.io/job"
 ROLE = "envpipe.io/role"
+LAUNCH = "envpipe.io/launch"  # one launch's objects: what it may delete of what it asked to create
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set on each pod by the Job controller
 SSH_DIR = "/etc/envpipe/ssh"  # the image's entrypoint reads authorized_keys and id_ed25519 here
@@ -50,6 +51,15 @@ CONTAINER = "node"
 REPLICATED_JOB = "node"  # the JobSet's one replicated Job
 DEFAULT_TTL_S = 86_400  # a finished job stays a day (its pods' logs), then the cluster deletes it
 Obj = dict[str, Any]
+
+
+# DeepSpeed's pdsh runner puts its working directory (the image's) unquoted into the nodes' command line: node 0
+# refuses one that a shell or pdsh would read otherwise (the words the launcher writes are quoted: words.py).
+PLAIN_WORKDIR = (
+    'case "$PWD" in *[!A-Za-z0-9_@+=:,./-]*) echo "envpipe: the working directory ${PWD@Q} would reach the other '
+    "nodes' shell unquoted through DeepSpeed's pdsh runner; use an image whose WORKDIR is letters, digits and "
+    '_@+=:,./-" >&2; exit 2;; esac'
+)
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,7 @@ class KubeJob:
     pods: PodSettings = field(default_factory=PodSettings)
     batch: Batch = field(default_factory=Batch)
     worker_wait_s: int = 600  # how long node 0 waits for every node's sshd
+    launch: str | None = None  # this launch's id (label LAUNCH of every object; none in a dry run)
 
     @property
     def kind(self) -> WorkloadKind:
@@ -129,7 +140,8 @@ class KubeJob:
         return hostfile.render([hostfile.Host(h, max(self.spec.gpus_per_node, 1)) for h in self.hosts()])
 
     def meta(self, name: str, role: str) -> Obj:
-        return {"name": name, "namespace": self.namespace, "labels": {LABEL: self.name, ROLE: role}}
+        labels = {LABEL: self.name, ROLE: role, **({LAUNCH: self.launch} if self.launch else {})}
+        return {"name": name, "namespace": self.namespace, "labels": labels}
 
     def pod_labels(self) -> dict[str, str]:
         return {LABEL: self.name, ROLE: "node"}
@@ -145,10 +157,11 @@ class KubeJob:
         }
 
     def config_map(self) -> Obj:
-        """The hostfile, and the --env variables that DeepSpeed's runner exports on every node."""
+        """The hostfile, and with ssh the --env variables that DeepSpeed's runner exports on every node
+        (words.env_file; with --no-ssh they are the container's env)."""
         data = {"hostfile": self.hostfile()}
-        if self.spec.env:
-            data["deepspeed_env"] = "".join(f"{pair.strip()}\n" for pair in self.spec.env)
+        if self.spec.env and not self.no_ssh:
+            data["deepspeed_env"] = words.env_file(env_pairs(self.spec.env), words.PDSH)
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self.meta(f"{self.name}-config", "config"),
                 "data": data}
 
@@ -240,10 +253,15 @@ class KubeJob:
 
     # ---- the pods ----
     def _deepspeed(self, extra: str) -> str:
+        """DeepSpeed's runner for node 0's `bash -c` (words.posix); with ssh the script and its arguments are
+        first quoted for its pdsh runner's command line (words.shell_word, words.argument)."""
         head = ["deepspeed", "--hostfile", f"{JOB_DIR}/hostfile", "--master_addr", self.hosts()[0],
                 # a pod's network is its own: the default port is free there
                 "--master_port", str(self.spec.master_port or DEFAULT_MASTER_PORT)]
-        return f"{shlex.join(head)} {extra} {shlex.join([self.spec.script, *self.spec.script_args])}"
+        program = [self.spec.script, *self.spec.script_args]
+        if not self.no_ssh:
+            program = [words.shell_word(self.spec.script), *map(words.argument, self.spec.script_args)]
+        return f"{shlex.join(head)} {extra} {' '.join(map(words.posix, program))}"
 
     def _wait_for_nodes(self) -> str:
         """Bash: every node's sshd answers (DNS and port), bounded, before DeepSpeed starts."""
@@ -261,9 +279,10 @@ class KubeJob:
         if self.no_ssh:  # every node runs DeepSpeed itself, torchrun-style
             ds = self._deepspeed("--no_ssh --node_rank=$JOB_COMPLETION_INDEX")
             return ["launcher", "bash", "-c", f"exec {ds}"]
+        # --force_multi: through pdsh even to one node, whose words are quoted for that command line
         ds = self._deepspeed(shlex.join(["--launcher", "pdsh", "--ssh_port", str(self.spec.ssh_port),
-                                         "--no_ssh_check"]))
-        return ["node", "bash", "-c", f"{self._wait_for_nodes()}; exec {ds}"]  # run on node 0 only
+                                         "--no_ssh_check", "--force_multi"]))
+        return ["node", "bash", "-c", f"{self._wait_for_nodes()}; {PLAIN_WORKDIR}; exec {ds}"]  # on node 0 only
 
     def _env(self) -> list[Obj]:
         env: list[Obj] = [
@@ -274,7 +293,7 @@ class KubeJob:
         if self.pods.clockd:
             env.append({"name": SOCKET_ENV, "value": self.pods.clockd.path})
         if self.no_ssh:  # the container env is the job's
-            env += [{"name": k, "value": v} for k, _, v in (p.partition("=") for p in self.spec.env)]
+            env += [{"name": k, "value": v} for k, v in env_pairs(self.spec.env).items()]
         else:  # node 0's pdsh and DeepSpeed's runner
             env.append({"name": "PDSH_SSH_ARGS_APPEND", "value": SSH_CLIENT_OPTS})
             if self.spec.env:

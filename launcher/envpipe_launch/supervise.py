@@ -49,7 +49,7 @@ class Supervised:
     """`argv` started under a supervisor; the launcher's side."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, stop_timeout_s: float = 10.0,
-                 stdin: Any = None, stdout: Any = None, stderr: Any = None) -> None:
+                 stdin: Any = None, stdout: Any = None, stderr: Any = None, cwd: str | None = None) -> None:
         read_end, self._lifeline = os.pipe()
         # Blocked until the supervisor has its handlers: a signal sent meanwhile waits instead of
         # killing it half-started (the mask is inherited through fork and exec).
@@ -57,7 +57,7 @@ class Supervised:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", __name__, "--lifeline-fd", str(read_end),
-                 "--stop-timeout", repr(stop_timeout_s), "--", *argv],
+                 "--stop-timeout", repr(stop_timeout_s), *(["--cwd", cwd] if cwd else []), "--", *argv],
                 env=env,
                 pass_fds=(read_end,),
                 start_new_session=True,  # a terminal's Ctrl-C reaches the launcher only, which forwards it
@@ -95,8 +95,9 @@ class Supervised:
         return self.wait()
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, stop_timeout_s: float = 10.0) -> int:
-    """Run `argv` to its end and return its exit status. SIGINT/SIGTERM to this process stop the whole
+def run(argv: list[str], env: dict[str, str] | None = None, stop_timeout_s: float = 10.0,
+        cwd: str | None = None) -> int:
+    """Run `argv` (in `cwd`) to its end and return its exit status. SIGINT/SIGTERM to this process stop the whole
     job; once none of it runs, Stopped(signum) is raised (the CLI exits 128 + signum)."""
     received: list[int] = []
     job: Supervised | None = None
@@ -107,7 +108,7 @@ def run(argv: list[str], env: dict[str, str] | None = None, stop_timeout_s: floa
             job.signal(signum)
 
     with handling(forward):
-        job = Supervised(argv, env, stop_timeout_s)
+        job = Supervised(argv, env, stop_timeout_s, cwd=cwd)
         if received:  # a signal came while the supervisor was starting
             job.signal(received[0])
         status = job.wait()
@@ -119,8 +120,8 @@ def run(argv: list[str], env: dict[str, str] | None = None, stop_timeout_s: floa
 class Supervisor:
     """The supervisor process's side."""
 
-    def __init__(self, argv: list[str], lifeline_fd: int, stop_timeout_s: float) -> None:
-        self.argv, self.lifeline, self.stop_timeout_s = argv, lifeline_fd, stop_timeout_s
+    def __init__(self, argv: list[str], lifeline_fd: int, stop_timeout_s: float, cwd: str | None = None) -> None:
+        self.argv, self.lifeline, self.stop_timeout_s, self.cwd = argv, lifeline_fd, stop_timeout_s, cwd
         self.signals: list[int] = []
         self.status: int | None = None  # the command's, once it is reaped
         self.stop_signal: int | None = None
@@ -150,6 +151,8 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # see Supervised: now they are handled
         try:
+            if self.cwd is not None:  # the command's (the supervisor itself needs none)
+                os.chdir(self.cwd)
             # the dispositions Python changed go back to the defaults, as subprocess does
             self.leader = os.posix_spawnp(self.argv[0], self.argv, os.environ,
                                           setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
@@ -260,12 +263,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m envpipe_launch.supervise", description=__doc__.split("\n")[0])
     ap.add_argument("--lifeline-fd", type=int, required=True)
     ap.add_argument("--stop-timeout", type=float, default=10.0)
+    ap.add_argument("--cwd", default=None)
     ap.add_argument("argv", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         ap.error("no command")
-    sys.exit(Supervisor(argv, args.lifeline_fd, args.stop_timeout).run())
+    sys.exit(Supervisor(argv, args.lifeline_fd, args.stop_timeout, args.cwd).run())
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def test_nvml_backend_without_a_driver_says_so(tmp_path) -> None:
         pytest.skip("a real NVIDIA driver is present")
     except pynvml.NVMLError:
         pass
-    result = CliRunner().invoke(main, ["--backend", "nvml", "--socket", str(tmp_path / "c.sock")])
+    result = CliRunner().invoke(main, ["--backend", "nvml", "--socket", str(tmp_path / "c.sock"), "--state-file",
+                                       str(tmp_path / "state.json")])
     assert result.exit_code != 0 and "cannot start with backend 'nvml'" in result.output
 
 
@@ -123,6 +124,8 @@ def test_a_failed_start_is_one_line_touches_no_gpu_and_leaves_nothing_behind(tmp
         args = [a.replace("TMP", str(tmp_path)).replace("BUSY", port) for a in args]
         if "--socket" not in args:
             args += ["--socket", str(tmp_path / "c.sock")]
+        if "--state-file" not in args:  # the nvml backend needs one (test below)
+            args += ["--state-file", str(tmp_path / "new" / "state.json")]
         before = tree(tmp_path)
         result = CliRunner().invoke(main, ["--backend", "nvml", *args])
     lines = result.output.strip().splitlines()

@@ -146,7 +146,7 @@ def test_a_second_daemon_on_a_live_socket_touches_no_gpu(tmp_path) -> None:
         assert lock(sock, A, lease, 1005)[0] == 200
         calls_before = {g.uuid: list(g.calls) for g in fake.refresh()}
         second = subprocess.run(
-            daemon_argv(sock, nvml_store=store),
+            daemon_argv(sock, "--state-file", str(tmp_path / "state.json"), nvml_store=store),
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": ROOT},
@@ -158,6 +158,32 @@ def test_a_second_daemon_on_a_live_socket_touches_no_gpu(tmp_path) -> None:
         assert gpus[A].sm_mhz == 1005 and {u: g.calls for u, g in gpus.items()} == calls_before
         assert lock(sock, A, lease, 1005)[0] == 200  # the first daemon's cache and the GPU still agree
         assert fake.refresh()[0].sm_mhz == 1005
+
+
+def test_a_second_daemon_on_another_socket_is_refused_before_it_touches_a_gpu(tmp_path) -> None:
+    """The old daemon took `--state-file ''` with the nvml backend: a second one on another socket held no lock,
+    found no state and reset every GPU behind the live daemon's lease. Now it needs the state file, whose lock
+    the live daemon holds, whatever socket either serves."""
+    store, sock, state = str(tmp_path / "gpus.json"), str(tmp_path / "c.sock"), str(tmp_path / "state.json")
+    FakeNvml([FakeGpu(A), FakeGpu(B)], store=store)
+    daemon = daemon_process(sock, "--state-file", state, nvml_store=store)
+    try:
+        lease = open_lease(sock, A)
+        assert lock(sock, A, lease, 1005)[0] == 200
+        before = {g.uuid: list(g.calls) for g in FakeNvml.from_store(store).gpus}
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        for extra, message in (((), "--backend nvml needs --state-file"),
+                               (("--state-file", state), "another envpipe-clockd holds")):
+            second = subprocess.run(daemon_argv(str(tmp_path / "other.sock"), *extra, nvml_store=store),
+                                    capture_output=True, text=True, env=env, timeout=60)
+            lines = second.stderr.strip().splitlines()
+            assert second.returncode != 0 and len(lines) == 1 and message in lines[0], second.stderr
+            gpus = {g.uuid: g for g in FakeNvml.from_store(store).gpus}
+            assert gpus[A].sm_mhz == 1005 and {u: g.calls for u, g in gpus.items()} == before
+        assert not os.path.exists(tmp_path / "other.sock")
+    finally:
+        daemon.terminate()
+        daemon.communicate(timeout=10)
 
 
 def recorded(state: str) -> dict:

@@ -101,12 +101,22 @@ def test_ssh_without_the_launchers_tools_is_one_line(launcher: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    ("launcher", "value"), [("pdsh", "$HOME"), ("pdsh", 'say "hi"'), ("pdsh", " x"), ("openmpi", "a b")]
+    ("launcher", "value", "why"),
+    [("pdsh", " x", "white space"), ("pdsh", "x\u2003", "white space"), ("openmpi", "a b", "double quotes"),
+     ("openmpi", "$HOME", "double quotes")],
 )
-def test_env_values_deepspeed_would_change_on_other_hosts_are_refused(launcher: str, value: str) -> None:
+def test_env_values_deepspeed_would_change_on_other_hosts_are_refused(launcher: str, value: str, why: str,
+                                                                      tmp_path: Path, monkeypatch) -> None:
+    """What no quoting carries (DeepSpeed strips exported values; mpirun keeps its quotes); with pdsh a value
+    with $ ` " \\ is quoted instead (tests/launch/test_words.py)."""
+    for tool in ("pdsh", "ompi_info", "mpirun"):
+        (tmp_path / tool).write_text("#!/bin/sh\nexit 0\n")
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     r = CliRunner().invoke(main, ["--backend", "ssh", "--launcher", launcher, "--hosts", "127.0.0.1",
                                   "--env", f"A={value}", __file__])
-    assert r.exit_code == 2 and "runner would not pass this value unchanged" in r.stderr, r.output
+    assert r.exit_code == 2 and r.stderr.startswith(f"envpipe-launch: error: --env A={value!r}: "), r.output
+    assert why in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_without_deepspeed_here_a_backend_that_needs_it_is_one_line(monkeypatch) -> None:

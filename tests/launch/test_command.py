@@ -9,8 +9,9 @@ from envpipe_launch.deepspeed_cmd import deepspeed_argv, ssh_env, write_env_file
 from envpipe_launch.job import DEFAULT_MASTER_PORT, JobSpec
 
 
-def _spec(launcher: str) -> JobSpec:
-    return JobSpec(nodes=2, gpus_per_node=2, script="t.py", script_args=["--x", "1"], ds_launcher=launcher)
+def _spec(launcher: str, env: list[str] | None = None) -> JobSpec:
+    return JobSpec(nodes=2, gpus_per_node=2, script="t.py", script_args=["--x", "1"], ds_launcher=launcher,
+                   env=env or [])
 
 
 def test_pdsh_gets_ssh_port_and_master_addr() -> None:
@@ -23,7 +24,17 @@ def test_pdsh_gets_ssh_port_and_master_addr() -> None:
 
 
 def test_hosts_are_reached_over_ssh_even_when_there_is_one() -> None:
-    assert "--force_multi" in deepspeed_argv(_spec("pdsh"), "/h", "10.0.0.1", python="py", force_multi=True)
+    assert "--force_multi" in deepspeed_argv(_spec("pdsh"), "/h", "10.0.0.1", python="py", remote_cwd="/w")
+
+
+def test_on_remote_hosts_pdsh_ranks_start_through_rank_start() -> None:
+    """DeepSpeed's pdsh runner would put its working directory unquoted into the hosts' command line: the
+    ranks go back to the launcher's through RANK_START, the script as an argument like the others."""
+    argv = deepspeed_argv(_spec("pdsh"), "/h", "10.0.0.1", python="/py", remote_cwd="/w d")
+    tail = argv[argv.index("--no_python"):]
+    assert tail[:2] == ["--no_python", "--no_local_rank"]
+    assert tail[2:5] == ["/py", "-u", "-c"]
+    assert tail[6] == "/w d" and tail[-3:] == ["t.py", "--x", "1"]  # words.argument: DeepSpeed quotes "/w d"
 
 
 def test_master_port_asked_for_free_here_or_the_default() -> None:
@@ -54,7 +65,7 @@ def test_ssh_env_and_env_file(tmp_path) -> None:
     assert (
         "-i /k" in env["PDSH_SSH_ARGS_APPEND"] and "StrictHostKeyChecking=no" in env["PDSH_SSH_ARGS_APPEND"]
     )
-    write_env_file(str(tmp_path), ["A=1", "B=x=y"], env)
+    write_env_file(str(tmp_path), _spec("pdsh", env=["A=1", "B=x=y"]), env)
     assert (
         Path(env["DS_ENV_FILE"]).read_text() == "A=1\nB=x=y\n"
     )  # no blank lines: DeepSpeed's parser needs that

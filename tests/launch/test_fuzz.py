@@ -125,7 +125,8 @@ class Sandbox:
 
     def __init__(self, inputs: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.inputs, self.started = inputs, []
-        monkeypatch.setattr(supervise, "run", lambda argv, env=None, stop_timeout_s=0: self.started.append(argv) or 0)
+        monkeypatch.setattr(supervise, "run",
+                            lambda argv, env=None, stop_timeout_s=0, cwd=None: self.started.append(argv) or 0)
         monkeypatch.setattr(net, "wait_for_port", lambda host, port, timeout_s: None)
         self.dirs = [tmp_path / d for d in ("work", "temp", "home")]
         for d in self.dirs:

@@ -84,6 +84,7 @@ def test_read_accepts_a_byte_order_mark(tmp_path) -> None:
 
 
 def test_read_of_an_endless_file_stops(tmp_path) -> None:
-    """/dev/zero reaches read() only past the CLI's regular-file check; read() still stops at its limit."""
-    with pytest.raises(LaunchError, match="larger than"):
+    """/dev/zero reaches read() only past the CLI's regular-file check; read() still refuses it unread, and
+    stops a regular file at its limit (test above)."""
+    with pytest.raises(LaunchError, match="not a regular file"):
         hostfile.read("/dev/zero")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from envpipe_launch.backends import kube
-from envpipe_launch.errors import LaunchError
+from envpipe_launch.errors import LaunchError, Stopped, handling, raise_stopped
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import Batch
 from kubernetes import client
@@ -286,3 +286,48 @@ def test_cli_ctrl_c_cleans_up(api: FakeKubeAPI, tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert _leftovers(api) == {}
+
+
+CREATED = {"job": ["jobs", "secrets", "configmaps", "services"], "jobset": ["jobsets", "secrets", "configmaps"]}
+TRIALS = 10
+
+
+@pytest.mark.parametrize("stage", ["received", "stored"])
+@pytest.mark.parametrize(("workload", "plural"), [(w, p) for w in WORKLOADS for p in CREATED[w]])
+def test_a_signal_while_a_create_request_is_in_flight_leaves_nothing(api: FakeKubeAPI, capsys, workload: str,
+                                                                     plural: str, stage: str) -> None:
+    """SIGINT to the launcher while the API server has each create request and its answer has not come back
+    (before or after the object is stored), 10 times: the launcher deletes what it asked for (the old one
+    knew of the workload only from the answer, and left a suspended Job, or a JobSet with its child Job and
+    Service, that no TTL ever removes), and a name of someone else's object is left alone."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt(what: str, body: dict, when: str) -> None:
+        if what == plural and when == stage and not sent:
+            sent.append(body["metadata"]["name"])
+            signal.pthread_kill(main, signal.SIGINT)  # the launcher's thread, blocked in the request
+
+    api.on_create = interrupt
+    for trial in range(TRIALS):
+        sent: list[str] = []
+        with pytest.raises(Stopped), handling(raise_stopped):
+            _launch(api, workload=workload, name=f"t{trial}")
+        assert sent and _leftovers(api) == {}, (trial, sent, _leftovers(api))
+    assert "could not confirm" not in capsys.readouterr().err
+    api.on_create = None
+    # a name already taken: 409, and the other object stays
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "u-config", "namespace": "default"}}
+    client.CoreV1Api(api.client()).create_namespaced_config_map("default", other)
+    with pytest.raises(LaunchError, match="409"):
+        _launch(api, workload=workload, name="u")
+    assert _leftovers(api) == {"configmaps": ["u-config"]}
+
+
+def test_keep_keeps_only_a_whole_job(api: FakeKubeAPI, capsys) -> None:
+    """--keep: a job stopped before all of it exists is deleted all the same (suspended, it would never end)."""
+    api.on_create = lambda plural, body, when: plural == "secrets" and signal.pthread_kill(
+        threading.main_thread().ident or 0, signal.SIGINT)
+    with pytest.raises(Stopped), handling(raise_stopped):
+        _launch(api, keep=True)
+    assert _leftovers(api) == {} and "kept" not in capsys.readouterr().err

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from envpipe_launch.backends import kube
+from envpipe_launch.cli import main as launch_main
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import Batch
@@ -140,7 +142,8 @@ def test_node_zero_waits_for_every_sshd_then_runs_pdsh(capsys) -> None:
     wait, run = script.split("; exec deepspeed ")
     assert "for h in d-0.d d-1.d d-2.d; do until (exec 3<>/dev/tcp/$$h/2222)" in wait
     assert run.startswith("--hostfile /etc/envpipe/job/hostfile --master_addr d-0.d --master_port 29500 "
-                          "--launcher pdsh --ssh_port 2222 --no_ssh_check examples/train_gpt.py --steps 5")
+                          "--launcher pdsh --ssh_port 2222 --no_ssh_check --force_multi examples/train_gpt.py "
+                          "--steps 5")
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["PDSH_SSH_ARGS_APPEND"].startswith("-o StrictHostKeyChecking=no")
     assert c["readinessProbe"] == {"tcpSocket": {"port": 2222}, "periodSeconds": 2}
@@ -249,6 +252,51 @@ def test_affinity_file_must_hold_affinity(tmp_path: Path) -> None:
     bad.write_text("nodeSelector: {a: b}\n")
     with pytest.raises(LaunchError, match="must hold a mapping of nodeAffinity, podAffinity, podAntiAffinity"):
         kube.pod_settings(affinity_file=str(bad))
+
+
+NODE_TERM = "nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [%s]}}"
+BAD_AFFINITIES = [
+    ("nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {}}", "nodeSelectorTerms"),
+    ("nodeAffinity: {requiredDuringScheduling: {nodeSelectorTerms: []}}", "nodeAffinity.requiredDuringScheduling"),
+    (NODE_TERM % "{matchExpressions: [{key: gpu, operator: Bogus}]}", "operator: 'Bogus' is not one of"),
+    (NODE_TERM % "{matchExpressions: [{key: gpu, operator: In, values: [1]}]}", "values"),
+    (NODE_TERM % "{matchExpressions: [{key: gpu, operator: In, value: [a]}]}", "matchExpressions[0].value"),
+    ("podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: '5', podAffinityTerm: "
+     "{topologyKey: k}}]}", "weight"),
+    ("podAffinity: {requiredDuringSchedulingIgnoredDuringExecution: [{labelSelector: {matchExpressions: "
+     "[{key: a, operator: Gt, values: ['1']}]}, topologyKey: k}]}", "operator: 'Gt' is not one of"),
+    ("nodeAffinity: x", "v1.NodeAffinity"),
+]
+
+
+@pytest.mark.parametrize(("text", "where"), BAD_AFFINITIES)
+def test_an_affinity_the_official_schema_refuses_is_one_line(text: str, where: str, tmp_path: Path, capsys) -> None:
+    """The old launcher checked only the top-level keys, and put any content into the pods: the manifest then
+    failed the official schema (or the API server) after the launch began; each of these does."""
+    path = tmp_path / "a.yaml"
+    path.write_text(text + "\n")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "c", "image": "i"}], "affinity": yaml.safe_load(text)}}
+    invalid = True
+    try:
+        schemas.validate(pod)
+        invalid = False
+    except schemas.Invalid:
+        pass
+    assert invalid or "operator" in where  # the schema has no enum for operators; the API server refuses them
+    r = CliRunner().invoke(launch_main, ["--backend", "kube", "--image", "img:1", "--dry-run", "--affinity",
+                                         str(path), "--", "t.py"])
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.output
+    assert r.stderr.startswith(f"envpipe-launch: error: --affinity {path}: not a Kubernetes affinity: ")
+    assert where in r.stderr
+
+
+def test_an_affinity_file_is_read_with_bounds(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nnodeAffinity: *b\n")
+    for path, message in [(bomb, "aliases"), ("/dev/zero", "not a regular file")]:
+        with pytest.raises(LaunchError, match=message):
+            kube.pod_settings(affinity_file=str(path))
 
 
 def test_the_vendored_jobset_schema_refuses_what_the_api_server_would(capsys) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from envpipe_launch import kube_syntax
+from envpipe_launch import kube_syntax, words
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import KubeJob
 from hypothesis import given, settings
@@ -39,10 +39,13 @@ def test_pods_run_script_args_and_env_values_as_given() -> None:
         # no_ssh: the node's env is the job's; ssh: DeepSpeed's env file (no kubelet expansion there)
         assert env.get("GREETING", "$(HOSTNAME)") == "$(HOSTNAME)"
         argv = [kubelet_expand(part, {**env, "HOSTNAME": "pod-0"}) for part in container["args"]]
-        assert argv[1:3] == ["bash", "-c"] and shlex.split(argv[3])[-5:] == ["train.py", *args]
+        # with ssh, what DeepSpeed's runner gets is quoted again for its pdsh command line (tests/launch/
+        # test_words.py follows it through DeepSpeed, pdsh and the hosts' shell)
+        program = ["train.py", *args] if job.no_ssh else [words.shell_word("train.py"), *map(words.argument, args)]
+        assert argv[1:3] == ["bash", "-c"] and shlex.split(argv[3])[-5:] == program
     no_ssh_env = no_ssh.pod_template()["spec"]["containers"][0]["env"]
     assert no_ssh_env[-1] == {"name": "GREETING", "value": "$$(HOSTNAME)"}
-    assert ssh.config_map()["data"]["deepspeed_env"] == "GREETING=$(HOSTNAME)\n"
+    assert ssh.config_map()["data"]["deepspeed_env"] == "GREETING=\\$(HOSTNAME)\n"  # DeepSpeed double-quotes it
 
 
 @pytest.mark.parametrize("name", ["a", "envpipe-1a2b3c", "a" * 63, "0abc", "a-b-c"])

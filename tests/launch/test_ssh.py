@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import netns_hosts
+from tests.support.hostile import HostileJob
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "support" / "ds_pipe_cpu.py"
@@ -50,6 +51,20 @@ def test_two_nodes_two_procs_pdsh(hosts: netns_hosts.Hosts, tmp_path: Path) -> N
     assert {ln[3] for ln in lines} == {"4"}
     assert len({ln[5] for ln in lines}) == 2, "ranks must run in both network namespaces"
     assert len({ln[7] for ln in lines}) == 1, "pipeline ranks report the same loss"
+
+
+@pytest.mark.slow
+def test_hostile_words_reach_both_hosts_as_typed(hosts: netns_hosts.Hosts, tmp_path: Path) -> None:
+    """Over real pdsh, ssh and sshd: a working directory, script path, arguments and --env values with $(),
+    backticks, quotes, spaces, *, $HOME, newlines and pdsh's %h arrive unchanged on both hosts, and nothing
+    of them runs as shell code (tests/support/hostile.py; test_words.py follows the same job through fakes)."""
+    job = HostileJob.make(tmp_path)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{ip} slots=1\n" for ip in hosts.ips))
+    r = netns_hosts.launch_ssh(hosts, "--nodes", "2", "--hostfile", str(hostfile), *job.env_options(), "--",
+                               job.script, *job.args, cwd=job.cwd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    job.check(f"{job.cwd}:{ROOT}:{ROOT / 'launcher'}", local_ranks=(0, 0))
 
 
 def test_unreachable_worker_is_a_clear_error(hosts: netns_hosts.Hosts) -> None:

@@ -50,7 +50,8 @@ def test_renderers_refuse_an_empty_directory(tmp_path: Path) -> None:
 
 
 def test_benchmark_refuses_bad_arguments(tmp_path: Path) -> None:
-    for args, message in ((["--models", "gpt5"], "unknown model(s) gpt5"), (["--rounds", "0"], "must be >= 1"),
+    for args, message in ((["--models", "gpt5"], "unknown model(s) gpt5"), (["--rounds", "-1"], "--rounds >= 0"),
+                          (["--gpus", "0"], "must be >= 1"),
                           (["--out", str(tmp_path)], "exists: give a new folder")):
         argv = [sys.executable, str(ROOT / "benchmarks" / "runtime_bench.py"), "--out", str(tmp_path / "new"), *args]
         proc = subprocess.run(argv, capture_output=True, text=True)

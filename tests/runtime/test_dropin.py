@@ -24,6 +24,7 @@ import psutil
 import pytest
 import torch
 
+from envpipe.limits import parse_json
 from tests.support.clockd_helpers import daemon_thread, wait_for
 from tests.support.ports import free_port
 from tests.support.runtime_summary import iterations, read_summary
@@ -208,6 +209,34 @@ def test_a_changed_job_resumes_with_one_line_and_profiles_again(tmp_path: Path) 
                              cwd=work), work)
     assert "resume: the job changed since checkpoint" in text and "microbatches 4 -> 2" in text
     assert [x["phase"] for x in iterations(tmp_path / "report" / "b", 0)][:2] == ["calibrate", "calibrate"]
+
+
+@pytest.mark.slow
+def test_a_hostile_state_resumes_with_one_line_and_profiles_again(tmp_path: Path) -> None:
+    """The checkpoint's envpipe_state.json replaced by a FIFO (the old job hung, no output) and by a document
+    with NaN (accepted: `nan ms` in the report, NaN in summary.json): one line, the phases again, exit 0, and
+    summary.json holds no NaN (tests/runtime/test_state.py has every other hostile state, fast)."""
+    ckpt = tmp_path / "ckpt"
+    first = tmp_path / "first"
+    first.mkdir()
+    finished(torchrun(EXAMPLE, 2, ds_config(tmp_path, "base"), "--steps", "15", "--checkpoint-dir", str(ckpt),
+                      cwd=first), first)
+    saved = ckpt / "global_step15" / "envpipe_state.json"
+    good = json.loads(saved.read_text())
+    nan = json.dumps({**good, "idle_power_w": "NAN"}).replace('"NAN"', "NaN")
+    for name, spoil in (("fifo", lambda: os.mkfifo(saved)), ("nan", lambda: saved.write_text(nan))):
+        saved.unlink()
+        spoil()
+        work = tmp_path / name
+        work.mkdir()
+        text = finished(torchrun(EXAMPLE, 2, ds_config(tmp_path, name), "--steps", "31", "--checkpoint-dir",
+                                 str(ckpt), "--save-every", "100", cwd=work), work, timeout=600)
+        lines = [ln for ln in text.splitlines() if "resume:" in ln]
+        assert len(lines) == 1 and "calibrating and profiling again" in lines[0], text[-3000:]
+        assert ("not a regular file" if name == "fifo" else "NaN is not a finite number") in lines[0]
+        assert "Traceback" not in text
+        assert [x["phase"] for x in iterations(tmp_path / "report" / name, 0)][:2] == ["calibrate", "calibrate"]
+        parse_json((tmp_path / "report" / name / "summary.json").read_text())  # refuses NaN and Infinity
 
 
 @pytest.mark.slow

@@ -14,8 +14,7 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.profile import embedded_profile_path, load_profile
-from envpipe.runtime import prediction, state
+from envpipe.runtime import prediction
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated, calibrate, median_change
 from envpipe.runtime.collect import RankRecord
@@ -142,43 +141,6 @@ def test_monitor_events_of_the_job_per_iteration() -> None:
     assert {step for _, _, step in feed.events(rows)} == {112}  # DeepSpeed's step: the samples so far
     unknown = feed.events([Finished(8, 0, "profile@1005", BASELINE, 0.5, None, 16, 128, 0.0)])
     assert not any("energy" in tag for tag, _, _ in unknown)  # no counter yet: no energy event
-
-
-def test_checkpointed_state_round_trip_and_what_changed(tmp_path: Path) -> None:
-    profile = load_profile(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
-    sub = type(profile)(profile.freqs, profile.fwd_time[:2], profile.bwd_time[:2], profile.fwd_energy[:2],
-                        profile.bwd_energy[:2], "two stages")
-    plan = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
-    decision = Decision(Origin.PLANNER, "planner", "optimal", "envpipe", {0: plan, 1: plan}, True, 1.0,
-                        predicted_time_s=0.2, profile=sub)
-    shape = state.JobShape(4, 2, 2, 4, 2, ["a", "b"])
-    calibrated = replace(sample_calibrated(), waiting_power_w=[121.0, None, 126.0, 119.0])
-    state.save(tmp_path, state.to_state(shape, Decided(calibrated, decision, None), 1))
-    loaded = state.load(tmp_path)
-    assert isinstance(loaded, state.RunState) and loaded.pairs_done == 1 and loaded.shape == shape
-    restored = state.from_state(loaded)
-    calibrated, again = restored.calibrated, restored.decision
-    assert again == replace(decision, profile=again.profile) and again.info == decision.info
-    assert restored.reconfiguration is None
-    assert again.profile is not None and np.array_equal(again.profile.fwd_time, sub.fwd_time)
-    assert calibrated.timing == sample_calibrated().timing and np.isnan(calibrated.unit_energies[0]["B_j"])
-    assert [calibrated.waiting_power_of(r) for r in range(4)] == [121.0, None, 126.0, 119.0]
-    older = json.loads((tmp_path / state.STATE_FILE).read_text())
-    del older["waiting_power_w"]  # a state saved before the field: still resumes, splitting energy as it did
-    (tmp_path / state.STATE_FILE).write_text(json.dumps(older))
-    loaded = state.load(tmp_path)
-    assert isinstance(loaded, state.RunState) and state.from_state(loaded).calibrated.waiting_power_of(3) is None
-    assert shape.differences(state.JobShape(4, 2, 2, 8, 2, ["a", "b"])) == ["microbatches 8 -> 4"]
-    assert shape.differences(state.JobShape(4, 2, 2, 4, 2, ["a", "x"])) == ["the model's parameters on stage(s) [1]"]
-
-
-def test_unusable_checkpoint_states_are_one_line(tmp_path: Path) -> None:
-    assert state.load(tmp_path) == f"checkpoint {tmp_path} has no EnvPipe state (envpipe_state.json)"
-    for text, message in (("{", "cannot read"), ('{"version": 9}', "not a version 1 EnvPipe state"),
-                          ('{"version": 1}', "shape: Field required")):
-        (tmp_path / state.STATE_FILE).write_text(text)
-        found = state.load(tmp_path)
-        assert isinstance(found, str) and message in found and "\n" not in found
 
 
 def test_energy_model_charges_each_phase_at_its_power() -> None:

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule
 from envpipe.simgpu import JobTruth
 from tests.support.ports import free_port
@@ -159,6 +160,24 @@ def test_tiny_fills_only_the_sizes_not_given() -> None:
     args = train_gpt.parse_args(["--tiny", "--layers", "6"])
     assert (args.layers, args.hidden, args.seq) == (6, 32, 16)
     assert train_gpt.parse_args([]).hidden == 2048
+
+
+@pytest.mark.slow
+def test_a_plan_for_another_pipeline_stops_the_job_before_its_first_step(tmp_path: Path) -> None:
+    """A plan for 8 micro-batches where the job has 4: one line at envpipe.initialize (the old runtime refused
+    it only when it reached the plan, after its calibration steps, with a traceback)."""
+    plan = Plan.at_one_clock(envpipe_schedule(2, 8, [1, 0]), 1410, "envpipe", "envelope")
+    plan.save(tmp_path / "plan.json")
+    proc = _torchrun(["--microbatches", "4", "--steps", "6", "--plan", "plan.json", "--log-interval", "1",
+                      "--report-dir", "rep"], {}, tmp_path)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-4000:]  # torchrun's: its ranks exited 2
+    ours = [x for x in proc.stderr.splitlines() if x.startswith("train_gpt.py: error:")]
+    assert ours and all(x == "train_gpt.py: error: 'envpipe.plan' plan.json: plan is for 2 stages x 8 "
+                        "micro-batches, this run has 2 x 4" for x in ours), proc.stderr[-3000:]
+    frames = [x for x in proc.stderr.splitlines() if x.strip().startswith('File "')]
+    assert not [x for x in frames if "envpipe" in x or "train_gpt" in x], frames  # torchrun's own frames only
+    assert "calibrate" not in proc.stdout  # no step ran
+    assert not (tmp_path / "rep" / "iterations.rank0.jsonl").exists()
 
 
 @pytest.mark.slow

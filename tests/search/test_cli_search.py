@@ -89,13 +89,28 @@ def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> Non
     (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{missing}"], "Error: {missing}: cannot read"),
     (["--gpus-per-node", "2", "--global-batch", "16", "--launch-args", '--image "x'],
      "Invalid value for '--launch-args': '--image \"x': No closing quotation"),
+    # the old search took these and raised a traceback when it planned (ValueError, InfeasibleBudget)
+    (["--gpus-per-node", "2", "--global-batch", "16", "--layers", "{no-activations}"],
+     "Error: {no-activations}: layer 0 micro-batch 1: 'activation_bytes' must be an integer in [1, "),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--intra-node-gbps", "1e-300"],
+     "Invalid value for '--intra-node-gbps': must be in [0.1, 1e+06], got 1e-300"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--allreduce-gbps", "1e-300"],
+     "Invalid value for '--allreduce-gbps': must be in [0.1, 1e+06], got 1e-300"),
+    (["--nodes", "2", "--gpus-per-node", "1", "--global-batch", "16", "--inter-node-gbps", "1e-300"],
+     "Invalid value for '--inter-node-gbps': must be in [0.1, 1e+06], got 1e-300"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: list[str], message: str) -> None:
     bad = tmp_path / "bad.json"
     data = json.loads(layers.read_text())
     data["layers"][1]["per_micro_batch"]["1"]["forward_s"] = 0
     bad.write_text(json.dumps(data))
-    paths = {"{bad}": str(bad), "{missing}": str(tmp_path / "missing.json")}
+    zero = json.loads(layers.read_text())
+    for layer in zero["layers"]:
+        for cell in layer["per_micro_batch"].values():
+            cell["activation_bytes"] = 0
+    (tmp_path / "zero.json").write_text(json.dumps(zero))
+    paths = {"{bad}": str(bad), "{missing}": str(tmp_path / "missing.json"),
+             "{no-activations}": str(tmp_path / "zero.json")}
     args = [paths.get(a, a) for a in args]
     if "--layers" not in args:
         args += ["--layers", str(layers)]

@@ -147,13 +147,15 @@ def _wait_sshd(hosts: Hosts, i: int, timeout_s: float = 10.0) -> None:
     raise RuntimeError(f"sshd in {hosts.names[i]} not listening after {timeout_s}s")
 
 
-def launch_ssh(hosts: Hosts, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`envpipe-launch --backend ssh ARGS` on host 0 with the hosts' key; Ctrl-C and a failure at ``timeout``."""
+def launch_ssh(hosts: Hosts, *args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`envpipe-launch --backend ssh ARGS` on host 0 with the hosts' key, in `cwd`; Ctrl-C and a failure at
+    ``timeout``."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'launcher'}")
     argv = [sys.executable, "-m", "envpipe_launch", "--backend", "ssh", "--ssh-key", hosts.key, *args]
     # the launcher runs on host 0, like a user on the first node of a cluster
     proc = subprocess.Popen(
-        hosts.exec_argv(0, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        hosts.exec_argv(0, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+        cwd=cwd,
     )
     try:
         out, err = proc.communicate(timeout=timeout)

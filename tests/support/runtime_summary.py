@@ -4,12 +4,17 @@ then as the typed `RunSummary`."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
 
+from envpipe.plan.planfile import Plan
+from envpipe.plan.schedules import envpipe_schedule
+from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated
+from envpipe.runtime.decide import Decided, Decision, Origin
 from envpipe.runtime.summary import SCHEMA_PATH, RunSummary
 from envpipe.runtime.timing import Calibration
 
@@ -55,3 +60,15 @@ def sample_calibrated(P: int = 2) -> Calibrated:
     memory = [S.MemoryUse(1024, 2048, None, None, None, P - s) for s in range(P)]
     energies = [{"F": 0.01, "B": 0.02, "F_j": 2.0, "B_j": float("nan")} for _ in range(P)]
     return Calibrated(cal, report, memory, energies, None, 80.0, [90.0] * P, [200.0] * P)
+
+
+def sample_decided() -> Decided:
+    """What a 2-stage, 2-replica job decided (the planner on a profile), for checkpoint tests."""
+    profile = load_profile(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
+    sub = type(profile)(profile.freqs, profile.fwd_time[:2], profile.bwd_time[:2], profile.fwd_energy[:2],
+                        profile.bwd_energy[:2], "two stages")
+    plan = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
+    decision = Decision(Origin.PLANNER, "planner", "optimal", "envpipe", {0: plan, 1: plan}, True, 1.0,
+                        predicted_time_s=0.2, profile=sub)
+    calibrated = replace(sample_calibrated(), waiting_power_w=[121.0, None, 126.0, 119.0])
+    return Decided(calibrated, decision, None)

@@ -43,6 +43,11 @@ def _ssh_dir() -> str:
     return os.path.expandvars(SSH_DIR)
 
 
+def client_key_path(ssh_key: str | None) -> str:
+    """The ssh client key of the job: `ssh_key`, or the one generated once under SSH_DIR."""
+    return ssh_key or os.path.join(_ssh_dir(), "id_ed25519")
+
+
 def prepare_keys(ssh_key: str | None) -> str:
     """Before any worker starts: the shared host key, the client key (`ssh_key`, or one generated once
     under SSH_DIR) and its public half in authorized_keys. Returns the client key's path."""
@@ -52,7 +57,7 @@ def prepare_keys(ssh_key: str | None) -> str:
     os.makedirs(d, mode=0o700, exist_ok=True)
     if not os.path.exists(os.path.join(d, "host_key")):
         sshkeys.write(os.path.join(d, "host_key"))
-    key = ssh_key or os.path.join(d, "id_ed25519")
+    key = client_key_path(ssh_key)
     if not os.path.exists(key):
         if ssh_key:
             raise LaunchError(f"--ssh-key {ssh_key}: no such file")
@@ -141,7 +146,7 @@ def launch(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int] = run_fro
     if not session_ip:
         raise LaunchError("CDSW_IP_ADDRESS is not set: the cml backend runs inside a CML session")
     api = _workers_api()
-    deepspeed_cmd.check_multi_node(spec)  # before any worker costs anything
+    deepspeed_cmd.check_multi_node(spec, client_key_path(opts.ssh_key))  # before any worker costs anything
     key = prepare_keys(opts.ssh_key)
     slots = max(spec.gpus_per_node, 1)
     ids: list[str] = []

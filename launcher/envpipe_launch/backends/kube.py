@@ -4,6 +4,7 @@ for the nodes, stream node 0's log, pass the exit status through, delete everyth
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import sys
@@ -13,9 +14,9 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from .. import sshkeys
+from .. import sshkeys, textfile, words
 from ..errors import LaunchError
-from ..job import JobSpec, job_name
+from ..job import JobSpec, env_pairs, job_name
 from ..kube_manifests import Batch, KubeJob, PodSettings
 from ..pod_contract import ClockdSocket
 from .kube_run import KubeRun
@@ -40,6 +41,9 @@ _LABEL_KEY = re.compile(rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?[A-Za-z0-9]([-A-Za-
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _AFFINITY_KINDS = {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+AFFINITY_MAX_BYTES = 64 * 1024  # a real affinity is a few hundred bytes
+_NODE_OPS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")  # v1.NodeSelectorRequirement
+_LABEL_OPS = ("In", "NotIn", "Exists", "DoesNotExist")  # v1.LabelSelectorRequirement
 
 
 def _label(pair: str, what: str) -> tuple[str, str]:
@@ -66,14 +70,75 @@ def _toleration(text: str) -> dict[str, str]:
 
 
 def _affinity(path: str) -> dict[str, Any]:
+    """The workers' affinity from a YAML/JSON file, as the API server will read it, or one line why not."""
+    text = textfile.read_text(path, AFFINITY_MAX_BYTES, "--affinity")
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text)):  # a few lines can expand to GBs
+            raise LaunchError(f"--affinity {path}: YAML aliases (*name) are not accepted; write the values out")
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
         raise LaunchError(f"cannot read --affinity {path}: {e}") from e
     if not isinstance(data, dict) or not data or not set(data) <= _AFFINITY_KINDS:
         raise LaunchError(f"--affinity {path} must hold a mapping of {', '.join(sorted(_AFFINITY_KINDS))}")
+    why = affinity_error(data)
+    if why:
+        raise LaunchError(f"--affinity {path}: not a Kubernetes affinity: {why}")
     return data
+
+
+def affinity_error(data: dict[str, Any]) -> str | None:
+    """Why the API server would refuse `data` as a pod's affinity (v1.Affinity), or None: it must read back
+    unchanged through the Kubernetes client's own model (required fields, types, no unknown or misspelt
+    field), and its operators must be the API's."""
+    api = client.ApiClient()
+    try:
+        model = api._ApiClient__deserialize(data, "V1Affinity")  # type: ignore[attr-defined]  # the client's reader
+        again = api.sanitize_for_serialization(model)
+    except (ValueError, TypeError, AttributeError) as e:
+        errors = getattr(e, "errors", None)  # pydantic's (the client's models since v35): model, field, why
+        if not callable(errors):
+            return str(e)
+        first = errors(include_url=False)[0]
+        field = ".".join(str(x) for x in first["loc"])
+        return f"{str(getattr(e, 'title', '')).replace('V1', 'v1.', 1)}{'.' + field if field else ''}: {first['msg']}"
+    where = _first_difference(data, again, "")
+    if where is not None:
+        return f"{where or 'the affinity'}: not a field or value of v1.Affinity"
+    for path, requirement in _requirements(data, ""):
+        ops = _LABEL_OPS if ".labelSelector" in path or ".namespaceSelector" in path else _NODE_OPS
+        if requirement.get("operator") not in ops:
+            return f"{path}.operator: {requirement.get('operator')!r} is not one of {', '.join(ops)}"
+    return None
+
+
+def _first_difference(given: Any, read: Any, path: str) -> str | None:
+    if isinstance(given, dict) and isinstance(read, dict):
+        for key in sorted(set(given) | set(read)):
+            if key not in given or key not in read:
+                return f"{path}.{key}".lstrip(".")
+            found = _first_difference(given[key], read[key], f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(given, list) and isinstance(read, list) and len(given) == len(read):
+        return next((d for i, (a, b) in enumerate(zip(given, read, strict=True))
+                     if (d := _first_difference(a, b, f"{path}[{i}]")) is not None), None)
+    return None if type(given) is type(read) and given == read else path.lstrip(".")
+
+
+def _requirements(node: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every entry of a matchExpressions or matchFields list, with its path."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("matchExpressions", "matchFields") and isinstance(value, list):
+                found += [(f"{path}.{key}[{i}]".lstrip("."), r) for i, r in enumerate(value) if isinstance(r, dict)]
+            else:
+                found += _requirements(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _requirements(value, f"{path}[{i}]")
+    return found
 
 
 def pod_settings(
@@ -137,6 +202,10 @@ def build_job(spec: JobSpec, opts: KubeOptions) -> KubeJob:
             f"--shm-size {opts.pods.shm_gib} GiB must be below --worker-memory {opts.pods.memory_gib} GiB "
             "(a memory-backed /dev/shm counts against the pod's memory limit)"
         )
+    for what, word in [("training script", spec.script), *(("argument", a) for a in spec.script_args)]:
+        words.check_text(what, word)
+    if not opts.no_ssh:  # DeepSpeed's env file in the ConfigMap, read by its pdsh runner on node 0
+        words.check_env(env_pairs(spec.env), words.PDSH)
     name = job_name(opts.name or "envpipe", "" if opts.name else secrets.token_hex(3))
     return KubeJob(
         spec,
@@ -188,6 +257,7 @@ def launch(
     if dry_run_only:
         sys.stdout.write(dry_run(job))
         return 0
+    job = dataclasses.replace(job, launch=secrets.token_hex(8))  # this launch's objects: what it may delete
     run = KubeRun(job, api_client or _load_config(), opts.ready_timeout_s)
     what = f"{job.kind.kind} {job.name}"
     print(f"envpipe-launch: {what} in namespace {job.namespace}", file=sys.stderr)
@@ -202,7 +272,7 @@ def launch(
         print("envpipe-launch: interrupted", file=sys.stderr)
         return 130
     finally:
-        if opts.keep:
+        if opts.keep and run.created:  # a job stopped half-created is deleted: a suspended one would never end
             print(
                 f"envpipe-launch: kept {what} (the cluster deletes it {job.batch.ttl_after_finished_s}s after it "
                 f"finishes; everything now: kubectl delete {job.kind.kind.lower()} {job.name} -n {job.namespace})",

@@ -5,6 +5,11 @@ ConfigMap it mounts exist; those are then created with an owner reference to it.
 launcher unsuspends it; with one, Kueue does once it admits the job, and the launcher waits for that.
 Readiness and the end are followed by watch (one list, then a stream from its resourceVersion), never
 by polling. Deleting the workload (foreground) lets the garbage collector remove everything else.
+
+Creation is undoable: each object is recorded before the launcher asks for it, so that whenever a signal
+comes (an answer that never arrived included), `cleanup` deletes what may exist of it, by name, if it
+carries this launch's label (a name taken by someone else's object is left alone), and then checks that
+it is gone or going; what it cannot confirm is one line with the command that deletes it.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from ..errors import LaunchError
-from ..kube_manifests import CONTAINER, INDEX_ANNOTATION, JOBSET, LABEL, REPLICATED_JOB, ROLE, KubeJob
+from ..errors import LaunchError, Stopped, handling
+from ..kube_manifests import CONTAINER, INDEX_ANNOTATION, JOBSET, LABEL, LAUNCH, REPLICATED_JOB, ROLE, KubeJob
 from ..progress import Progress
 from ..sshkeys import KeyPair
 
@@ -34,7 +40,9 @@ FATAL_WAITING = {
     "CrashLoopBackOff",
 }
 WATCH_CHUNK_S = 300  # an open-ended wait renews its watch this often
+CLEANUP_REQUEST_S = 30  # each request of the cleanup: an API server that does not answer is not waited for
 Obj = dict[str, Any]
+_CORE = {"ConfigMap": "config_map", "Secret": "secret", "Service": "service"}  # CoreV1Api's method names
 
 
 def api_error(what: str, e: ApiException) -> LaunchError:
@@ -74,6 +82,8 @@ class KubeRun:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.owner: str | None = None  # the workload's uid, once it exists
+        self.asked: list[tuple[str, str]] = []  # (kind, name) of every object asked for, before asking
+        self.created = False  # every object exists: from now on the job is whole (and --keep may keep it)
         self.pods: dict[int, str] = {}  # node index -> pod name
 
     # ---- the workload ----
@@ -82,13 +92,16 @@ class KubeRun:
         return k.group, k.version, self.job.namespace, k.plural
 
     def create(self, keys: KeyPair) -> None:
-        """The workload (suspended), then what it owns."""
+        """The workload (suspended), then what it owns; each recorded in `asked` before it is asked for."""
         kind = self.job.kind
+        self.asked.append((kind.kind, self.job.name))
         try:
             created: Obj = self.custom.create_namespaced_custom_object(  # type: ignore[assignment]  # a dict
                 *self._kind_args(), self.job.workload(suspend=True)
             )
         except ApiException as e:
+            if e.status == 409:  # someone else's: not ours to delete
+                self.asked.pop()
             if e.status == 404 and kind is JOBSET and "could not find the requested resource" in (e.body or ""):
                 raise LaunchError(
                     f"the cluster has no JobSet API ({JOBSET.api_version}): install JobSet, or use --workload job"
@@ -97,14 +110,17 @@ class KubeRun:
         self.owner = created["metadata"]["uid"]
         for body in self.job.dependents(keys.private, keys.public):
             self._create_core(self.job.owned_by(body, self.owner))
+        self.created = True
 
     def _create_core(self, body: Obj) -> None:
-        kind = body["kind"]
-        snake = {"ConfigMap": "config_map", "Secret": "secret", "Service": "service"}[kind]
+        kind, name = body["kind"], body["metadata"]["name"]
+        self.asked.append((kind, name))
         try:
-            getattr(self.core, f"create_namespaced_{snake}")(self.job.namespace, body)
+            getattr(self.core, f"create_namespaced_{_CORE[kind]}")(self.job.namespace, body)
         except ApiException as e:
-            raise api_error(f"creating {kind} {body['metadata']['name']}", e) from e
+            if e.status == 409:
+                self.asked.pop()
+            raise api_error(f"creating {kind} {name}", e) from e
 
     def start(self) -> None:
         """Without a queue, unsuspend; with one, wait (as long as it takes) for Kueue to admit the job."""
@@ -296,16 +312,66 @@ class KubeRun:
         self._watch_pod(name, lambda p: p.status is not None and p.status.phase in ("Running", "Succeeded", "Failed"))
 
     def cleanup(self) -> None:
-        """Deleting the workload is enough: the owner references hand the rest to the garbage collector."""
-        if self.owner is None:
-            return
+        """Delete what may exist of what was asked for: the workload first (foreground: the garbage collector
+        removes its pods and what it owns), then any of the rest still there (created after its owner's
+        deletion began); then check that each is gone or being deleted. Safe to call at any point; a second
+        SIGINT or SIGTERM meanwhile waits for its end (signals are held, then the CLI reports the first)."""
+        held: list[int] = []
+        with handling(lambda signum, _frame: held.append(signum)):
+            for kind, name in self.asked:
+                self._delete_if_ours(kind, name)
+            left = [(kind, name) for kind, name in self.asked if not self._gone_or_going(kind, name)]
+        if left:
+            ns = self.job.namespace
+            _say(f"could not confirm the deletion of {', '.join(f'{k} {n}' for k, n in left)} in namespace {ns}: "
+                 f"kubectl delete {' '.join(f'{k.lower()}/{n}' for k, n in left)} -n {ns}")
+        if held:
+            raise Stopped(held[0])
+
+    def _read(self, kind: str, name: str) -> Obj | None:
+        """The object as the API server has it now (None: there is none)."""
+        api, ns = self.job.kind, self.job.namespace
         try:
-            self.custom.delete_namespaced_custom_object(
-                *self._kind_args(), self.job.name, propagation_policy="Foreground"
-            )
+            if kind in _CORE:
+                read = getattr(self.core, f"read_namespaced_{_CORE[kind]}")
+                found = read(name, ns, _request_timeout=CLEANUP_REQUEST_S)
+                return self.core.api_client.sanitize_for_serialization(found)  # type: ignore[no-any-return]
+            return self.custom.get_namespaced_custom_object(  # type: ignore[return-value]  # a dict
+                api.group, api.version, ns, api.plural, name, _request_timeout=CLEANUP_REQUEST_S)
         except ApiException as e:
-            if e.status != 404:
-                _say(f"cleanup of {self.job.kind.kind} {self.job.name} failed: {e.reason}")
+            if e.status == 404:
+                return None
+            raise
+
+    def _delete_if_ours(self, kind: str, name: str) -> None:
+        try:
+            obj = self._read(kind, name)
+            meta = (obj or {}).get("metadata") or {}
+            if obj is None or (meta.get("labels") or {}).get(LAUNCH) != self.job.launch or meta.get(
+                    "deletionTimestamp"):
+                return
+            body = client.V1DeleteOptions(propagation_policy="Foreground",
+                                          preconditions=client.V1Preconditions(uid=meta.get("uid")))
+            api, ns = self.job.kind, self.job.namespace
+            if kind in _CORE:
+                getattr(self.core, f"delete_namespaced_{_CORE[kind]}")(name, ns, body=body,
+                                                                       _request_timeout=CLEANUP_REQUEST_S)
+            else:
+                self.custom.delete_namespaced_custom_object(api.group, api.version, ns, api.plural, name, body=body,
+                                                            _request_timeout=CLEANUP_REQUEST_S)
+        except (ApiException, OSError, urllib3.exceptions.HTTPError) as e:
+            if getattr(e, "status", None) not in (404, 409):  # gone, or replaced by another object meanwhile
+                _say(f"cleanup of {kind} {name} failed: {getattr(e, 'reason', None) or e}")
+
+    def _gone_or_going(self, kind: str, name: str) -> bool:
+        """Deleted, being deleted (foreground: until its dependents are), or not this launch's."""
+        try:
+            obj = self._read(kind, name)
+        except (ApiException, OSError, urllib3.exceptions.HTTPError):
+            return False
+        meta = (obj or {}).get("metadata") or {}
+        return obj is None or bool(meta.get("deletionTimestamp")) or (meta.get("labels") or {}).get(
+            LAUNCH) != self.job.launch
 
 
 def _condition(obj: Obj, kind: str) -> Obj | None:

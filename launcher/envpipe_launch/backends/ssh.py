@@ -33,7 +33,9 @@ def run_on_hosts(
     master_addr: str | None = None,
 ) -> int:
     """Check every sshd, render the hostfile, start DeepSpeed on the hosts (even on one: it would run a
-    single host's ranks here otherwise); shared with the cml backend, which checked the tools already."""
+    single host's ranks here otherwise), from this working directory; shared with the cml backend, which
+    checked the tools and the words (deepspeed_cmd.check_multi_node) already."""
+    cwd = deepspeed_cmd.working_directory()
     for h in hosts:
         net.wait_for_port(h.host, spec.ssh_port, connect_timeout_s)
     with tempfile.TemporaryDirectory(prefix="envpipe-launch-") as tmp:
@@ -41,12 +43,11 @@ def run_on_hosts(
         fmt = "openmpi" if spec.ds_launcher == "openmpi" else "deepspeed"
         with open(path, "w") as f:
             f.write(hostfile.render(hosts, fmt))
-        argv = deepspeed_cmd.deepspeed_argv(
-            spec, path, master_addr or hosts[0].host, python, ssh_key, force_multi=True
-        )
+        argv = deepspeed_cmd.deepspeed_argv(spec, path, master_addr or hosts[0].host, python, ssh_key, remote_cwd=cwd)
         env = deepspeed_cmd.ssh_env(ssh_key)
-        deepspeed_cmd.write_env_file(tmp, spec.env, env)
-        return deepspeed_cmd.run(argv, env, spec.stop_timeout_s)
+        deepspeed_cmd.write_env_file(tmp, spec, env)
+        runner_cwd = deepspeed_cmd.REMOTE_RUNNER_CWD if spec.ds_launcher == "pdsh" else cwd
+        return deepspeed_cmd.run(argv, env, spec.stop_timeout_s, runner_cwd)
 
 
 def launch(
@@ -58,5 +59,5 @@ def launch(
     connect_timeout_s: float,
 ) -> int:
     hosts = hosts_from(spec, hosts_csv, hostfile_path)
-    deepspeed_cmd.check_multi_node(spec)
+    deepspeed_cmd.check_multi_node(spec, ssh_key)
     return run_on_hosts(spec, hosts, ssh_key, connect_timeout_s=connect_timeout_s, master_addr=master_addr)

@@ -2,9 +2,10 @@
 that envpipe-launch's jobs meet.
 
 The API: create (201; 409 on an existing name; 422 when the object fails its schema, see
-tests/support/schemas; 403 on a pod quota), get (404), merge-patch, list/watch with labelSelector,
-fieldSelector and resourceVersion (JSON-lines watch stream), delete with propagationPolicy (the
-garbage collector follows ownerReferences), pod logs with follow=true, and the discovery documents
+tests/support/schemas; 403 on a pod quota; `on_create` is called while the request is in flight), get
+(404), merge-patch, list/watch with labelSelector, fieldSelector and resourceVersion (JSON-lines watch
+stream), delete with propagationPolicy and a uid precondition (409 when it differs; the garbage collector
+follows ownerReferences), pod logs with follow=true, and the discovery documents
 (/api, /api/v1, /apis, /apis/<group>/<version>) that kubectl reads first. Kinds: Pod, Service,
 Secret, ConfigMap, Event (core/v1), Job (batch/v1) and, unless `jobset=False` (a cluster without
 the CRD: 404 as there), JobSet (jobset.x-k8s.io/v1alpha2).
@@ -140,6 +141,9 @@ class FakeKubeAPI:
         self.logs: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
         self.requests: collections.Counter[str] = collections.Counter()
         self.rejected: list[str] = []  # validation messages of 422 answers and refused controller creates
+        # called in a create request (plural, body, "received" or "stored": before or after the object exists,
+        # the answer not sent yet), e.g. to signal the client while its request is in flight
+        self.on_create: Callable[[str, Obj, str], None] | None = None
         self.jobs, self.jobsets = JobController(self), JobSetController(self)
         self.kueue = FakeKueue(self, queues or {})
         self._rv = itertools.count(1)
@@ -411,10 +415,15 @@ class FakeKubeAPI:
             return _status(404, "NotFound", "the server could not find the requested resource")
         if req.method == "POST":
             obj = await req.json()
+            if self.on_create is not None:
+                self.on_create(plural, obj, "received")
             refused = self._refusal(plural, ns, obj)
             if refused is not None:
                 return _status(*refused)
-            return web.json_response(await self._add(plural, ns, obj), status=201)
+            stored = await self._add(plural, ns, obj)
+            if self.on_create is not None:
+                self.on_create(plural, obj, "stored")
+            return web.json_response(stored, status=201)
         if req.method != "GET":
             return _status(405, "MethodNotAllowed", req.method)
         labels, fields = req.query.get("labelSelector"), req.query.get("fieldSelector")
@@ -437,6 +446,10 @@ class FakeKubeAPI:
             return web.json_response(obj)
         if req.method == "DELETE":
             body = await req.json() if req.can_read_body else {}
+            uid = (body.get("preconditions") or {}).get("uid")
+            if uid is not None and uid != obj["metadata"]["uid"]:
+                return _status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in object "
+                               f"meta: {obj['metadata']['uid']}")
             policy = body.get("propagationPolicy") or req.query.get("propagationPolicy") or "Background"
             await self.delete(plural, ns, name, orphan=policy == "Orphan")
             return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
