@@ -73,6 +73,7 @@ class CounterTrace:
 class EnergyMeter(Protocol):
     label: str  # "measured" or "simulated"
     trace: CounterTrace
+    resolution_s: float  # how often the counter moves: an interval much shorter reads an interpolated guess
 
     def wait_until(self, t: float, timeout_s: float = 2.0) -> bool:
         """Block until the trace covers host time ``t``; False on timeout."""
@@ -83,6 +84,7 @@ class EnergyMeter(Protocol):
 # NVML's counter moves about every 100 ms on H200 (measured); 5 ms stamps its updates well enough
 # while taking little GIL time from the training thread
 METER_PERIOD_S = 0.005
+NVML_UPDATE_S = 0.1
 CLOCK_EVERY = 1  # the SM clock is read every this many polls, and only while the runtime asks (calibration)
 
 
@@ -90,6 +92,7 @@ class PolledMeter:
     """Samples ``read_j()`` (a cumulative counter in joules) in a background thread."""
 
     label = "measured"
+    resolution_s = NVML_UPDATE_S
 
     def __init__(
         self,
@@ -158,6 +161,7 @@ class SimMeter:
     """The simulated GPU's exact counter in its virtual time (knots at unit boundaries, idle power between)."""
 
     label = "simulated"
+    resolution_s = 0.0  # exact: knots at every unit boundary
 
     def __init__(self, trace: CounterTrace, energy_at: Callable[[float], float]) -> None:
         self.trace = trace

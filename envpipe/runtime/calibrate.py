@@ -50,11 +50,12 @@ BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power
 # -0.9 to +1.3 % (2026-11-27, benchmarks/results/dropin_h100x2.md, from 88c596a on).
 WARMUP_ITERATIONS = 2
 SETTLE_WINDOW = 3  # iterations whose median must hold still (the model then takes these and the one before)
-# Then untimed 1F1B iterations, together at least ANCHOR_S long (the NVML counter moves every 100 ms): the steady
-# iterations are untimed, and unit timing (an event pair per unit and a synchronize) made the CNN example's timed
-# iterations 8-10 % slower than its untimed ones on 4 x H200 and 2 x H200 (2026-11-28). The predictions of what
-# runs are anchored on them: the simulator's ratio of what runs to 1F1B, times these (envpipe.runtime.prediction).
-ANCHOR_S, ANCHOR_LEAST, ANCHOR_MOST = 0.5, 3, 30
+# Then untimed 1F1B iterations, together at least ANCHOR_UPDATES of the counter's updates long (NVML's moves every
+# 100 ms; a simulated GPU's is exact): the steady iterations are untimed, and unit timing (an event pair per unit
+# and a synchronize) made the CNN example's timed iterations 8-10 % slower than its untimed ones on 2 x H200
+# (2026-11-28). The predictions of what runs are anchored on them: the simulator's ratio of what runs to 1F1B,
+# times these (envpipe.runtime.prediction).
+ANCHOR_UPDATES, ANCHOR_LEAST, ANCHOR_MOST = 5, 3, 30
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
 def _anchor(rig: Rig, typical_s: float) -> Phase[tuple[int, float, list[float] | None]]:
     """Untimed 1F1B iterations back to back: (how many, the job's median iteration, per stage every GPU's mean
     energy per iteration or None without a counter) (a collective at the end)."""
-    n = min(ANCHOR_MOST, max(ANCHOR_LEAST, math.ceil(ANCHOR_S / max(typical_s, 1e-9))))
+    resolution = rig.meter.resolution_s if rig.meter is not None else 0.0
+    n = min(ANCHOR_MOST, max(ANCHOR_LEAST, math.ceil(ANCHOR_UPDATES * resolution / max(typical_s, 1e-9))))
     spans = []
     for _ in range(n):
         m: Measured = yield Step(rig.baseline, "calibrate", BASELINE, timed=False, extra={"anchor": True})
