@@ -81,7 +81,7 @@ def _summary(benches: list[Bench]) -> list[str]:
     for b in benches:
         summaries = b.summaries
         for (model, rnd, engine), s in summaries.items():
-            acc = pooled.setdefault((_commit(b.out), model, b.bench["microbatches"]), {})
+            acc = pooled.setdefault((_commit(b.out), _label(b.bench, model), b.bench["microbatches"]), {})
             stock = summaries.get((model, rnd, "stock"))
             if engine == "envpipe" and stock is not None and stock.clock.time == s.clock.time:
                 acc.setdefault("ratio", []).append(stock.steady.time_s.median / s.steady.time_s.median)
@@ -279,6 +279,15 @@ def _plan_runs(b: Bench, summaries: dict[tuple[str, int, str], RunSummary]) -> l
 def _cnn(bench: dict) -> str:
     """How the CNN runs ran, where the folder has some."""
     return " (`cnn`: examples/train_cnn.py)" if any(r["model"].startswith("cnn") for r in bench["runs"]) else ""
+
+
+def _label(bench: dict, model: str) -> str:
+    """The model as the summary pools it: with its data-parallel layout where the folder ran one."""
+    stages = bench.get("pipeline_stages")
+    if stages is None:
+        return model
+    zero = f", ZeRO-{bench['zero_stage']}" if bench.get("zero_stage") else ""
+    return f"{model} (DP{bench['gpus'] // stages} x PP{stages}{zero})"
 
 
 def _layout(bench: dict) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from benchmarks import (
     clockd_fair,
     dp_table,
+    dropin_ablation,
     dropin_results,
     freqmodel_results,
     meter_probe,
@@ -41,7 +42,9 @@ RAW_H100X2 = RESULTS / "h100x2_runs"
 RAW_H200X2 = RESULTS / "h200x2_runs"
 RAW_H200X4 = RESULTS / "h200x4_runs"
 # the 2-GPU runs of issue #34, in the order they ran (c1: the first device call, ...)
-H200X2_DROPIN = ("c1_cnn_m8", "c1_gpt2_m8_r1", "c1_llama_m8_r1", "c1_llama_m8_rh")
+H200X2_DROPIN = ("c1_cnn_m8", "c1_gpt2_m8_r1", "c1_llama_m8_r1", "c1_llama_m8_rh", "c2_cnn_m8", "c2_gpt2_m8_rh",
+                 "c2_gpt2_m16", "c2_dp2_gpt2_m8", "c2_llama_m8", "c2_llama_m16", "c3_dp2_gpt2_m8", "c3_dp2z1_gpt2_m8",
+                 "c3_llama_m8", "c3_gpt2_m8", "c3_cnn_m8")
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ RENDERED = (
              dropin_results.render_all, "python benchmarks/dropin_results.py"),
     Rendered("dropin_h200x2.md", tuple(RAW_H200X2 / d for d in H200X2_DROPIN), dropin_results.render_all,
              "python benchmarks/dropin_results.py"),
+    Rendered("dropin_ablation_h200x2.md", tuple(RAW_H200X2 / d for d in ("c3_ablation_gpt2", "c3_ablation_llama")),
+             dropin_ablation.render, "python benchmarks/dropin_ablation.py --render"),
     Rendered("dropin_h200x4.md", tuple(RAW_H200X4 / d for d in ("dropin_gpt2_x4_0626", "dropin_llama_x4_0633")),
              dropin_results.render_all, "python benchmarks/dropin_results.py"),
     Rendered("dp_h200x4.md", (RAW_H200X4 / "dp_pp_x4_0722",), dp_table.render,
