@@ -57,12 +57,10 @@ def run_optimal(case: PipelineCase, options: PlanOptions, note: str | None) -> N
         _run_frontier(case, options, note)
         return
     from envpipe.plan.optimal import optimal_plan
-    from envpipe.search.quiet import native_output_silenced
 
     schedule, M, chunks = options.schedule, case.num_microbatches, case.layout.chunks
     try:
-        with native_output_silenced():  # HiGHS's own lines (its MILP polish prints from C++)
-            result = optimal_plan(case, schedule, options.time_budget, options.max_slowdown)
+        result = optimal_plan(case, schedule, options.time_budget, options.max_slowdown)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
@@ -91,12 +89,10 @@ def _run_frontier(case: PipelineCase, options: PlanOptions, note: str | None) ->
     from tqdm import tqdm
 
     from envpipe.plan.frontier import frontier, write_frontier
-    from envpipe.search.quiet import native_output_silenced
 
     try:
         # on a terminal only (disable=None): a log or a pipe gets no carriage-return noise
-        with tqdm(total=options.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar, \
-                native_output_silenced():  # HiGHS's lines on stdout; the bar is on stderr
+        with tqdm(total=options.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar:
             points = frontier(case, options.schedule, options.frontier_points, on_point=bar.update)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None

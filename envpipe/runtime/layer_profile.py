@@ -90,7 +90,7 @@ from envpipe.search.layers import (
     ModelShape,
     UnitCalls,
 )
-from envpipe.search.quiet import STDERR, STDOUT, native_output_silenced
+from envpipe.quiet import STDERR, STDOUT, native_output_silenced
 from envpipe.simgpu import step_s, unit_s
 
 _WINDOW = "envpipe.window."
