@@ -76,7 +76,8 @@ def test_nvml_backend_without_a_driver_says_so(tmp_path) -> None:
         pytest.skip("a real NVIDIA driver is present")
     except pynvml.NVMLError:
         pass
-    result = CliRunner().invoke(main, ["--backend", "nvml", "--ownership", "local", "--socket", str(tmp_path / "c.sock")])
+    result = CliRunner().invoke(main, ["--backend", "nvml", "--ownership", "local", "--socket",
+                                       str(tmp_path / "c.sock")])
     assert result.exit_code != 0 and "cannot start with backend 'nvml'" in result.output
 
 

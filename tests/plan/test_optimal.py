@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
-import json
 
 import numpy as np
 import pytest
