@@ -4,8 +4,12 @@ that envpipe-launch's jobs meet.
 The API: create (201; 409 on an existing name; 422 when the object fails its schema, see
 tests/support/schemas; 403 on a pod quota), get (404), merge-patch, list/watch with labelSelector,
 fieldSelector and resourceVersion (JSON-lines watch stream), delete with propagationPolicy (the
-garbage collector follows ownerReferences), pod logs with follow=true, and the discovery documents
-(/api, /api/v1, /apis, /apis/<group>/<version>) that kubectl reads first. Kinds: Pod, Service,
+garbage collector follows ownerReferences), pod logs with follow=true, the discovery documents
+(/api, /api/v1, /apis, /apis/<group>/<version>) that kubectl reads first, and /version, answered as a
+Kubernetes of `version` ("1.33") answers it. Objects are checked against that version's schemas; below 1.31
+a Job's `successPolicy` (and a JobSet's Job template's) is dropped on create, as the API server drops a field
+it does not serve (unknown before 1.30, an alpha gate in 1.30; with a warning, the clients' default field
+validation). Kinds: Pod, Service,
 Secret, ConfigMap, Event (core/v1), Job (batch/v1) and, unless `jobset=False` (a cluster without
 the CRD: 404 as there), JobSet (jobset.x-k8s.io/v1alpha2).
 
@@ -129,10 +133,12 @@ class FakeKubeAPI:
         run_s: float | None = None,
         jobset: bool = True,
         queues: dict[str, float] | None = None,
+        version: str = schemas.K8S_VERSION,
     ) -> None:
         self.pod_quota, self.job_exit_code, self.start_delay_s = pod_quota, job_exit_code, start_delay_s
         self.exit_codes: dict[int, int] = {}  # by completion index, over job_exit_code
         self.validate = validate
+        self.version = version  # "major.minor", as /version answers and the schemas are chosen
         self.run_s = run_s  # how long a running container runs; default start_delay_s
         self.resources = {r.plural: r for r in RESOURCES if jobset or r.plural != "jobsets"}
         self.objects: dict[tuple[str, str, str], Obj] = {}
@@ -171,6 +177,8 @@ class FakeKubeAPI:
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/version/", self._version)  # the Python client asks with the slash
         app.router.add_get("/api", self._api_versions)
         app.router.add_get("/apis", self._api_groups)
         app.router.add_get("/api/{version}", self._api_resources)
@@ -296,7 +304,7 @@ class FakeKubeAPI:
         kind, name = self.resources[plural].kind, obj.get("metadata", {}).get("name", "")
         if self.validate:
             try:
-                schemas.validate(obj)
+                schemas.validate(obj, self.version)
             except schemas.Invalid as e:
                 self.rejected.append(str(e))
                 return 422, "Invalid", f'{kind} "{name}" is invalid: {e}'
@@ -370,6 +378,28 @@ class FakeKubeAPI:
             await controller.reconcile(ns, name)
 
     # ---- discovery: what kubectl asks before it maps a manifest's kind to a URL ----
+    async def _version(self, req: web.Request) -> web.Response:
+        major, minor = self.version.split(".")
+        return web.json_response({
+            "major": major, "minor": minor, "gitVersion": f"v{self.version}.2", "gitCommit": "0" * 40,
+            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.4", "compiler": "gc",
+            "platform": "linux/amd64"})
+
+    def _serves_success_policy(self) -> bool:
+        major, minor = (int(x) for x in self.version.split("."))
+        return (major, minor) >= (1, 31)
+
+    def _dropped(self, plural: str, obj: Obj) -> Obj:
+        """What an API server of this version keeps of a create: a Job's successPolicy only from 1.31 on."""
+        if plural not in ("jobs", "jobsets") or self._serves_success_policy():
+            return obj
+        obj = copy.deepcopy(obj)
+        specs = [obj.get("spec", {})] if plural == "jobs" else [
+            r.get("template", {}).get("spec", {}) for r in obj.get("spec", {}).get("replicatedJobs", [])]
+        for spec in specs:
+            spec.pop("successPolicy", None)
+        return obj
+
     async def _api_versions(self, req: web.Request) -> web.Response:
         return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
 
@@ -410,7 +440,7 @@ class FakeKubeAPI:
         if resource is None:
             return _status(404, "NotFound", "the server could not find the requested resource")
         if req.method == "POST":
-            obj = await req.json()
+            obj = self._dropped(plural, await req.json())
             refused = self._refusal(plural, ns, obj)
             if refused is not None:
                 return _status(*refused)
@@ -447,7 +477,7 @@ class FakeKubeAPI:
             patched = _merge_patch(obj, await req.json())
             if self.validate:
                 try:
-                    schemas.validate({k: v for k, v in patched.items() if k != "status"})
+                    schemas.validate({k: v for k, v in patched.items() if k != "status"}, self.version)
                 except schemas.Invalid as e:
                     self.rejected.append(str(e))
                     return _status(422, "Invalid", f'{obj["kind"]} "{name}" is invalid: {e}')
