@@ -9,9 +9,11 @@ Kubeflow Trainer's DeepSpeed runtime on JobSet, and of mpi-operator's objects):
   `<host>.<job>` through the headless Service `<job>`;
 - with ssh (the default) every node runs the image's sshd and node 0 (JOB_COMPLETION_INDEX 0) is
   also the launcher (Trainer's "launcher as a node"): the image's `node` mode starts sshd, then node 0
-  waits for every node's sshd, bounded, and runs `deepspeed --launcher pdsh` against them. The Job's
-  successPolicy ends the job when node 0 succeeds; the other nodes' sshd stop with it. With --no-ssh
-  every node runs `deepspeed --no_ssh --node_rank=$JOB_COMPLETION_INDEX`, and all must succeed;
+  waits for every node's sshd, bounded, and runs `deepspeed --launcher pdsh` against them. Node 0's end
+  ends the job: the other nodes, which only serve ssh, stop once node 0's sshd is gone (the entrypoint,
+  told where node 0 is), on any Kubernetes; where the API server serves it (1.31+, kube_version.py) the
+  Job's successPolicy also ends the job the moment node 0 succeeds. With --no-ssh every node runs
+  `deepspeed --no_ssh --node_rank=$JOB_COMPLETION_INDEX`, and all must succeed;
 - one failed pod fails the whole job at once: backoffLimit 0 and a podFailurePolicy that fails the
   Job on a non-zero exit and on a disruption (node drain, preemption). A DeepSpeed job is not
   elastic: a replaced pod has lost its ranks and the rendezvous, so retries would only hold GPUs;
@@ -38,7 +40,7 @@ from . import hostfile
 from .deepspeed_cmd import SSH_CLIENT_OPTS
 from .job import DEFAULT_MASTER_PORT, JobSpec
 from .kube_syntax import escape_expansion
-from .pod_contract import RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
+from .pod_contract import LAUNCHER_NODE_ENV, RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
 
 LABEL = "envpipe.io/job"
 ROLE = "envpipe.io/role"
@@ -111,6 +113,7 @@ class KubeJob:
     pods: PodSettings = field(default_factory=PodSettings)
     batch: Batch = field(default_factory=Batch)
     worker_wait_s: int = 600  # how long node 0 waits for every node's sshd
+    success_policy: bool = False  # the API server serves Job successPolicy (kube_version.SUCCESS_POLICY)
 
     @property
     def kind(self) -> WorkloadKind:
@@ -222,16 +225,18 @@ class KubeJob:
             "completions": n,
             "parallelism": n,
             "backoffLimit": 0,
-            # rules match in order: a drained or preempted pod (which also exits non-zero) is named as such
+            # rules match in order: a drained or preempted pod (which also exits non-zero) is named as such.
+            # An exit-code rule names no pod condition: an empty list, which Kubernetes 1.27's schema requires
+            # (the field lost its `required` in 1.28; the API server takes [] with onExitCodes in every version)
             "podFailurePolicy": {
                 "rules": [
                     {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                    {"action": "FailJob",
+                    {"action": "FailJob", "onPodConditions": [],
                      "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}},
                 ]
             },
         }
-        if not self.no_ssh:  # node 0 is the launcher: its success is the job's
+        if not self.no_ssh and self.success_policy:  # node 0 is the launcher: its success is the job's
             spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
         if self.batch.active_deadline_s is not None:
             spec["activeDeadlineSeconds"] = self.batch.active_deadline_s
@@ -275,8 +280,9 @@ class KubeJob:
             env.append({"name": SOCKET_ENV, "value": self.pods.clockd.path})
         if self.no_ssh:  # the container env is the job's
             env += [{"name": k, "value": v} for k, _, v in (p.partition("=") for p in self.spec.env)]
-        else:  # node 0's pdsh and DeepSpeed's runner
+        else:  # node 0's pdsh and DeepSpeed's runner; where node 0 is, for the other nodes to end with it
             env.append({"name": "PDSH_SSH_ARGS_APPEND", "value": SSH_CLIENT_OPTS})
+            env.append({"name": LAUNCHER_NODE_ENV, "value": f"{self.hosts()[0]}:{self.spec.ssh_port}"})
             if self.spec.env:
                 env.append({"name": "DS_ENV_FILE", "value": f"{JOB_DIR}/deepspeed_env"})
         # the kubelet expands $(VAR) and $$ in env values: every $ meant literally is doubled

@@ -286,3 +286,46 @@ def test_cli_ctrl_c_cleans_up(api: FakeKubeAPI, tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert _leftovers(api) == {}
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("version", ["1.27", "1.30"])
+def test_before_1_31_node_zeros_end_ends_the_job_without_a_success_policy(capsys, workload: str,
+                                                                           version: str) -> None:
+    """The API server drops a Job's successPolicy before 1.31 (the fake does as it does): the launcher asks the
+    version and leaves the field out, and the other nodes, which only serve ssh, end once node 0 has. Before,
+    the field was sent, dropped, and the job held its GPUs until the deadline (here 20 s) failed it."""
+    fake = FakeKubeAPI(version=version).start()
+    try:
+        batch = Batch(workload, active_deadline_s=20, ttl_after_finished_s=3600)
+        assert _launch(fake, workload=workload, batch=batch, keep=True) == 0
+        job = fake.get("jobs", "default", "t" if workload == "job" else "t-node-0")
+        assert job is not None and "successPolicy" not in job["spec"]  # (a JobSet has its own, of its Jobs)
+        err = capsys.readouterr().err
+        assert f"(Kubernetes {version}: no Job successPolicy, the other nodes end with node 0)" in err
+        pods = [fake.get("pods", "default", n) for n in fake.names("pods")]
+        assert sorted(p["status"]["phase"] for p in pods if p) == ["Succeeded"] * 3  # every node ended, exit 0
+        assert fake.rejected == []
+    finally:
+        fake.stop()
+
+
+def test_from_1_31_node_zeros_success_ends_the_job_through_its_success_policy(api: FakeKubeAPI, capsys) -> None:
+    assert api.version >= "1.31"
+    assert _launch(api, keep=True, batch=Batch("job", ttl_after_finished_s=3600)) == 0
+    job = api.get("jobs", "default", "t")
+    assert job is not None and job["spec"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Complete"] == ["SuccessPolicy"]
+    assert f"(Kubernetes {api.version})" in capsys.readouterr().err
+
+
+def test_a_cluster_older_than_supported_is_one_line_and_nothing_made() -> None:
+    fake = FakeKubeAPI(version="1.26").start()
+    try:
+        with pytest.raises(LaunchError, match=r"^the cluster runs Kubernetes 1.26; the kube backend needs 1.27 or "
+                                              r"later"):
+            _launch(fake)
+        assert _leftovers(fake) == {} and sum(fake.requests.values()) == 0  # (/version is not counted)
+    finally:
+        fake.stop()
+

@@ -1,24 +1,25 @@
 """kube: the job as a batch workload (an Indexed Job or a JobSet, see kube_manifests), its options
-checked before anything exists, `--dry-run`'s manifests, and the launch: create, admit (Kueue), wait
-for the nodes, stream node 0's log, pass the exit status through, delete everything (kube_run)."""
+checked before anything exists, `--dry-run`'s manifests, and the launch: ask the cluster its version
+(kube_version), create, admit (Kueue), wait for the nodes, stream node 0's log, pass the exit status
+through, delete everything (kube_run)."""
 
 from __future__ import annotations
 
 import re
 import secrets
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 from kubernetes import client, config
 
-from .. import sshkeys
+from .. import kube_version, sshkeys
 from ..errors import LaunchError
 from ..job import JobSpec, job_name
 from ..kube_manifests import Batch, KubeJob, PodSettings
 from ..pod_contract import ClockdSocket
-from .kube_run import KubeRun
+from .kube_run import KubeRun, server_version
 
 
 @dataclass
@@ -164,8 +165,9 @@ _ManifestDumper.add_representer(str, _text)
 
 
 def dry_run(job: KubeJob) -> str:
-    """The objects as the launcher would create them, with a fresh ssh key, without the owner
-    references (they need the workload's uid): `kubectl apply -f` starts the same job."""
+    """The objects as the launcher would create them, for the oldest supported Kubernetes (kube_version), with a
+    fresh ssh key, without the owner references (they need the workload's uid): `kubectl apply -f` starts the
+    same job."""
     keys = sshkeys.generate()
     return yaml.dump_all(job.manifests(keys.private, keys.public), Dumper=_ManifestDumper, sort_keys=False)
 
@@ -188,9 +190,13 @@ def launch(
     if dry_run_only:
         sys.stdout.write(dry_run(job))
         return 0
-    run = KubeRun(job, api_client or _load_config(), opts.ready_timeout_s)
+    api = api_client or _load_config()
+    version = server_version(api)
+    job = replace(job, success_policy=version >= kube_version.SUCCESS_POLICY)
+    run = KubeRun(job, api, opts.ready_timeout_s)
     what = f"{job.kind.kind} {job.name}"
-    print(f"envpipe-launch: {what} in namespace {job.namespace}", file=sys.stderr)
+    ends = "" if job.no_ssh or job.success_policy else ": no Job successPolicy, the other nodes end with node 0"
+    print(f"envpipe-launch: {what} in namespace {job.namespace} (Kubernetes {version}{ends})", file=sys.stderr)
     try:
         print(f"envpipe-launch: hostfile\n{job.hostfile()}", file=sys.stderr, end="")
         run.create(sshkeys.generate())

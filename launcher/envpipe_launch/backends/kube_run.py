@@ -18,7 +18,9 @@ from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
+from .. import kube_version
 from ..errors import LaunchError
 from ..kube_manifests import CONTAINER, INDEX_ANNOTATION, JOBSET, LABEL, REPLICATED_JOB, ROLE, KubeJob
 from ..progress import Progress
@@ -43,6 +45,17 @@ def api_error(what: str, e: ApiException) -> LaunchError:
     except (TypeError, ValueError, AttributeError):
         message = e.body or e.reason
     return LaunchError(f"{what}: HTTP {e.status} {e.reason}: {message}")
+
+
+def server_version(api: client.ApiClient) -> kube_version.KubeVersion:
+    """The cluster's Kubernetes version (GET /version); one line where it is not supported or not reachable."""
+    try:
+        info = client.VersionApi(api).get_code()
+    except ApiException as e:
+        raise api_error("asking the API server its version", e) from e
+    except HTTPError as e:  # connection refused, TLS, DNS: the first call to the cluster is where it shows
+        raise LaunchError(f"cannot reach the Kubernetes API server at {api.configuration.host}: {e}") from e
+    return kube_version.supported(kube_version.parse(info.major, info.minor, info.git_version))
 
 
 class PodGone(LaunchError):

@@ -19,7 +19,8 @@ real ones, on every change of the objects they own.
 
 The kubelet moves pods Pending -> Running (pod IP, Ready) or into ErrImagePull for images containing
 "does-not-exist", and runs the runtime image's entrypoint modes: `worker` serves (sshd) until the pod
-is deleted; `node` serves on every index but 0, where it runs; anything else runs. Running means: the
+is deleted; `node` serves on every index but 0, where it runs, and a serving node told where node 0 is
+(ENVPIPE_LAUNCHER_NODE) exits 0 once node 0's pod has ended or is gone; anything else runs. Running means: the
 log is the command plus the files of mounted ConfigMaps, then after `run_s` the container exits with
 `exit_codes[index]` or else `job_exit_code`. `disrupt(ns, pod)` plays a node drain (the pod fails
 with condition DisruptionTarget).
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from envpipe_launch.pod_contract import LAUNCHER_NODE_ENV
 
 from tests.support import schemas
 from tests.support.fakes.kube_controllers import (
@@ -594,8 +596,13 @@ class FakeKubeAPI:
             "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{**base, "ready": True, "state": {"running": {"startedAt": now()}}}],
         }
-        if not await self._set_status(ns, name, running) or not self._runs(pod):
-            return  # a server (sshd): it runs until the pod is deleted
+        if not await self._set_status(ns, name, running):
+            return
+        if not self._runs(pod):  # a server (sshd): it runs until the pod is deleted, or node 0 has ended
+            if any(e["name"] == LAUNCHER_NODE_ENV for e in c.get("env", [])) and c["args"][0] == "node" \
+                    and await self._until_node_zero_ends(ns, pod):
+                await self._exit(ns, name, running, 0)
+            return
         argv = [kubelet_expand(a, {}) for a in c.get("command", []) + c["args"]]
         self.logs[(ns, name)].append(f"fake-kubelet: running {' '.join(argv)}\n")
         for vol in pod["spec"].get("volumes", []):
@@ -605,7 +612,25 @@ class FakeKubeAPI:
                     self.logs[(ns, name)].append(f"fake-kubelet: {cm['name']}/{key}:\n{text}")
         await asyncio.sleep(self.start_delay_s if self.run_s is None else self.run_s)
         index = int((pod["metadata"].get("labels") or {}).get(INDEX_KEY, "0"))
-        code = self.exit_codes.get(index, self.job_exit_code)
+        await self._exit(ns, name, running, self.exit_codes.get(index, self.job_exit_code))
+
+    async def _until_node_zero_ends(self, ns: str, pod: Obj) -> bool:
+        """The entrypoint of a node > 0 told where node 0 is: it serves until node 0, seen once, is gone (its pod
+        ended or deleted: its sshd no longer answers); True then, False when this pod ended first (deleted,
+        drained)."""
+        owners = {r["uid"] for r in pod["metadata"].get("ownerReferences") or []}
+        seen = False
+        while (me := self.get("pods", ns, pod["metadata"]["name"])) is not None and me["status"]["phase"] == "Running":
+            zero = [p for p in self.items("pods", ns) if (p["metadata"].get("labels") or {}).get(INDEX_KEY) == "0"
+                    and owners & {r["uid"] for r in p["metadata"].get("ownerReferences") or []}]
+            if any(p["status"]["phase"] == "Running" for p in zero):
+                seen = True
+            elif seen:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def _exit(self, ns: str, name: str, running: Obj, code: int) -> None:
         done = copy.deepcopy(running)
         done["phase"] = "Succeeded" if code == 0 else "Failed"
         done["conditions"] = [{"type": "Ready", "status": "False"}]
