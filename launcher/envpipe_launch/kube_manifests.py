@@ -20,13 +20,15 @@ Kubeflow Trainer's DeepSpeed runtime on JobSet, and of mpi-operator's objects):
 - with a Kueue queue the workload carries `kueue.x-k8s.io/queue-name` and is created suspended:
   Kueue admits the whole job at once (one Workload, every pod) and unsuspends it;
 - ttlSecondsAfterFinished: the cluster deletes a finished job even when no launcher is left to do it;
-- the Secret (the job's ssh key), the ConfigMap (hostfile, DeepSpeed's env file) and, for a Job, the
-  headless Service (a JobSet's controller makes its own) are owned by the workload (`owned_by`, once
-  the launcher knows the workload's uid), so deleting the workload deletes everything.
+- the Secret (the job's ssh key, made by the launcher when it creates the job), the ConfigMap (hostfile,
+  DeepSpeed's env file) and, for a Job, the headless Service (a JobSet's controller makes its own) are owned
+  by the workload (`owned_by`, once the launcher knows the workload's uid), so deleting the workload deletes
+  everything. A Secret the user made (`--ssh-secret NAME`) is only mounted, never created or deleted.
 
 Every object is complete before anything exists on the cluster (names come from the job name, hosts
 from the Job controller's naming), so `--dry-run` prints objects that `kubectl apply` accepts as they
-are; only the owner references must wait for the workload's uid.
+are; only the owner references must wait for the workload's uid. A key is never printed: the printed
+objects mount the ssh Secret by name, one the user creates (docs/launcher.md).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .deepspeed_cmd import SSH_CLIENT_OPTS
 from .job import DEFAULT_MASTER_PORT, JobSpec
 from .kube_syntax import escape_expansion
 from .pod_contract import LAUNCHER_NODE_ENV, RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
+from .sshkeys import KeyPair
 
 LABEL = "envpipe.io/job"
 ROLE = "envpipe.io/role"
@@ -113,11 +116,21 @@ class KubeJob:
     pods: PodSettings = field(default_factory=PodSettings)
     batch: Batch = field(default_factory=Batch)
     worker_wait_s: int = 600  # how long node 0 waits for every node's sshd
+    ssh_secret: str | None = None  # a Secret the user made (ssh-privatekey, authorized_keys); None: the job's own
     success_policy: bool = False  # the API server serves Job successPolicy (kube_version.SUCCESS_POLICY)
 
     @property
     def kind(self) -> WorkloadKind:
         return self.batch.kind
+
+    @property
+    def secret_name(self) -> str:
+        return self.ssh_secret or f"{self.name}-ssh"
+
+    @property
+    def makes_secret(self) -> bool:
+        """Whether the launcher creates the job's ssh Secret (ssh mode, no --ssh-secret)."""
+        return not self.no_ssh and self.ssh_secret is None
 
     def hostname(self, index: int) -> str:
         """The host name the Job controller gives node `index`: <Job name>-<index>, where a JobSet's
@@ -138,13 +151,15 @@ class KubeJob:
         return {LABEL: self.name, ROLE: "node"}
 
     # ---- the objects the workload owns ----
-    def ssh_secret(self, private: str, public: str) -> Obj:
+    def secret(self, keys: KeyPair) -> Obj:
+        """The job's own ssh Secret, made when the launcher creates the job (never printed)."""
         return {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/ssh-auth",
-            "metadata": self.meta(f"{self.name}-ssh", "ssh"),
-            "stringData": {"ssh-privatekey": private, "ssh-publickey": public, "authorized_keys": public},
+            "metadata": self.meta(self.secret_name, "ssh"),
+            "stringData": {"ssh-privatekey": keys.private, "ssh-publickey": keys.public,
+                           "authorized_keys": keys.public},
         }
 
     def config_map(self) -> Obj:
@@ -169,18 +184,20 @@ class KubeJob:
             },
         }
 
-    def dependents(self, private_key: str, public_key: str) -> list[Obj]:
-        """What the workload owns, in creation order."""
-        objs = [] if self.no_ssh else [self.ssh_secret(private_key, public_key)]
+    def dependents(self, keys: KeyPair | None) -> list[Obj]:
+        """What the workload owns, in creation order: the job's own ssh Secret where ``keys`` are given (the
+        launcher's create), the ConfigMap, a Job's headless Service."""
+        objs = [self.secret(keys)] if keys is not None and self.makes_secret else []
         objs.append(self.config_map())
         if self.kind is JOB:
             objs.append(self.service())
         return objs
 
-    def manifests(self, private_key: str, public_key: str) -> list[Obj]:
-        """Everything, for `kubectl apply -f`: the workload last, so its pods find what they mount.
-        Suspended only for Kueue to admit; without a queue the job starts when applied."""
-        return [*self.dependents(private_key, public_key), self.workload(suspend=self.batch.queue is not None)]
+    def manifests(self) -> list[Obj]:
+        """Everything but key material, for `kubectl apply -f`: the workload last, so its pods find what they
+        mount (the ssh Secret, `secret_name`, exists before: the user makes it). Suspended only for Kueue to
+        admit; without a queue the job starts when applied."""
+        return [*self.dependents(None), self.workload(suspend=self.batch.queue is not None)]
 
     def owned_by(self, obj: Obj, owner_uid: str) -> Obj:
         """A copy of obj that the garbage collector deletes with the workload."""
@@ -296,7 +313,7 @@ class KubeJob:
         if not self.no_ssh:
             items = [{"key": "ssh-privatekey", "path": "id_ed25519"},
                      {"key": "authorized_keys", "path": "authorized_keys"}]
-            volumes.append({"name": "ssh", "secret": {"secretName": f"{self.name}-ssh", "defaultMode": 0o440,
+            volumes.append({"name": "ssh", "secret": {"secretName": self.secret_name, "defaultMode": 0o440,
                                                       "items": items}})
             mounts.append({"name": "ssh", "mountPath": SSH_DIR, "readOnly": True})
         if self.pods.clockd:

@@ -150,7 +150,7 @@ def one_node(podman: Podman, images: image_build.Images, stopwatch: Stopwatch) -
             job = KubeJob(spec, "j", "team", images.runtime, pods=pod_settings(cpu=2, memory_gib=3, shm_gib=1),
                           worker_wait_s=120)
             keys = sshkeys.generate()
-            for obj in job.dependents(keys.private, keys.public):
+            for obj in job.dependents(keys):
                 if obj["kind"] in ("Secret", "ConfigMap"):
                     node.add_object(obj)
             node.dns(*job.hosts())  # the headless Service's names of both nodes

@@ -2,7 +2,7 @@
 batch/v1 Job, a JobSet), checked against the official Kubernetes schemas of the oldest version the launcher
 supports and of the newest kubernetes-validate ships, and JobSet's CRD schema (tests/support/schemas), applied
 by the real kubectl, and field by field for the batch conventions (Indexed, failure policy, success policy
-where the cluster serves it, Kueue, TTL) and for what a cluster admin checks in pods."""
+where the cluster serves it, Kueue, TTL), for what a cluster admin checks in pods, and for keys: none printed."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 from helm_binary import find_kubectl  # noqa: E402
 
-KINDS = {"job": ["Secret", "ConfigMap", "Service", "Job"], "jobset": ["Secret", "ConfigMap", "JobSet"]}
+KINDS = {"job": ["ConfigMap", "Service", "Job"], "jobset": ["ConfigMap", "JobSet"]}  # no Secret: no key printed
 VERSIONS = (schemas.OLDEST, schemas.NEWEST)
 
 
@@ -60,8 +60,7 @@ def test_dry_run_is_schema_valid_for_both_workloads_from_the_oldest_kubernetes_t
     assert str(kube_version.MIN) == schemas.OLDEST  # the range docs/launcher.md states, checked at both ends
     for no_ssh in (False, True):
         docs = _docs(capsys, workload=workload, no_ssh=no_ssh)
-        want = [k for k in KINDS[workload] if not (no_ssh and k == "Secret")]  # no ssh, no key
-        assert [d["kind"] for d in docs] == want
+        assert [d["kind"] for d in docs] == KINDS[workload]
         for d in docs:
             for version in VERSIONS:
                 schemas.validate(d, version)
@@ -156,18 +155,27 @@ def test_the_jobset_wraps_the_same_indexed_job(capsys) -> None:
     assert js_spec == job_spec
     assert js_args[3] == hosts(job_args[3])
     # the hosts are the Job controller's names of the JobSet's Job d-node-0
-    assert js_docs[1]["data"]["hostfile"] == "".join(f"d-node-0-{i}.d slots=2\n" for i in range(3))
+    assert js_docs[0]["data"]["hostfile"] == "".join(f"d-node-0-{i}.d slots=2\n" for i in range(3))
 
 
-def test_dry_run_has_no_placeholders_and_a_real_key(capsys) -> None:
-    docs = _docs(capsys)
-    text = yaml.safe_dump_all(docs)
+def test_dry_run_has_no_placeholders_and_no_key(capsys) -> None:
+    """A GitOps user commits the dry run: it must hold no key (it printed a fresh private key before). The pods
+    mount the Secret by name, and one line on stderr says how to make it; with --ssh-secret, the user's."""
+    text = _text(capsys)
+    docs = list(yaml.safe_load_all(text))
     assert not re.search(r"<[A-Za-z][^<>]*>", text) and "ownerReferences" not in text  # no "<job uid>"
-    secret = docs[0]["stringData"]
-    assert secret["ssh-privatekey"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
-    assert secret["authorized_keys"] == secret["ssh-publickey"] and secret["ssh-publickey"].startswith("ssh-ed25519 ")
-    assert docs[1]["data"]["hostfile"] == "".join(f"d-{i}.d slots=2\n" for i in range(3))
-    assert docs[2]["spec"]["selector"] == {"envpipe.io/job": "d", "envpipe.io/role": "node"}
+    assert "PRIVATE KEY" not in text and "ssh-ed25519" not in text and "Secret" not in [d["kind"] for d in docs]
+    assert docs[0]["data"]["hostfile"] == "".join(f"d-{i}.d slots=2\n" for i in range(3))
+    assert docs[1]["spec"]["selector"] == {"envpipe.io/job": "d", "envpipe.io/role": "node"}
+    (ssh,) = [v for v in _template(docs)["spec"]["volumes"] if v["name"] == "ssh"]
+    assert ssh["secret"]["secretName"] == "d-ssh"
+    assert kube.launch(_spec(), kube.KubeOptions(image="img:1", name="d"), dry_run_only=True) == 0
+    err = capsys.readouterr().err
+    assert "the pods mount Secret d-ssh, which these manifests do not hold (no key is printed)" in err
+    assert "kubectl create secret generic d-ssh -n default --type=kubernetes.io/ssh-auth" in err
+    theirs = _docs(capsys, ssh_secret="team-ssh")
+    (ssh,) = [v for v in _template(theirs)["spec"]["volumes"] if v["name"] == "ssh"]
+    assert ssh["secret"]["secretName"] == "team-ssh" and capsys.readouterr().err == ""
 
 
 def test_node_zero_waits_for_every_sshd_then_runs_pdsh(capsys) -> None:

@@ -58,6 +58,9 @@ def server_version(api: client.ApiClient) -> kube_version.KubeVersion:
     return kube_version.supported(kube_version.parse(info.major, info.minor, info.git_version))
 
 
+SSH_SECRET_KEYS = ("ssh-privatekey", "authorized_keys")  # what the pods mount of an --ssh-secret
+
+
 class PodGone(LaunchError):
     """A pod was deleted (by its Job's controller once the Job failed, or by someone)."""
 
@@ -94,8 +97,8 @@ class KubeRun:
         k = self.job.kind
         return k.group, k.version, self.job.namespace, k.plural
 
-    def create(self, keys: KeyPair) -> None:
-        """The workload (suspended), then what it owns."""
+    def create(self, keys: KeyPair | None) -> None:
+        """The workload (suspended), then what it owns: the job's own ssh Secret with ``keys`` among it."""
         kind = self.job.kind
         try:
             created: Obj = self.custom.create_namespaced_custom_object(  # type: ignore[assignment]  # a dict
@@ -108,8 +111,24 @@ class KubeRun:
                 ) from e
             raise api_error(f"creating {kind.kind} {self.job.name}", e) from e
         self.owner = created["metadata"]["uid"]
-        for body in self.job.dependents(keys.private, keys.public):
+        for body in self.job.dependents(keys):
             self._create_core(self.job.owned_by(body, self.owner))
+
+    def check_ssh_secret(self) -> None:
+        """The user's ssh Secret (--ssh-secret) exists and holds what the pods mount: one line otherwise, before
+        anything is created."""
+        name, ns = self.job.secret_name, self.job.namespace
+        try:
+            secret = self.core.read_namespaced_secret(name, ns)
+        except ApiException as e:
+            if e.status == 404:
+                raise LaunchError(f"--ssh-secret {name}: no Secret {name} in namespace {ns} (docs/launcher.md says "
+                                  "how to make one)") from e
+            raise api_error(f"reading Secret {name}", e) from e
+        missing = [k for k in SSH_SECRET_KEYS if k not in (secret.data or {})]
+        if missing:
+            raise LaunchError(f"--ssh-secret {name}: the Secret has no {' and no '.join(missing)} (the pods mount "
+                              f"{' and '.join(SSH_SECRET_KEYS)})")
 
     def _create_core(self, body: Obj) -> None:
         kind = body["kind"]
