@@ -13,6 +13,8 @@ from types import ModuleType
 import pytest
 
 from envpipe.plan.schedules import envpipe_schedule
+from envpipe.runtime.config import parse
+from envpipe.runtime.steps import steps_to_report
 from envpipe.simgpu import JobTruth
 from tests.support.ports import free_port
 from tests.support.runtime_summary import iterations, read_summary
@@ -278,7 +280,8 @@ def test_every_iteration_and_the_measured_saving_reach_the_monitors(tmp_path: Pa
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"),
                                                   "job_name": "j"}}))
-    steps = 16
+    block = {"calibration_iterations": 1, "profile_points": 2, "reconfigure_rounds": 1, "compare_iterations": 3}
+    steps = steps_to_report(parse(block, {}))  # (the notebook's default length): the whole report, just
     proc = _torchrun(["--steps", str(steps), "--calibration-steps", "1", "--profile-points", "2",
                       "--reconfigure-rounds", "1", "--compare-iterations", "3", "--report-dir", "rep",
                       "--deepspeed_config", str(config)], {}, tmp_path)
