@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks import (
     clockd_fair,
+    demo_results,
     dropin_results,
     freqmodel_results,
     meter_probe,
@@ -56,6 +57,8 @@ class Rendered:
 
 
 RENDERED = (
+    Rendered("demo.md", (demo_results.RAW,), lambda raws: demo_results.render(raws[0]),
+             "python -m benchmarks.demo_results render"),
     Rendered("clockd_fair.md", (RESULTS / "clockd_fair.json",),
              lambda raws: clockd_fair.render(json.loads(raws[0].read_text())) + "\n",
              "python -m benchmarks.clockd_fair --render"),
