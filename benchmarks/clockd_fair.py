@@ -45,7 +45,8 @@ def free_port() -> int:
 
 
 def start_daemon(sock: str, metrics_port: int) -> subprocess.Popen[str]:
-    args = ["--backend", "sim", "--sim-gpus", str(CLIENTS + 1), "--metrics-port", str(metrics_port)]
+    args = ["--backend", "sim", "--ownership", "local", "--sim-gpus", str(CLIENTS + 1), "--metrics-port",
+            str(metrics_port)]
     daemon = subprocess.Popen(
         [sys.executable, "-m", "envpipe.clock.daemon", *args, "--socket", sock, "--log-level", "warning"],
         stdout=subprocess.PIPE,

@@ -94,7 +94,7 @@ def start_clockd(*args: str, stderr: IO[str] | int = subprocess.STDOUT) -> tuple
     """
     sock = os.path.join(tempfile.mkdtemp(), "clockd.sock")
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "envpipe.clock.daemon", *args, "--socket", sock],
+        [sys.executable, "-m", "envpipe.clock.daemon", "--ownership", "local", *args, "--socket", sock],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

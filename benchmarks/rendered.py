@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks import (
     clockd_fair,
+    demo_results,
     dp_table,
     dropin_ablation,
     dropin_results,
@@ -64,6 +65,8 @@ class Rendered:
 
 
 RENDERED = (
+    Rendered("demo.md", (demo_results.RAW,), lambda raws: demo_results.render(raws[0]),
+             "python -m benchmarks.demo_results render"),
     Rendered("clockd_fair.md", (RESULTS / "clockd_fair.json",),
              lambda raws: clockd_fair.render(json.loads(raws[0].read_text())) + "\n",
              "python -m benchmarks.clockd_fair --render"),

@@ -8,9 +8,20 @@ models), ``runtime`` (DeepSpeed integration), ``clock`` (clock sidecar and clien
 ``energy`` (energy meters), ``search`` (configuration search).
 """
 
+import os
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
+
+# DeepSpeed JIT-builds its C++ ops (on CPU its shared-memory all-reduce, at `deepspeed.init_distributed`) into
+# torch's extensions folder, by default one per user (~/.cache/torch_extensions) that every checkout shares:
+# another checkout's build, or the lock a killed build left, holds a job up for minutes without a word. A
+# script that imports envpipe, and then calls `deepspeed.init_distributed` itself as DeepSpeed's tutorial does,
+# builds into its own environment's folder instead (this project's venvs are per checkout, as the Makefile's
+# folder is); a TORCH_EXTENSIONS_DIR already set is kept.
+if sys.prefix != sys.base_prefix:
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 def __getattr__(name: str) -> Any:

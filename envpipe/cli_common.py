@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 import numpy as np
 
-from envpipe.limits import MAX_STAGES, output_path_error, quote, range_error
+from envpipe.limits import MAX_STAGES, output_path_error, parse_slowdown, quote, range_error
 from envpipe.plan.planfile import Plan
 from envpipe.plan.render import summary_table, text_trace
 from envpipe.plan.simulate import Overheads, Timeline
@@ -43,6 +43,21 @@ class Finite(click.ParamType):
         if reason:
             self.fail(reason, param, ctx)
         return number
+
+
+class Slowdown(click.ParamType):
+    """A slowdown: a fraction in [0, 1) or a percent with '%' (envpipe.limits.parse_slowdown)."""
+
+    name = "slowdown"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "FRACTION | PERCENT%"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            return parse_slowdown(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 class PerStage(click.ParamType):

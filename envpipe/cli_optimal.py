@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from envpipe.cli_common import Finite, PlanOptions, Shown, output_option, powers, show, write_outputs
-from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS, MAX_SLOWDOWN
+from envpipe.cli_common import Finite, PlanOptions, Shown, Slowdown, output_option, powers, show, write_outputs
+from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS
 from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.evaluate import SCHEDULE_NAMES, baseline_name, unit_clocks
 from envpipe.plan.memory import describe_peaks
@@ -25,9 +25,10 @@ from envpipe.plan.simulate import Timeline
 
 def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
-        click.option("--max-slowdown", type=Finite(0, MAX_SLOWDOWN), default=None,
-                     help="optimal: allowed slowdown over the baseline, e.g. 0.01 for 1% (the baseline: 1F1B with "
-                          "every unit at the highest clock; for interleaved and dualpipev, that schedule's own)"),
+        click.option("--max-slowdown", type=Slowdown(), default=None,
+                     help="optimal: allowed slowdown over the baseline, a fraction or a percent: 0.01 or 1% (the "
+                          "baseline: 1F1B with every unit at the highest clock; for interleaved and dualpipev, that "
+                          "schedule's own)"),
         click.option("--time-budget", type=Finite(0, MAX_BUDGET_S, low_open=True), default=None,
                      help="optimal: iteration-time budget in seconds"),
         output_option("--frontier", "frontier_csv", suffixes=(".csv",),
@@ -56,12 +57,10 @@ def run_optimal(case: PipelineCase, options: PlanOptions, note: str | None) -> N
         _run_frontier(case, options, note)
         return
     from envpipe.plan.optimal import optimal_plan
-    from envpipe.search.quiet import native_output_silenced
 
     schedule, M, chunks = options.schedule, case.num_microbatches, case.layout.chunks
     try:
-        with native_output_silenced():  # HiGHS's own lines (its MILP polish prints from C++)
-            result = optimal_plan(case, schedule, options.time_budget, options.max_slowdown)
+        result = optimal_plan(case, schedule, options.time_budget, options.max_slowdown)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
@@ -90,12 +89,10 @@ def _run_frontier(case: PipelineCase, options: PlanOptions, note: str | None) ->
     from tqdm import tqdm
 
     from envpipe.plan.frontier import frontier, write_frontier
-    from envpipe.search.quiet import native_output_silenced
 
     try:
         # on a terminal only (disable=None): a log or a pipe gets no carriage-return noise
-        with tqdm(total=options.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar, \
-                native_output_silenced():  # HiGHS's lines on stdout; the bar is on stderr
+        with tqdm(total=options.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar:
             points = frontier(case, options.schedule, options.frontier_points, on_point=bar.update)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None

@@ -20,8 +20,8 @@ from typing import Any
 import click
 
 from envpipe.atomicfile import new_file_mode
-from envpipe.cli_common import Finite
-from envpipe.limits import MAX_SLOWDOWN, MAX_UNITS, quote
+from envpipe.cli_common import Finite, Slowdown
+from envpipe.limits import MAX_UNITS, quote
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.engine import EngineModelError, engine_model, load_engine_model
 from envpipe.search.layers import LayerProfile, LayerProfileError, load_layer_profile
@@ -85,8 +85,9 @@ def _shell_words(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="highest throughput, least energy at a throughput floor, or the time-energy frontier")
 @click.option("--min-throughput", type=Finite(0, MAX_THROUGHPUT, low_open=True), default=None,
               help="energy objective: the throughput floor in samples/s")
-@click.option("--max-slowdown", type=Finite(0, MAX_SLOWDOWN), default=None,
-              help="energy objective: the floor as the fastest configuration's iteration time x (1 + this), e.g. 0.05")
+@click.option("--max-slowdown", type=Slowdown(), default=None,
+              help="energy objective: the floor as the fastest configuration's iteration time x (1 + this), a "
+              "fraction or a percent: 0.05 or 5%")
 @click.option("--top-k", type=click.IntRange(1, MAX_TOP_K), default=5, show_default=True,
               help="configurations to plan and report (throughput and energy objectives)")
 @click.option("--intra-node-gbps", type=_gbps(), default=800.0, show_default=True,

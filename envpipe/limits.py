@@ -25,7 +25,6 @@ MAX_UNIT_ENERGY_J = 1e7
 MAX_POWER_W = 10_000.0  # idle power
 MAX_SECONDS = 3600.0  # transfer and tail times
 MAX_BUDGET_S = 1e9  # time budgets
-MAX_SLOWDOWN = 10.0  # +1,000 %
 MAX_FRONTIER_POINTS = 1000
 MAX_THRESHOLD_SCALE = 1e6
 MAX_PROFILE_ROWS = 262_144  # 2 x stages x clocks, e.g. 128 stages x 1,024 clocks
@@ -129,6 +128,34 @@ def range_error(value: float, low: float, high: float, low_open: bool = False) -
     if value < low or (low_open and value == low) or value > high:
         return f"must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value:g}"
     return None
+
+
+def parse_slowdown(value: object) -> float:
+    """A slowdown as EnvPipe takes it everywhere (`envpipe plan|search --max-slowdown`, the runtime's
+    `max_slowdown`, `train_gpt.py --max-slowdown`): a fraction in [0, 1), e.g. 0.05, or a percent with '%',
+    e.g. "5%". ValueError (the reason, one line) otherwise: a bare 5 would be +500 % to one reader and +5 % to
+    another, so a number of 1 or more is refused, with both readings spelled out."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{quote(value)} is not a slowdown: give a fraction in [0, 1) such as 0.05, or a percent "
+                         "such as 5%")
+    text = value.strip() if isinstance(value, str) else ""
+    percent = text.endswith("%")
+    try:
+        number = float(text.removesuffix("%").strip()) if isinstance(value, str) else float(value)
+    except ValueError:
+        raise ValueError(f"{quote(value)} is not a slowdown: give a fraction in [0, 1) such as 0.05, or a percent "
+                         "such as 5%") from None
+    if not math.isfinite(number):
+        raise ValueError(f"the slowdown must be a finite number, got {quote(value)}")
+    fraction = number / 100 if percent else number
+    if fraction < 0:
+        raise ValueError(f"the slowdown must not be negative, got {quote(value)}")
+    if fraction >= 1:
+        if percent:
+            raise ValueError(f"the slowdown must be below 100 %, got {quote(value)}")
+        raise ValueError(f"the slowdown {number:g} is not a fraction in [0, 1): for +{number:g} % write "
+                         f"{number:g}% or {number / 100:g}")
+    return fraction
 
 
 def units_error(num_stages: int, num_microbatches: int) -> str | None:

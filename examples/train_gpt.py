@@ -22,7 +22,7 @@ from typing import Any, NoReturn, get_args
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import envpipe
-from envpipe.limits import MAX_MICROBATCHES, output_path_error
+from envpipe.limits import MAX_MICROBATCHES, output_path_error, parse_slowdown
 from envpipe.runtime.config import CALIBRATION_LEAST, ClockKind, EnvPipeConfig
 
 NORMAL = {"layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304, "micro_batch": 4}
@@ -64,6 +64,13 @@ def _positive(kind: type, most: float = float("inf")) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r}: at most {most:g}")
         return value
     return parse
+
+
+def _slowdown(text: str) -> float:
+    try:
+        return parse_slowdown(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _default(field: str) -> Any:
@@ -120,8 +127,8 @@ def parser() -> argparse.ArgumentParser:
     ep.add_argument("--rehearse", action="store_true", default=None, help="[rehearse] where clocks cannot be set: "
                     "stretch each unit by its planned clock's extra time and measure the plan against 1F1B")
     ep.add_argument("--plan", help="[plan] run this plan file (no profiling, no planning)")
-    ep.add_argument("--max-slowdown", type=float, help="[max_slowdown] budget: this run's 1F1B all-max iteration "
-                    "x (1 + this)")
+    ep.add_argument("--max-slowdown", type=_slowdown, help="[max_slowdown] budget: this run's 1F1B all-max "
+                    "iteration x (1 + this); a fraction or a percent: 0.05 or 5%%")
     ep.add_argument("--time-budget", type=float, help="[time_budget_s] budget: an iteration time in seconds")
     ep.add_argument("--memory-limit-gib", type=_positive(float), help="[memory_limit_bytes] memory per GPU for the "
                     "order choice (default: the GPU's; CPU: none)")

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -50,6 +51,13 @@ def make_policy(name: str, pod_resources_socket: str) -> OwnershipPolicy:
 
         return KubeletPolicy(pod_resources_socket)
     raise BadRequest(f"unknown ownership policy {name!r} (choose kubelet or local)")
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except (OSError, ValueError):  # missing, unreadable, a NUL byte
+        return False
 
 
 def take_listeners(opts: ServeOptions) -> Listeners:
@@ -237,9 +245,9 @@ class _OneLineErrors(click.Command):
     show_default=True,
     help="Default lease TTL in seconds (clients renew by heartbeats).",
 )
-@click.option("--ownership", type=click.Choice(["kubelet", "local"]), default="local", show_default=True,
+@click.option("--ownership", type=click.Choice(["kubelet", "local"]), default="kubelet", show_default=True,
               help="Who may lock a GPU. kubelet: only the pod the kubelet assigned it to (its PodResources API; "
-              "the chart's setting); local: any caller on the socket (one machine, tests).")
+              "the chart's setting); local: any caller that can open the socket (one machine off Kubernetes).")
 @click.option("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, show_default=True,
               help="The kubelet's PodResources socket (--ownership kubelet).")
 @click.option(
@@ -394,6 +402,13 @@ def main(
         raise click.UsageError(
             f"{flag} needs --state-file: it resets only while holding the daemon's lock on it, so that it never "
             "resets a live daemon's GPUs"
+        )
+    serving = not (reset_all_and_exit or guard)
+    if serving and ownership == "kubelet" and not _is_socket(pod_resources_socket):
+        raise click.UsageError(
+            f"--ownership kubelet (the default) asks the kubelet which pod owns a GPU, and there is no kubelet "
+            f"socket at {pod_resources_socket}: on a machine without Kubernetes give --ownership local (any caller "
+            "that can open the daemon's socket may then lock any GPU), or --pod-resources-socket"
         )
     config = ServiceConfig(min_mhz, max_mhz, lease_ttl, driver_deadline_s=driver_deadline)
     state = StateFile(state_file) if state_file else None

@@ -3,11 +3,13 @@
 Planned (simulated) and measured iterations are drawn by the same function, ``draw_bars``: the planner
 passes a simulated timeline (``timeline_bars``), the runtime its measured units; every caller says which
 (``label``: "simulated", "measured", "simulated GPU"), and the title and time axis say it too. Backward
-units are drawn taller than forward ones, so the two stay apart when no label fits; a unit gets its label
-(``F12``) only where the label fits inside it. Idle time is hatched; the critical path, where the bars carry
-one, is outlined in red and joined by a red line (and only then named in the legend). The colour bar's ticks
-are clocks in MHz, also when every unit runs at one clock. Long titles wrap instead of being cut.
-PNG or SVG by the file's extension; the file is written atomically.
+units are drawn taller than forward ones, so the two stay apart when no label fits. Every unit gets its label
+(``F12``) inside it: the figure is made wide enough for the shortest unit's label (up to a limit), and a unit
+still too narrow gets it upright where that fits; only then, at hundreds of units per stage, none. Idle time
+is hatched; the critical path, where the bars carry one, is outlined in red and joined by a red line (and only
+then named in the legend). The colour bar's ticks are clocks in MHz, also when every unit runs at one clock,
+and never closer than a label's height (of two clocks 15 MHz apart one is named). Long titles wrap instead of
+being cut. PNG or SVG by the file's extension; the file is written atomically.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ _FONT_PT = 6
 _HEIGHT = {"F": 0.5, "B": 0.8}  # fraction of a stage row
 _UNKNOWN_CLOCK = "#b0b0b0"
 _MAX_LABELS = 4000  # beyond this many, text costs more time than it helps
-_MAX_CLOCK_TICKS = 8  # up to this many distinct clocks, each gets its own tick on the colour bar
+_MAX_CLOCK_TICKS = 8  # up to this many distinct clocks, each gets its own tick on the colour bar (room permitting)
+_MAX_WIDTH_IN = 24.0
 _TITLE_PT = 10
+_CHAR_PX = 0.62 * _FONT_PT * _DPI / 72  # one character of a unit's label, about
+_LINE_PX = 1.3 * _FONT_PT * _DPI / 72  # one line of it
+_TICK_PX = 1.3 * 10 * _DPI / 72  # one line of a colour-bar tick label (matplotlib's default 10 pt)
 PATH_GID = "critical-path"  # the critical path's line, findable among the figure's artists
 
 
@@ -108,8 +114,8 @@ def gantt_figure(bars: Sequence[GanttBar], title: str, *, label: str, span_s: fl
     norm = Normalize(vmin=lo - 0.5, vmax=hi + 0.5) if lo == hi else Normalize(vmin=lo, vmax=hi)
     cmap = plt.get_cmap("viridis")
     per_stage = len(bars) / S
-    width = min(24.0, 6 + 0.06 * per_stage)
-    fig, ax = plt.subplots(figsize=(width, min(30.0, 1.8 + 0.55 * S)), layout="constrained")
+    width = min(_MAX_WIDTH_IN, 6 + 0.06 * per_stage)
+    fig, ax = plt.subplots(figsize=(width, min(30.0, 1.8 + 0.55 * S)), dpi=_DPI, layout="constrained")
 
     def row(stage: int) -> int:
         return S - 1 - stage
@@ -145,24 +151,63 @@ def gantt_figure(bars: Sequence[GanttBar], title: str, *, label: str, span_s: fl
     # wrapped to the figure's width (about 0.6 em per character), so that a long title is never cut
     chars = max(20, int(width * 72 / (0.6 * _TITLE_PT)))
     ax.set_title(textwrap.fill(f"{title} ({label})", chars, break_on_hyphens=False), fontsize=_TITLE_PT)
-    if clocks:
-        bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="SM clock (MHz)", pad=0.01)
-        if len(clocks) <= _MAX_CLOCK_TICKS:
-            bar.set_ticks(clocks)
-        bar.formatter = FuncFormatter(lambda x, _: f"{x:.0f}")  # whole MHz, never an offset like "+1.41e3"
-        bar.update_ticks()
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="SM clock (MHz)",
+                       pad=0.01) if clocks else None
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.draw_without_rendering()  # settles the layout, so that label widths can be measured in pixels
+    if bar is not None:
+        if len(clocks) <= _MAX_CLOCK_TICKS:
+            bar.set_ticks(spaced_ticks(clocks, bar.ax.get_window_extent().height))
+        bar.formatter = FuncFormatter(lambda x, _: f"{x:.0f}")  # whole MHz, never an offset like "+1.41e3"
+        bar.update_ticks()
+        fig.draw_without_rendering()
+    needed = _needed_px_per_s(bars)
+    for _ in range(3):  # wide enough for the shortest unit's label (the layout gives the axes most of the growth)
+        short = (needed - _px_per_s(ax)) * span * 1.01 / _DPI
+        if short <= 0 or fig.get_figwidth() >= _MAX_WIDTH_IN:
+            break
+        fig.set_figwidth(min(_MAX_WIDTH_IN, fig.get_figwidth() + 1.05 * short))
+        fig.draw_without_rendering()
     _label_where_fits(ax, bars, colours, S)
     return fig
 
 
-def labels_that_fit(bars: Sequence[GanttBar], px_per_s: float, px_per_row: float) -> list[int]:
-    """Indices of the bars whose label (``F12``) fits inside them at this scale (pixels per second and per row)."""
-    char_px, text_px = 0.62 * _FONT_PT * _DPI / 72, 1.3 * _FONT_PT * _DPI / 72
-    return [i for i, b in enumerate(bars)
-            if (b.end_s - b.start_s) * px_per_s >= (len(b.name) + 1) * char_px
-            and _HEIGHT[b.kind] * px_per_row >= text_px]
+def spaced_ticks(clocks: Sequence[int], height_px: float) -> list[int]:
+    """The clocks to name on a colour bar ``height_px`` high: the lowest and the highest, and between them each
+    clock at least a tick label's height from the ones kept (1065 and 1080 MHz overprinted)."""
+    if len(clocks) < 3:
+        return list(clocks)
+    gap = _TICK_PX * (clocks[-1] - clocks[0]) / max(height_px, 1.0)
+    kept = [clocks[0]]
+    for c in clocks[1:-1]:
+        if c - kept[-1] >= gap and clocks[-1] - c >= gap:
+            kept.append(c)
+    return [*kept, clocks[-1]]
+
+
+def _px_per_s(ax: Axes) -> float:
+    (x0, _), (x1, _) = ax.transData.transform([(0, 0), (1, 1)])
+    return abs(x1 - x0)
+
+
+def _needed_px_per_s(bars: Sequence[GanttBar]) -> float:
+    """The scale at which every label fits across its unit."""
+    return max(((len(b.name) + 1) * _CHAR_PX / (b.end_s - b.start_s) for b in bars if b.end_s > b.start_s),
+               default=0.0)
+
+
+def labels_that_fit(bars: Sequence[GanttBar], px_per_s: float, px_per_row: float) -> list[tuple[int, bool]]:
+    """(index, upright) of the bars whose label (``F12``) fits inside them at this scale (pixels per second and
+    per row): across, or else upright (turned 90 degrees) where the unit is tall and wide enough for that."""
+    fits = []
+    for i, b in enumerate(bars):
+        wide, tall = (b.end_s - b.start_s) * px_per_s, _HEIGHT[b.kind] * px_per_row
+        text = (len(b.name) + 1) * _CHAR_PX
+        if wide >= text and tall >= _LINE_PX:
+            fits.append((i, False))
+        elif wide >= _LINE_PX and tall >= text:
+            fits.append((i, True))
+    return fits
 
 
 def _label_where_fits(ax: Axes, bars: Sequence[GanttBar], colours: Sequence[tuple[float, float, float, float]],
@@ -172,8 +217,8 @@ def _label_where_fits(ax: Axes, bars: Sequence[GanttBar], colours: Sequence[tupl
     fits = labels_that_fit(bars, abs(x1 - x0), abs(y1 - y0))
     if len(fits) > _MAX_LABELS:
         return
-    for i in fits:
+    for i, upright in fits:
         b = bars[i]
         dark = sum(colours[i][:3]) < 1.5
-        ax.text((b.start_s + b.end_s) / 2, S - 1 - b.stage, b.name, ha="center", va="center",
-                fontsize=_FONT_PT, color="white" if dark else "black")
+        ax.text((b.start_s + b.end_s) / 2, S - 1 - b.stage, b.name, ha="center", va="center", fontsize=_FONT_PT,
+                color="white" if dark else "black", rotation=90 if upright else 0)

@@ -17,6 +17,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from envpipe.plan.fold import identity_fold
 from envpipe.plan.lp import Edges, InfeasibleBudget, timing_rows
 from envpipe.plan.menus import UnitMenus
+from envpipe.quiet import native_output_silenced
 
 
 class MilpTimeout(RuntimeError):
@@ -59,9 +60,10 @@ def solve_milp(menus: UnitMenus, edges: Edges, budget_s: float, time_limit_s: fl
     objective = np.r_[np.zeros(N), menus.makespan_power_w, menus.cost[xu, xk]]
     integrality = np.r_[np.zeros(N + 1), np.ones(X)]
     bounds = Bounds(np.zeros(N + 1 + X), np.r_[np.full(N, np.inf), budget_s, np.ones(X)])
-    res = milp(objective, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=bounds,
-               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
-                        **({} if within is None else {"node_limit": within.node_limit})})
+    with native_output_silenced():  # HiGHS's C++ debug lines (`HighsMipSolverData::...`) go to stdout otherwise
+        res = milp(objective, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=bounds,
+                   options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
+                            **({} if within is None else {"node_limit": within.node_limit})})
     if res.status == 2:
         raise InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible")
     if res.x is None:

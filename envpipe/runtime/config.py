@@ -17,7 +17,9 @@ import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from envpipe.limits import parse_slowdown
 
 Policy = Literal["optimal", "baseline", "uniform", "envelope"]
 Scheduling = Literal["1f1b", "envpipe"]
@@ -32,6 +34,7 @@ ENVIRONMENT = {"type": "ENVPIPE_TYPE", "scheduling": "ENVPIPE_SCHEDULING", "reco
 Text = Annotated[str, Field(min_length=1)]
 Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # [0, 1)
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Slowdown = Annotated[float, BeforeValidator(parse_slowdown)]  # a fraction in [0, 1), or a percent: "5%"
 
 
 class EnvPipeConfigError(ValueError):
@@ -61,7 +64,7 @@ class EnvPipeConfig(BaseModel):
     pipeline_stages: Annotated[int, Field(ge=1)] | None = None  # checked against the model's (a found config's)
     straggler: Straggler = "report"  # "frontier": replicas waiting for a straggler take a cheaper plan
     straggler_threshold: Positive = 0.05  # a replica this much slower than the others' median straggles
-    max_slowdown: Fraction | None = None  # budget: the run's own 1F1B all-max iteration times (1 + this)
+    max_slowdown: Slowdown | None = None  # budget: the run's own 1F1B all-max iteration times (1 + this)
     time_budget_s: Positive | None = None  # or an absolute iteration-time budget
     memory_limit_bytes: Annotated[int, Field(ge=1)] | None = None  # per GPU; default on GPUs: the device's memory
     memory_headroom: Fraction = 0.1  # the share of the limit that in-flight activations may not use
@@ -146,7 +149,9 @@ def _one_line(exc: ValidationError, values: Mapping[str, Any], sources: Mapping[
     if err["type"] == "literal_error":
         choices = str(err["ctx"]["expected"]).replace("'", "").replace(" or ", ", ")
         return f"{where} is {value}; choose one of {choices}"
-    return f"{where} is {value}: {str(err['msg']).lower()}"
+    message = str(err["msg"])
+    return f"{where} is {value}: " + (message.removeprefix("Value error, ") if err["type"] == "value_error"
+                                      else message.lower())
 
 
 def split(ds_config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[dict, EnvPipeConfig]:

@@ -81,6 +81,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from envpipe.profile import FrequencyModel
 from envpipe.profile.gpus import GPU_FILTERS
+from envpipe.quiet import STDERR, STDOUT, native_output_silenced
 from envpipe.search.layers import (
     NO_DEVICE_MEMORY,
     DeviceMemory,
@@ -90,7 +91,6 @@ from envpipe.search.layers import (
     ModelShape,
     UnitCalls,
 )
-from envpipe.search.quiet import STDERR, STDOUT, native_output_silenced
 from envpipe.simgpu import step_s, unit_s
 
 _WINDOW = "envpipe.window."

@@ -231,6 +231,7 @@ class EnvPipeRun:
         assert self.planned is not None and self.record is not None
         log = self._log()
         log.write_known(wait=True)  # every steady iteration so far has its energy
+        self.monitor.flush()  # and reaches the monitors, the last ones included
         record, planned = self.record, self.planned
         peak = torch.cuda.max_memory_allocated() if self.rig.on_gpu else None
         waiting_w = planned.calibrated.waiting_power_of(self.rig.place.rank)
@@ -266,8 +267,6 @@ class EnvPipeRun:
         self._drawn = record.digest
         planned.decision.plan_for(0).save(Path(self.cfg.report_dir) / "plan.json")  # run it again with `plan`
         self.summary = summary
-        if summary.measured is not None and summary.measured.energy_saving is not None:
-            self.monitor.saving_measured = summary.measured.energy_saving.median
         self.monitor.trusted = summary.trust.trusted if summary.trust is not None else None
 
     def _energy_prediction(self, records: list[RankRecord]) -> S.EnergyPrediction | None:

@@ -33,7 +33,6 @@ from envpipe.search.cut import Cut
 from envpipe.search.engine import EngineModel, device_overhead, engine_model
 from envpipe.search.layers import LayerProfile
 from envpipe.search.memory import DeviceOverhead, MemoryTables, StageBytes
-from envpipe.search.quiet import native_output_silenced
 from envpipe.search.space import Shape
 from envpipe.search.timing import unit_times
 
@@ -189,8 +188,7 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
     # only orders whose in-flight activations fit are tried: 1F1B always does (the cut was chosen so)
     overheads = Overheads.broadcast(shape.stages, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
     case = PipelineCase(pipeline.profile, shape.microbatches, overheads, stage_memory(pipeline, capacity))
-    with native_output_silenced():  # HiGHS's own lines
-        result = optimal_plan(case, "envpipe", time_budget_s)
+    result = optimal_plan(case, "envpipe", time_budget_s)
     D = shape.replicas
     return Candidate(pipeline, result.plan, list(result.reschedule), result.timeline.iteration_time,
                      D * result.timeline.energy, D * pipeline.baseline_energy_j, peaks(pipeline, result.plan))

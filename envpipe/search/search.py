@@ -59,8 +59,8 @@ class Objective:
             raise SearchError("a throughput floor (minimum throughput, maximum slowdown) belongs to the energy "
                               "objective")
         if (self.min_throughput is not None and not self.min_throughput > 0) or (
-                self.max_slowdown is not None and self.max_slowdown < 0):
-            raise SearchError("the minimum throughput must be positive and the maximum slowdown not negative")
+                self.max_slowdown is not None and not 0 <= self.max_slowdown < 1):
+            raise SearchError("the minimum throughput must be positive and the maximum slowdown a fraction in [0, 1)")
 
 
 @dataclass

@@ -133,6 +133,13 @@ def _exit(message: str, status: int) -> None:
 @click.option("--dry-run", is_flag=True, help="kube: print the manifests (for kubectl apply -f) and exit.")
 @click.option("--no-ssh", "no_ssh", is_flag=True, help="kube: DeepSpeed's ssh-free mode (--no_ssh on every node).")
 @click.option(
+    "--ssh-secret",
+    default=None,
+    metavar="NAME",
+    help="kube: a Secret of yours with ssh-privatekey and authorized_keys for the nodes' ssh [default: the "
+    "launcher makes one per job; --dry-run prints none].",
+)
+@click.option(
     "--worker-cpu", type=click.IntRange(1, 1024), default=4, show_default=True, help="cml/kube: vCPUs per worker."
 )
 @click.option(
@@ -182,6 +189,7 @@ def main(
     keep: bool,
     dry_run: bool,
     no_ssh: bool,
+    ssh_secret: str | None,
     worker_cpu: int,
     worker_memory: int,
     shm_size: int,
@@ -237,6 +245,7 @@ def main(
                 ready_timeout_s=ready_timeout,
                 keep=keep,
                 no_ssh=no_ssh,
+                ssh_secret=ssh_secret,
                 batch=kube.Batch(workload, queue, ttl_after_finished, active_deadline),
                 pods=kube.pod_settings(
                     cpu=worker_cpu,

@@ -9,22 +9,26 @@ Kubeflow Trainer's DeepSpeed runtime on JobSet, and of mpi-operator's objects):
   `<host>.<job>` through the headless Service `<job>`;
 - with ssh (the default) every node runs the image's sshd and node 0 (JOB_COMPLETION_INDEX 0) is
   also the launcher (Trainer's "launcher as a node"): the image's `node` mode starts sshd, then node 0
-  waits for every node's sshd, bounded, and runs `deepspeed --launcher pdsh` against them. The Job's
-  successPolicy ends the job when node 0 succeeds; the other nodes' sshd stop with it. With --no-ssh
-  every node runs `deepspeed --no_ssh --node_rank=$JOB_COMPLETION_INDEX`, and all must succeed;
+  waits for every node's sshd, bounded, and runs `deepspeed --launcher pdsh` against them. Node 0's end
+  ends the job: the other nodes, which only serve ssh, stop once node 0's sshd is gone (the entrypoint,
+  told where node 0 is), on any Kubernetes; where the API server serves it (1.31+, kube_version.py) the
+  Job's successPolicy also ends the job the moment node 0 succeeds. With --no-ssh every node runs
+  `deepspeed --no_ssh --node_rank=$JOB_COMPLETION_INDEX`, and all must succeed;
 - one failed pod fails the whole job at once: backoffLimit 0 and a podFailurePolicy that fails the
   Job on a non-zero exit and on a disruption (node drain, preemption). A DeepSpeed job is not
   elastic: a replaced pod has lost its ranks and the rendezvous, so retries would only hold GPUs;
 - with a Kueue queue the workload carries `kueue.x-k8s.io/queue-name` and is created suspended:
   Kueue admits the whole job at once (one Workload, every pod) and unsuspends it;
 - ttlSecondsAfterFinished: the cluster deletes a finished job even when no launcher is left to do it;
-- the Secret (the job's ssh key), the ConfigMap (hostfile, DeepSpeed's env file) and, for a Job, the
-  headless Service (a JobSet's controller makes its own) are owned by the workload (`owned_by`, once
-  the launcher knows the workload's uid), so deleting the workload deletes everything.
+- the Secret (the job's ssh key, made by the launcher when it creates the job), the ConfigMap (hostfile,
+  DeepSpeed's env file) and, for a Job, the headless Service (a JobSet's controller makes its own) are owned
+  by the workload (`owned_by`, once the launcher knows the workload's uid), so deleting the workload deletes
+  everything. A Secret the user made (`--ssh-secret NAME`) is only mounted, never created or deleted.
 
 Every object is complete before anything exists on the cluster (names come from the job name, hosts
 from the Job controller's naming), so `--dry-run` prints objects that `kubectl apply` accepts as they
-are; only the owner references must wait for the workload's uid.
+are; only the owner references must wait for the workload's uid. A key is never printed: the printed
+objects mount the ssh Secret by name, one the user creates (docs/launcher.md).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from . import hostfile, words
 from .deepspeed_cmd import SSH_CLIENT_OPTS
 from .job import DEFAULT_MASTER_PORT, JobSpec, env_pairs
 from .kube_syntax import escape_expansion
-from .pod_contract import RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
+from .pod_contract import LAUNCHER_NODE_ENV, RUNTIME_GID, RUNTIME_UID, SOCKET_ENV, ClockdSocket
+from .sshkeys import KeyPair
 
 LABEL = "envpipe.io/job"
 ROLE = "envpipe.io/role"
@@ -122,10 +127,21 @@ class KubeJob:
     batch: Batch = field(default_factory=Batch)
     worker_wait_s: int = 600  # how long node 0 waits for every node's sshd
     launch: str | None = None  # this launch's id (label LAUNCH of every object; none in a dry run)
+    ssh_secret: str | None = None  # a Secret the user made (ssh-privatekey, authorized_keys); None: the job's own
+    success_policy: bool = False  # the API server serves Job successPolicy (kube_version.SUCCESS_POLICY)
 
     @property
     def kind(self) -> WorkloadKind:
         return self.batch.kind
+
+    @property
+    def secret_name(self) -> str:
+        return self.ssh_secret or f"{self.name}-ssh"
+
+    @property
+    def makes_secret(self) -> bool:
+        """Whether the launcher creates the job's ssh Secret (ssh mode, no --ssh-secret)."""
+        return not self.no_ssh and self.ssh_secret is None
 
     def hostname(self, index: int) -> str:
         """The host name the Job controller gives node `index`: <Job name>-<index>, where a JobSet's
@@ -147,13 +163,15 @@ class KubeJob:
         return {LABEL: self.name, ROLE: "node"}
 
     # ---- the objects the workload owns ----
-    def ssh_secret(self, private: str, public: str) -> Obj:
+    def secret(self, keys: KeyPair) -> Obj:
+        """The job's own ssh Secret, made when the launcher creates the job (never printed)."""
         return {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/ssh-auth",
-            "metadata": self.meta(f"{self.name}-ssh", "ssh"),
-            "stringData": {"ssh-privatekey": private, "ssh-publickey": public, "authorized_keys": public},
+            "metadata": self.meta(self.secret_name, "ssh"),
+            "stringData": {"ssh-privatekey": keys.private, "ssh-publickey": keys.public,
+                           "authorized_keys": keys.public},
         }
 
     def config_map(self) -> Obj:
@@ -179,18 +197,20 @@ class KubeJob:
             },
         }
 
-    def dependents(self, private_key: str, public_key: str) -> list[Obj]:
-        """What the workload owns, in creation order."""
-        objs = [] if self.no_ssh else [self.ssh_secret(private_key, public_key)]
+    def dependents(self, keys: KeyPair | None) -> list[Obj]:
+        """What the workload owns, in creation order: the job's own ssh Secret where ``keys`` are given (the
+        launcher's create), the ConfigMap, a Job's headless Service."""
+        objs = [self.secret(keys)] if keys is not None and self.makes_secret else []
         objs.append(self.config_map())
         if self.kind is JOB:
             objs.append(self.service())
         return objs
 
-    def manifests(self, private_key: str, public_key: str) -> list[Obj]:
-        """Everything, for `kubectl apply -f`: the workload last, so its pods find what they mount.
-        Suspended only for Kueue to admit; without a queue the job starts when applied."""
-        return [*self.dependents(private_key, public_key), self.workload(suspend=self.batch.queue is not None)]
+    def manifests(self) -> list[Obj]:
+        """Everything but key material, for `kubectl apply -f`: the workload last, so its pods find what they
+        mount (the ssh Secret, `secret_name`, exists before: the user makes it). Suspended only for Kueue to
+        admit; without a queue the job starts when applied."""
+        return [*self.dependents(None), self.workload(suspend=self.batch.queue is not None)]
 
     def owned_by(self, obj: Obj, owner_uid: str) -> Obj:
         """A copy of obj that the garbage collector deletes with the workload."""
@@ -235,16 +255,18 @@ class KubeJob:
             "completions": n,
             "parallelism": n,
             "backoffLimit": 0,
-            # rules match in order: a drained or preempted pod (which also exits non-zero) is named as such
+            # rules match in order: a drained or preempted pod (which also exits non-zero) is named as such.
+            # An exit-code rule names no pod condition: an empty list, which Kubernetes 1.27's schema requires
+            # (the field lost its `required` in 1.28; the API server takes [] with onExitCodes in every version)
             "podFailurePolicy": {
                 "rules": [
                     {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                    {"action": "FailJob",
+                    {"action": "FailJob", "onPodConditions": [],
                      "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}},
                 ]
             },
         }
-        if not self.no_ssh:  # node 0 is the launcher: its success is the job's
+        if not self.no_ssh and self.success_policy:  # node 0 is the launcher: its success is the job's
             spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
         if self.batch.active_deadline_s is not None:
             spec["activeDeadlineSeconds"] = self.batch.active_deadline_s
@@ -294,8 +316,9 @@ class KubeJob:
             env.append({"name": SOCKET_ENV, "value": self.pods.clockd.path})
         if self.no_ssh:  # the container env is the job's
             env += [{"name": k, "value": v} for k, v in env_pairs(self.spec.env).items()]
-        else:  # node 0's pdsh and DeepSpeed's runner
+        else:  # node 0's pdsh and DeepSpeed's runner; where node 0 is, for the other nodes to end with it
             env.append({"name": "PDSH_SSH_ARGS_APPEND", "value": SSH_CLIENT_OPTS})
+            env.append({"name": LAUNCHER_NODE_ENV, "value": f"{self.hosts()[0]}:{self.spec.ssh_port}"})
             if self.spec.env:
                 env.append({"name": "DS_ENV_FILE", "value": f"{JOB_DIR}/deepspeed_env"})
         # the kubelet expands $(VAR) and $$ in env values: every $ meant literally is doubled
@@ -309,7 +332,7 @@ class KubeJob:
         if not self.no_ssh:
             items = [{"key": "ssh-privatekey", "path": "id_ed25519"},
                      {"key": "authorized_keys", "path": "authorized_keys"}]
-            volumes.append({"name": "ssh", "secret": {"secretName": f"{self.name}-ssh", "defaultMode": 0o440,
+            volumes.append({"name": "ssh", "secret": {"secretName": self.secret_name, "defaultMode": 0o440,
                                                       "items": items}})
             mounts.append({"name": "ssh", "mountPath": SSH_DIR, "readOnly": True})
         if self.pods.clockd:

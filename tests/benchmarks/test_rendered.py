@@ -138,3 +138,16 @@ def test_docs_link_only_to_results_files_that_exist() -> None:
                for name in re.findall(r"benchmarks/results/([\w./-]+\.(?:md|json|tar\.gz))", doc.read_text())
                if not (RESULTS / name).exists() and not DATED.search(name)]
     assert not missing, missing
+
+
+def test_the_demos_gantt_picture_is_drawn_from_its_raw_files(tmp_path: Path) -> None:
+    """README's picture: the runtime's own Gantt of the committed demo run, pixel for pixel (the PNG's metadata,
+    which names matplotlib's version, aside)."""
+    from PIL import Image, ImageChops
+
+    from benchmarks import demo_results
+
+    again = demo_results.draw(demo_results.RAW, tmp_path / "g.png")
+    with Image.open(demo_results.GANTT) as committed, Image.open(again) as drawn:
+        assert committed.size == drawn.size
+        assert ImageChops.difference(committed.convert("RGB"), drawn.convert("RGB")).getbbox() is None

@@ -194,7 +194,8 @@ def test_second_daemon_on_a_live_socket_refuses_to_start(tmp_path) -> None:
     sock = str(tmp_path / "c.sock")
     with daemon_thread(sock):
         proc = subprocess.run(
-            [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock],
+            [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--ownership", "local", "--socket",
+             sock],
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": ROOT},

@@ -147,7 +147,8 @@ def daemon_with_log(sock: str, log: Path, *args: str) -> subprocess.Popen[str]:
     """A daemon process whose log goes to a file (a pipe nobody reads would block it)."""
     with open(log, "w") as f:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock, *args],
+            [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--ownership", "local", "--socket", sock,
+             *args],
             stdout=subprocess.PIPE,
             stderr=f,
             text=True,

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from envpipe.clock.daemon import main
-from tests.support.clockd_helpers import daemon_process
+from tests.support.clockd_helpers import call, daemon_process
 from tests.support.ports import free_port
 
 
@@ -46,6 +46,29 @@ def test_bad_flags_fail_with_a_clear_message(args, message, tmp_path) -> None:
     assert not (tmp_path / "c.sock").exists()
 
 
+def test_by_hand_the_default_ownership_is_the_kubelets_and_without_a_kubelet_it_does_not_start(tmp_path) -> None:
+    """The chart's setting is the default: a daemon started by hand on a shared machine does not let any caller
+    lock any GPU. Without a kubelet socket it says in one line what to give instead, and takes nothing."""
+    sock, kubelet = tmp_path / "run" / "c.sock", tmp_path / "kubelet.sock"
+    argv = [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", str(sock),
+            "--pod-resources-socket", str(kubelet)]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "--ownership kubelet (the default)" in lines[0] and "give --ownership local" in lines[0]
+    assert not (tmp_path / "run").exists()
+    with socket.socket(socket.AF_UNIX) as listener:  # the kubelet's socket: the daemon starts, kubelet ownership
+        listener.bind(str(kubelet))
+        daemon = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert daemon.stdout is not None and '"ready"' in daemon.stdout.readline()
+            status, health = call(str(sock), "GET", "/healthz")
+            assert status == 200 and health["ownership"] == "kubelet"
+        finally:
+            daemon.terminate()
+            daemon.wait(30)
+
+
 def test_nvml_backend_without_a_driver_says_so(tmp_path) -> None:
     pynvml = pytest.importorskip("pynvml")
     try:
@@ -53,8 +76,8 @@ def test_nvml_backend_without_a_driver_says_so(tmp_path) -> None:
         pytest.skip("a real NVIDIA driver is present")
     except pynvml.NVMLError:
         pass
-    result = CliRunner().invoke(main, ["--backend", "nvml", "--socket", str(tmp_path / "c.sock"), "--state-file",
-                                       str(tmp_path / "state.json")])
+    result = CliRunner().invoke(main, ["--backend", "nvml", "--ownership", "local", "--socket",
+                                       str(tmp_path / "c.sock"), "--state-file", str(tmp_path / "state.json")])
     assert result.exit_code != 0 and "cannot start with backend 'nvml'" in result.output
 
 
@@ -127,7 +150,7 @@ def test_a_failed_start_is_one_line_touches_no_gpu_and_leaves_nothing_behind(tmp
         if "--state-file" not in args:  # the nvml backend needs one (test below)
             args += ["--state-file", str(tmp_path / "new" / "state.json")]
         before = tree(tmp_path)
-        result = CliRunner().invoke(main, ["--backend", "nvml", *args])
+        result = CliRunner().invoke(main, ["--backend", "nvml", "--ownership", "local", *args])
     lines = result.output.strip().splitlines()
     assert result.exit_code != 0 and message in lines[-1] and len(lines) == 1, result.output
     assert "Traceback" not in result.output

@@ -32,16 +32,18 @@ def helm() -> Path:
         pytest.fail(f"no helm binary: {exc}")
 
 
-def render(helm: Path, *sets: str, kube_version: str = KUBE_VERSIONS[-1]) -> subprocess.CompletedProcess[str]:
+def render(helm: Path, *sets: str, kube_version: str = KUBE_VERSIONS[-1], flag: str = "--set"
+           ) -> subprocess.CompletedProcess[str]:
     args = [str(helm), "template", "clockd", str(CHART), "--namespace", "gpu-system",
             "--kube-version", kube_version]
     for item in sets:
-        args += ["--set", item]
+        args += [flag, item]
     return subprocess.run(args, capture_output=True, text=True)
 
 
-def objects(helm: Path, *sets: str, kube_version: str = KUBE_VERSIONS[-1]) -> dict[str, dict[str, Any]]:
-    result = render(helm, *sets, kube_version=kube_version)
+def objects(helm: Path, *sets: str, kube_version: str = KUBE_VERSIONS[-1], flag: str = "--set"
+            ) -> dict[str, dict[str, Any]]:
+    result = render(helm, *sets, kube_version=kube_version, flag=flag)
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     return {d["kind"]: d for d in docs}
@@ -221,12 +223,26 @@ def test_bad_values_are_refused(helm: Path, setting: str, message: str) -> None:
     assert message in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("mode", ["600", "0640", "604"])
-def test_socket_mode_without_group_access_is_refused(helm: Path, mode: str) -> None:
+@pytest.mark.parametrize("mode", ["600", "0640", "604", "777", "664", "0"])
+def test_only_the_listed_socket_modes_render(helm: Path, mode: str) -> None:
+    """values.yaml lists two modes, 660 (the group) and 666 (every local user): any other is refused, a world-
+    writable 777 and a mode without group access alike."""
     result = subprocess.run([str(helm), "template", "c", str(CHART), "--set-string", f"socket.mode={mode}"],
                             capture_output=True, text=True)
     assert result.returncode != 0
-    assert f"socket.mode {mode} gives the socket's group (socket.gid 2500) no read-write access" in result.stderr
+    assert "/socket/mode" in result.stderr and "660" in result.stderr
+
+
+def test_string_values_say_so_where_a_set_would_make_them_numbers(helm: Path) -> None:
+    """The hint in values.yaml works as written: `--set-string socket.mode=666` renders, `--set` is refused by the
+    schema (a number) and the comment above the key says which flag to use."""
+    c = container(objects(helm, "socket.mode=666", flag="--set-string"))
+    assert "--socket-mode=666" in c["args"]
+    refused = render(helm, "socket.mode=666")
+    assert refused.returncode != 0 and "/socket/mode" in refused.stderr
+    values = (CHART / "values.yaml").read_text()
+    for key in ("socket.mode", "image.tag"):
+        assert f"--set-string {key}=" in values, key
 
 
 def test_min_above_max_is_refused(helm: Path) -> None:

@@ -173,3 +173,39 @@ def test_node_mode_serves_ssh_everywhere_and_runs_the_command_on_node_zero(tmp_p
             if pid_file.exists():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+@needs_ssh
+def test_a_node_told_where_node_zero_is_ends_once_node_zero_has(tmp_path: Path) -> None:
+    """Where the cluster has no Job successPolicy (Kubernetes before 1.31), node 0's end must end the other
+    nodes' pods: a node > 0 with ENVPIPE_LAUNCHER_NODE serves ssh while node 0's sshd answers, and exits 0
+    (its sshd stopped) once node 0, answering before, has stopped answering three times in a row."""
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(exist_ok=True)
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    home = tmp_path / "home1"
+    home.mkdir(mode=0o700)
+    port = free_port()
+    zero = socket.socket()  # node 0's sshd, as far as node 1 can tell
+    zero.bind(("127.0.0.1", 0))
+    zero.listen()
+    env = entrypoint_env(home, ENVPIPE_SSH_AUTHORIZED_KEYS=(tmp_path / "id_ed25519.pub").read_text(),
+                         ENVPIPE_SSHD_CONFIG=str(local_sshd_config(home, port)), JOB_COMPLETION_INDEX="1",
+                         ENVPIPE_LAUNCHER_NODE=f"127.0.0.1:{zero.getsockname()[1]}", ENVPIPE_LAUNCHER_POLL_S="0.2")
+    node = subprocess.Popen(["bash", str(ENTRYPOINT), "node", "true"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not _port_answers(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # five polls while node 0 answers: still serving
+        assert _port_answers(port) and node.poll() is None
+        zero.close()  # node 0 ends
+        assert node.wait(timeout=20) == 0
+        assert "node 0 (127.0.0.1:" in (node.stderr.read() if node.stderr else "")
+        assert not _port_answers(port)  # its sshd stopped with it
+    finally:
+        zero.close()
+        if node.poll() is None:
+            node.terminate()
+            node.wait(timeout=10)

@@ -4,7 +4,9 @@ A Debian bookworm base made by debootstrap from the mirror apt uses (plus the ho
 certificates, without which pip inside the build cannot verify PyPI through this network's proxy),
 a Python stand-in for the clockd image's python:3.11 base, and a PEP 503 index of the CPU torch wheel
 that lies on this machine; then `make image ENGINE=podman` with the Makefile's BASE_IMAGE, TORCH_INDEX
-and BUILD_FLAGS variables, the way a user without registry access would build.
+and BUILD_FLAGS variables, the way a user without registry access would build. The clockd image is built
+from its Dockerfile's own default base, the stand-in tagged with that name, through a podman with no search
+registries (tests/e2e/podman.py): FROM resolves only a fully qualified name.
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ def _torch_index(podman: Podman) -> Path:
     return index.parent
 
 
+def default_base(dockerfile: Path) -> str:
+    """The base image a Dockerfile builds on unless told otherwise (its `ARG BASE_IMAGE=...`)."""
+    found = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile.read_text(), flags=re.M)
+    assert found, dockerfile
+    return found.group(1)
+
+
 def build(podman: Podman, clock: Stopwatch) -> Images:
     """Everything from scratch, or what an earlier run with ENVPIPE_E2E_KEEP=1 left (then rebuilt by make)."""
     if not podman.has_image(DEBIAN):
@@ -86,6 +95,7 @@ def build(podman: Podman, clock: Stopwatch) -> Images:
         with clock.lap("base image: Python (stand-in for python:3.11-slim)"):
             podman.run("build", "--format", "docker", "--pull=never", "--build-arg", f"BASE_IMAGE={DEBIAN}",
                        "-f", str(ROOT / "tests/e2e/python-base.Dockerfile"), "-t", PYTHON, str(ROOT / "tests/e2e"))
+    podman.run("tag", PYTHON, default_base(ROOT / "images/clockd/Dockerfile"))  # so the default FROM resolves
     with clock.lap("local torch index"):
         index = _torch_index(podman) if not (podman.dir / "torch-index").exists() else podman.dir / "torch-index"
     flags = f"BUILD_FLAGS=--format docker --pull=never -v {index}:/torchidx:ro"
@@ -93,7 +103,7 @@ def build(podman: Podman, clock: Stopwatch) -> Images:
         with clock.lap(f"image envpipe-{image}: make image ENGINE=podman IMAGES={image}"):
             result = subprocess.run(
                 ["make", "--no-print-directory", "-C", str(ROOT), "image", "ENGINE=podman", f"IMAGES={image}",
-                 f"REGISTRY={REGISTRY}", f"TAG={TAG}", f"RUNTIME_BASE_IMAGE={DEBIAN}", f"CLOCKD_BASE_IMAGE={PYTHON}",
+                 f"REGISTRY={REGISTRY}", f"TAG={TAG}", f"RUNTIME_BASE_IMAGE={DEBIAN}",  # clockd: its own default
                  "TORCH_INDEX=file:///torchidx/simple", flags],
                 env=podman.env, capture_output=True, text=True, timeout=1500,
             )

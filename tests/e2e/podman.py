@@ -58,10 +58,13 @@ class Podman:
         (workdir / "storage.conf").write_text(
             f'[storage]\ndriver = "{storage}"\ngraphroot = "{workdir}/root"\nrunroot = "{workdir}/run"\n'
         )
+        # no search registries, as on a machine whose podman has none configured: a short image name is refused
+        (workdir / "registries.conf").write_text('unqualified-search-registries = []\nshort-name-mode = "enforcing"\n')
         self.env = dict(
             os.environ,
             CONTAINERS_CONF=str(workdir / "containers.conf"),
             CONTAINERS_STORAGE_CONF=str(workdir / "storage.conf"),
+            CONTAINERS_REGISTRIES_CONF=str(workdir / "registries.conf"),
             TMPDIR=str(workdir / "tmp"),
         )
         self._system_before = {p: _tree(p) for p in SYSTEM_STATE}

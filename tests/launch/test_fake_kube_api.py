@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -14,6 +17,9 @@ from kubernetes.client.rest import ApiException
 
 from tests.support.clockd_helpers import wait_for
 from tests.support.fakes.kube_api import FakeKubeAPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from helm_binary import find_kubectl
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 
@@ -125,3 +131,22 @@ def test_kueue_suspends_queued_work_and_admits_known_queues_only(api: FakeKubeAP
     wait_for(lambda: len(api.names("pods")) == 2)
     time.sleep(0.3)
     assert all(p.startswith("a-") for p in api.names("pods")) and api.kueue.admitted == ["jobs/a"]
+
+
+def test_version_is_answered_as_kubernetes_answers_it_and_drops_what_it_does_not_serve(tmp_path) -> None:
+    """The real kubectl reads /version as from a real server; below 1.31 a Job's successPolicy is dropped on
+    create (unknown before 1.30, an alpha gate in 1.30), as the API server drops it."""
+    fake = FakeKubeAPI(version="1.30").start()
+    try:
+        done = subprocess.run([str(find_kubectl()), "--kubeconfig", str(fake.kubeconfig(tmp_path / "kubeconfig")),
+                               "version", "-o", "json"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        server = json.loads(done.stdout)["serverVersion"]
+        assert (server["major"], server["minor"]) == ("1", "30") and server["gitVersion"].startswith("v1.30.")
+        assert client.VersionApi(fake.client()).get_code().git_version == server["gitVersion"]
+        job = _job("s")
+        job["spec"]["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
+        made = client.BatchV1Api(fake.client()).create_namespaced_job("default", job)
+        assert made.spec.success_policy is None and fake.rejected == []
+    finally:
+        fake.stop()

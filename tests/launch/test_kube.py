@@ -7,6 +7,7 @@ and JobSet's CRD schema (tests/support/schemas); a 422 would fail the launch and
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from envpipe_launch import sshkeys
 from envpipe_launch.backends import kube
 from envpipe_launch.errors import LaunchError, Stopped, handling, raise_stopped
 from envpipe_launch.job import JobSpec
@@ -260,6 +262,8 @@ def test_readiness_timeout_cleans_up(api: FakeKubeAPI) -> None:
         (1, {"image": None}, "needs --image"),
         (1, {"cpu_only": True}, "--cpu conflicts"),
         (1, {"pods": kube.pod_settings(shm_gib=16)}, "--shm-size 16 GiB must be below --worker-memory 16 GiB"),
+        (1, {"ssh_secret": "Bad_Name"}, "--ssh-secret 'Bad_Name' is not a Kubernetes object name"),
+        (1, {"ssh_secret": "team-ssh", "no_ssh": True}, "--ssh-secret conflicts with --no-ssh"),
     ],
 )
 def test_bad_input_touches_nothing(api: FakeKubeAPI, gpus: int, opts: dict, message: str) -> None:
@@ -331,3 +335,74 @@ def test_keep_keeps_only_a_whole_job(api: FakeKubeAPI, capsys) -> None:
     with pytest.raises(Stopped), handling(raise_stopped):
         _launch(api, keep=True)
     assert _leftovers(api) == {} and "kept" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("version", ["1.27", "1.30"])
+def test_before_1_31_node_zeros_end_ends_the_job_without_a_success_policy(capsys, workload: str,
+                                                                           version: str) -> None:
+    """The API server drops a Job's successPolicy before 1.31 (the fake does as it does): the launcher asks the
+    version and leaves the field out, and the other nodes, which only serve ssh, end once node 0 has. Before,
+    the field was sent, dropped, and the job held its GPUs until the deadline (here 20 s) failed it."""
+    fake = FakeKubeAPI(version=version).start()
+    try:
+        batch = Batch(workload, active_deadline_s=20, ttl_after_finished_s=3600)
+        assert _launch(fake, workload=workload, batch=batch, keep=True) == 0
+        job = fake.get("jobs", "default", "t" if workload == "job" else "t-node-0")
+        assert job is not None and "successPolicy" not in job["spec"]  # (a JobSet has its own, of its Jobs)
+        err = capsys.readouterr().err
+        assert f"(Kubernetes {version}: no Job successPolicy, the other nodes end with node 0)" in err
+        pods = [fake.get("pods", "default", n) for n in fake.names("pods")]
+        assert sorted(p["status"]["phase"] for p in pods if p) == ["Succeeded"] * 3  # every node ended, exit 0
+        assert fake.rejected == []
+    finally:
+        fake.stop()
+
+
+def test_from_1_31_node_zeros_success_ends_the_job_through_its_success_policy(api: FakeKubeAPI, capsys) -> None:
+    assert api.version >= "1.31"
+    assert _launch(api, keep=True, batch=Batch("job", ttl_after_finished_s=3600)) == 0
+    job = api.get("jobs", "default", "t")
+    assert job is not None and job["spec"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Complete"] == ["SuccessPolicy"]
+    assert f"(Kubernetes {api.version})" in capsys.readouterr().err
+
+
+def test_a_cluster_older_than_supported_is_one_line_and_nothing_made() -> None:
+    fake = FakeKubeAPI(version="1.26").start()
+    try:
+        with pytest.raises(LaunchError, match=r"^the cluster runs Kubernetes 1.26; the kube backend needs 1.27 or "
+                                              r"later"):
+            _launch(fake)
+        assert _leftovers(fake) == {} and sum(fake.requests.values()) == 0  # (/version is not counted)
+    finally:
+        fake.stop()
+
+
+def test_the_launcher_makes_the_jobs_own_ssh_secret_and_mounts_a_named_one_instead(api: FakeKubeAPI) -> None:
+    core = client.CoreV1Api(api.client())
+    assert _launch(api, keep=True, batch=Batch("job", ttl_after_finished_s=3600)) == 0
+    own = core.read_namespaced_secret("t-ssh", "default")
+    assert base64.b64decode(own.data["ssh-privatekey"]).startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    keys = sshkeys.generate()
+    core.create_namespaced_secret("default", {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+                                              "metadata": {"name": "team-ssh"},
+                                              "stringData": {"ssh-privatekey": keys.private,
+                                                             "authorized_keys": keys.public}})
+    assert _launch(api, name="u", ssh_secret="team-ssh") == 0
+    assert "u-ssh" not in api.names("secrets") and "team-ssh" in api.names("secrets")  # used, not made or deleted
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [(None, r"--ssh-secret team-ssh: no Secret team-ssh in namespace default"),
+     ({"ssh-privatekey": "a2V5"}, r"--ssh-secret team-ssh: the Secret has no authorized_keys")],
+)
+def test_a_named_ssh_secret_that_will_not_do_is_one_line_before_anything_is_made(
+        api: FakeKubeAPI, data: dict | None, message: str) -> None:
+    if data is not None:
+        client.CoreV1Api(api.client()).create_namespaced_secret(
+            "default", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "team-ssh"}, "data": data})
+    with pytest.raises(LaunchError, match=message):
+        _launch(api, ssh_secret="team-ssh")
+    assert set(_leftovers(api)) <= {"secrets"} and api.names("secrets") == ([] if data is None else ["team-ssh"])

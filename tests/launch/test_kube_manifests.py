@@ -1,10 +1,12 @@
 """What the kube backend asks of the cluster: `--dry-run`'s manifests for both workloads (an Indexed
-batch/v1 Job, a JobSet), checked against the official Kubernetes schemas and JobSet's CRD schema
-(tests/support/schemas), applied by the real kubectl, and field by field for the batch conventions
-(Indexed, failure policy, success policy, Kueue, TTL) and for what a cluster admin checks in pods."""
+batch/v1 Job, a JobSet), checked against the official Kubernetes schemas of the oldest version the launcher
+supports and of the newest kubernetes-validate ships, and JobSet's CRD schema (tests/support/schemas), applied
+by the real kubectl, and field by field for the batch conventions (Indexed, failure policy, success policy
+where the cluster serves it, Kueue, TTL), for what a cluster admin checks in pods, and for keys: none printed."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from envpipe_launch import kube_version
 from envpipe_launch.backends import kube
 from envpipe_launch.cli import main as launch_main
 from envpipe_launch.errors import LaunchError
@@ -26,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 from helm_binary import find_kubectl  # noqa: E402
 
-KINDS = {"job": ["Secret", "ConfigMap", "Service", "Job"], "jobset": ["Secret", "ConfigMap", "JobSet"]}
+KINDS = {"job": ["ConfigMap", "Service", "Job"], "jobset": ["ConfigMap", "JobSet"]}  # no Secret: no key printed
+VERSIONS = (schemas.OLDEST, schemas.NEWEST)
 
 
 def _spec(nodes: int = 3, gpus: int = 2, **kw) -> JobSpec:
@@ -54,13 +58,38 @@ def _template(docs: list[dict]) -> dict:
 
 
 @pytest.mark.parametrize("workload", ["job", "jobset"])
-def test_dry_run_is_schema_valid_for_both_workloads(capsys, workload: str) -> None:
+def test_dry_run_is_schema_valid_for_both_workloads_from_the_oldest_kubernetes_to_the_newest(capsys, workload):
+    assert str(kube_version.MIN) == schemas.OLDEST  # the range docs/launcher.md states, checked at both ends
     for no_ssh in (False, True):
         docs = _docs(capsys, workload=workload, no_ssh=no_ssh)
-        want = [k for k in KINDS[workload] if not (no_ssh and k == "Secret")]  # no ssh, no key
-        assert [d["kind"] for d in docs] == want
+        assert [d["kind"] for d in docs] == KINDS[workload]
         for d in docs:
-            schemas.validate(d)
+            for version in VERSIONS:
+                schemas.validate(d, version)
+
+
+def _job(workload: str = "job", **opts) -> kube.KubeJob:
+    opts.setdefault("image", "img:1")
+    opts.setdefault("name", "d")
+    return kube.build_job(_spec(), kube.KubeOptions(batch=Batch(workload), **opts))
+
+
+@pytest.mark.parametrize("workload", ["job", "jobset"])
+def test_the_success_policy_only_where_the_cluster_serves_it(workload: str) -> None:
+    """A Job's successPolicy is refused by the schemas before 1.30 (and dropped by 1.30's API server): the
+    launcher adds it where the cluster runs 1.31+, and nodes > 0 end with node 0 everywhere."""
+    job = _job(workload)
+    served = dataclasses.replace(job, success_policy=True).workload(suspend=False)
+    portable = job.workload(suspend=False)
+    with pytest.raises(schemas.Invalid, match="successPolicy"):
+        schemas.validate(served, "1.29")
+    schemas.validate(served, schemas.NEWEST)
+    for version in VERSIONS:
+        schemas.validate(portable, version)
+    spec = served["spec"] if workload == "job" else served["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    env = {e["name"]: e.get("value") for e in _template([portable])["spec"]["containers"][0]["env"]}
+    assert env["ENVPIPE_LAUNCHER_NODE"] == f"{job.hosts()[0]}:2222"  # where node 0's sshd is, for the others
 
 
 def test_the_job_follows_the_batch_conventions(capsys) -> None:
@@ -72,9 +101,10 @@ def test_the_job_follows_the_batch_conventions(capsys) -> None:
     assert spec["backoffLimit"] == 0 and "activeDeadlineSeconds" not in spec
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "NotIn", "values": [0]}},
+        {"action": "FailJob", "onPodConditions": [],  # 1.27's schema requires the field
+         "onExitCodes": {"containerName": "node", "operator": "NotIn", "values": [0]}},
     ]
-    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}  # node 0 is the launcher
+    assert "successPolicy" not in spec  # the dry run's: every supported version (node 0's end ends the job)
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and pod["subdomain"] == "d" and "hostname" not in pod
     assert spec["template"]["metadata"]["labels"] == {"envpipe.io/job": "d", "envpipe.io/role": "node"}
@@ -117,22 +147,37 @@ def test_the_jobset_wraps_the_same_indexed_job(capsys) -> None:
     del job_spec["template"]["spec"]["subdomain"]
     js_spec = rjob["template"]["spec"]
     job_args, js_args = (s["template"]["spec"]["containers"][0].pop("args") for s in (job_spec, js_spec))
+
+    def hosts(text: str) -> str:
+        return text.replace("d-0.d", "d-node-0-0.d").replace("d-1.d", "d-node-0-1.d").replace("d-2.d", "d-node-0-2.d")
+
+    job_env = job_spec["template"]["spec"]["containers"][0]["env"]
+    job_spec["template"]["spec"]["containers"][0]["env"] = [{**e, "value": hosts(e["value"])} if "value" in e else e
+                                                            for e in job_env]
     assert js_spec == job_spec
-    assert js_args[3] == job_args[3].replace("d-0.d", "d-node-0-0.d").replace("d-1.d", "d-node-0-1.d").replace(
-        "d-2.d", "d-node-0-2.d")
+    assert js_args[3] == hosts(job_args[3])
     # the hosts are the Job controller's names of the JobSet's Job d-node-0
-    assert js_docs[1]["data"]["hostfile"] == "".join(f"d-node-0-{i}.d slots=2\n" for i in range(3))
+    assert js_docs[0]["data"]["hostfile"] == "".join(f"d-node-0-{i}.d slots=2\n" for i in range(3))
 
 
-def test_dry_run_has_no_placeholders_and_a_real_key(capsys) -> None:
-    docs = _docs(capsys)
-    text = yaml.safe_dump_all(docs)
+def test_dry_run_has_no_placeholders_and_no_key(capsys) -> None:
+    """A GitOps user commits the dry run: it must hold no key (it printed a fresh private key before). The pods
+    mount the Secret by name, and one line on stderr says how to make it; with --ssh-secret, the user's."""
+    text = _text(capsys)
+    docs = list(yaml.safe_load_all(text))
     assert not re.search(r"<[A-Za-z][^<>]*>", text) and "ownerReferences" not in text  # no "<job uid>"
-    secret = docs[0]["stringData"]
-    assert secret["ssh-privatekey"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
-    assert secret["authorized_keys"] == secret["ssh-publickey"] and secret["ssh-publickey"].startswith("ssh-ed25519 ")
-    assert docs[1]["data"]["hostfile"] == "".join(f"d-{i}.d slots=2\n" for i in range(3))
-    assert docs[2]["spec"]["selector"] == {"envpipe.io/job": "d", "envpipe.io/role": "node"}
+    assert "PRIVATE KEY" not in text and "ssh-ed25519" not in text and "Secret" not in [d["kind"] for d in docs]
+    assert docs[0]["data"]["hostfile"] == "".join(f"d-{i}.d slots=2\n" for i in range(3))
+    assert docs[1]["spec"]["selector"] == {"envpipe.io/job": "d", "envpipe.io/role": "node"}
+    (ssh,) = [v for v in _template(docs)["spec"]["volumes"] if v["name"] == "ssh"]
+    assert ssh["secret"]["secretName"] == "d-ssh"
+    assert kube.launch(_spec(), kube.KubeOptions(image="img:1", name="d"), dry_run_only=True) == 0
+    err = capsys.readouterr().err
+    assert "the pods mount Secret d-ssh, which these manifests do not hold (no key is printed)" in err
+    assert "kubectl create secret generic d-ssh -n default --type=kubernetes.io/ssh-auth" in err
+    theirs = _docs(capsys, ssh_secret="team-ssh")
+    (ssh,) = [v for v in _template(theirs)["spec"]["volumes"] if v["name"] == "ssh"]
+    assert ssh["secret"]["secretName"] == "team-ssh" and capsys.readouterr().err == ""
 
 
 def test_node_zero_waits_for_every_sshd_then_runs_pdsh(capsys) -> None:
@@ -344,9 +389,10 @@ def test_dry_run_is_accepted_by_kubectl_for_both_workloads(capsys, tmp_path: Pat
                        for d in docs]
             assert applied.stdout.splitlines() == created
             if docs[-1]["kind"] == "Job":
-                validated = subprocess.run([str(validator), "--strict", "-k", schemas.K8S_VERSION, str(manifest)],
-                                           capture_output=True, text=True)
-                assert validated.returncode == 0, validated.stdout + validated.stderr
+                for version in VERSIONS:  # the oldest supported Kubernetes, and the newest schema it knows
+                    validated = subprocess.run([str(validator), "--strict", "-k", version, str(manifest)],
+                                               capture_output=True, text=True)
+                    assert validated.returncode == 0, validated.stdout + validated.stderr
         assert not any(api.names(p) for p in ("pods", "jobs", "jobsets", "services", "secrets", "configmaps"))
     finally:
         api.stop()

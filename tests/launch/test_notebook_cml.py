@@ -8,6 +8,7 @@ job of examples/train_gpt.py (gloo on CPU, sim clock), and the report and Gantt 
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import os
@@ -19,6 +20,8 @@ from typing import Any
 import nbformat
 import pytest
 
+from envpipe.runtime.config import EnvPipeConfig, parse
+from envpipe.runtime.steps import steps_to_report
 from tests.support import netns_hosts
 from tests.support.runtime_summary import read_summary
 
@@ -48,8 +51,8 @@ def _run(
         **env,
     }
     argv = [sys.executable, str(RUNNER), str(NOTEBOOK), str(out), str(tmp_path / "params.json")]
-    argv += [str(ROOT / "notebooks"), "240"]
-    proc = subprocess.run([*(prefix or []), *argv], env=full_env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    argv += [str(ROOT / "notebooks"), "900"]
+    proc = subprocess.run([*(prefix or []), *argv], env=full_env, capture_output=True, text=True, timeout=960, cwd=ROOT)
     return proc, nbformat.read(out, as_version=4)
 
 
@@ -80,6 +83,37 @@ def test_committed_notebook_is_clean_and_parameterised() -> None:
     assert nb.metadata.kernelspec.name == "python3"
 
 
+def defaults() -> dict[str, Any]:
+    """The values of the notebook's `parameters` cell."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    values = {}
+    for node in ast.parse(params.source).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else node.target  # type: ignore[attr-defined]
+        values[target.id] = ast.literal_eval(node.value)  # type: ignore[attr-defined]
+    return values
+
+
+def test_the_defaults_train_long_enough_for_a_report_and_cml_md_says_what_they_are() -> None:
+    """As shipped the notebook ran 10 steps, which end inside the reconfigure phase (no report, and the report
+    cell raised), and docs/cml.md gave the policy as EnvPipe's envelope where the notebook's {} is optimal."""
+    values = defaults()
+    assert values["STEPS"] is None and "--steps" not in values["MODEL_ARGS"]  # steps_to_report decides
+    assert steps_to_report(parse(None, values["ENVPIPE"])) == 30 + 30 + 4 + 5 * 4 + 1 + 2 * 10  # docs/cml.md's sum
+    table = {}
+    for line in (ROOT / "docs" / "cml.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            for name in cells[0].replace("`", "").split(", "):
+                table[name] = (cells[1], cells[2])  # (default, meaning)
+    assert set(table) == set(values)  # every parameter, and only those
+    for name, value in values.items():
+        shown = json.dumps(value) if isinstance(value, list | dict) else str(value)
+        if isinstance(value, str | int | dict) or value is None:
+            assert shown in table[name][0].replace("`", ""), (name, table[name])
+    assert parse(None, values["ENVPIPE"]).type == "optimal" and "`optimal`" in table["ENVPIPE"][1]
+
+
 @needs_netns
 @pytest.mark.slow
 def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> None:
@@ -91,8 +125,9 @@ def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> No
             "GPUS_PER_NODE": 1,
             "WORKER_CPU": 1,
             "WORKER_MEMORY": 2,
-            "MODEL_ARGS": ["--tiny", "--microbatches", "4", "--steps", "14", "--calibration-steps", "1",
-                           "--compare-iterations", "1"],
+            # the notebook's own STEPS and ENVPIPE (the run's length follows the runtime's defaults); a CPU-sized
+            # model, on CPU processes
+            "MODEL_ARGS": ["--tiny", "--microbatches", "4"],
             # gloo would pick the address of the shared hostname (loopback) on every "host"
             "EXTRA_ENV": {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": netns_hosts.IFNAME},
             "REPORT_DIR": str(report),
@@ -128,7 +163,8 @@ def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> No
 
     summary = read_summary(report)
     assert summary.stages == 2 and summary.clock.energy == "simulated GPU"
-    assert summary.measured is not None and summary.measured.pairs == 1  # 2 steady: the plan, then 1F1B all-max
+    # every comparison pair of the runtime's defaults: the report is whole at the notebook's default length
+    assert summary.measured is not None and summary.measured.pairs == EnvPipeConfig().compare_iterations
     assert summary.plan is not None and summary.plan.policy == "optimal"  # the runtime's default
     assert summary.steady.energy_j is not None and summary.predicted is not None
     html = "".join(o["data"]["text/html"] for o in _outputs(nb, "summary_path =") if "data" in o)

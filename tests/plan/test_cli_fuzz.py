@@ -91,7 +91,7 @@ OPTIONS: dict[str, tuple[list[str | None], list[str]]] = {
     "--policy": ([None, "baseline", "uniform", "envelope"], ["bogus"]),
     "--reconfig": ([None, "default", "greedy", "balanced"], ["bogus"]),
     "--gpu": ([None, "all", "A40"], ["h300"]),
-    "--max-slowdown": ([None, "0", "0.01", "10"], ["nan", "inf", "-1", "11"]),
+    "--max-slowdown": ([None, "0", "0.01", "5%", "0.5 %"], ["nan", "inf", "-1", "1", "5", "100%", "x%"]),
     "--time-budget": ([None, "0.2", "0.001", "1e9"], ["0", "nan", "1e308", "-1"]),
     # matplotlib and LP sweeps cost more: drawn less often
     "--out": ([None, None, "{d}/p.json", "{d}/new/deeper/p.json"], ["{d}", "{file}/p.json", "{d}/"]),

@@ -189,7 +189,10 @@ PLAN_ARGS = ("plan", "--profile", GPT3, "-m", "4", "--gpu", "a100", "--policy", 
         (["--tail-time", "nan"], "tail times must be a finite number, got nan"),
         (["--threshold-scale", "inf"], "must be a finite number, got inf"),
         (["--policy", "optimal", "--time-budget", "1e308"], "'--time-budget': must be in (0, 1e+09]"),
-        (["--policy", "optimal", "--max-slowdown", "nan"], "'--max-slowdown': must be a finite number"),
+        (["--policy", "optimal", "--max-slowdown", "nan"], "'--max-slowdown': the slowdown must be a finite number"),
+        # a bare 5 was +500 % here and [0, 1) in the runtime: one convention, the other reading spelled out
+        (["--policy", "optimal", "--max-slowdown", "5"], "'--max-slowdown': the slowdown 5 is not a fraction in "
+                                                          "[0, 1): for +5 % write 5% or 0.05"),
         (["-m", "200000"], "200000 is not in the range 1<=x<=65536"),  # 90 s and 1.3 GB before
         (["--stages", "1025"], "1025 is not in the range 1<=x<=1024"),
         (["--stages", "1000", "-m", "1000"], "1000 stages x 1000 micro-batches is 2,000,000 units; the planner "

@@ -4,6 +4,7 @@ the same drawing for measured units (clocks may be unknown). Checked on the figu
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -18,9 +19,51 @@ plt = pytest.importorskip("matplotlib.pyplot")
 
 def test_labels_only_where_they_fit():
     wide, narrow = GanttBar(0, "F", 95, 0.0, 1.0, 1410), GanttBar(0, "B", 95, 1.0, 1.01, 1410)
-    assert labels_that_fit([wide, narrow], px_per_s=100, px_per_row=60) == [0]  # 100 px vs 1 px for "B95"
-    assert labels_that_fit([wide, narrow], px_per_s=100_000, px_per_row=60) == [0, 1]
+    assert labels_that_fit([wide, narrow], px_per_s=100, px_per_row=60) == [(0, False)]  # 100 px vs 1 px
+    assert labels_that_fit([wide, narrow], px_per_s=2000, px_per_row=60) == [(0, False), (1, True)]  # upright
+    assert labels_that_fit([wide, narrow], px_per_s=100_000, px_per_row=60) == [(0, False), (1, False)]
     assert labels_that_fit([wide, narrow], px_per_s=100_000, px_per_row=5) == []  # rows too low for text
+
+
+# `make demo`'s last iteration (2026-11-28): stage 0's first unit, the shortest, had no label, and the colour
+# bar's 1065 and 1080 MHz overprinted each other.
+DEMO = ["F0:0.0-7.3@1740 F1:7.3-16.9@855 F2:16.9-26.7@855 B0:31.8-49.3@1080 F3:49.3-58.8@855 B1:58.8-76.2@1080 "
+        "F4:76.2-85.6@855 B2:85.6-103.3@1065 F5:103.3-112.7@855 B3:112.7-130.1@1065 F6:130.1-139.8@855 "
+        "B4:139.8-157.3@1065 F7:157.3-166.8@855 B5:166.8-184.4@1065 B6:184.4-201.8@1080 B7:202.0-216.3@1740",
+        "F0:7.3-15.4@1740 B0:15.4-31.8@1740 F1:31.8-40.1@1740 B1:40.1-56.4@1740 F2:56.4-64.5@1740 "
+        "B2:64.5-80.7@1740 F3:80.7-88.8@1740 B3:88.8-105.1@1740 F4:105.1-113.1@1740 B4:113.1-129.2@1740 "
+        "F5:129.2-137.5@1740 B5:137.5-153.6@1740 F6:153.6-161.8@1740 B6:161.8-178.0@1740 F7:178.0-186.1@1740 "
+        "B7:186.1-201.9@1740"]
+
+
+def demo_bars() -> list[GanttBar]:
+    bars = []
+    for stage, row in enumerate(DEMO):
+        for unit in row.split():
+            name, rest = unit.split(":")
+            span, mhz = rest.split("@")
+            a, b = (float(x) / 1000 for x in span.split("-"))
+            bars.append(GanttBar(stage, name[0], int(name[1:]), a, b, int(mhz)))
+    return bars
+
+
+def test_every_unit_of_the_demo_has_its_label_and_no_tick_overprints():
+    bars = demo_bars()
+    fig = gantt_figure(bars, "one iteration of the plan", label="simulated GPU")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(b.name for b in bars)
+    for text in ax.texts:  # inside its own unit
+        _, y = text.get_position()
+        (unit,) = [b for b in bars if b.name == text.get_text() and b.stage == 1 - round(y)]
+        box = text.get_window_extent().transformed(ax.transData.inverted())
+        assert unit.start_s <= box.x0 and box.x1 <= unit.end_s, (unit, box)
+    ticks, _ = colour_bar(fig)
+    assert ticks[0] == "855" and ticks[-1] == "1740" and len(ticks) < 4  # 1065 and 1080: one of them named
+    (bar,) = [a for a in fig.axes if a.get_ylabel() == "SM clock (MHz)"]
+    boxes = sorted((t.get_window_extent() for t in bar.get_yticklabels() if t.get_text()), key=lambda b: b.y0)
+    assert all(low.y1 <= high.y0 for low, high in itertools.pairwise(boxes))  # none overprints
+    plt.close(fig)
 
 
 def svg_labels(svg: str) -> list[str]:
@@ -40,10 +83,10 @@ def test_planned_picture_at_few_and_many_microbatches(gpt3, tmp_path, m):
     svg = path.read_text()
     labels = svg_labels(svg)
     assert "SM clock (MHz)" in svg  # the colour bar
-    if m == 4:
-        assert len(labels) >= 8 * 4  # the backward units at least carry their names
-    else:  # units a few pixels wide: no label rather than a smear (M = 24 drew 384 overlapping labels)
-        assert labels == []
+    if m < 96:  # the figure is made wide enough for every label
+        assert sorted(labels) == sorted(f"{k}{mb}" for _ in range(8) for k in "FB" for mb in range(m))
+    else:  # at its widest, the backward units' labels fit upright, the forwards' not at all (no smear)
+        assert sorted(labels) == sorted(f"B{mb}" for _ in range(8) for mb in range(m))
     bars = timeline_bars(result.timeline, clocks)
     assert len(bars) == 2 * 8 * m and sum(b.critical for b in bars) == len(result.timeline.critical_path())
 

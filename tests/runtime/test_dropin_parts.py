@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime import prediction
+from envpipe.runtime import monitor, prediction
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated, calibrate, median_change
 from envpipe.runtime.collect import RankRecord
@@ -128,19 +129,61 @@ def test_a_new_order_warms_up_before_its_comparison_pairs(
 def test_monitor_events_of_the_job_per_iteration() -> None:
     written: list[list[tuple[str, float, int]]] = []
     feed = MonitorFeed(written.append, "measured", simulated_time=False)
-    feed.saving_planned, feed.saving_measured = 0.12, 0.10
+    feed.saving_planned = 0.12
     rows = [Finished(7, 0, "steady", PLAN, 0.5, 100.0, 16, 112, 1200.0),
             Finished(7, 1, "steady", PLAN, 0.6, 150.0, 16, 112, 1410.0)]
     events = dict((tag, value) for tag, value, step in feed.events(rows))
     p = "EnvPipe/Samples/"
     assert events[f"{p}energy_j_measured"] == 250.0 and events[f"{p}power_w_measured"] == pytest.approx(250 / 0.6)
     assert events[f"{p}iteration_time_s"] == 0.6 and events[f"{p}samples_per_s"] == pytest.approx(16 / 0.6)
-    assert events[f"{p}stage1/energy_j_measured"] == 150.0 and events[f"{p}stage0/clock_mhz"] == 1200.0
+    assert events[f"{p}stage1_energy_j_measured"] == 150.0 and events[f"{p}stage0_clock_mhz"] == 1200.0
     assert events[f"{p}phase"] == 3 and events[f"{p}runs_plan"] == 1
-    assert events[f"{p}saving_planned_simulated"] == 0.12 and events[f"{p}saving_measured"] == 0.10
+    assert events[f"{p}saving_planned_simulated"] == 0.12 and f"{p}saving_measured" not in events  # no pair yet
     assert {step for _, _, step in feed.events(rows)} == {112}  # DeepSpeed's step: the samples so far
     unknown = feed.events([Finished(8, 0, "profile@1005", BASELINE, 0.5, None, 16, 128, 0.0)])
     assert not any("energy" in tag for tag, _, _ in unknown)  # no counter yet: no energy event
+
+
+def test_the_measured_saving_reaches_the_monitor_from_the_first_pair_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks, flushed every iteration: the saving appears with the iteration that completes the first
+    comparison pair (before, it waited for the report, written only at the end of the comparison), follows
+    the pairs, and holds once the window of pairs is over; it is the report's figure (the median per pair)."""
+    monkeypatch.setattr(monitor.collective, "rank", lambda: 0)
+    ranks: list[list[Finished]] = [[], []]
+    monkeypatch.setattr(monitor.collective, "gather", lambda mine: [mine, ranks[1]])
+    written: list[list[tuple[str, float, int]]] = []
+    feed = MonitorFeed(written.extend, "simulated", simulated_time=True)
+    energies = {PLAN: (60.0, 30.0), BASELINE: (70.0, 40.0)}  # per rank: the plan saves 2/11 of the job's 110 J
+    phases = ["calibrate", "profile@1005", "warm-up"] + ["steady"] * 8
+    runs = [BASELINE, BASELINE, PLAN, PLAN, BASELINE, BASELINE, PLAN, PLAN, PLAN, PLAN, BASELINE]
+    savings = []
+    for i, (phase, ran) in enumerate(zip(phases, runs, strict=True)):
+        e0, e1 = energies[ran]
+        if i == 6:
+            e0 = 65.0  # the second pair's plan saves less: 1 - 95/110
+        written.clear()
+        feed.add(Iteration(i, phase, ran, 0.0, 0.5, 0.0, 16, 16 * (i + 1), [1000], None, True, energy_j=e0), 0)
+        ranks[1] = [Finished(i, 1, phase, ran, 0.5, e1, 16, 16 * (i + 1), 1000.0)]
+        feed.flush()
+        saving = [v for tag, v, _ in written if tag == "EnvPipe/Samples/saving_simulated"]
+        savings.append(saving[0] if saving else None)
+    first, both = 1 - 90 / 110, statistics.median([1 - 90 / 110, 1 - 95 / 110])
+    assert savings[:4] == [None] * 4  # calibrate, profile, warm-up, the first pair's plan
+    assert savings[4:] == pytest.approx([first, first, both, both, both, both, both])  # 3-4, 5-6; 7-8 ends it
+
+
+def test_a_stage_s_csv_column_names_the_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's CSV monitor names a file's column after the tag's last '/' part: each stage's says which."""
+    from deepspeed.monitor import csv_monitor
+
+    monkeypatch.setattr(csv_monitor.dist, "get_rank", lambda: 0)
+    csv = csv_monitor.csvMonitor(argparse.Namespace(enabled=True, output_path=str(tmp_path), job_name="j"))
+    feed = MonitorFeed(csv.write_events, "measured", simulated_time=False)
+    csv.write_events(feed.events([Finished(1, s, "steady", PLAN, 0.5, 10.0 + s, 16, 16, 900.0 + s)
+                                  for s in range(2)]))
+    headers = {f.name: f.read_text().splitlines()[0] for f in (tmp_path / "j").glob("*stage*.csv")}
+    assert headers == {f"EnvPipe_Samples_stage{s}_{what}.csv": f"step,stage{s}_{what}"
+                       for s in range(2) for what in ("clock_mhz", "energy_j_measured")}
 
 
 def test_energy_model_charges_each_phase_at_its_power() -> None:

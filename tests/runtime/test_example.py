@@ -14,6 +14,8 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule
+from envpipe.runtime.config import parse
+from envpipe.runtime.steps import steps_to_report
 from envpipe.simgpu import JobTruth
 from tests.support.ports import free_port
 from tests.support.runtime_summary import iterations, read_summary
@@ -321,3 +323,36 @@ def test_without_clock_control_the_order_earns_its_place_and_the_plan_is_rehears
     rehearse = [x["runs"] for x in iterations(tmp_path / "rehearsed", 0) if x["phase"] == "rehearse"]
     assert rehearse[-4:] == ["rehearsal", "baseline", "baseline", "rehearsal"]
     assert "rehearsal (clocks cannot be set here" in (tmp_path / "rehearsed" / "report.txt").read_text()
+
+
+@pytest.mark.slow
+def test_every_iteration_and_the_measured_saving_reach_the_monitors(tmp_path: Path) -> None:
+    """A script that ends with the report (as train_gpt.py, the demo) has every iteration in DeepSpeed's CSV
+    monitor, the last ones included (their energy is known only once the report waits for the counter), and
+    the measured saving from the first comparison pair on, not from the report at the end of the pairs."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"),
+                                                  "job_name": "j"}}))
+    block = {"calibration_iterations": 1, "profile_points": 2, "reconfigure_rounds": 1, "compare_iterations": 3}
+    steps = steps_to_report(parse(block, {}))  # (the notebook's default length): the whole report, just
+    proc = _torchrun(["--steps", str(steps), "--calibration-steps", "1", "--profile-points", "2",
+                      "--reconfigure-rounds", "1", "--compare-iterations", "3", "--report-dir", "rep",
+                      "--deepspeed_config", str(config)], {}, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    csv = tmp_path / "csv" / "j"
+
+    def column(tag: str) -> list[tuple[int, float]]:
+        rows = (csv / f"EnvPipe_Samples_{tag}.csv").read_text().splitlines()
+        assert rows[0] == f"step,{tag}"  # the column is named after the tag, the stage's included
+        return [(int(a), float(b)) for a, b in (r.split(",") for r in rows[1:])]
+
+    energy = column("energy_j_simulated")
+    assert len(energy) == steps and all(e > 0 for _, e in energy)
+    assert len(column("stage1_clock_mhz")) == steps
+    steady = [x for x in iterations(tmp_path / "rep", 0) if x["phase"] == "steady"]
+    saving = column("saving_simulated")
+    samples = {x["iteration"]: step for x, (step, _) in zip(iterations(tmp_path / "rep", 0), energy, strict=True)}
+    assert saving[0][0] == samples[steady[1]["iteration"]]  # from the iteration that completes the first pair
+    s = read_summary(tmp_path / "rep")
+    assert s.measured is not None and s.measured.energy_saving is not None and s.measured.pairs == 3
+    assert saving[-1][1] == pytest.approx(s.measured.energy_saving.median)  # the report's figure

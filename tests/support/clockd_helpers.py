@@ -111,8 +111,10 @@ FAKE_NVML_DAEMON = (
 def daemon_argv(sock: str, *args: str, nvml_store: str | None = None) -> list[str]:
     """The command line of a daemon process: the sim backend, or nvml on the fake's ``nvml_store``."""
     if nvml_store is None:
-        return [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--socket", sock, *args]
-    return [sys.executable, "-c", FAKE_NVML_DAEMON, nvml_store, "--backend", "nvml", "--socket", sock, *args]
+        return [sys.executable, "-m", "envpipe.clock.daemon", "--backend", "sim", "--ownership", "local", "--socket",
+                sock, *args]
+    return [sys.executable, "-c", FAKE_NVML_DAEMON, nvml_store, "--backend", "nvml", "--ownership", "local",
+            "--socket", sock, *args]
 
 
 def daemon_process(

@@ -39,14 +39,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* Checks the schema cannot express: min against max, the TTL range of a --set string, and a
-socket mode that lets the socket's group (the training pods) read and write. */}}
+{{/* Checks the schema cannot express: min against max, and the TTL range of a --set string. */}}
 {{- define "envpipe-clockd.validate" -}}
-{{- $mode := .Values.socket.mode -}}
-{{- $group := substr (int (sub (len $mode) 2)) (int (sub (len $mode) 1)) $mode -}}
-{{- if not (has $group (list "6" "7")) -}}
-{{- fail (printf "socket.mode %s gives the socket's group (socket.gid %v) no read-write access: training pods could not connect" $mode .Values.socket.gid) -}}
-{{- end -}}
 {{- if gt (int .Values.clocks.minMHz) (int .Values.clocks.maxMHz) -}}
 {{- fail (printf "clocks.minMHz (%d) must not exceed clocks.maxMHz (%d)" (int .Values.clocks.minMHz) (int .Values.clocks.maxMHz)) -}}
 {{- end -}}

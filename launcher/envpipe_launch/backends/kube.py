@@ -1,6 +1,7 @@
 """kube: the job as a batch workload (an Indexed Job or a JobSet, see kube_manifests), its options
-checked before anything exists, `--dry-run`'s manifests, and the launch: create, admit (Kueue), wait
-for the nodes, stream node 0's log, pass the exit status through, delete everything (kube_run)."""
+checked before anything exists, `--dry-run`'s manifests (no key: the pods mount the ssh Secret by name),
+and the launch: ask the cluster its version (kube_version), create (the job's ssh Secret too), admit (Kueue),
+wait for the nodes, stream node 0's log, pass the exit status through, delete everything (kube_run)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from .. import sshkeys, textfile, words
+from .. import kube_version, sshkeys, textfile, words
 from ..errors import LaunchError
 from ..job import JobSpec, env_pairs, job_name
 from ..kube_manifests import Batch, KubeJob, PodSettings
 from ..pod_contract import ClockdSocket
-from .kube_run import KubeRun
+from .kube_run import KubeRun, server_version
 
 
 @dataclass
@@ -33,6 +34,7 @@ class KubeOptions:
     no_ssh: bool = False
     pods: PodSettings = field(default_factory=PodSettings)
     batch: Batch = field(default_factory=Batch)
+    ssh_secret: str | None = None  # a Secret of the user's that the pods mount instead of the job's own
 
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -206,6 +208,12 @@ def build_job(spec: JobSpec, opts: KubeOptions) -> KubeJob:
         words.check_text(what, word)
     if not opts.no_ssh:  # DeepSpeed's env file in the ConfigMap, read by its pdsh runner on node 0
         words.check_env(env_pairs(spec.env), words.PDSH)
+    if opts.ssh_secret is not None:
+        if opts.no_ssh:
+            raise LaunchError("--ssh-secret conflicts with --no-ssh (no node logs into another)")
+        if len(opts.ssh_secret) > 253 or not _DNS_SUBDOMAIN.match(opts.ssh_secret):
+            raise LaunchError(f"--ssh-secret {opts.ssh_secret!r} is not a Kubernetes object name "
+                              "(lowercase a-z, 0-9, '-', '.')")
     name = job_name(opts.name or "envpipe", "" if opts.name else secrets.token_hex(3))
     return KubeJob(
         spec,
@@ -216,6 +224,7 @@ def build_job(spec: JobSpec, opts: KubeOptions) -> KubeJob:
         pods=opts.pods,
         batch=opts.batch,
         worker_wait_s=int(opts.ready_timeout_s),
+        ssh_secret=opts.ssh_secret,
     )
 
 
@@ -233,10 +242,21 @@ _ManifestDumper.add_representer(str, _text)
 
 
 def dry_run(job: KubeJob) -> str:
-    """The objects as the launcher would create them, with a fresh ssh key, without the owner
-    references (they need the workload's uid): `kubectl apply -f` starts the same job."""
-    keys = sshkeys.generate()
-    return yaml.dump_all(job.manifests(keys.private, keys.public), Dumper=_ManifestDumper, sort_keys=False)
+    """The objects as the launcher would create them, for the oldest supported Kubernetes (kube_version), without
+    the owner references (they need the workload's uid) and without any key: the pods mount the ssh Secret by
+    name, which `kubectl apply -f` of these objects needs to exist (the launcher makes its own at create)."""
+    return yaml.dump_all(job.manifests(), Dumper=_ManifestDumper, sort_keys=False)
+
+
+def secret_note(job: KubeJob) -> str | None:
+    """What a dry run's reader must do first: make the Secret the pods mount (None: no ssh, or --ssh-secret)."""
+    if not job.makes_secret:
+        return None
+    name = job.secret_name
+    return (f"the pods mount Secret {name}, which these manifests do not hold (no key is printed): create it first "
+            f"(ssh-keygen -t ed25519 -N '' -f KEY; kubectl create secret generic {name} -n {job.namespace} "
+            "--type=kubernetes.io/ssh-auth --from-file=ssh-privatekey=KEY --from-file=authorized_keys=KEY.pub), "
+            "or name one with --ssh-secret")
 
 
 def _load_config() -> client.ApiClient:
@@ -256,14 +276,23 @@ def launch(
     job = build_job(spec, opts)
     if dry_run_only:
         sys.stdout.write(dry_run(job))
+        note = secret_note(job)
+        if note:
+            print(f"envpipe-launch: {note}", file=sys.stderr)
         return 0
     job = dataclasses.replace(job, launch=secrets.token_hex(8))  # this launch's objects: what it may delete
-    run = KubeRun(job, api_client or _load_config(), opts.ready_timeout_s)
+    api = api_client or _load_config()
+    version = server_version(api)
+    job = dataclasses.replace(job, success_policy=version >= kube_version.SUCCESS_POLICY)
+    run = KubeRun(job, api, opts.ready_timeout_s)
+    if job.ssh_secret is not None:
+        run.check_ssh_secret()
     what = f"{job.kind.kind} {job.name}"
-    print(f"envpipe-launch: {what} in namespace {job.namespace}", file=sys.stderr)
+    ends = "" if job.no_ssh or job.success_policy else ": no Job successPolicy, the other nodes end with node 0"
+    print(f"envpipe-launch: {what} in namespace {job.namespace} (Kubernetes {version}{ends})", file=sys.stderr)
     try:
         print(f"envpipe-launch: hostfile\n{job.hostfile()}", file=sys.stderr, end="")
-        run.create(sshkeys.generate())
+        run.create(sshkeys.generate() if job.makes_secret else None)
         run.start()
         ips = run.wait_nodes()
         print(f"envpipe-launch: nodes ready at {', '.join(ips)}", file=sys.stderr)

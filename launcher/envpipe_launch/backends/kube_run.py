@@ -24,7 +24,9 @@ from typing import Any
 import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
+from .. import kube_version
 from ..errors import LaunchError, Stopped, handling
 from ..kube_manifests import CONTAINER, INDEX_ANNOTATION, JOBSET, LABEL, LAUNCH, REPLICATED_JOB, ROLE, KubeJob
 from ..progress import Progress
@@ -51,6 +53,20 @@ def api_error(what: str, e: ApiException) -> LaunchError:
     except (TypeError, ValueError, AttributeError):
         message = e.body or e.reason
     return LaunchError(f"{what}: HTTP {e.status} {e.reason}: {message}")
+
+
+def server_version(api: client.ApiClient) -> kube_version.KubeVersion:
+    """The cluster's Kubernetes version (GET /version); one line where it is not supported or not reachable."""
+    try:
+        info = client.VersionApi(api).get_code()
+    except ApiException as e:
+        raise api_error("asking the API server its version", e) from e
+    except HTTPError as e:  # connection refused, TLS, DNS: the first call to the cluster is where it shows
+        raise LaunchError(f"cannot reach the Kubernetes API server at {api.configuration.host}: {e}") from e
+    return kube_version.supported(kube_version.parse(info.major, info.minor, info.git_version))
+
+
+SSH_SECRET_KEYS = ("ssh-privatekey", "authorized_keys")  # what the pods mount of an --ssh-secret
 
 
 class PodGone(LaunchError):
@@ -91,8 +107,9 @@ class KubeRun:
         k = self.job.kind
         return k.group, k.version, self.job.namespace, k.plural
 
-    def create(self, keys: KeyPair) -> None:
-        """The workload (suspended), then what it owns; each recorded in `asked` before it is asked for."""
+    def create(self, keys: KeyPair | None) -> None:
+        """The workload (suspended), then what it owns (the job's own ssh Secret with ``keys`` among it, where
+        given); each recorded in `asked` before it is asked for."""
         kind = self.job.kind
         self.asked.append((kind.kind, self.job.name))
         try:
@@ -108,9 +125,25 @@ class KubeRun:
                 ) from e
             raise api_error(f"creating {kind.kind} {self.job.name}", e) from e
         self.owner = created["metadata"]["uid"]
-        for body in self.job.dependents(keys.private, keys.public):
+        for body in self.job.dependents(keys):
             self._create_core(self.job.owned_by(body, self.owner))
         self.created = True
+
+    def check_ssh_secret(self) -> None:
+        """The user's ssh Secret (--ssh-secret) exists and holds what the pods mount: one line otherwise, before
+        anything is created."""
+        name, ns = self.job.secret_name, self.job.namespace
+        try:
+            secret = self.core.read_namespaced_secret(name, ns)
+        except ApiException as e:
+            if e.status == 404:
+                raise LaunchError(f"--ssh-secret {name}: no Secret {name} in namespace {ns} (docs/launcher.md says "
+                                  "how to make one)") from e
+            raise api_error(f"reading Secret {name}", e) from e
+        missing = [k for k in SSH_SECRET_KEYS if k not in (secret.data or {})]
+        if missing:
+            raise LaunchError(f"--ssh-secret {name}: the Secret has no {' and no '.join(missing)} (the pods mount "
+                              f"{' and '.join(SSH_SECRET_KEYS)})")
 
     def _create_core(self, body: Obj) -> None:
         kind, name = body["kind"], body["metadata"]["name"]

@@ -5,8 +5,12 @@ The API: create (201; 409 on an existing name; 422 when the object fails its sch
 tests/support/schemas; 403 on a pod quota; `on_create` is called while the request is in flight), get
 (404), merge-patch, list/watch with labelSelector, fieldSelector and resourceVersion (JSON-lines watch
 stream), delete with propagationPolicy and a uid precondition (409 when it differs; the garbage collector
-follows ownerReferences), pod logs with follow=true, and the discovery documents
-(/api, /api/v1, /apis, /apis/<group>/<version>) that kubectl reads first. Kinds: Pod, Service,
+follows ownerReferences), pod logs with follow=true, the discovery documents (/api, /api/v1, /apis,
+/apis/<group>/<version>) that kubectl reads first, and /version, answered as a Kubernetes of `version`
+("1.33") answers it. Objects are checked against that version's schemas; below 1.31 a Job's `successPolicy`
+(and a JobSet's Job template's) is dropped on create, as the API server drops a field it does not serve
+(unknown before 1.30, an alpha gate in 1.30; with a warning, the clients' default field validation). Kinds:
+Pod, Service,
 Secret, ConfigMap, Event (core/v1), Job (batch/v1) and, unless `jobset=False` (a cluster without
 the CRD: 404 as there), JobSet (jobset.x-k8s.io/v1alpha2).
 
@@ -16,7 +20,8 @@ real ones, on every change of the objects they own.
 
 The kubelet moves pods Pending -> Running (pod IP, Ready) or into ErrImagePull for images containing
 "does-not-exist", and runs the runtime image's entrypoint modes: `worker` serves (sshd) until the pod
-is deleted; `node` serves on every index but 0, where it runs; anything else runs. Running means: the
+is deleted; `node` serves on every index but 0, where it runs, and a serving node told where node 0 is
+(ENVPIPE_LAUNCHER_NODE) exits 0 once node 0's pod has ended or is gone; anything else runs. Running means: the
 log is the command plus the files of mounted ConfigMaps, then after `run_s` the container exits with
 `exit_codes[index]` or else `job_exit_code`. `disrupt(ns, pod)` plays a node drain (the pod fails
 with condition DisruptionTarget).
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from envpipe_launch.pod_contract import LAUNCHER_NODE_ENV
 
 from tests.support import schemas
 from tests.support.fakes.kube_controllers import (
@@ -130,10 +136,12 @@ class FakeKubeAPI:
         run_s: float | None = None,
         jobset: bool = True,
         queues: dict[str, float] | None = None,
+        version: str = schemas.K8S_VERSION,
     ) -> None:
         self.pod_quota, self.job_exit_code, self.start_delay_s = pod_quota, job_exit_code, start_delay_s
         self.exit_codes: dict[int, int] = {}  # by completion index, over job_exit_code
         self.validate = validate
+        self.version = version  # "major.minor", as /version answers and the schemas are chosen
         self.run_s = run_s  # how long a running container runs; default start_delay_s
         self.resources = {r.plural: r for r in RESOURCES if jobset or r.plural != "jobsets"}
         self.objects: dict[tuple[str, str, str], Obj] = {}
@@ -175,6 +183,8 @@ class FakeKubeAPI:
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/version/", self._version)  # the Python client asks with the slash
         app.router.add_get("/api", self._api_versions)
         app.router.add_get("/apis", self._api_groups)
         app.router.add_get("/api/{version}", self._api_resources)
@@ -300,7 +310,7 @@ class FakeKubeAPI:
         kind, name = self.resources[plural].kind, obj.get("metadata", {}).get("name", "")
         if self.validate:
             try:
-                schemas.validate(obj)
+                schemas.validate(obj, self.version)
             except schemas.Invalid as e:
                 self.rejected.append(str(e))
                 return 422, "Invalid", f'{kind} "{name}" is invalid: {e}'
@@ -374,6 +384,28 @@ class FakeKubeAPI:
             await controller.reconcile(ns, name)
 
     # ---- discovery: what kubectl asks before it maps a manifest's kind to a URL ----
+    async def _version(self, req: web.Request) -> web.Response:
+        major, minor = self.version.split(".")
+        return web.json_response({
+            "major": major, "minor": minor, "gitVersion": f"v{self.version}.2", "gitCommit": "0" * 40,
+            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.4", "compiler": "gc",
+            "platform": "linux/amd64"})
+
+    def _serves_success_policy(self) -> bool:
+        major, minor = (int(x) for x in self.version.split("."))
+        return (major, minor) >= (1, 31)
+
+    def _dropped(self, plural: str, obj: Obj) -> Obj:
+        """What an API server of this version keeps of a create: a Job's successPolicy only from 1.31 on."""
+        if plural not in ("jobs", "jobsets") or self._serves_success_policy():
+            return obj
+        obj = copy.deepcopy(obj)
+        specs = [obj.get("spec", {})] if plural == "jobs" else [
+            r.get("template", {}).get("spec", {}) for r in obj.get("spec", {}).get("replicatedJobs", [])]
+        for spec in specs:
+            spec.pop("successPolicy", None)
+        return obj
+
     async def _api_versions(self, req: web.Request) -> web.Response:
         return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
 
@@ -414,7 +446,7 @@ class FakeKubeAPI:
         if resource is None:
             return _status(404, "NotFound", "the server could not find the requested resource")
         if req.method == "POST":
-            obj = await req.json()
+            obj = self._dropped(plural, await req.json())
             if self.on_create is not None:
                 self.on_create(plural, obj, "received")
             refused = self._refusal(plural, ns, obj)
@@ -460,7 +492,7 @@ class FakeKubeAPI:
             patched = _merge_patch(obj, await req.json())
             if self.validate:
                 try:
-                    schemas.validate({k: v for k, v in patched.items() if k != "status"})
+                    schemas.validate({k: v for k, v in patched.items() if k != "status"}, self.version)
                 except schemas.Invalid as e:
                     self.rejected.append(str(e))
                     return _status(422, "Invalid", f'{obj["kind"]} "{name}" is invalid: {e}')
@@ -577,8 +609,13 @@ class FakeKubeAPI:
             "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{**base, "ready": True, "state": {"running": {"startedAt": now()}}}],
         }
-        if not await self._set_status(ns, name, running) or not self._runs(pod):
-            return  # a server (sshd): it runs until the pod is deleted
+        if not await self._set_status(ns, name, running):
+            return
+        if not self._runs(pod):  # a server (sshd): it runs until the pod is deleted, or node 0 has ended
+            if any(e["name"] == LAUNCHER_NODE_ENV for e in c.get("env", [])) and c["args"][0] == "node" \
+                    and await self._until_node_zero_ends(ns, pod):
+                await self._exit(ns, name, running, 0)
+            return
         argv = [kubelet_expand(a, {}) for a in c.get("command", []) + c["args"]]
         self.logs[(ns, name)].append(f"fake-kubelet: running {' '.join(argv)}\n")
         for vol in pod["spec"].get("volumes", []):
@@ -588,7 +625,25 @@ class FakeKubeAPI:
                     self.logs[(ns, name)].append(f"fake-kubelet: {cm['name']}/{key}:\n{text}")
         await asyncio.sleep(self.start_delay_s if self.run_s is None else self.run_s)
         index = int((pod["metadata"].get("labels") or {}).get(INDEX_KEY, "0"))
-        code = self.exit_codes.get(index, self.job_exit_code)
+        await self._exit(ns, name, running, self.exit_codes.get(index, self.job_exit_code))
+
+    async def _until_node_zero_ends(self, ns: str, pod: Obj) -> bool:
+        """The entrypoint of a node > 0 told where node 0 is: it serves until node 0, seen once, is gone (its pod
+        ended or deleted: its sshd no longer answers); True then, False when this pod ended first (deleted,
+        drained)."""
+        owners = {r["uid"] for r in pod["metadata"].get("ownerReferences") or []}
+        seen = False
+        while (me := self.get("pods", ns, pod["metadata"]["name"])) is not None and me["status"]["phase"] == "Running":
+            zero = [p for p in self.items("pods", ns) if (p["metadata"].get("labels") or {}).get(INDEX_KEY) == "0"
+                    and owners & {r["uid"] for r in p["metadata"].get("ownerReferences") or []}]
+            if any(p["status"]["phase"] == "Running" for p in zero):
+                seen = True
+            elif seen:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def _exit(self, ns: str, name: str, running: Obj, code: int) -> None:
         done = copy.deepcopy(running)
         done["phase"] = "Succeeded" if code == 0 else "Failed"
         done["conditions"] = [{"type": "Ready", "status": "False"}]

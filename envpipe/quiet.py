@@ -1,12 +1,12 @@
 """Keep what native libraries print off the user's terminal.
 
-HiGHS (the planner's LP and MILP solver, inside scipy) prints `HighsMipSolverData::...` lines on standard
-output from C++, and torch's profiler (the layer profiler's memory probe on CPU) prints kineto's
-`profiler_start` / `profiler_stop` lines on standard error: neither goes through `sys.stdout` or
-`sys.stderr`, so only the process's file descriptors can hold them back. While the block runs, the given
+HiGHS (the planner's MILP solver, inside scipy) prints `HighsMipSolverData::...` lines on standard output from
+C++ (envpipe.plan.milp holds them back around each solve), and torch's profiler (the layer profiler's memory
+probe on CPU) prints kineto's `profiler_start` / `profiler_stop` lines on standard error: neither goes through
+`sys.stdout` or `sys.stderr`, so only the process's file descriptors can hold them back. While the block runs, the given
 descriptors point at /dev/null; Python's buffered output is flushed first, and C's stdio buffers before
 they are restored, so that nothing printed inside leaks out afterwards. A process has one descriptor 1 and
-one 2: a block must not overlap output another thread writes meanwhile (the search and the profiler run
+one 2: a block must not overlap output another thread writes meanwhile (the planner and the profiler run
 on one thread).
 """
 

@@ -8,7 +8,7 @@ import sys
 
 CHILD = r"""
 import ctypes, sys
-from envpipe.search.quiet import STDERR, STDOUT, native_output_silenced
+from envpipe.quiet import STDERR, STDOUT, native_output_silenced
 libc = ctypes.CDLL(None)
 print("before", flush=False)
 with native_output_silenced((STDOUT, STDERR)):
