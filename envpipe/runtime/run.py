@@ -49,7 +49,7 @@ from envpipe.runtime.monitor import MonitorFeed
 from envpipe.runtime.profiling import stage_profile
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
 from envpipe.runtime.rehearse import rehearse
-from envpipe.runtime.rig import Measured, Phase, Rig
+from envpipe.runtime.rig import Measured, Phase, Rig, Step
 from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
 from envpipe.runtime.timing import StageTiming
 from envpipe.simgpu import JobTruth
@@ -78,7 +78,8 @@ class EnvPipeRun:
         self._steady_runs = 0  # steady iterations run (every rank counts alike; the record's lag behind the meter)
         self.shape = self._job_shape()
         self._program = self._phases(None, 0)
-        self._step = next(self._program)
+        self._next: Step | None = None  # the first step is asked for at the first iteration: a checkpoint loaded
+        # before it (load_state) starts the phases over without a calibration line in the log
 
     def _job_shape(self) -> state.JobShape:
         """The job's shape and each stage's model digest (a collective call)."""
@@ -88,6 +89,13 @@ class EnvPipeRun:
             stages.setdefault(w.stage, digest)
         return state.JobShape(collective.world_size(), rig.P, rig.dp, rig.M,
                               int(engine.train_micro_batch_size_per_gpu()), [stages[s] for s in range(rig.P)])
+
+    @property
+    def _step(self) -> Step:
+        """The iteration the current phase asks for (the phases start at the first one)."""
+        if self._next is None:
+            self._next = next(self._program)
+        return self._next
 
     # --- one iteration, inside the user's train_batch() ---------------------------------------------
     def train_batch(self, run: Callable[[], Any]) -> Any:
@@ -113,7 +121,7 @@ class EnvPipeRun:
                        bool(engine.units), dict(step.extra))
         self._log().add(it)
         self._steady_runs += step.phase == STEADY
-        self._step = self._program.send(Measured(timing, value, saved, engine.allreduce_s, engine.stretched()))
+        self._next = self._program.send(Measured(timing, value, saved, engine.allreduce_s, engine.stretched()))
         if it.index % self.cfg.monitor_interval == 0:
             self.monitor.flush()
         self._trim_meter()
@@ -312,7 +320,7 @@ class EnvPipeRun:
         self.resumed = True
         self._program.close()
         self._program = self._phases(restored, pairs, verdict)
-        self._step = next(self._program)
+        self._next = None
 
     def close(self) -> None:
         """End of the job (atexit, SIGTERM, engine.destroy): the last lines, the meter, default clocks."""

@@ -184,12 +184,17 @@ def test_checkpoint_kill_and_resume_in_the_steady_plan(tmp_path: Path) -> None:
     kill_tree(first, signal.SIGKILL)  # no clean exit: the checkpoint of step 14 is all that is left
     assert (ckpt / "global_step14" / "envpipe_state.json").exists()
     before = len(iterations(tmp_path / "report" / "ckpt", 0))
+    done = len(log.read_text())
     text = finished(torchrun(EXAMPLE, 2, config, "--steps", "20", "--checkpoint-dir", str(ckpt), "--save-every",
                              "14", cwd=work), work)
     assert "resume: the steady plan of checkpoint" in text
+    lines = [x for x in log.read_text()[done:].splitlines() if x.startswith("[envpipe] ")]
+    assert lines[0].startswith("[envpipe] resume:") and not any("calibrate:" in x for x in lines), lines[:3]
     resumed = iterations(tmp_path / "report" / "ckpt", 0)[before:]
     assert [x["iteration"] for x in resumed] == list(range(15, 21))
-    assert {x["phase"] for x in resumed} == {"steady"}  # no calibration, profiling or reconfiguration
+    # no calibration, profiling or reconfiguration: the steady phase (a new process's first iteration of the plan's
+    # order warms up where comparison pairs are left to run)
+    assert {x["phase"] for x in resumed} <= {"steady", "warm-up"} and resumed[-1]["phase"] == "steady"
     s = read_summary(tmp_path / "report" / "ckpt")
     assert s.plan is not None and s.plan.deployed and s.plan.policy == "optimal"
 
