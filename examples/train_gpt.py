@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
 def fail(exc: BaseException, exit: Any = None) -> NoReturn:
     """One line on stderr (the job's error, not a traceback), then leave with status 2."""
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    print(f"train_gpt.py: error: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"train_gpt.py: error: {message}\n")  # one write: ranks' lines never run into each other
+    sys.stderr.flush()
     if exit is not None:
         exit(2)
     raise SystemExit(2)

@@ -8,7 +8,8 @@ measured power —, the activation bytes each forward keeps and the stage's stat
 power. The first two iterations warm up (the first also meters memory); a simulated GPU fixes its unit
 costs after the first.
 
-How many (unless `calibration_iterations` fixes the count): until the iteration time has settled, i.e. the median of
+How many (unless `calibration_iterations` fixes the count, which then runs no untimed ones either, and the
+predictions are the simulator's alone): until the iteration time has settled, i.e. the median of
 the last `SETTLE_WINDOW` job iteration times moved by at most `calibration_tolerance` from the median one iteration
 earlier (at least `CALIBRATION_LEAST`, at most `calibration_max_iterations` iterations). A short or launch-bound
 job's first iterations run slower than its later ones (a CNN pipeline on 4 x H200, 2026-11-28: the calibration's
@@ -129,7 +130,8 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     # The energies and the job's view only now, in one wait for the counter and one gather: the iterations ran
     # back to back, as steady ones do. Waiting after each left 40-115 ms idle gaps between them on 2 x H100
     # (2026-11-27), and each iteration then read about 6 % less energy than the same iteration back to back.
-    anchor = yield from _anchor(rig, statistics.median(times[-SETTLE_WINDOW:]))
+    anchor = (None, None, None) if least == most else (  # a fixed count is all there is: no anchor
+        yield from _anchor(rig, statistics.median(times[-SETTLE_WINDOW:])))
     idle = _idle_power(rig)
     waiting = _blocked_power(rig)
     ran = len(own)
@@ -162,7 +164,7 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
                       waiting_per_rank)
 
 
-def _anchor(rig: Rig, typical_s: float) -> Phase[tuple[int, float, list[float] | None]]:
+def _anchor(rig: Rig, typical_s: float) -> Phase[tuple[int | None, float | None, list[float] | None]]:
     """Untimed 1F1B iterations back to back: (how many, the job's median iteration, per stage every GPU's mean
     energy per iteration or None without a counter) (a collective at the end)."""
     resolution = rig.meter.resolution_s if rig.meter is not None else 0.0

@@ -74,7 +74,9 @@ def anchored_time(decided: Decided, plan_ran: bool, order_ran: bool, stages: int
     measured none). The planner's model for a plan whose clocks ran, the calibrated simulator for an order."""
     chosen, cal, report = decided.decision, decided.calibrated.timing, decided.calibrated.report
     base = predict_time(one_f_one_b(stages, microbatches), cal)
-    if plan_ran and chosen.predicted_time_s is not None and chosen.predicted is not None:
+    if plan_ran and chosen.predicted_time_s is not None:
+        if chosen.predicted is None:  # a plan file's own prediction, with no baseline of its own to scale by
+            return chosen.predicted_time_s
         ratio = chosen.predicted_time_s / chosen.predicted.baseline_time_s
     else:
         ratio = (predict_time(chosen.plans[0].orders(), cal) if order_ran else base) / base

@@ -35,10 +35,12 @@ def half_iqr(values: Sequence[float]) -> float:
     return 0.0 if spread is None else (spread.q3 - spread.q1) / 2
 
 
-def judge(pairs: Sequence[tuple[Measure, Measure]], allowed: float, clocks_run: bool, what: str) -> S.Verdict:
+def judge(pairs: Sequence[tuple[Measure, Measure]], allowed: float, clocks_run: bool, what: str,
+          kind: str = "measured") -> S.Verdict:
     """Keep what ran (``what``, in words) or go back to 1F1B all-max, from ``pairs`` of ((plan time, energy),
     (1F1B time, energy)); ``allowed``: the budget's slowdown; ``clocks_run``: the plan's clocks ran (else only its
-    order, at default clocks). Energy is judged where every iteration has one."""
+    order, at default clocks); ``kind``: what the pairs' numbers are ("measured", or "simulated GPU" on CPU).
+    Energy is judged where every iteration has one."""
     if not pairs:
         raise ValueError("no comparison pair to judge")
     slowdowns = [p[0] / b[0] - 1.0 for p, b in pairs]
@@ -51,9 +53,9 @@ def judge(pairs: Sequence[tuple[Measure, Measure]], allowed: float, clocks_run: 
         time_slack = energy_slack = 0.0
     slower = slowdown > allowed + time_slack
     dearer = saving is not None and saving < -energy_slack
-    measured = f"{what} measured {100 * slowdown:+.1f} % time" + (
+    measured = f"{what}: {100 * slowdown:+.1f} % time" + (
         "" if saving is None else f" and {100 * abs(saving):.1f} % {'less' if saving >= 0 else 'more'} energy")
-    measured += f" than this run's 1F1B all-max iterations ({len(pairs)} pairs)"
+    measured += f" against this run's 1F1B all-max iterations ({kind}, {len(pairs)} pairs)"
     if not (slower or dearer):
         return S.Verdict(True, what, slowdown, saving, allowed + time_slack, f"{measured}: kept")
     why = " and ".join(x for x, on in ((f"over the {100 * allowed:g} % budget", slower), ("dearer in energy", dearer))

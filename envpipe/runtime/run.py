@@ -209,7 +209,8 @@ class EnvPipeRun:
         if cfg.time_budget_s is not None:
             allowed = cfg.time_budget_s / statistics.median(b[0] for _, b in pairs) - 1.0
         what = "the plan" if self.rig.controls else f"the plan's order, {decision.order}, at default clocks"
-        verdict = noharm.judge(pairs, allowed, self.rig.controls, what)
+        verdict = noharm.judge(pairs, allowed, self.rig.controls, what,
+                               "simulated GPU" if self.rig.sim is not None else "measured")
         self.monitor.plan_kept = verdict.kept
         return verdict
 

@@ -94,7 +94,7 @@ def _deployment(plan: PlanInfo, verdict: Verdict | None) -> str:
     """What of the plan ran: its order and clocks, its order only, or nothing (its order is 1F1B's, or it was
     withdrawn after its comparison pairs)."""
     if verdict is not None and not verdict.kept:
-        return " (withdrawn after its comparison pairs: see 'no harm' below; 1F1B all-max runs)"
+        return " (withdrawn after its comparison pairs: see 'no harm' below; 1F1B runs)"
     if plan.deployed:
         return ""
     if plan.order_deployed:

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 
 from envpipe.runtime.config import EnvPipeConfig, parse
 from envpipe.runtime.steps import steps_to_report
+from envpipe.runtime.textreport import headline
 from tests.support import netns_hosts
 from tests.support.runtime_summary import read_summary
 
@@ -168,6 +170,7 @@ def test_notebook_runs_a_two_node_job_and_shows_the_report(tmp_path: Path) -> No
     assert summary.plan is not None and summary.plan.policy == "optimal"  # the runtime's default
     assert summary.steady.energy_j is not None and summary.predicted is not None
     html = "".join(o["data"]["text/html"] for o in _outputs(nb, "summary_path =") if "data" in o)
+    assert html.startswith(f"<p><b>{escape(headline(summary))}</b></p>")  # the result first, in one line
     assert "energy per iteration (simulated GPU)" in html
     assert f"{summary.steady.throughput_samples_per_s:.2f} samples/s" in html
     assert "energy saving, the planner's prediction (simulated against simulated)" in html

@@ -31,8 +31,9 @@ def test_an_order_without_clocks_that_measures_slower_gives_way_to_1f1b() -> Non
     """EnvPipe's order on 4 x H200 without the daemon (2026-11-28): +2.7 % time, 1.3 % more energy."""
     v = noharm.judge(_pairs([0.027, 0.026, 0.028], [-0.013, -0.012, -0.014]), 0.0, clocks_run=False, what=ORDER)
     assert not v.kept and v.slowdown == pytest.approx(0.027) and v.energy_saving == pytest.approx(-0.013)
-    assert v.reason == (f"{ORDER} measured +2.7 % time and 1.3 % more energy than this run's 1F1B all-max iterations "
-                        "(3 pairs): over the 0 % budget and dearer in energy; running 1F1B with every clock at max")
+    assert v.reason == (f"{ORDER}: +2.7 % time and 1.3 % more energy against this run's 1F1B all-max iterations "
+                        "(measured, 3 pairs): over the 0 % budget and dearer in energy; running 1F1B with every "
+                        "clock at max")
 
 
 def test_an_order_without_clocks_must_measure_at_least_as_fast_and_no_dearer() -> None:

@@ -106,10 +106,11 @@ def test_gpu_node_without_clock_control_deploys_the_order_not_the_clocks(tmp_pat
     text = (tmp_path / "runtime" / "report.txt").read_text()
     if s.plan.order == "1f1b":  # nothing to compare: 1F1B at default clocks is the baseline itself
         assert not s.plan.order_deployed and s.measured is None and {x["runs"] for x in steady} == {"baseline"}
-    else:
-        assert s.plan.order_deployed and s.measured is not None and s.measured.pairs == 2
+    else:  # the order against 1F1B, then what the no-harm rule kept (here wall-clock times on a busy CPU)
+        assert s.measured is not None and s.measured.pairs == 2 and s.verdict is not None
+        assert s.plan.order_deployed == s.verdict.kept
         assert [x["runs"] for x in steady][:4] == ["plan", "baseline", "baseline", "plan"]
-    assert "clocks not deployed" in text
+    assert "clocks not deployed" in text or (s.verdict is not None and not s.verdict.kept and "withdrawn" in text)
     log = (tmp_path / "rank0.log").read_text()
     assert "Traceback" not in log, log[-3000:]
 
@@ -133,4 +134,4 @@ def test_a_plan_measured_over_its_budget_gives_way_to_1f1b(tmp_path: Path) -> No
     assert steady[-1]["clocks_requested_mhz"] in ([], [JobTruth.embedded(2).clocks_mhz[0]])
     assert s.plan is not None and not s.plan.deployed  # what runs now is 1F1B all-max
     text = (tmp_path / "slow" / "report.txt").read_text()
-    assert text.splitlines()[0].startswith("saved nothing: the plan measured +") and "withdrawn" in text
+    assert text.splitlines()[0].startswith("saved nothing: the plan: +") and "withdrawn" in text
