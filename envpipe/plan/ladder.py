@@ -12,8 +12,10 @@ one, at most a step less time; the baseline time and slowdowns in steps of 0.1 %
 Only rungs that can win are searched. The LP's least energy is convex in the budget, so its tangent at a searched
 rung bounds it at every lower rung from below, and no plan of a rung costs less than its LP: searching downwards
 from the top rung, the first rung whose bound is no less than the best plan found ends the search. Where the whole
-LP is too large to solve for a bound (more than BOUND_UNITS units), every rung down to the fastest is searched,
-and the steps are 1 %. The fastest rung's plan is every unit at its fastest clock with its free float handed out.
+LP is too large to solve for a bound (more than BOUND_UNITS units), every rung from the baseline time up to the
+budget is searched, the steps are 1 %, and between the fastest time and the baseline time there is no rung (such
+budgets, tighter than the baseline's, get the all-fastest plan). Every budget also sees the all-fastest plan:
+every unit at its fastest clock with its free float handed out.
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ from typing import Protocol, TypeVar
 
 from envpipe.plan.timelimit import TimeLimit
 
-FINE_STEP = 1e-3  # 0.1 % of the baseline time between rungs ...
-FINE_SPAN = 100  # ... for this many rungs either side of the baseline time (10 %), then COARSE_STEP
-COARSE_STEP = 1e-2
+FINE_SPAN = 100  # rungs of 0.1 % of the baseline time either side of it (10 %), then 1 %
 # the whole LP (the bound) of 3,072 units takes about 0.6 s on the 2-core VM (measured 2026-11-28, 8 x 192)
 BOUND_UNITS = 3072
 
@@ -76,17 +76,19 @@ class Ladder:
             yield self.budget(k)
 
     def down_from(self, budget_s: float) -> Iterator[float]:
-        """The rungs at or below ``budget_s`` (at least the fastest time), highest first; the fastest time is the
-        lowest rung."""
+        """The rungs to search at or below ``budget_s``, highest first. On a fine ladder the fastest time is the
+        lowest; a coarse one (a large DAG: no bound prunes its search) has none between the fastest time and the
+        anchor, whose budgets get the all-fastest plan, and searches the fastest time only as the anchor itself."""
         k = 0
         while self.budget(k) > budget_s and self.budget(k) > self.fastest_s:
             k -= 1
         while self.budget(k + 1) <= budget_s and self.budget(k) < self.slowest_s:
             k += 1
-        while self.fastest_s < self.budget(k) <= budget_s:
+        while self.fastest_s < self.budget(k) <= budget_s and (self.fine or k >= 0):
             yield self.budget(k)
             k -= 1
-        yield self.fastest_s
+        if self.fine or self.anchor_s <= self.fastest_s:
+            yield self.fastest_s
 
 
 def best_within(ladder: Ladder, budget_s: float, search: Callable[[float], C], fastest: C,
@@ -102,9 +104,9 @@ def best_within(ladder: Ladder, budget_s: float, search: Callable[[float], C], f
     bounds: list[Bound] = []
     unbounded: list[float] = []  # searched rungs whose bound is not yet made: made only when one is needed
 
-    def can_win(rung: float) -> bool:
+    def can_win(rung: float, energy: float) -> bool:
         while True:
-            if bounds and max(b(rung) for b in bounds) >= best.energy:  # type: ignore[union-attr]
+            if bounds and max(b(rung) for b in bounds) >= energy:
                 return False  # and no rung below can either: the bounds only rise further down
             if not unbounded:
                 return True
@@ -118,9 +120,9 @@ def best_within(ladder: Ladder, budget_s: float, search: Callable[[float], C], f
         if known is not None and rung <= known[0]:
             if best is None or known[1].energy <= best.energy:
                 best, at = known[1], known[2]
-            return best, at
+            break
         if best is not None:
-            if not can_win(rung):
+            if not can_win(rung, best.energy):
                 break
             if limit.up("plans for smaller budgets (the plan may cost more than one for a smaller budget)"):
                 break
@@ -128,7 +130,6 @@ def best_within(ladder: Ladder, budget_s: float, search: Callable[[float], C], f
         if best is None or found.energy < best.energy:
             best, at = found, rung
         unbounded.append(rung)
-    assert best is not None  # the fastest time is always a rung
-    if fastest.energy < best.energy:
+    if best is None or fastest.energy < best.energy:
         best, at = fastest, ladder.fastest_s
     return best, at

@@ -22,8 +22,6 @@ from envpipe.plan.fold import Fold, identity_fold
 from envpipe.plan.menus import UnitMenus
 from envpipe.plan.simulate import per_stage
 
-_IPM_FROM_UNITS = 3000
-
 
 class InfeasibleBudget(ValueError):
     """No clock assignment meets the time budget (it is tighter than every unit at its fastest clock)."""
@@ -69,15 +67,19 @@ class Relaxation:
 
 
 def solve_relaxation(menus: UnitMenus, edges: Edges, budget_s: float, fold: Fold | None = None,
-                     max_segments: int | None = None, time_limit_s: float | None = None) -> Relaxation:
+                     max_segments: int | None = None, time_limit_s: float | None = None,
+                     unfold: bool = True) -> Relaxation:
     """The LP on the DAG of ``menus`` and ``edges``, or on ``fold`` of it (falling back to the full LP if the
-    fold has no solution); ``max_segments``: at most that many hull segments per menu (large DAGs);
-    ``time_limit_s``: the user's wall-clock limit only (RelaxationStopped when it stops HiGHS)."""
+    fold has no solution, unless ``unfold`` is False: then InfeasibleBudget); ``max_segments``: at most that many
+    hull segments per menu (large DAGs); ``time_limit_s``: the user's wall-clock limit only (RelaxationStopped
+    when it stops HiGHS)."""
     if fold is not None and not fold.is_identity:
         try:
             return _solve(menus, edges, budget_s, fold, max_segments, time_limit_s)
         except InfeasibleBudget:
-            pass  # the budget leaves no room for a periodic middle: the full LP decides
+            if not unfold:
+                raise
+            # the budget leaves no room for a periodic middle: the full LP decides
     return _solve(menus, edges, budget_s, identity_fold(menus.time.shape[0]), max_segments, time_limit_s)
 
 
@@ -115,8 +117,10 @@ def _solve(menus: UnitMenus, edges: Edges, budget_s: float, fold: Fold, max_segm
     objective = np.r_[np.zeros(R), menus.makespan_power_w, np.zeros(P), slope]
     lb = np.zeros(R + 1 + P + D)
     hi = np.r_[np.full(R, np.inf), budget_s, np.full(P, np.inf), length]
-    # dual simplex is quicker on small LPs, the interior-point method scales better on large ones
-    method = "highs-ds" if R <= _IPM_FROM_UNITS else "highs-ipm"
+    # dual simplex: measured 2026-11-28 on the 2-core VM it beats the interior-point method at every size tried
+    # (16,384 units unfolded 3.6 s against 8.0 s, 32,768 unfolded 10 s against 36 s, 64 x 1,024 folded 6.5 s
+    # against 7.3 s)
+    method = "highs-ds"
     options = {} if time_limit_s is None else {"time_limit": time_limit_s}
     res = linprog(objective, A_ub=A, b_ub=ub, bounds=np.c_[lb, hi], method=method, options=options)
     if res.status == 1 and time_limit_s is not None:

@@ -42,6 +42,7 @@ from functools import cached_property
 
 import numpy as np
 
+from envpipe.limits import MAX_LP_UNITS
 from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.evaluate import baseline_timeline, plan_from_timeline
@@ -79,6 +80,10 @@ _POLISH_BINARIES = 1024  # ... and only when the neighbourhood has at most this 
 _POLISH_RADIUS = 3  # each unit may move this many menu options either way: reaches past a non-hull option
 _POLISH_NODES = 20  # branch-and-bound nodes per round: a count, so results do not depend on load
 _POLISH_ROUNDS = 10  # rounds re-centre the neighbourhood on the last improvement
+
+
+class PlanTooLarge(ValueError):
+    """An order's LP is beyond the planner's limit (envpipe.limits.MAX_LP_UNITS)."""
 
 
 @dataclass(frozen=True)
@@ -178,9 +183,11 @@ def solve(problem: ClockProblem, budget_s: float, limit: TimeLimit | None = None
     if not _within(fastest, budget_s):
         raise infeasible(budget_s, fastest)
     # very large DAGs: a coarser hull keeps the LP tractable; rounding and improvement use the full menus
-    segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
-    try:
-        relax = solve_relaxation(problem.menus, problem.edges, budget_s, problem.fold, segments, limit.left_s())
+    small = problem.dag.num_units <= _FULL_HULL_UNITS
+    segments = None if small else _COARSE_SEGMENTS
+    try:  # a large DAG's whole LP is never solved: where its fold has no solution, the all-fastest plan
+        relax = solve_relaxation(problem.menus, problem.edges, budget_s, problem.fold, segments, limit.left_s(),
+                                 unfold=small)
     except RelaxationStopped:
         limit.up("the LP relaxation")
         return _at_fastest(problem, budget_s)
@@ -414,6 +421,11 @@ def build_problem(case: PipelineCase, schedule: str, reschedule: list[int]) -> C
     # extra warm-up forwards (envpipe.plan.fold)
     margin = min(dag.num_stages + _FOLD_MARGIN, _MAX_FOLD_MARGIN)
     fold = periodic_fold(dag, period * -(-_FOLD_PERIOD // period), margin, any(reschedule))
+    if fold.size > MAX_LP_UNITS:
+        raise PlanTooLarge(f"{layout.num_stages} stages x {M} micro-batches: the optimal planner's LP would have "
+                           f"{fold.size:,} units (those of the warm-up, the cool-down and up to {margin} micro-batches "
+                           f"around them, which do not repeat); it takes at most {MAX_LP_UNITS:,}: plan fewer "
+                           "stages (64 take any number of micro-batches), or use EnvPipe's --policy envelope")
     o = case.overheads
     return ClockProblem(dag, unit_menus(dag, case.model_profile, o), dag_edges(dag, o.transfer_s, o.tail_s), o,
                         case.profile.freqs, fold, peak)

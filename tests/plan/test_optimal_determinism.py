@@ -180,3 +180,19 @@ def test_the_16_perseus_cases_give_the_same_plans_beside_a_cpu_hog() -> None:
             hog.kill()
             hog.wait()
     assert len(quiet.splitlines()) == 16 and quiet == busy
+
+
+def test_an_lp_beyond_the_planners_limit_is_one_line_and_64_stages_take_any_micro_batches(tmp_path: Path) -> None:
+    """The documented cap, 131,072 units, as 1,024 stages x 64 micro-batches: its LP (nothing repeats) is beyond
+    MAX_LP_UNITS, refused in one line before any LP runs; 64 stages x 1,024 micro-batches fold to 15,360."""
+    from envpipe.limits import MAX_LP_UNITS
+
+    path = embedded_profile_path("gpt3-175b+a100_sxm_bf16")
+    folded = build_problem(PipelineCase.of(load_profile(path).with_stages(64), 1024, 83.64), "1f1b", [0] * 64).fold
+    assert folded.size <= MAX_LP_UNITS
+    refused = CliRunner().invoke(main, ["plan", "--profile", str(path), "--stages", "1024", "-m", "64", "--gpu",
+                                        "a100", "--out", str(tmp_path / "p.json")])
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    (line,) = [x for x in refused.output.splitlines() if x.startswith("Error")]
+    assert "1024 stages x 64 micro-batches: the optimal planner's LP would have 131,072 units" in line
+    assert f"it takes at most {MAX_LP_UNITS:,}" in line and not (tmp_path / "p.json").exists()
