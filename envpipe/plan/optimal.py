@@ -471,9 +471,6 @@ class OrderSearch:
         sol = _at_fastest(problem, self.ladder.fastest_s)
         self.fastest = Searched(self.ladder.fastest_s, sol, problem, r, [(r, sol.timeline.energy)])
 
-    def infeasible(self, budget_s: float) -> InfeasibleBudget:
-        return infeasible(budget_s, self.ladder.fastest_s)
-
     def at(self, budget_s: float) -> Searched:
         """The best order's plan at ``budget_s`` (at least one order fits it)."""
         if budget_s not in self._searched:
@@ -518,16 +515,14 @@ class OrderSearch:
 
     def within(self, budget_s: float) -> Searched:
         """The least-energy plan on the ladder up to ``budget_s`` (InfeasibleBudget below the fastest time)."""
-        if budget_s < self.ladder.fastest_s:
-            raise self.infeasible(budget_s)
-        return best_within(self.ladder, budget_s, self.at, self.fastest, self.bound, self.limit)[0]
+        return next(self.sweep([budget_s]))
 
     def sweep(self, budgets: list[float]) -> Iterator[Searched]:
-        """``within`` at each of ``budgets`` (ascending): each one searches only the rungs above the previous."""
+        """``within`` at each of ``budgets`` (ascending), each searching only the rungs above the previous one's."""
         known: tuple[float, Searched, float] | None = None
         for budget in budgets:
             if budget < self.ladder.fastest_s:
-                raise self.infeasible(budget)
+                raise infeasible(budget, self.ladder.fastest_s)
             best, rung = best_within(self.ladder, budget, self.at, self.fastest, self.bound, self.limit, known)
             known = (budget, best, rung)
             yield best
@@ -553,6 +548,9 @@ def optimal_plan(case: PipelineCase, schedule: str = "1f1b", time_budget_s: floa
     sol, problem = found.solution, found.problem
     plan = replace(plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline),
                    peak_memory_bytes=problem.peak_memory_bytes)
-    notes = () if sol.lp_energy is None else (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
+    notes: tuple[str, ...] = () if sol.lp_energy is None else (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
+    if found.budget_s < budget:
+        notes += (f"planned for {found.budget_s:.6f} s: the least-energy rung of the budget ladder within the budget "
+                  "(so more budget never gives a dearer plan)",)
     return Planned(plan, sol.timeline, baseline, found.reschedule, budget, found.tried, sol.lp_energy,
                    notes=notes + limit.note())
