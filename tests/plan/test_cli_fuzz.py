@@ -124,7 +124,7 @@ def profile_text(mutations: list[tuple[Any, ...]]) -> bytes:
             row = rows[m[1] % len(rows)]
             row[m[2] % len(row)] = m[3]
         elif m[0] == "column":
-            col, how = m[1], m[2]
+            col, how = m[1] % len(header), m[2]  # a column still there after an earlier drop
             if how == "drop":
                 del header[col:col + 1]
                 for r in rows:
