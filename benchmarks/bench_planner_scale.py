@@ -42,8 +42,9 @@ SCALING = [(4, 8), (4, 16), (8, 24), (8, 48), (8, 96), (8, 192), (16, 128), (16,
 # the planner's documented limits (envpipe.limits): the largest LPs it takes (MAX_LP_UNITS), EnvPipe's orders (two
 # LPs) included, on both shipped profiles' tilings; 1,024 x 64 (the unit cap, MAX_UNITS) is refused in one line
 LIMITS = [(GPT3, 64, 1024, "1f1b"), (GPT3, 64, 1024, "envpipe"), ("bloom+a40_bf16", 64, 1024, "envpipe"),
-          (GPT3, 128, 128, "envpipe"), (GPT3, 256, 64, "envpipe"), ("bloom+a40_bf16", 256, 64, "envpipe"),
-          (GPT3, 1024, 16, "envpipe"), (GPT3, 1024, 64, "envpipe")]
+          (GPT3, 128, 96, "envpipe"), ("bloom+a40_bf16", 128, 96, "envpipe"), (GPT3, 256, 48, "envpipe"),
+          ("bloom+a40_bf16", 256, 48, "envpipe"), (GPT3, 1024, 12, "envpipe"), (GPT3, 128, 128, "envpipe"),
+          (GPT3, 1024, 64, "envpipe")]
 MILP_UNITS = 1536  # the exact MILP is tried up to this many units ...
 MILP_NODES = 20_000  # ... with this many branch-and-bound nodes, in a process given MILP_TIMEOUT_S
 MILP_TIMEOUT_S = 120.0
@@ -253,7 +254,7 @@ def limits_table(lines: list[str]) -> None:
     lines += ["## At the documented limits (this tree; `envpipe plan`, one plan at no slowdown; measured)", "",
               "Each a fresh `envpipe plan` process (start-up, profile, plan, output: the wall clock a user waits), "
               "stages tiled from the shipped profile; the load average (1 min) when it started and ended. "
-              "envpipe.limits: at most 131,072 units, and at most 32,768 in an order's LP (the units that do not "
+              "envpipe.limits: at most 131,072 units, and at most 24,576 in an order's LP (the units that do not "
               "repeat).", "",
               "| profile | S x M | schedule | seconds | load (start, end) | outcome |", "|---|---|---|---|---|---|"]
     for name, S, M, schedule in LIMITS:
