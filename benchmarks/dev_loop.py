@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,7 @@ def timed_step(target: str, clone: Path, env: dict[str, str]) -> dict[str, Any]:
 def one_run(sha: str, busy: int, work: Path) -> dict[str, Any]:
     """A fresh clone of ``sha``: install, demo and test, with ``busy`` busy loops during the test."""
     clone = Path(tempfile.mkdtemp(prefix="clone_", dir=work))
+    clone.chmod(0o755)  # as a checkout is: the tests run make as another user (tests/docs/test_make_setup.py)
     subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(clone)], check=True)
     subprocess.run(["git", "-C", str(clone), "checkout", "-q", sha], check=True)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_EXTENSIONS_DIR", "MAKEFLAGS", "VIRTUAL_ENV")}
@@ -81,10 +83,15 @@ def one_run(sha: str, busy: int, work: Path) -> dict[str, Any]:
 
 def measure(out: Path, commit: str, busy: list[int]) -> None:
     sha, _ = resolve(commit, "dev_loop")
+    # started in the background (nohup ... &), this process ignores SIGINT, and so would every test's process: the
+    # launcher's Ctrl-C tests then fail. A terminal's defaults, and SIGTERM ends a run cleanly (its loops too).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     if out.exists() and not out.is_dir():
         raise SystemExit(f"dev_loop: {out} is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dev_loop_") as tmp:
+        Path(tmp).chmod(0o755)
         for n, loops in enumerate(busy, 1):
             print(f"run {n}: {loops} busy loop(s) beside make test", flush=True)
             run = one_run(sha, loops, Path(tmp))
