@@ -1,6 +1,6 @@
-"""The developer's loop timed from a fresh clone (issue #36): `make install`, `make demo` (its first run builds
-DeepSpeed's CPU op, in the clone's own venv) and `make test`, once on the machine as it is and once with busy
-loops (`yes > /dev/null`) beside `make test`, as on a laptop running a build.
+"""The developer's loop timed from a fresh clone (issue #36): `make install`, `make demo` and `make test`, once on
+the machine as it is and once with busy loops (`yes > /dev/null`) beside `make test`, as on a laptop running a
+build.
 
     python -m benchmarks.dev_loop measure DIR [--commit REV] [--busy 0 4]   time it; one JSON per run in DIR
     python -m benchmarks.dev_loop render DIR...                            print the Markdown of those runs
@@ -140,7 +140,8 @@ def render_folder(folder: Path) -> list[str]:
     tests = [(r["busy_loops"], t["test"]) for r, t in zip(runs, by_target, strict=True) if "test" in t]
     for loops, step in tests:
         verdict = "green" if step["returncode"] == 0 else f"red (exit {step['returncode']})"
-        target = (f"; under the {TEST_TARGET_S:.0f} s target by {TEST_TARGET_S - step['wall_s']:.0f} s"
+        target = ("" if loops else  # the time target is the idle machine's
+                  f"; under the {TEST_TARGET_S:.0f} s target by {TEST_TARGET_S - step['wall_s']:.0f} s"
                   if step["wall_s"] < TEST_TARGET_S else f"; over the {TEST_TARGET_S:.0f} s target")
         lines.append(f"- `make test` with {loops} busy loop(s): {verdict}, {step['wall_s']:.1f} s{target}.")
     lines.append("")
@@ -149,13 +150,14 @@ def render_folder(folder: Path) -> list[str]:
 
 def render(folders: list[Path]) -> str:
     lines = ["# The developer's loop from a fresh clone (measured)", "",
-             "A fresh clone of one commit: `make install` (warm pip and uv caches), `make demo` (its first run "
-             "builds DeepSpeed's CPU op in the clone's own venv, `.venv/torch_extensions`), then `make test` (the "
-             "fast tier), once as the machine is and once with busy loops (`yes > /dev/null`, one process each) "
+             "A fresh clone of one commit: `make install` (warm pip and uv caches), `make demo`, then `make test` "
+             "(the fast tier), once as the machine is and once with busy loops (`yes > /dev/null`, one process each) "
              "beside `make test`. The machine's 2 cores are shared with other engineers' work, so the load is not "
              "the busy loops' alone: each step's load average (1 min) before, after and sampled every "
              f"{LOAD_EVERY_S:.0f} s during it is in the tables. Issue #36's target: `make test` green and under "
-             f"{TEST_TARGET_S:.0f} s on an idle 2-core machine, and green with four busy loops beside it.", ""]
+             f"{TEST_TARGET_S:.0f} s on an idle 2-core machine, and green with four busy loops beside it. DeepSpeed "
+             "builds its CPU ops (where a script asks for one: the demo does not, envpipe switches the "
+             "shared-memory op off) in the clone's own venv, `.venv/torch_extensions` (the Makefile).", ""]
     for folder in folders:
         lines += render_folder(folder)
     lines.append(f"Rendered from the raw runs by `python -m benchmarks.dev_loop render "

@@ -38,7 +38,9 @@ def test_a_folder_renders_each_step_with_its_load_and_the_verdict(tmp_path: Path
     assert "| `make test` | **250.1 s**, 1203 passed, 2 skipped | **340.0 s**, 1203 passed, 2 skipped |" in text
     assert "| load average (1 min) of `make test` | 1.5 before, 4.0 after; during: mean 8.0, max 10.0 |" in text
     assert "- `make test` with 0 busy loop(s): green, 250.1 s; under the 300 s target by 50 s." in text
-    assert "- `make test` with 4 busy loop(s): red (exit 1), 340.0 s; over the 300 s target." in text
+    assert "- `make test` with 4 busy loop(s): red (exit 1), 340.0 s." in text  # the time target is the idle one's
+    (folder / "1_busy0.json").write_text(json.dumps(_run(0, 310.0)))
+    assert "- `make test` with 0 busy loop(s): green, 310.0 s; over the 300 s target." in dev_loop.render([folder])
 
 
 def test_a_run_that_stopped_early_shows_what_did_not_run(tmp_path: Path) -> None:
