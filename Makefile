@@ -17,6 +17,14 @@ TORCH   := torch==2.13.0+cpu
 PIP_WHEELS = $(eval PIP_WHEELS := $$(shell $(PYTHON) -m pip config list 2>/dev/null \
   | sed -n "s/^[^=]*\.find-links='\(..*\)'$$$$/\1/p" | head -1))$(PIP_WHEELS)
 TORCH_FROM ?= $(if $(PIP_WHEELS),$(addprefix --find-links ,$(PIP_WHEELS)),--index-url https://download.pytorch.org/whl/cpu)
+# DeepSpeed builds its CPU op (torch.utils.cpp_extension) under TORCH_EXTENSIONS_DIR, by default one folder in
+# ~/.cache shared by every checkout and venv on the machine: each rebuilds the other's op (5 minutes without a
+# word at load 14) and a killed build's lock file stalls all of them. Here it is this venv's own folder: the
+# demo and test targets say so, and a .pth file in the venv sets it for every Python the venv starts (a user's
+# script run through envpipe-launch or torchrun included) unless it is set already.
+EXT_DIR := $(abspath $(VENV))/torch_extensions
+export TORCH_EXTENSIONS_DIR ?= $(EXT_DIR)
+EXT_PTH = import os, sys; os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP   := $(VENV)/.installed
 PROFILE ?= envpipe/profile/data/gpt3-175b+a100_sxm_bf16.csv
@@ -47,8 +55,14 @@ $(DEMO_STAMP): pyproject.toml | $(UV_BIN)
 	$(call step,envpipe[train]: DeepSpeed$(,) transformers$(,) the planner,$(UV) -e '.[train]')
 	@touch $@
 
+# the venv's .pth file (see EXT_DIR); a venv made before it gets it on the next demo or test
+EXT_STAMP := $(VENV)/.torch-extensions-dir
+$(EXT_STAMP): | $(UV_BIN)
+	@echo '$(EXT_PTH)' > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/envpipe_torch_extensions.pth"
+	@touch $@
+
 # Everything: every extra (the launcher, clockd, TensorBoard) and the test tools, on top of the demo's.
-install: $(STAMP)
+install: $(STAMP) $(EXT_STAMP)
 $(STAMP): $(DEMO_STAMP)
 	$(call step,envpipe[all$(,)test]: launcher$(,) clockd$(,) test tools,$(UV) -e '.[all$(,)test]')
 	@touch $@
@@ -60,7 +74,7 @@ $(STAMP): $(DEMO_STAMP)
 # state (the plan interleaved with 1F1B all-max iterations); one progress line per iteration, then the report.
 DEMO_ARGS ?= --layers 4 --hidden 192 --heads 4 --seq 96 --vocab 512 --micro-batch 4 --microbatches 8 \
 	--steps 30 --compare-iterations 4 --log-interval 1
-demo: $(DEMO_STAMP)
+demo: $(DEMO_STAMP) $(EXT_STAMP)
 	@mkdir -p $(OUTDIR)
 	@echo "make demo: GPT-2 split into 2 pipeline stages on 2 CPU processes, simulated GPU clocks (about a minute)"
 	@echo "           rank 0's progress below; every rank's output in $(OUTDIR)/demo.log"
@@ -73,7 +87,7 @@ demo: $(DEMO_STAMP)
 	@cat $(OUTDIR)/runtime/report.txt
 
 # The planner alone on a real measured profile (8-stage GPT-3 on A100s): plan, text trace, Gantt, re-simulation.
-demo-plan: $(DEMO_STAMP)
+demo-plan: $(DEMO_STAMP) $(EXT_STAMP)
 	mkdir -p $(OUTDIR)
 	$(VENV)/bin/envpipe plan --profile $(PROFILE) --microbatches 12 --schedule envpipe \
 	  --policy envelope --reconfig balanced --idle-power 83.64 --gpu a100 \
@@ -85,9 +99,9 @@ demo-plan: $(DEMO_STAMP)
 # `make test-all` both. pytest exits 5 when it collects nothing: not a failure of the code under test.
 PYTEST = rc=0; $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(1) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
-test: $(STAMP) test-deps
+test: $(STAMP) $(EXT_STAMP) test-deps
 	@$(call PYTEST,-m "not slow")
-test-slow: $(STAMP) test-deps
+test-slow: $(STAMP) $(EXT_STAMP) test-deps
 	@$(call PYTEST,-m slow)
 test-all: test test-slow
 

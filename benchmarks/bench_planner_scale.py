@@ -1,5 +1,6 @@
 """The optimal planner at the scale of real jobs: where its time goes, its speed against an older version
-side by side, its scaling, the CLI's start-up, and that its savings did not change.
+side by side, its scaling (with the load during each case and the gap to the exact MILP where that finishes),
+the documented limits, the CLI's start-up, and that its savings did not change.
 
 Writes a new dated file beside benchmarks/results/planner_scale.md (`--update` overwrites that one). Run
 times are *measured* on this machine (with its load noted); energies are *simulated* on the measured
@@ -36,7 +37,17 @@ SPEED = [("S=8, M=96, one plan, 1F1B order", "plan", 8, 96, "1f1b"),
          ("S=16, M=256, one plan, 1F1B order", "plan", 16, 256, "1f1b"),
          ("S=32, M=256, one plan, EnvPipe orders", "plan", 32, 256, "envpipe"),
          ("S=64, M=1024, one plan, 1F1B order", "plan", 64, 1024, "1f1b")]
-SCALING = [(8, 24), (8, 48), (8, 96), (8, 192), (16, 128), (16, 256), (32, 256), (32, 512), (64, 1024)]
+SCALING = [(4, 8), (4, 16), (8, 24), (8, 48), (8, 96), (8, 192), (16, 128), (16, 256), (32, 256), (32, 512),
+           (64, 1024)]
+# the planner's documented limits (envpipe.limits): the largest LPs it takes (MAX_LP_UNITS), EnvPipe's orders (two
+# LPs) included, on both shipped profiles' tilings; 1,024 x 64 (the unit cap, MAX_UNITS) is refused in one line
+LIMITS = [(GPT3, 64, 1024, "1f1b"), (GPT3, 64, 1024, "envpipe"), ("bloom+a40_bf16", 64, 1024, "envpipe"),
+          (GPT3, 128, 96, "envpipe"), ("bloom+a40_bf16", 128, 96, "envpipe"), (GPT3, 256, 48, "envpipe"),
+          ("bloom+a40_bf16", 256, 48, "envpipe"), (GPT3, 1024, 12, "envpipe"), (GPT3, 128, 128, "envpipe"),
+          (GPT3, 1024, 64, "envpipe")]
+MILP_UNITS = 1536  # the exact MILP is tried up to this many units ...
+MILP_NODES = 20_000  # ... with this many branch-and-bound nodes, in a process given MILP_TIMEOUT_S
+MILP_TIMEOUT_S = 120.0
 
 
 def planners(watts: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -66,6 +77,7 @@ def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict
     plan, sweep = planners(W)
     prof = load_profile(embedded_profile_path(GPT3)).with_stages(stages)
     plan(prof.with_stages(2), 4)  # lazy imports and caches out of the timing
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     if what == "frontier":
         last = sweep(prof, micro, schedule, 20)[-1].predicted
@@ -73,7 +85,8 @@ def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict
     else:
         res = plan(prof, micro, schedule)
         energy, base = res.timeline.energy, res.baseline.energy
-    return {"seconds": time.perf_counter() - t0, "saving_pct": 100 * (1 - energy / base)}
+    return {"seconds": time.perf_counter() - t0, "saving_pct": 100 * (1 - energy / base), "load_before": load_before,
+            "load_after": os.getloadavg()[0]}
 
 
 def run_case(tree: Path, case: tuple[str, int, int, str], timeout_s: float) -> dict[str, float] | None:
@@ -99,6 +112,7 @@ def phase_clock() -> Iterator[dict[str, float]]:
 
     spent: dict[str, float] = {}
     names = {"solve_relaxation": "LP (build + HiGHS)", "_diffused": "rounding", "_nearest": "rounding",
+             "_on_time": "rounding",
              "_repair": "repair", "_improve": "free-float improve", "_polish": "MILP polish"}
     originals = {name: getattr(optimal, name) for name in names}
 
@@ -169,17 +183,97 @@ def speed_table(lines: list[str], reference: Path | None, cases: list[tuple[str,
 
 def scaling_table(lines: list[str]) -> None:
     lines += ["## Scaling (this tree; one plan, 1F1B order, no slowdown, 38 clocks, stages tiled from the measured "
-              "GPT-3/A100 profile; measured)", "", "| S | M | units N | seconds |", "|---|---|---|---|"]
+              "GPT-3/A100 profile; measured)", "",
+              f"Each size in a fresh process; the load average (1 min) when it started and ended. Gap: the share of "
+              f"the exact MILP's saving the plan misses, where the MILP (envpipe.plan.milp, up to {MILP_UNITS:,} "
+              f"units, {MILP_NODES:,} branch-and-bound nodes, in a process given {MILP_TIMEOUT_S:.0f} s) proves its "
+              "optimum; LP gap: the same against the LP's bound (the whole LP, up to 8,192 units: a bound the "
+              "optimum may not reach).", "",
+              "| S | M | units N | seconds | load (start, end) | MILP gap | LP gap |", "|---|---|---|---|---|---|---|"]
     sizes, seconds = [], []
     for S, M in SCALING:
         res = run_case(ROOT, ("plan", S, M, "1f1b"), 3600)
         assert res is not None
         sizes.append(2 * S * M)
         seconds.append(res["seconds"])
-        lines.append(f"| {S} | {M} | {2 * S * M} | {res['seconds']:.2f} |")
+        milp, lp = gaps(S, M)
+        lines.append(f"| {S} | {M} | {2 * S * M} | {res['seconds']:.2f} | {res['load_before']:.1f}, "
+                     f"{res['load_after']:.1f} | {milp} | {lp} |")
     slope = np.polyfit(np.log(sizes), np.log(seconds), 1)[0]
     lines += ["", f"Fitted exponent (least squares of log seconds on log N over these sizes): **{slope:.2f}** "
-              "(time ~ N^exponent; before this change about 1.75).", ""]
+              "(time ~ N^exponent).", ""]
+
+
+def gaps(stages: int, micro: int) -> tuple[str, str]:
+    """The plan's gap to the exact MILP (or why there is none) and to the LP bound, as table cells."""
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_planner_scale import "
+            f"gap_worker; print(json.dumps(gap_worker({stages}, {micro}, {2 * stages * micro <= MILP_UNITS})))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=MILP_TIMEOUT_S,
+                             check=True, cwd=ROOT).stdout
+    except subprocess.TimeoutExpired:
+        return f"not finished in {MILP_TIMEOUT_S:.0f} s", ""
+    found = json.loads(out.strip().splitlines()[-1])
+    return str(found["milp"]), str(found["lp"])
+
+
+def gap_worker(stages: int, micro: int, try_milp: bool) -> dict[str, str]:
+    """In this process: the plan's relative gap to the exact MILP and to the whole LP's bound (1F1B order)."""
+    from envpipe.plan.case import PipelineCase
+    from envpipe.plan.fold import identity_fold
+    from envpipe.plan.lp import solve_relaxation
+    from envpipe.plan.milp import MilpUnsolved, solve_milp
+    from envpipe.plan.optimal import build_problem, optimal_plan
+    from envpipe.profile import embedded_profile_path, load_profile
+
+    case = PipelineCase.of(load_profile(embedded_profile_path(GPT3)).with_stages(stages), micro, W)
+    res = optimal_plan(case, "1f1b")
+    assert res.budget_s is not None
+    base, ours = res.baseline.energy, res.timeline.energy
+
+    def gap(exact: float) -> str:
+        return f"{((base - exact) - (base - ours)) / (base - exact):.4f}"
+
+    problem = build_problem(case, "1f1b", [0] * stages)
+    lp = ""
+    if problem.dag.num_units <= 8192:
+        lp = gap(solve_relaxation(problem.menus, problem.edges, res.budget_s,
+                                  identity_fold(problem.dag.num_units)).energy)
+    if not try_milp:
+        return {"milp": f"not tried (> {MILP_UNITS:,} units)", "lp": lp}
+    try:
+        option, _ = solve_milp(problem.menus, problem.edges, res.budget_s, MILP_NODES)
+    except MilpUnsolved:
+        return {"milp": f"not proved in {MILP_NODES:,} nodes", "lp": lp}
+    return {"milp": gap(problem.simulate(option).energy), "lp": lp}
+
+
+def limits_table(lines: list[str]) -> None:
+    """The documented limits: the largest LPs the planner takes, on both shipped profiles' tilings, and the unit
+    cap (1,024 x 64), refused in one line; each in a fresh `envpipe plan` process, wall clock."""
+    lines += ["## At the documented limits (this tree; `envpipe plan`, one plan at no slowdown; measured)", "",
+              "Each a fresh `envpipe plan` process (start-up, profile, plan, output: the wall clock a user waits), "
+              "stages tiled from the shipped profile; the load average (1 min) when it started and ended. "
+              "envpipe.limits: at most 131,072 units, and at most 24,576 in an order's LP (the units that do not "
+              "repeat).", "",
+              "| profile | S x M | schedule | seconds | load (start, end) | outcome |", "|---|---|---|---|---|---|"]
+    for name, S, M, schedule in LIMITS:
+        watts = "83.64" if name == GPT3 else "70.38"
+        with tempfile.TemporaryDirectory() as tmp:
+            before = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            proc = subprocess.run([str(Path(sys.executable).parent / "envpipe"), "plan", "--profile",
+                                   str(ROOT / "envpipe" / "profile" / "data" / f"{name}.csv"), "--stages", str(S),
+                                   "-m", str(M), "--schedule", schedule, "--blocking-power", watts,
+                                   "--out", str(Path(tmp) / "plan.json")],
+                                  capture_output=True, text=True, cwd=ROOT, timeout=3600)
+            seconds = time.perf_counter() - t0
+        saving = [line for line in proc.stdout.splitlines() if "energy saving" in line]
+        outcome = (saving[0].strip() if proc.returncode == 0 and saving
+                   else " ".join(proc.stderr.strip().splitlines()[-1:]).replace("|", "/"))
+        lines.append(f"| {name} | {S} x {M} | {schedule} | {seconds:.1f} | {before:.1f}, {os.getloadavg()[0]:.1f} "
+                     f"| {outcome} |")
+    lines.append("")
 
 
 def startup_table(lines: list[str], reference: Path | None) -> None:
@@ -266,7 +360,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reference", type=Path, default=None, help="an older checkout to time side by side")
     ap.add_argument("--reference-timeout", type=float, default=300.0, help="seconds before a reference case is cut")
-    ap.add_argument("--quick", action="store_true", help="skip the two largest cases and the scaling table")
+    ap.add_argument("--quick", action="store_true",
+                    help="skip the two largest cases, the scaling table and the limits")
     add_output_options(ap, "planner_scale.md")
     args = ap.parse_args()
 
@@ -278,6 +373,7 @@ def main() -> None:
     startup_table(lines, args.reference)
     if not args.quick:
         scaling_table(lines)
+        limits_table(lines)
     if args.reference is not None:
         savings_table(lines, args.reference)
     lines.insert(4, f"- load average at the end: {load()} (other jobs share this machine's 2 CPUs)")

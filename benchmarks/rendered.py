@@ -22,6 +22,7 @@ from pathlib import Path
 from benchmarks import (
     clockd_fair,
     demo_results,
+    dev_loop,
     dp_table,
     dropin_ablation,
     dropin_results,
@@ -112,6 +113,8 @@ RENDERED = (
              "python benchmarks/search_results.py"),
     Rendered("setup_time.md", tuple(RESULTS / "setup_runs" / d for d in ("pip_0431", "uv_0438", "uv_0444")),
              setup_time.render, "python -m benchmarks.setup_time render"),
+    Rendered("dev_loop.md", (RESULTS / "dev_loop_runs" / "loop_1031",), dev_loop.render,
+             "python -m benchmarks.dev_loop render"),
 )  # fmt: skip
 
 # Written by their benchmark in one step (no raw file kept), by the script that writes them.

@@ -44,12 +44,12 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def resolve(commit: str) -> tuple[str, str]:
-    """The commit's full hash and subject; one line if it is not a commit of this checkout."""
+def resolve(commit: str, prog: str = "setup_time") -> tuple[str, str]:
+    """The commit's full hash and subject; one line (from ``prog``) if it is not a commit of this checkout."""
     try:
         return _git("rev-parse", "--verify", f"{commit}^{{commit}}"), _git("log", "-1", "--format=%s", commit)
     except subprocess.CalledProcessError:
-        raise SystemExit(f"setup_time: {commit!r} is not a commit of {ROOT}") from None
+        raise SystemExit(f"{prog}: {commit!r} is not a commit of {ROOT}") from None
 
 
 def one_run(sha: str, caches: Path, cache: str, work: Path) -> dict[str, Any]:

@@ -200,8 +200,8 @@ def plan(**options: Any) -> None:
     o = PlanOptions(**options)
     given = replace(CaseOptions.of(options), gpu=o.gpu.lower())
     given.blocking_power_w()  # a missing power is a usage error before any work
-    if o.policy != "optimal" and (o.max_slowdown, o.time_budget, o.frontier_csv) != (None, None, None):
-        raise click.UsageError("--max-slowdown, --time-budget and --frontier need --policy optimal")
+    if o.policy != "optimal" and (o.max_slowdown, o.time_budget, o.time_limit, o.frontier_csv) != (None,) * 4:
+        raise click.UsageError("--max-slowdown, --time-budget, --time-limit and --frontier need --policy optimal")
     if o.chunks is not None and o.schedule != "interleaved":
         raise click.UsageError("--chunks applies to --schedule interleaved")
     chunk_rows = o.stages * (o.chunks or CHUNKED[o.schedule]) if o.schedule in CHUNKED and o.stages else None

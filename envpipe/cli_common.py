@@ -186,6 +186,7 @@ class PlanOptions:
     gantt: str | None
     max_slowdown: float | None
     time_budget: float | None
+    time_limit: float | None
     frontier_csv: str | None
     frontier_points: int
 

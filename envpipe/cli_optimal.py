@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from envpipe.cli_common import Finite, PlanOptions, Shown, Slowdown, output_option, powers, show, write_outputs
-from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS
+from envpipe.limits import MAX_BUDGET_S, MAX_FRONTIER_POINTS, MAX_SECONDS
 from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.evaluate import SCHEDULE_NAMES, baseline_name, unit_clocks
 from envpipe.plan.memory import describe_peaks
@@ -31,6 +31,10 @@ def optimal_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "schedule's own)"),
         click.option("--time-budget", type=Finite(0, MAX_BUDGET_S, low_open=True), default=None,
                      help="optimal: iteration-time budget in seconds"),
+        click.option("--time-limit", type=Finite(0, MAX_SECONDS, low_open=True), default=None,
+                     help="optimal: wall-clock seconds the search may take (default: no limit, and then the same "
+                          "input always gives the same plan); past it the planner returns the best plan it has "
+                          "and says what it left out"),
         output_option("--frontier", "frontier_csv", suffixes=(".csv",),
                       help="optimal: write the time-energy frontier CSV here (plans and a .png plot next to it)"),
         click.option("--frontier-points", type=click.IntRange(2, MAX_FRONTIER_POINTS), default=20, show_default=True,
@@ -60,7 +64,7 @@ def run_optimal(case: PipelineCase, options: PlanOptions, note: str | None) -> N
 
     schedule, M, chunks = options.schedule, case.num_microbatches, case.layout.chunks
     try:
-        result = optimal_plan(case, schedule, options.time_budget, options.max_slowdown)
+        result = optimal_plan(case, schedule, options.time_budget, options.max_slowdown, options.time_limit)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
@@ -93,7 +97,7 @@ def _run_frontier(case: PipelineCase, options: PlanOptions, note: str | None) ->
     try:
         # on a terminal only (disable=None): a log or a pipe gets no carriage-return noise
         with tqdm(total=options.frontier_points, desc="frontier", unit="point", disable=None, leave=False) as bar:
-            points = frontier(case, options.schedule, options.frontier_points, on_point=bar.update)
+            points = frontier(case, options.schedule, options.frontier_points, bar.update, options.time_limit)
     except ValueError as exc:  # also InfeasibleBudget and MemoryLimitError
         raise click.ClickException(str(exc)) from None
     if note:
@@ -104,6 +108,8 @@ def _run_frontier(case: PipelineCase, options: PlanOptions, note: str | None) ->
         plan_dir, png = write_frontier(points, Path(options.frontier_csv), base)
     except OSError as exc:
         raise click.ClickException(f"cannot write the frontier to {options.frontier_csv}: {exc}") from None
+    for line in points[-1].notes:  # the time limit's, once
+        click.echo(line)
     click.echo(f"frontier ({len(points)} points of {SCHEDULE_NAMES[options.schedule]}, simulated on the measured "
                f"profile; baseline {baseline_name(case.layout)} {base.iteration_time:.4f} s, {base.energy:.1f} J):")
     click.echo("\n".join(frontier_rows(points, base)))

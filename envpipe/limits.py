@@ -18,6 +18,12 @@ from typing import Any, NoReturn
 MAX_STAGES = 1024
 MAX_MICROBATCHES = 65_536
 MAX_UNITS = 131_072  # 2 x stages x micro-batches (64 stages x 1,024 micro-batches); bounds memory
+# the optimal planner's LP: the units of an order that do not repeat (its warm-up, its cool-down and up to 32
+# micro-batches around them; envpipe.plan.fold). At 32,768 a plan with EnvPipe's orders took up to 51 s on the
+# 2-core VM at load 2-3 (128 stages x 128 micro-batches, measured 2026-11-28: benchmarks/results/planner_scale.md),
+# too close to a minute on a busier machine; at 131,072 (1,024 x 64) one LP took 190 s. 64 stages take any number
+# of micro-batches up to MAX_UNITS.
+MAX_LP_UNITS = 24_576
 MAX_CLOCKS = 1024  # distinct clocks in one profile
 MAX_CLOCK_MHZ = 10_000
 MAX_UNIT_TIME_S = 3600.0

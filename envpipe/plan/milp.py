@@ -20,26 +20,27 @@ from envpipe.plan.menus import UnitMenus
 from envpipe.quiet import native_output_silenced
 
 
-class MilpTimeout(RuntimeError):
-    """HiGHS stopped (time limit) without the solution asked for."""
+class MilpUnsolved(RuntimeError):
+    """HiGHS stopped at a limit (its node limit, or the user's time limit) without the solution asked for."""
 
 
 @dataclass(frozen=True)
 class Neighbourhood:
     """A restricted MILP (a large-neighbourhood search): only the ``allowed`` (N, K) options, at most
-    ``node_limit`` branch-and-bound nodes (deterministic, unlike a time limit); the best solution found is
-    returned."""
+    ``node_limit`` branch-and-bound nodes; the best solution found is returned."""
 
     allowed: np.ndarray
     node_limit: int
 
 
-def solve_milp(menus: UnitMenus, edges: Edges, budget_s: float, time_limit_s: float = 120.0,
-               within: Neighbourhood | None = None) -> tuple[np.ndarray, float]:
+def solve_milp(menus: UnitMenus, edges: Edges, budget_s: float, node_limit: int | None = None,
+               within: Neighbourhood | None = None, time_limit_s: float | None = None) -> tuple[np.ndarray, float]:
     """Optimal menu option per unit of the DAG of ``menus`` and ``edges`` and the least iteration energy.
 
-    With ``within`` (or when the time limit stops HiGHS) the best solution found so far is returned, and
-    MilpTimeout is raised if there is none.
+    Limits are counts of branch-and-bound nodes (``node_limit``, or the neighbourhood's), so the answer does not
+    depend on the machine's speed or load; ``time_limit_s`` is only the user's own wall-clock limit (off by
+    default). With ``within`` the best solution found is returned; MilpUnsolved is raised if a limit stopped
+    HiGHS without one (or, without ``within``, before it proved the optimum).
     """
     N = menus.time.shape[0]
     K = menus.time.shape[1]
@@ -60,16 +61,21 @@ def solve_milp(menus: UnitMenus, edges: Edges, budget_s: float, time_limit_s: fl
     objective = np.r_[np.zeros(N), menus.makespan_power_w, menus.cost[xu, xk]]
     integrality = np.r_[np.zeros(N + 1), np.ones(X)]
     bounds = Bounds(np.zeros(N + 1 + X), np.r_[np.full(N, np.inf), budget_s, np.ones(X)])
+    nodes = node_limit if within is None else within.node_limit
+    options: dict[str, float] = {"mip_rel_gap": 1e-9}
+    if nodes is not None:
+        options["node_limit"] = nodes
+    if time_limit_s is not None:
+        options["time_limit"] = time_limit_s
     with native_output_silenced():  # HiGHS's C++ debug lines (`HighsMipSolverData::...`) go to stdout otherwise
         res = milp(objective, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=bounds,
-                   options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9,
-                            **({} if within is None else {"node_limit": within.node_limit})})
+                   options=options)
     if res.status == 2:
         raise InfeasibleBudget(f"time budget {budget_s:.12g} s is infeasible")
     if res.x is None:
-        raise MilpTimeout(f"MILP found no solution: {res.message}")
+        raise MilpUnsolved(f"MILP found no solution: {res.message}")
     if res.status != 0 and within is None:
-        raise MilpTimeout(f"MILP not solved to optimality: {res.message}")
+        raise MilpUnsolved(f"MILP not solved to optimality: {res.message}")
     option = np.zeros(N, int)
     chosen = res.x[N + 1:] > 0.5
     option[xu[chosen]] = xk[chosen]

@@ -9,9 +9,10 @@ Method (docs/optimal-planner.md has the long form):
    (fold.py). Gives fractional durations, and a lower bound when not folded.
 3. Rounding, three ways, keeping the best result: (a) each unit takes the slowest menu clock not
    slower than its LP duration (durations only shrink, so the budget holds); (b) error diffusion along
-   each stage; (c) each unit takes the clock nearest its LP duration (small DAGs); then *repair* speeds
-   up the critical units with the least extra cost per second saved until the simulated time meets the
-   budget exactly.
+   each stage (on DAGs above _FULL_HULL_UNITS: on-time rounding, each unit ending by its end in the LP's
+   schedule, which needs no repair); (c) each unit takes the clock nearest its LP duration (small DAGs); then
+   *repair* speeds up the critical units with the least extra cost per second saved until the simulated time
+   meets the budget exactly.
 4. Improve: alternately give each unit its *free float* in the earliest schedule and in the latest
    schedule (slack it can take without moving any other unit), choosing the cheapest clock that fits.
    Slowing every unit within its own free float at once never moves another unit, so every pass is
@@ -20,8 +21,13 @@ Method (docs/optimal-planner.md has the long form):
    whichever costs less (the best feasible).
 5. Polish (small DAGs): a large-neighbourhood search, the exact MILP restricted to options within
    a few menu steps of each unit's current one, repeated around each improvement under a node limit
-   and a time limit scaled to the DAG; kept only if the simulator confirms it is better.
+   and a round limit; kept only if the simulator confirms it is better.
 6. Every result is re-simulated with envpipe.plan.simulate; that simulation is what is reported.
+7. Single plans come from a ladder of budgets (envpipe.plan.ladder), so more time never costs more energy.
+
+Every limit inside is a count (passes, rounds, nodes), never a clock: the same input gives the same plan at any
+load. The user's wall-clock limit (envpipe.plan.timelimit, off by default) is the only clock, and the plan says
+when it cut the search short.
 
 A per-stage tail (gradient all-reduce, optimizer step after the stage's last unit) enters as the
 simulator has it: the iteration ends when every stage has finished its tail, so each stage's last
@@ -30,28 +36,34 @@ unit must end by budget - tail (LP and MILP rows, free float, latest schedule).
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
+from envpipe.limits import MAX_LP_UNITS
 from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.evaluate import baseline_timeline, plan_from_timeline
 from envpipe.plan.fold import Fold, periodic_fold
-from envpipe.plan.lp import Edges, InfeasibleBudget, dag_edges, solve_relaxation
+from envpipe.plan.ladder import BOUND_UNITS, Ladder, best_within
+from envpipe.plan.lp import Edges, InfeasibleBudget, RelaxationStopped, dag_edges, solve_relaxation
 from envpipe.plan.memory import warmup_caps
 from envpipe.plan.menus import UnitMenus, unit_menus
-from envpipe.plan.milp import MilpTimeout, Neighbourhood, solve_milp
+from envpipe.plan.milp import MilpUnsolved, Neighbourhood, solve_milp
 from envpipe.plan.policies import valley_clocks
 from envpipe.plan.schedules import CHUNKED, build_schedule, check_schedule, reschedule_counts
 from envpipe.plan.simulate import Overheads, Timeline, resimulate, simulate
+from envpipe.plan.timelimit import TimeLimit
 
 _MAX_PASSES = 200
 # steady micro-batches kept unfolded after the warm-up and before the cool-down, beyond the number of stages:
 # the transient lasts about a pipeline's length; measured: the folded LP then matches the full one
 _FOLD_MARGIN = 2
+# ... but at most this many: with 64 stages a margin of 66 made the LP 3-4 times larger for 0.011 points of
+# saving (GPT-3/A100 tiled, 64 x 1,024, measured 2026-11-28: benchmarks/results/planner_scale.md)
+_MAX_FOLD_MARGIN = 32
 # micro-batches per folded period (a multiple of the schedule's own period): one would do for the LP value,
 # but its single representative is fractional in every copy, which rounding then loses; with 16 the LP's
 # vertex mixes clocks inside the period instead (measured on the four real profiles at M = 96: at most
@@ -59,13 +71,19 @@ _FOLD_MARGIN = 2
 _FOLD_PERIOD = 16
 _FULL_HULL_UNITS = 8192
 _NEAREST_UNITS = 2048  # above, error diffusion alone: it wins there and nearest rounding's repair is slow
+# above _FULL_HULL_UNITS, on-time rounding instead of error diffusion: as good (measured 32 x 512 and 64 x 1,024:
+# 0.005-0.025 points more saving) and within the budget by construction, where diffusion's repair took hundreds of
+# simulations of the whole DAG (20 s at 64 x 1,024)
 _COARSE_SEGMENTS = 4
 _POLISH_UNITS = 256  # neighbourhood MILP only on small DAGs, where HiGHS is quick
 _POLISH_BINARIES = 1024  # ... and only when the neighbourhood has at most this many (unit, option) pairs
 _POLISH_RADIUS = 3  # each unit may move this many menu options either way: reaches past a non-hull option
-_POLISH_NODES = 20  # branch-and-bound nodes per round: deterministic, unlike a time limit
+_POLISH_NODES = 20  # branch-and-bound nodes per round: a count, so results do not depend on load
 _POLISH_ROUNDS = 10  # rounds re-centre the neighbourhood on the last improvement
-_POLISH_SECONDS_PER_UNIT = 0.1  # only a safety net: the node limits decide, so results do not depend on load
+
+
+class PlanTooLarge(ValueError):
+    """An order's LP is beyond the planner's limit (envpipe.limits.MAX_LP_UNITS)."""
 
 
 @dataclass(frozen=True)
@@ -157,23 +175,44 @@ def infeasible(budget_s: float, fastest_s: float) -> InfeasibleBudget:
                             f"the iteration takes {fastest_s:.12g} s ({fastest_s - budget_s:.3g} s more)")
 
 
-def solve(problem: ClockProblem, budget_s: float) -> Solution:
-    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish)."""
+def solve(problem: ClockProblem, budget_s: float, limit: TimeLimit | None = None) -> Solution:
+    """Least-energy clocks for one budget (relaxation, rounding, repair, improvement, polish). Every limit inside is
+    a count; ``limit`` is the user's wall-clock limit (none by default): once it is up, the rest is left out."""
+    limit = TimeLimit() if limit is None else limit
     fastest = problem.fastest_time()
     if not _within(fastest, budget_s):
         raise infeasible(budget_s, fastest)
     # very large DAGs: a coarser hull keeps the LP tractable; rounding and improvement use the full menus
-    segments = None if problem.dag.num_units <= _FULL_HULL_UNITS else _COARSE_SEGMENTS
-    relax = solve_relaxation(problem.menus, problem.edges, budget_s, problem.fold, segments)
-    roundings = [problem.fit(relax.duration + 1e-9), _diffused(problem, relax.duration)]
-    if problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
-        roundings.append(_nearest(problem, relax.duration))
+    small = problem.dag.num_units <= _FULL_HULL_UNITS
+    segments = None if small else _COARSE_SEGMENTS
+    try:  # a large DAG's whole LP is never solved: where its fold has no solution, the all-fastest plan
+        relax = solve_relaxation(problem.menus, problem.edges, budget_s, problem.fold, segments, limit.left_s(),
+                                 unfold=small)
+    except RelaxationStopped:
+        limit.up("the LP relaxation")
+        return _at_fastest(problem, budget_s)
+    except InfeasibleBudget:  # within HiGHS's tolerance of the all-fastest time: nothing but it fits anyway
+        return _at_fastest(problem, budget_s)
+    roundings = [problem.fit(relax.duration + 1e-9)]
+    if not limit.up("other roundings of the LP"):
+        if problem.dag.num_units <= _FULL_HULL_UNITS:
+            roundings.append(_diffused(problem, relax.duration))
+        else:
+            roundings.append(_on_time(problem, relax.end))
+        if problem.dag.num_units <= _NEAREST_UNITS:  # nearest rounding needs many repair steps on large DAGs
+            roundings.append(_nearest(problem, relax.duration))
     option, tl = _best_finished(problem, roundings, budget_s)
     if problem.dag.num_units <= _POLISH_UNITS:
         allowed = _neighbourhood(problem, option)
         if allowed.sum() <= _POLISH_BINARIES:
-            option, tl = _polish(problem, option, tl, allowed, budget_s)
+            option, tl = _polish(problem, option, tl, allowed, budget_s, limit)
     return Solution(option, tl, relax.energy if segments is None and not relax.folded else None)
+
+
+def _at_fastest(problem: ClockProblem, budget_s: float) -> Solution:
+    """Every unit at its fastest clock, with its free float handed out: the plan without an LP."""
+    option, tl = _best_finished(problem, [np.zeros(problem.dag.num_units, int)], budget_s)
+    return Solution(option, tl, None)
 
 
 def _best_finished(problem: ClockProblem, options: list[np.ndarray], budget_s: float) -> tuple[np.ndarray, Timeline]:
@@ -184,7 +223,10 @@ def _best_finished(problem: ClockProblem, options: list[np.ndarray], budget_s: f
     for option in options:
         repaired = _repair(problem, option, budget_s)
         # improve hands out free float up to a relative 1e-12 (fit's tolerance): the last repair makes sure
-        improved = _repair(problem, _improve(problem, repaired, budget_s), budget_s)
+        try:
+            improved = _repair(problem, _improve(problem, repaired, budget_s), budget_s)
+        except InfeasibleBudget:  # times so small (subnormal) that no critical path is found to repair
+            improved = repaired
         for candidate in (improved, repaired):  # on a tie, the improved one
             tl = problem.simulate(candidate)
             if best is None or tl.energy < best[1].energy:
@@ -194,21 +236,21 @@ def _best_finished(problem: ClockProblem, options: list[np.ndarray], budget_s: f
 
 
 def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, allowed: np.ndarray,
-            budget_s: float) -> tuple[np.ndarray, Timeline]:
+            budget_s: float, limit: TimeLimit) -> tuple[np.ndarray, Timeline]:
     """Large-neighbourhood search: the exact MILP restricted to options within _POLISH_RADIUS of each
     unit's current one. It finds the multi-unit exchanges (speed some units up, slow others down) that
-    rounding and free float miss. Repeats around each improvement; kept only if the simulator agrees.
+    rounding and free float miss. Repeats around each improvement (at most _POLISH_ROUNDS rounds of at most
+    _POLISH_NODES branch-and-bound nodes: counts, never a clock); kept only if the simulator agrees.
 
     ``timeline`` is ``option`` simulated and ``allowed`` its neighbourhood; returns the best option and
     its simulated timeline."""
-    deadline = time.monotonic() + _POLISH_SECONDS_PER_UNIT * problem.dag.num_units
     for _ in range(_POLISH_ROUNDS):
-        left = deadline - time.monotonic()
-        if left <= 0:
+        if limit.up("MILP polish rounds"):
             break
         try:
-            found, _ = solve_milp(problem.menus, problem.edges, budget_s, left, Neighbourhood(allowed, _POLISH_NODES))
-        except (MilpTimeout, InfeasibleBudget):  # no better point found (or none within HiGHS's tolerances)
+            found, _ = solve_milp(problem.menus, problem.edges, budget_s, within=Neighbourhood(allowed, _POLISH_NODES),
+                                  time_limit_s=limit.left_s())
+        except (MilpUnsolved, InfeasibleBudget):  # no better point found (or none within HiGHS's tolerances)
             break
         tl = problem.simulate(found)
         if not (_within(tl.iteration_time, budget_s) and tl.energy < timeline.energy * (1 - 1e-12)):
@@ -245,6 +287,24 @@ def _diffused(problem: ClockProblem, duration: np.ndarray) -> np.ndarray:
         pick = np.argmin(np.abs(times - target[:, None]), axis=1)
         option[units] = pick
         carry = target - times[rows, pick]
+    return option
+
+
+def _on_time(problem: ClockProblem, lp_end: np.ndarray) -> np.ndarray:
+    """Level by level, each unit starts when its predecessors, so rounded, let it and takes the slowest option
+    that still ends by its end in the LP's schedule: a unit whose predecessors ended early takes the time they
+    left, so a stage keeps the LP's pace (as error diffusion does) and, by induction, every unit ends by its LP
+    end: the LP's schedule meets the budget, so this plan does too, and needs no repair."""
+    dag, menus = problem.dag, problem.menus
+    transfer = problem.overheads.transfer_s
+    option = np.zeros(dag.num_units, int)
+    end = np.zeros(dag.num_units + 1)  # index N: no predecessor, ended at 0
+    for level, ps, pd, crosses in dag.level_edges:
+        start = np.maximum(end[ps], end[pd] + crosses * transfer)
+        times = menus.time[level]
+        fits = (times <= (lp_end[level] - start)[:, None] * (1 + 1e-12)).sum(axis=1) - 1
+        option[level] = np.maximum(fits, 0)  # the fastest when even it is late (the LP's tolerance)
+        end[level] = start + times[np.arange(level.size), option[level]]
     return option
 
 
@@ -362,7 +422,13 @@ def build_problem(case: PipelineCase, schedule: str, reschedule: list[int]) -> C
     period = layout.num_stages if schedule == "interleaved" else 1  # its chunks cycle through groups of P
     # ``period`` micro-batches after which the middle repeats; stages may drift apart through it in orders with
     # extra warm-up forwards (envpipe.plan.fold)
-    fold = periodic_fold(dag, period * -(-_FOLD_PERIOD // period), dag.num_stages + _FOLD_MARGIN, any(reschedule))
+    margin = min(dag.num_stages + _FOLD_MARGIN, _MAX_FOLD_MARGIN)
+    fold = periodic_fold(dag, period * -(-_FOLD_PERIOD // period), margin, any(reschedule))
+    if fold.size > MAX_LP_UNITS:
+        raise PlanTooLarge(f"{layout.num_stages} stages x {M} micro-batches: the optimal planner's LP would have "
+                           f"{fold.size:,} units (those of the warm-up, the cool-down and up to {margin} micro-batches "
+                           f"around them, which do not repeat); it takes at most {MAX_LP_UNITS:,}: plan fewer "
+                           "stages (64 take any number of micro-batches), or use EnvPipe's --policy envelope")
     o = case.overheads
     return ClockProblem(dag, unit_menus(dag, case.model_profile, o), dag_edges(dag, o.transfer_s, o.tail_s), o,
                         case.profile.freqs, fold, peak)
@@ -375,35 +441,120 @@ def order_problems(case: PipelineCase, schedule: str) -> tuple[Timeline, list[tu
     return baseline, [(r, build_problem(case, schedule, r)) for r in candidate_orders(case, schedule)]
 
 
+@dataclass(frozen=True)
+class Searched:
+    """The search's plan at one budget: the best of the candidate orders'."""
+
+    budget_s: float
+    solution: Solution
+    problem: ClockProblem
+    reschedule: list[int]
+    tried: list[tuple[list[int], float | None]]  # every order: (r_s, its energy, or None if none fit the budget)
+
+    @property
+    def energy(self) -> float:
+        return self.solution.timeline.energy
+
+
+class OrderSearch:
+    """The search over a case's candidate orders at any budget, and what the budget ladder (envpipe.plan.ladder)
+    needs of it: its rungs, the plan at the fastest rung and LP bounds. Searches are kept, so a frontier's budgets
+    share their rungs."""
+
+    def __init__(self, baseline: Timeline, problems: list[tuple[list[int], ClockProblem]], limit: TimeLimit) -> None:
+        self.problems, self.limit = problems, limit
+        fastest = [p.fastest_time() for _, p in problems]
+        slowest = max(p.simulate(p.cheapest_option()).iteration_time for _, p in problems)
+        fine = max(p.dag.num_units for _, p in problems) <= BOUND_UNITS
+        self.ladder = Ladder(min(fastest), max(baseline.iteration_time, min(fastest)), max(slowest, min(fastest)),
+                             fine)
+        self._searched: dict[float, Searched] = {}
+        self._bounds: dict[float, Callable[[float], float] | None] = {}
+        r, problem = problems[int(np.argmin(fastest))]  # the first order of the least fastest time
+        sol = _at_fastest(problem, self.ladder.fastest_s)
+        self.fastest = Searched(self.ladder.fastest_s, sol, problem, r, [(r, sol.timeline.energy)])
+
+    def at(self, budget_s: float) -> Searched:
+        """The best order's plan at ``budget_s`` (at least one order fits it)."""
+        if budget_s not in self._searched:
+            tried: list[tuple[list[int], float | None]] = []
+            best: tuple[Solution, ClockProblem, list[int]] | None = None
+            for i, (r, problem) in enumerate(self.problems):
+                if i and best is not None and self.limit.up("other unit orders"):
+                    break
+                try:
+                    sol = solve(problem, budget_s, self.limit)
+                except InfeasibleBudget:
+                    tried.append((r, None))
+                    continue
+                tried.append((r, sol.timeline.energy))
+                if best is None or sol.timeline.energy < best[0].timeline.energy:
+                    best = (sol, problem, r)
+            if best is None:  # every order failed at a rung it fits (numbers at the edge of floats): all-fastest
+                best = (self.fastest.solution, self.fastest.problem, self.fastest.reschedule)
+            self._searched[budget_s] = Searched(budget_s, best[0], best[1], best[2], tried)
+        return self._searched[budget_s]
+
+    def bound(self, budget_s: float) -> Callable[[float], float] | None:
+        """A lower bound on every order's plans at any budget up to ``budget_s``: the tangents of their whole LPs
+        (unfolded, full hull) at it. None where an order's whole LP is too large or fails at the edge."""
+        if budget_s not in self._bounds:
+            self._bounds[budget_s] = self._tangents(budget_s)
+        return self._bounds[budget_s]
+
+    def _tangents(self, budget_s: float) -> Callable[[float], float] | None:
+        tangents = []
+        for _, problem in self.problems:
+            if problem.dag.num_units > BOUND_UNITS:
+                return None
+            fastest = problem.fastest_time()
+            if fastest > budget_s:
+                continue  # it fits no budget below either
+            try:
+                relax = solve_relaxation(problem.menus, problem.edges, budget_s)
+            except InfeasibleBudget:
+                return None
+            tangents.append((fastest, relax))
+        return lambda b: min((rel.bound_at(b, budget_s) for fastest, rel in tangents if fastest <= b), default=np.inf)
+
+    def within(self, budget_s: float) -> Searched:
+        """The least-energy plan on the ladder up to ``budget_s`` (InfeasibleBudget below the fastest time)."""
+        return next(self.sweep([budget_s]))
+
+    def sweep(self, budgets: list[float]) -> Iterator[Searched]:
+        """``within`` at each of ``budgets`` (ascending), each searching only the rungs above the previous one's."""
+        known: tuple[float, Searched, float] | None = None
+        for budget in budgets:
+            if budget < self.ladder.fastest_s:
+                raise infeasible(budget, self.ladder.fastest_s)
+            best, rung = best_within(self.ladder, budget, self.at, self.fastest, self.bound, self.limit, known)
+            known = (budget, best, rung)
+            yield best
+
+
 def optimal_plan(case: PipelineCase, schedule: str = "1f1b", time_budget_s: float | None = None,
-                 max_slowdown: float | None = None) -> Planned:
+                 max_slowdown: float | None = None, time_limit_s: float | None = None) -> Planned:
     """Least-energy plan of ``case`` within the budget (default: the baseline's time, i.e. no slowdown: 1F1B
     all-max; for interleaved 1F1B and DualPipeV, that schedule's all-max time), in ``schedule``'s order (for
     EnvPipe's: the best of its warm-up counts and plain 1F1B, ``candidate_orders``).
 
-    With the case's memory only orders that fit are tried (MemoryLimitError if none does), and the plan reports
-    its per-stage peak bytes. The iteration, and so the budget, ends when every stage has finished its tail,
-    as in envpipe.plan.simulate.
+    More budget never gives a dearer plan: the plan is the least-energy one on a ladder of budgets up to the
+    budget (envpipe.plan.ladder). With the case's memory only orders that fit are tried (MemoryLimitError if none
+    does), and the plan reports its per-stage peak bytes. The iteration, and so the budget, ends when every stage
+    has finished its tail, as in envpipe.plan.simulate. ``time_limit_s``: a wall-clock limit on the search (off by
+    default: then the same input always gives the same plan); the plan's notes say what it cut.
     """
+    limit = TimeLimit(time_limit_s)
     baseline, problems = order_problems(case, schedule)
     budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
-    tried: list[tuple[list[int], float | None]] = []
-    best: tuple[Solution, ClockProblem, list[int]] | None = None
-    errors = []
-    for r, problem in problems:
-        try:
-            sol = solve(problem, budget)
-        except InfeasibleBudget as exc:
-            tried.append((r, None))
-            errors.append(str(exc))
-            continue
-        tried.append((r, sol.timeline.energy))
-        if best is None or sol.timeline.energy < best[0].timeline.energy:
-            best = (sol, problem, r)
-    if best is None:
-        raise InfeasibleBudget(errors[-1])
-    sol, problem, r = best
+    search = OrderSearch(baseline, problems, limit)
+    found = search.within(budget)
+    sol, problem = found.solution, found.problem
     plan = replace(plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline),
                    peak_memory_bytes=problem.peak_memory_bytes)
-    notes = () if sol.lp_energy is None else (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
-    return Planned(plan, sol.timeline, baseline, r, budget, tried, sol.lp_energy, notes=notes)
+    notes: tuple[str, ...] = () if sol.lp_energy is None else (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
+    if found.budget_s < budget:
+        notes += (f"planned for {found.budget_s:.6f} s: the least-energy rung of the budget ladder within the budget "
+                  "(so more budget never gives a dearer plan)",)
+    return Planned(plan, sol.timeline, baseline, found.reschedule, budget, found.tried, sol.lp_energy,
+                   notes=notes + limit.note())

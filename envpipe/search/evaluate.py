@@ -21,7 +21,7 @@ import numpy as np
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.evaluate import baseline_timeline, evaluate_plan, plan_from_timeline
 from envpipe.plan.memory import StageMemory, peak_in_flight
-from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.optimal import PlanTooLarge, optimal_plan
 from envpipe.plan.planfile import Plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import FrequencyModel, Profile
@@ -180,15 +180,19 @@ def units(shape: Shape) -> int:
 def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None = None,
                   max_units: int | None = None) -> Candidate:
     """The least-energy plan of ``pipeline`` within the budget (default: its 1F1B all-max time). A pipeline of
-    more than ``max_units`` units gets its 1F1B all-max baseline as plan instead (the planner's time grows
-    with the DAG: about 10 s at 65,536 units on a 2-core machine)."""
+    more than ``max_units`` units, or whose LP is beyond the planner's limit (envpipe.limits.MAX_LP_UNITS), gets
+    its 1F1B all-max baseline as plan instead (the planner's time grows with the DAG: about 10 s at 65,536 units
+    on a 2-core machine)."""
     shape = pipeline.shape
     if max_units is not None and units(shape) > max_units:
         return _baseline_candidate(pipeline)
     # only orders whose in-flight activations fit are tried: 1F1B always does (the cut was chosen so)
     overheads = Overheads.broadcast(shape.stages, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
     case = PipelineCase(pipeline.profile, shape.microbatches, overheads, stage_memory(pipeline, capacity))
-    result = optimal_plan(case, "envpipe", time_budget_s)
+    try:
+        result = optimal_plan(case, "envpipe", time_budget_s)
+    except PlanTooLarge:  # its LP is beyond the planner's limit (envpipe.limits.MAX_LP_UNITS), as a large DAG is
+        return _baseline_candidate(pipeline)
     D = shape.replicas
     return Candidate(pipeline, result.plan, list(result.reschedule), result.timeline.iteration_time,
                      D * result.timeline.energy, D * pipeline.baseline_energy_j, peaks(pipeline, result.plan))

@@ -102,6 +102,7 @@ def test_the_committed_engine_models_are_the_fits_of_the_committed_runs() -> Non
     assert all(r["outside_beyond_profile_bytes"] <= engine.outside_allocator_bytes for r in details["runs"])
 
 
+@pytest.mark.slow  # two CLI runs of the fit: 7 s idle, 17-46 s at load; the fit itself: the fast test above
 def test_the_fit_pools_several_folders_and_refuses_a_missing_one_in_one_line(tmp_path: Path) -> None:
     """call4's and call5's runs in one fit: 16 runs of four models; the same as fitting their runs together."""
     folders = [RAW / "call4" / "run1" / "heldout", RAW / "call5" / "run1" / "heldout"]

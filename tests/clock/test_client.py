@@ -15,6 +15,7 @@ import pytest
 from envpipe.clock.client import ClockClient, ClockDaemonUnavailable, ClockRequestError
 from envpipe.clock.service import ServiceConfig
 from tests.support.clockd_helpers import ROOT, call, daemon_process, daemon_thread, wait_for
+from tests.support.scheduling import bound_s
 
 
 def first_gpu(sock: str) -> str:
@@ -43,12 +44,14 @@ def test_set_is_non_blocking_latest_wins_and_close_resets(tmp_path) -> None:
         gpu = first_gpu(sock)
         with ClockClient(sock, gpu_uuids=[gpu], ttl_s=2.0) as client:
             calls: list[int] = []
-            original = service.backend.lock
-            service.backend.lock = lambda u, m: (calls.append(m), time.sleep(0.1), original(u, m))  # type: ignore
-            t0 = time.perf_counter()
+            finished: list[int] = []  # locks the daemon got through
+            original, hold = service.backend.lock, threading.Event()
+            service.backend.lock = lambda u, m: (  # type: ignore
+                calls.append(m), hold.wait(30), original(u, m), finished.append(m))
             for mhz in (1000, 1100, 1200, 1300):
-                client.set(gpu, mhz)
-            assert time.perf_counter() - t0 < 0.3  # waiting for the daemon would take >= 0.4 s
+                client.set(gpu, mhz)  # a set() that waited for the daemon would wait here (30 s) for `hold`
+            assert finished == []  # all four returned while the daemon's first lock was still held up
+            hold.set()
             client.flush()
             assert client.applied[gpu] == 1305 and locked(sock, gpu) == {"min_mhz": 1305, "max_mhz": 1305}
             assert calls[-1] == 1305 and len(calls) < 4  # superseded requests were dropped
@@ -68,10 +71,11 @@ def test_heartbeats_keep_a_short_lease_alive(tmp_path) -> None:
     sock = str(tmp_path / "c.sock")
     with daemon_thread(sock, config=ServiceConfig(reap_interval_s=0.05)) as service:
         gpu = first_gpu(sock)
-        with ClockClient(sock, gpu_uuids=[gpu], ttl_s=0.6) as client:
+        ttl = bound_s(0.6)  # a TTL this process's scheduling delay cannot eat (tests.support.scheduling)
+        with ClockClient(sock, gpu_uuids=[gpu], ttl_s=ttl) as client:
             client.set(gpu, 1000)
             client.flush()
-            time.sleep(1.5)  # more than two TTLs
+            time.sleep(2.5 * ttl)  # more than two TTLs
             assert locked(sock, gpu) is not None and service.health()["leases"] == 1
 
 

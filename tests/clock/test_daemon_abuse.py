@@ -2,14 +2,20 @@
 process (benchmarks/clockd_abuser.py): one lease with a flood of attach streams, slow request bodies, a
 flood of idle connections, a request flood that claims a new pod each time, and bytes that are not HTTP
 (a newline in the path included). Each time, a trainer beside the abuser (the bundled ClockClient, its
-own lease, a short TTL) must see every request answered and keep its lease, and the kubelet's probe on the
-metrics port must answer. The fair-service benchmark (benchmarks/clockd_fair.py) runs them all at once,
-at full strength, for longer.
+own lease) must see every request answered and keep its lease, and the kubelet's probe on the metrics port
+must answer. The fair-service benchmark (benchmarks/clockd_fair.py) runs them all at once, at full strength,
+for longer.
+
+Nothing here rests on the scheduler's luck: the trainer's TTL is derived from the scheduling delay measured
+during the attack (tests.support.scheduling), and what the limits promise is counted against the daemon's own
+counters and the token bucket's contract (burst + rate x seconds), not against a rate this machine can send.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import itertools
 import json
 import os
 import re
@@ -28,6 +34,7 @@ import pytest
 from envpipe.clock.client import ClockClient
 from tests.support.clockd_helpers import ROOT, call, daemon_thread, metric, one_metric, wait_for
 from tests.support.ports import free_port
+from tests.support.scheduling import bound_s, scheduling_delay_s
 
 ATTACK_S = 1.5
 LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} envpipe\.clockd(\.audit)? (DEBUG|INFO|WARNING|ERROR) [{]")
@@ -45,7 +52,6 @@ def abuser(sock: str, gpu: str, *attack: str) -> Iterator[dict]:
     )
     try:
         assert proc.stdout is not None and "abusing" in proc.stdout.readline()
-        time.sleep(0.3)  # at full strength before the trainer is measured
         yield tally
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -55,9 +61,12 @@ def abuser(sock: str, gpu: str, *attack: str) -> Iterator[dict]:
 
 def trainer_beside(sock: str, gpu: str, port: int, seconds: float = ATTACK_S) -> list[str]:
     """A trainer's lease and locks (20 a second) and the kubelet's probes while the abuser attacks: every
-    failure, as text. The lease's TTL is 2 s (the default is 5 s): a trainer starved that long loses it."""
+    failure, as text. The lease's TTL is 2 s (the default is 5 s), or 10 times the scheduling delay measured
+    while the abuser is at full strength if that is longer: the lease is then lost only if the daemon leaves
+    its renewals unserved, not because this process waited for the CPU."""
     failures: list[str] = []
-    with ClockClient(sock, gpu_uuids=[gpu], ttl_s=2.0) as client:
+    ttl = bound_s(2.0, scheduling_delay_s())  # also lets the abuser reach full strength first
+    with ClockClient(sock, gpu_uuids=[gpu], ttl_s=ttl) as client:
         end, i = time.monotonic() + seconds, 0
         while time.monotonic() < end:
             i += 1
@@ -67,8 +76,9 @@ def trainer_beside(sock: str, gpu: str, port: int, seconds: float = ATTACK_S) ->
             except Exception as exc:  # every failure is what this test looks for
                 failures.append(f"{type(exc).__name__}: {exc}")
             time.sleep(0.05)
-        if client.reattaches or client.uncontrolled_s():
-            failures.append(f"lease lost {client.reattaches} times, {client.uncontrolled_s():.2f} s without control")
+        if client.reattaches or not client.controlled:
+            failures.append(f"lease lost (TTL {ttl:.1f} s): {client.reattaches} re-attaches, "
+                            f"{client.uncontrolled_s():.3f} s without control, last error {client.last_error}")
     return failures
 
 
@@ -125,22 +135,45 @@ def test_a_flood_of_idle_connections_starves_nobody(node) -> None:
 
 
 def test_a_request_flood_gets_429_and_one_log_line_a_second_whatever_pod_it_claims(tmp_path) -> None:
+    """The flood claims a new pod on every request; its budget is its process's token bucket all the same. The
+    bucket's contract is checked (at most burst + rate x seconds answered, whatever the machine's speed), the
+    daemon's own counter of 429s against what the abuser saw, and the log's one line a second per caller by the
+    lines' own timestamps."""
     sock, port, log = str(tmp_path / "c.sock"), free_port(), tmp_path / "clockd.log"
-    daemon = daemon_with_log(sock, log, "--metrics-port", str(port), "--max-rps", "200")
+    rate = 50  # per caller (the trainer asks about 22 a second): even a starved abuser asks for more
+    daemon = daemon_with_log(sock, log, "--metrics-port", str(port), "--max-rps", str(rate))
     try:
         gpus = [g["uuid"] for g in call(sock, "GET", "/v1/gpus")[1]["gpus"]]
         t0 = time.monotonic()
         with abuser(sock, gpus[0], "--flood", "4") as tally:
             assert trainer_beside(sock, gpus[1], port) == []
-        seconds = time.monotonic() - t0
+        seconds = time.monotonic() - t0  # the attack lasted no longer by the daemon's clock
+        refused = one_metric(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode(),
+                             "envpipe_clockd_refused_requests_total", code="too_many_requests")
     finally:
         daemon.terminate()
         daemon.communicate(timeout=20)
-    assert tally["flood"]["flood 429"] > 10 * tally["flood"].get("flood 200", 0)  # rotating claims buy nothing
-    floods = [json.loads(line.split(" ", 4)[4]) for line in log.read_text().splitlines() if "too_many_requests" in line]
-    (caller,) = {f["caller"] for f in floods}  # the abuser's process, and nobody else
+    answered, refused_seen = tally["flood"].get("flood 200", 0), tally["flood"].get("flood 429", 0)
+    assert answered <= rate + rate * seconds  # rotating claims bought no budget: one bucket, burst + rate x time
+    assert 0 < refused_seen <= refused  # the daemon counted every 429 (those the abuser had no time to read too)
+    floods = [(line[:23], json.loads(line.split(" ", 4)[4])) for line in log.read_text().splitlines()
+              if "too_many_requests" in line]
+    (caller,) = {f["caller"] for _, f in floods}  # the abuser's process, and nobody else
     assert caller.startswith("pid:") and caller != f"pid:{os.getpid()}"
-    assert len(floods) <= seconds + 2 and sum(f.get("more", 0) for f in floods) > 100
+    assert_one_line_a_second([line for line in log.read_text().splitlines() if "too_many_requests" in line])
+    assert len(floods) + sum(f.get("more", 0) for _, f in floods) <= refused  # the rest were counted, not logged
+
+
+def assert_one_line_a_second(lines: list[str]) -> None:
+    """At least one line, and per caller never two within a second, by the lines' own timestamps (the daemon's
+    clock; ms stamps of a monotonic throttle, hence 0.99)."""
+    assert lines
+    by_caller: dict[str, list[datetime.datetime]] = {}
+    for line in lines:
+        caller = json.loads(line.split(" ", 4)[4])["caller"]
+        by_caller.setdefault(caller, []).append(datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f"))
+    gaps = [(b - a).total_seconds() for stamps in by_caller.values() for a, b in itertools.pairwise(stamps)]
+    assert all(gap >= 0.99 for gap in gaps), gaps
 
 
 def daemon_with_log(sock: str, log: Path, *args: str) -> subprocess.Popen[str]:
@@ -172,16 +205,15 @@ def test_bytes_that_are_not_http_forge_no_line_and_are_counted_not_traced(tmp_pa
         daemon.terminate()
         daemon.communicate(timeout=20)
     bad = sum(v for _, v in metric(text, "envpipe_clockd_bad_http_requests_total"))
-    assert bad >= sum(v for k, v in tally["bad"].items() if k.startswith("bad http 400"))
-    assert bad > 10
+    seen = sum(v for k, v in tally["bad"].items() if k.startswith("bad http 400"))
+    assert 0 < seen <= bad  # the daemon counted every one it refused (also those the abuser had no time to read)
     lines = log.read_text().splitlines()
     assert [line for line in lines if not LINE.match(line)] == []  # every line is the daemon's own
     assert "Traceback" not in log.read_text()
     opened = [line for line in lines if '"event": "lease_open"' in line.split(" INFO ", 1)[-1][:30]]
     assert len(opened) == 2  # the abuser's and the trainer's leases; the forged ones are inside strings
     assert any('"path": "/v1/gpus/GPU-x\\n2026-11-24 01:00:00,000' in line for line in lines)  # escaped
-    per_second = [line for line in lines if '"bad_http"' in line]
-    assert 0 < len(per_second) <= 2 * 3  # once a second per caller: not one per request
+    assert_one_line_a_second([line for line in lines if '"bad_http"' in line])  # not one per request
 
 
 @pytest.fixture()

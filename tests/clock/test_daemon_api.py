@@ -13,6 +13,7 @@ from envpipe.clock.backends import SimBackend
 from envpipe.clock.metrics import envpipe_version
 from envpipe.clock.service import ServiceConfig
 from tests.support.clockd_helpers import call, daemon_thread, one_metric
+from tests.support.scheduling import bound_s
 
 LOW, HIGH = 900, 1410  # allow-list used below; the sim A100 supports 1410 MHz down to 210 MHz
 
@@ -109,8 +110,9 @@ def test_lease_expires_without_heartbeats_and_resets(sock) -> None:
         lease = open_lease(sock, gpu, ttl_s=0.6)
         call(sock, "POST", f"/v1/gpus/{gpu}/lock", {"lease": lease, "mhz": 1000})
         assert call(sock, "POST", f"/v1/leases/{lease}/renew")[0] == 200
-        waited = wait_for(lambda: call(sock, "GET", f"/v1/gpus/{gpu}")[1]["locked"] is None, 5)
-        assert 0.3 < waited < 2.0
+        most = bound_s(2.0)  # the reaper may wait for the CPU on a busy machine (tests.support.scheduling)
+        waited = wait_for(lambda: call(sock, "GET", f"/v1/gpus/{gpu}")[1]["locked"] is None, most + 3)
+        assert 0.3 < waited < most
         assert call(sock, "POST", f"/v1/leases/{lease}/renew")[0] == 404
 
 

@@ -28,6 +28,7 @@ from tests.support.clockd_helpers import (
     wait_for,
 )
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
+from tests.support.scheduling import bound_s
 
 A, B, C = (f"GPU-{c * 8}-0000-0000-0000-00000000000{i}" for i, c in enumerate("abc"))
 MAX = 1980  # the fake's default (and highest) SM clock
@@ -71,11 +72,11 @@ def test_a_stuck_gpu_delays_no_other_gpus_lease_expiry(tmp_path) -> None:
             in_background(call, sock, "GET", f"/v1/gpus/{B}")
             t0 = time.monotonic()
             status, listing = call(sock, "GET", "/v1/gpus")
-            assert status == 200 and time.monotonic() - t0 < 2.0  # bounded by the deadline, not the hang
+            assert status == 200 and time.monotonic() - t0 < bound_s(2.0)  # by the deadline, not the 30 s hang
             health = {g["uuid"]: g["healthy"] for g in listing["gpus"]}
             assert health == {A: True, B: False}
             wait_for(lambda: a.sm_mhz == MAX, 6.0)
-            assert time.monotonic() - a_expires < 1.0  # before: only when B's hang ended
+            assert time.monotonic() - a_expires < bound_s(1.0)  # before: only when B's 30 s hang ended
     finally:
         fake.release.set()
 
@@ -90,7 +91,7 @@ def test_a_driver_call_past_its_deadline_marks_the_gpu_unhealthy_ends_its_lease_
             b.hang["nvmlDeviceSetGpuLockedClocks"] = 30.0
             t0 = time.monotonic()
             status, body = lock(sock, B, lease, 1005)
-            assert status == 504 and body["error"] == "gpu_timeout" and time.monotonic() - t0 < 2.0
+            assert status == 504 and body["error"] == "gpu_timeout" and time.monotonic() - t0 < bound_s(2.0)
             assert call(sock, "POST", f"/v1/leases/{lease}/renew")[0] == 404  # ended in the daemon's books
             status, health = call(sock, "GET", "/healthz")
             assert status == 200 and health["status"] == "degraded" and B in health["unhealthy"]
@@ -118,7 +119,7 @@ def test_the_daemon_stops_promptly_while_a_driver_call_hangs(tmp_path) -> None:
             in_background(call, sock, "GET", f"/v1/gpus/{B}")
             time.sleep(0.2)
             t0 = time.monotonic()
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < bound_s(3.0)  # not the 30 s hang
     finally:
         fake.release.set()
 

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import tomllib
 from pathlib import Path
@@ -109,3 +110,24 @@ def test_make_e2e_as_a_user_skips_in_one_line() -> None:
                                 env={**os.environ, "MAKEFLAGS": ""})
     assert result.returncode == 0, result.stderr
     assert result.stdout == "make e2e: skipped: podman runs rootful here; run 'sudo make e2e'\n"
+
+
+def test_deepspeed_builds_its_ops_in_the_checkouts_venv(tmp_path: Path) -> None:
+    """TORCH_EXTENSIONS_DIR is the venv's own folder: exported to the targets (demo and test included) unless set,
+    and set by a .pth file for every Python the venv starts (a user's script through envpipe-launch too), so two
+    checkouts never rebuild each other's op or wait on each other's lock in ~/.cache/torch_extensions."""
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_EXTENSIONS_DIR", "MAKEFLAGS")}
+    printed = subprocess.run(["make", "-s", "--no-print-directory", "--eval", "ext: ; @echo $$TORCH_EXTENSIONS_DIR",
+                              "ext", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True, env=env)
+    assert printed.stdout.strip() == f"{venv}/torch_extensions"
+    kept = subprocess.run(["make", "-s", "--no-print-directory", "--eval", "ext: ; @echo $$TORCH_EXTENSIONS_DIR",
+                           "ext"], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={**env, "TORCH_EXTENSIONS_DIR": "/elsewhere"})
+    assert kept.stdout.strip() == "/elsewhere"  # the user's own choice stands
+    for target in ("demo", "test"):
+        assert "envpipe_torch_extensions.pth" in _dry(target, venv)
+    where = subprocess.run([sys.executable, "-c", "import torch.utils.cpp_extension as c; "
+                            "print(c._get_build_directory('deepspeed_shm_comm', False))"],
+                           capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert where == os.path.join(sys.prefix, "torch_extensions", "deepspeed_shm_comm")  # the .pth of `make install`

@@ -93,13 +93,14 @@ OPTIONS: dict[str, tuple[list[str | None], list[str]]] = {
     "--gpu": ([None, "all", "A40"], ["h300"]),
     "--max-slowdown": ([None, "0", "0.01", "5%", "0.5 %"], ["nan", "inf", "-1", "1", "5", "100%", "x%"]),
     "--time-budget": ([None, "0.2", "0.001", "1e9"], ["0", "nan", "1e308", "-1"]),
+    "--time-limit": ([None, None, "30", "1e-6"], ["0", "-1", "nan", "inf", "3601"]),
     # matplotlib and LP sweeps cost more: drawn less often
     "--out": ([None, None, "{d}/p.json", "{d}/new/deeper/p.json"], ["{d}", "{file}/p.json", "{d}/"]),
     "--gantt": ([None] * 8 + ["{d}/g.png", "{d}/sub/g.svg"], ["{d}/g.pdf", "{file}/g.png"]),
     "--frontier": ([None] * 8 + ["{d}/fr/f.csv"], ["{d}/f.txt", "{file}/f.csv"]),
     "--frontier-points": ([None, "2", "3"], ["1", "1001", "x"]),
 }
-OPTIMAL_ONLY = ("--max-slowdown", "--time-budget", "--frontier", "--frontier-points")
+OPTIMAL_ONLY = ("--max-slowdown", "--time-budget", "--time-limit", "--frontier", "--frontier-points")
 SIMULATE_OPTIONS = ("--stages", "--idle-power", "--tail-power", "--transfer-time", "--tail-time", "--gpu")
 
 
@@ -123,7 +124,7 @@ def profile_text(mutations: list[tuple[Any, ...]]) -> bytes:
             row = rows[m[1] % len(rows)]
             row[m[2] % len(row)] = m[3]
         elif m[0] == "column":
-            col, how = m[1], m[2]
+            col, how = m[1] % len(header), m[2]  # a column still there after an earlier drop
             if how == "drop":
                 del header[col:col + 1]
                 for r in rows:
@@ -282,12 +283,23 @@ def test_fuzz_plans(mutations, opts) -> None:
         check(args + [a for k, v in opts.items() if v is not None for a in (k, v)], Path(d))
 
 
-@fuzz(500)
-@given(opts=options(tuple(OPTIONS)) | options(tuple(OPTIONS), optimal=True))
-def test_fuzz_options(opts) -> None:
+def _plan_with(opts: dict[str, str | None]) -> None:
     with tempfile.TemporaryDirectory() as d:
         blocker = Path(d) / "file"
         blocker.write_text("")
         profile = _write(Path(d), "p.csv", profile_text([]))
         values = {k: v.format(d=d, file=blocker) for k, v in opts.items() if v is not None}
         check(["plan", "--profile", profile, *[a for kv in values.items() for a in kv]], Path(d))
+
+
+@fuzz(100)
+@given(opts=options(tuple(OPTIONS)) | options(tuple(OPTIONS), optimal=True))
+def test_fuzz_options(opts) -> None:
+    _plan_with(opts)
+
+
+@pytest.mark.slow  # 500 more command lines: about 25 s on the 2-core VM; the 100 above in the fast tier
+@fuzz(500)
+@given(opts=options(tuple(OPTIONS)) | options(tuple(OPTIONS), optimal=True))
+def test_fuzz_options_at_length(opts) -> None:
+    _plan_with(opts)

@@ -165,7 +165,7 @@ def test_chunked_optimal_plans_are_near_the_milp(schedule, chunks):
     res = optimal_plan(case, schedule, max_slowdown=0.02)
     _, [(_, problem)] = order_problems(case, schedule)
     assert res.budget_s is not None
-    option, _ = solve_milp(problem.menus, problem.edges, res.budget_s, 60)
+    option, _ = solve_milp(problem.menus, problem.edges, res.budget_s)
     exact = problem.simulate(option).energy
     base = res.baseline.energy
     assert res.timeline.energy <= exact + 0.005 * (base - exact)

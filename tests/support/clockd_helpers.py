@@ -31,9 +31,21 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.path = path
 
     def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
+        """Connect, waiting (up to the timeout) while the daemon's listen queue is full: a Unix socket refuses at
+        once with EAGAIN then, where TCP would wait; a daemon short of CPU under a connection flood is slow to
+        accept, not gone."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.settimeout(self.timeout)
+            try:
+                self.sock.connect(self.path)
+                return
+            except BlockingIOError:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
 
 def call(
