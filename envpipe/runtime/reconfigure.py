@@ -51,10 +51,8 @@ def _round(rig: Rig, plan: Plan, rnd: int) -> Phase[list[list[tuple[collective.P
 def measured_slowdown(iterations: list[list[tuple[collective.Place, Any]]]) -> tuple[float, float]:
     """(median plan/baseline time - 1 over the pairs, half their interquartile range): the job's times."""
     job = [(its[0][1][0], max(x[1] for _, x in its), None) for its in iterations]
-    ratios = [p[0] / b[0] for p, b in paired(job)]
-    spread = S.Spread.of(ratios)
-    assert spread is not None
-    return spread.median - 1.0, (spread.q3 - spread.q1) / 2
+    slowdowns = [p[0] / b[0] - 1.0 for p, b in paired(job)]
+    return statistics.median(slowdowns), noharm.half_iqr(slowdowns)
 
 
 def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[collective.Place, StageTiming]]],

@@ -72,10 +72,10 @@ def rehearse(rig: Rig, decision: Decision) -> Phase[S.Rehearsal]:
     return summarize(gathered, decision.predicted, time_label(rig.clock))
 
 
-Iterations = list[tuple[str, float, float | None]]  # one rank's: what ran, its time, the delay it inserted
+RankIterations = list[tuple[str, float, float | None]]  # one rank's: what ran, its time, the delay it inserted
 
 
-def summarize(gathered: Sequence[tuple[Place, tuple[float, Iterations]]], predicted: S.PredictedComparison,
+def summarize(gathered: Sequence[tuple[Place, tuple[float, RankIterations]]], predicted: S.PredictedComparison,
               time: str) -> S.Rehearsal:
     """The rehearsal from every rank's (place, (planned delay per iteration, its iterations)): the job's time per
     iteration is its slowest rank's; per stage, the median of its ranks' planned and inserted delays."""
