@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_handle, nvml_reader, nvml_sm_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.simgpu import JobTruth, SimGpu
+from envpipe.simgpu.gpu import Cold
 
 log = logging.getLogger(__name__)
 GPU_UUID_ENV = "ENVPIPE_GPU_UUID"  # the clockd GPU a CPU rank leases (default: the daemon's GPU number LOCAL_RANK)
@@ -246,7 +247,8 @@ def make_clock(
 
 def sim_clock(device: Device, slowdown: float = 1.0, controls: bool = True) -> SimClock:
     """The clock of this rank's simulated GPU: its stage's share of the job's hidden truth (envpipe.simgpu)."""
-    gpu = SimGpu(JobTruth.embedded(device.stages), device.stage, device.replica, slowdown=slowdown)
+    gpu = SimGpu(JobTruth.embedded(device.stages), device.stage, device.replica, slowdown=slowdown,
+                 cold=Cold.of_stage(device.stage, os.environ))
     return SimClock(gpu, controls)
 
 

@@ -14,6 +14,9 @@ give the same numbers to the last digit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import numpy as np
 
 from envpipe.energy.meter import CounterTrace
@@ -22,17 +25,48 @@ from envpipe.simgpu.truth import KINDS, JobTruth
 
 NOISE = 0.01  # relative standard deviation of a unit's time and of its power
 NOISE_CLIP = 3.0  # in standard deviations
+COLD_ENV = "ENVPIPE_SIM_COLD_STAGE"  # "STAGE:UNITS:FACTOR": that stage's first UNITS units take FACTOR x their time
+
+
+@dataclass(frozen=True)
+class Cold:
+    """A GPU's first ``units`` units take ``factor`` times their time. Real unit times drift after the first
+    iterations: on 2 x H200 (2026-11-28, clocks untouched) a Llama stage's forwards ran 5 % faster in the steady
+    phase than in calibration and its neighbour's 3 % slower, so a plan made on the calibration misjudged the
+    slack between them."""
+
+    units: int
+    factor: float
+
+    @classmethod
+    def of_stage(cls, stage: int, environ: Mapping[str, str]) -> Cold | None:
+        """From ENVPIPE_SIM_COLD_STAGE=STAGE:UNITS:FACTOR (CPU tests): that stage's, else None."""
+        value = environ.get(COLD_ENV, "")
+        if not value:
+            return None
+        try:
+            who, units, factor = value.split(":")
+            cold = cls(int(units), float(factor))
+            which = int(who)
+        except ValueError:
+            raise ValueError(f"{COLD_ENV}={value!r}: expected STAGE:UNITS:FACTOR, e.g. 1:32:1.3") from None
+        if cold.units < 0 or not cold.factor > 0:
+            raise ValueError(f"{COLD_ENV}={value!r}: UNITS must be >= 0 and FACTOR > 0")
+        return cold if which == stage else None
 
 
 class SimGpu:
     """The simulated GPU of one pipeline stage (of one data-parallel replica). Its numbers are simulated."""
 
     def __init__(self, job: JobTruth, stage: int, replica: int = 0, seed: int = 0, link: Link = LINK,
-                 slowdown: float = 1.0, noise: float = NOISE) -> None:
+                 slowdown: float = 1.0, noise: float = NOISE, cold: Cold | None = None) -> None:
         """The GPU of ``stage`` (of ``replica``) in a job whose hidden truth is ``job``. ``slowdown`` > 1 makes
-        every unit and tail that many times longer, as a slower GPU would (a straggler)."""
+        every unit and tail that many times longer, as a slower GPU would (a straggler); ``cold``: its first
+        units run slower (a GPU whose unit times drift once the job is under way)."""
         if not slowdown >= 1.0:
             raise ValueError(f"a simulated GPU's slowdown must be >= 1, got {slowdown!r}")
+        self.cold = cold if cold is not None else Cold(0, 1.0)
+        self._units_run = 0
         if not 0.0 <= noise < 1.0 / NOISE_CLIP:
             raise ValueError(f"noise must be in [0, {1 / NOISE_CLIP:.3f}), got {noise!r}")
         if not (isinstance(seed, int) and seed >= 0):
@@ -119,7 +153,9 @@ class SimGpu:
             self.unit_flops[kind] = float(flops)
         elif kind not in self.unit_flops:
             raise ValueError(f"no FLOPs counted yet for a {kind} unit of this GPU")
-        seconds, watts = self._truth.unit(kind, self.mhz, unit_s(self.unit_flops[kind]) * self.slowdown)
+        cold = self.cold.factor if self._units_run < self.cold.units else 1.0
+        self._units_run += 1
+        seconds, watts = self._truth.unit(kind, self.mhz, unit_s(self.unit_flops[kind]) * self.slowdown * cold)
         start, self._start = self._start, None
         end = self._busy(start, seconds, watts)
         if self._stretch_s:  # spinning: blocked power, exactly the asked time (no noise: a timer, not work)
