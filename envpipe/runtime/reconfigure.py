@@ -5,6 +5,12 @@ iterations, interleaved ABBA so that drift favours neither; if the plan is slowe
 beyond the round's own noise, rank 0 corrects the profile with the plan's measured unit times, tightens
 the planner's (simulated) budget by the measured excess, and re-plans; it stops once the measured
 slowdown is within budget. A plan still over budget after the last round gives way to 1F1B all-max.
+Where clocks cannot be set and the run rehearses (`rehearse`), the rounds rehearse: each unit below the top
+clock is stretched by its planned clock's extra time (envpipe.runtime.rehearse) instead of running at it, a new
+order warms up for one iteration first, and the profile is corrected by the units' own time (what they measured
+less their stretch, against the profile's top clock): the calibration's unit times drift from the ones the job
+runs later (2 x H200, 2026-11-28: a stage's forwards 5 % faster, its neighbour's 3 % slower), and a plan that
+spends a stage's whole predicted slack on lower clocks turns every such millisecond into a slowdown.
 
 `raise_clocks` (EnvPipe's greedy and balanced): each round runs one real iteration, turns the measured
 units of all stages into a timeline (`envpipe.runtime.timing.measured_timeline`: each unit's recv stall
@@ -32,20 +38,37 @@ from envpipe.runtime import collective, decide, noharm, replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.iterations import PLAN, comparison_pattern, paired
+from envpipe.runtime.rehearse import stretches
 from envpipe.runtime.rig import Phase, Rig, Step
+from envpipe.runtime.steady import WARMUP
 from envpipe.runtime.timing import StageTiming, measured_timeline
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
+PHASE = "reconfigure"
 
 
-def _round(rig: Rig, plan: Plan, rnd: int) -> Phase[list[list[tuple[collective.Place, Any]]]]:
-    """Run one round's pairs; every rank gets every rank's (what ran, time, timing) of each iteration."""
+def _round(rig: Rig, plan: Plan, rnd: int, stretch: list[float] | None
+           ) -> Phase[list[list[tuple[collective.Place, Any]]]]:
+    """Run one round's pairs; every rank gets every rank's (what ran, time, timing) of each iteration. With
+    ``stretch`` (this rank's delay per unit: a rehearsal) the plan's units are stretched instead of slowed, a new
+    order first warms up, and each unit's timing is its own (its end less its stretch)."""
     mine = []
+    extra = {"round": rnd} if stretch is None else {"round": rnd, "rehearsed": True}
+    if stretch is not None and not rig.has_run(plan):
+        yield Step(plan, WARMUP, PLAN, timed=False, stretch=stretch, extra=extra)  # not compared
     for runs in comparison_pattern(2 * ROUND_PAIRS, ROUND_PAIRS):
-        m = yield Step(plan if runs == PLAN else rig.baseline, "reconfigure", runs, extra={"round": rnd})
-        t = m.timing
+        mine_stretch = stretch if runs == PLAN else None
+        m = yield Step(plan if runs == PLAN else rig.baseline, PHASE, runs, extra=extra, stretch=mine_stretch)
+        t = m.timing if mine_stretch is None else unstretched(m.timing, plan.orders()[rig.place.stage], mine_stretch)
         mine.append((runs, t.step_end - t.step_start, t))
     return rig.gather_each(mine)
+
+
+def unstretched(timing: StageTiming, order: Sequence[tuple[str, int]], stretch: Sequence[float]) -> StageTiming:
+    """``timing`` with each unit's end moved back by its stretch (the delay ran inside its marks, after its
+    kernels): what the unit's own work took."""
+    delay = {unit: s for unit, s in zip(order, stretch, strict=True)}
+    return replace(timing, units=[(k, mb, a, b - delay[(k, mb)]) for k, mb, a, b in timing.units])
 
 
 def measured_slowdown(iterations: list[list[tuple[collective.Place, Any]]]) -> tuple[float, float]:
@@ -73,15 +96,20 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
     return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by the units that ran")
 
 
-def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Calibrated
+def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Calibrated, rehearsed: bool = False
                                ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
+    """Re-plan until the plan measures within budget (``rehearsed``: its clocks stood in for by stretches)."""
     cfg, overheads = rig.cfg, calibrated.overheads()
     allowed = cfg.max_slowdown or 0.0
     rounds: list[S.ReconfigRound] = []
     reason = f"round limit ({cfg.reconfigure_rounds}): still over budget; fell back to 1F1B all-max"
     for rnd in range(cfg.reconfigure_rounds):
         plan = chosen.plan_for(rig.place.replica)
-        iterations = yield from _round(rig, plan, rnd)
+        stretch = None
+        if rehearsed:
+            assert chosen.profile is not None
+            stretch = stretches(plan, chosen.profile, rig.place.stage, rig.f_max)
+        iterations = yield from _round(rig, plan, rnd, stretch)
         slowdown, noise = measured_slowdown(iterations)
         plan_times = [max(x[1] for _, x in its) for its in iterations if its[0][1][0] == PLAN]
         rounds.append(S.ReconfigRound(rnd, statistics.median(plan_times), plan.clocks()))
@@ -91,27 +119,31 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
         if over <= noharm.allowance(noise):  # the steady phase's no-harm rule allows the same
             reason = f"within budget: {runner_note}"
             break
-        chosen = collective.decided(partial(_replan, rig, chosen, overheads, iterations, over))
-        collective.progress(f"reconfigure: {runner_note} over the budget; re-planned ({chosen.order})")
+        chosen = collective.decided(partial(_replan, rig, chosen, overheads, iterations, over, rehearsed))
+        what = "rehearsed " if rehearsed else ""
+        collective.progress(f"reconfigure: {what}{runner_note} over the budget; re-planned ({chosen.order})")
     else:
         profile = chosen.profile
         assert profile is not None
         chosen = decide.replanned(chosen, rig.baseline, "1f1b", PipelineCase(profile, rig.M, overheads),
                                   chosen.budget_s)
     target = cfg.time_budget_s
-    return chosen, S.Reconfiguration("replan", rounds, target, reason, None)
+    return chosen, S.Reconfiguration("replan", rounds, target, reason, None, rehearsed)
 
 
-def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], over: float
-            ) -> decide.Decision:
+def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], over: float,
+            rehearsed: bool) -> decide.Decision:
     """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess; a budget
     tighter than the fastest plan becomes the fastest plan's time: the least energy at the fastest iteration
-    still slows down units off the critical path (only 1F1B all-max would give that up)."""
+    still slows down units off the critical path (only 1F1B all-max would give that up). A rehearsed plan's
+    units ran at the top clock (their stretch taken out of their timing): they correct the top clock's times."""
     from envpipe.plan.lp import InfeasibleBudget
     from envpipe.plan.optimal import optimal_plan, order_problems
 
     assert chosen.profile is not None and chosen.budget_s is not None
     plan = chosen.plan_for(rig.place.replica)
+    if rehearsed:
+        plan = plan.with_clocks([[rig.f_max] * len(units) for units in plan.stages])
     timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == PLAN]
     profile = corrected_profile(chosen.profile, plan, timings)
     budget = chosen.budget_s / (1.0 + over)

@@ -6,6 +6,10 @@ model over the measured default-clock units). Communication, dependencies and bu
 those clocks. The rehearsed iterations are interleaved ABBA with this run's 1F1B all-max iterations, like the steady
 phase's comparison pairs, after one warm-up iteration of an order this process has not run.
 
+Before it, with the optimal policy's `replan` reconfiguration, the reconfiguration rounds rehearse too
+(envpipe.runtime.reconfigure): a plan measured over the budget is re-planned on the units' measured times until it
+measures within it, or gives way to 1F1B all-max (then nothing is left to rehearse).
+
 What it tells: the rehearsed plan's measured slowdown beside the planner's predicted one, and per stage the planned
 delay beside what its GPU's timer spun. Energy is the planner's prediction only (simulated): a GPU spinning on its
 timer draws about its idle power (116 W against 692 W in GEMMs on one H100, 2026-11-28), not what a slowed unit
@@ -48,6 +52,11 @@ def stretches(plan: Plan, profile: Profile, stage: int, top_mhz: float) -> list[
         extra = unit_time(profile, stage, u.kind, u.freq_mhz) - unit_time(profile, stage, u.kind, top_mhz)
         out.append(max(0.0, extra))
     return out
+
+
+def lowers_clocks(decision: Decision, top_mhz: float) -> bool:
+    """Whether any stage of ``decision``'s plans runs a unit below ``top_mhz`` (something to rehearse)."""
+    return any(f < top_mhz for plan in decision.plans.values() for clocks in plan.clocks() for f in clocks)
 
 
 def rehearse(rig: Rig, decision: Decision) -> Phase[S.Rehearsal]:

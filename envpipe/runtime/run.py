@@ -48,7 +48,7 @@ from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.monitor import MonitorFeed
 from envpipe.runtime.profiling import stage_profile
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
-from envpipe.runtime.rehearse import rehearse
+from envpipe.runtime.rehearse import lowers_clocks, rehearse
 from envpipe.runtime.rig import Measured, Phase, Rig, Step
 from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
 from envpipe.runtime.timing import StageTiming
@@ -185,6 +185,9 @@ class EnvPipeRun:
             self.planned = decide.Decided(calibrated, chosen, reconfiguration)
             if cfg.rehearse and rig.controls:
                 progress("rehearse: clocks can be set here, so the plan runs with its clocks; no rehearsal")
+            elif cfg.rehearse and not lowers_clocks(chosen, rig.f_max):
+                progress("rehearse: the plan lowers no clock, so there is nothing to stretch; the steady pairs "
+                         "measure its order")
             elif cfg.rehearse:
                 self.rehearsal = yield from rehearse(rig, chosen)
         else:
@@ -217,12 +220,15 @@ class EnvPipeRun:
     def _reconfigure(self, chosen: decide.Decision, calibrated: Calibrated
                      ) -> Phase[tuple[decide.Decision, S.Reconfiguration | None]]:
         method, rig = self.cfg.reconfig_method, self.rig
-        if not rig.controls or method == "default" or chosen.origin == decide.Origin.PLAN_FILE:
+        rehearsed = not rig.controls and self.cfg.rehearse  # the plan's clocks stood in for by stretches
+        if method == "default" or chosen.origin == decide.Origin.PLAN_FILE:
             return chosen, None
         if chosen.straggler_rule is not None and chosen.straggler_rule.applied:
             return chosen, None  # the replicas run different plans: one set of raises cannot fit both
-        if method == REPLAN:
-            return (yield from replan_until_within_budget(rig, chosen, calibrated))
+        if method == REPLAN and (rig.controls or (rehearsed and lowers_clocks(chosen, rig.f_max))):
+            return (yield from replan_until_within_budget(rig, chosen, calibrated, rehearsed))
+        if not rig.controls:
+            return chosen, None  # nothing to rehearse, or EnvPipe's raises, which need clocks that move
         return (yield from raise_measured(rig, chosen, calibrated, method))
 
     # --- the report -----------------------------------------------------------------------------------

@@ -196,6 +196,7 @@ class Reconfiguration:
     target_s: float | None  # replan: the measured iteration the plan must stay within
     stop_reason: str
     raises: int | None  # EnvPipe's methods: clock raises
+    rehearsed: bool = False  # clocks could not be set: the plan's units were stretched instead (a rehearsal)
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -169,7 +169,8 @@ def render(s: RunSummary, report_dir: str | Path) -> str:
     r = s.reconfiguration
     if r is not None:
         times = ", ".join(_ms(x.measured_time_s) for x in r.rounds)
-        lines.append(f"  reconfiguration ({r.method}, {_got(s)}): {len(r.rounds)} round(s), iteration {times}; "
+        how = ", rehearsed: each unit stretched by its planned clock's extra time" if r.rehearsed else ""
+        lines.append(f"  reconfiguration ({r.method}, {_got(s)}{how}): {len(r.rounds)} round(s), iteration {times}; "
                      f"{r.stop_reason}")
     if plan is not None and plan.memory is not None:
         for st, mem in enumerate(plan.memory):
