@@ -7,8 +7,9 @@ the planner's (simulated) budget by the measured excess, and re-plans; it stops 
 slowdown is within budget. A plan still over budget after the last round gives way to 1F1B all-max.
 Where clocks cannot be set and the run rehearses (`rehearse`), the rounds rehearse: each unit below the top
 clock is stretched by its planned clock's extra time (envpipe.runtime.rehearse) instead of running at it, a new
-order warms up for one iteration first, and the profile is corrected by the units' own time (what they measured
-less their stretch, against the profile's top clock): the calibration's unit times drift from the ones the job
+order warms up for one iteration first, and the profile is corrected by the round's own 1F1B all-max iterations
+(their units against the profile's top clock; a stretched unit's marks hold its delay, and the delay would pass
+for the next unit's overhead): the calibration's unit times drift from the ones the job
 runs later (2 x H200, 2026-11-28: a stage's forwards 5 % faster, its neighbour's 3 % slower), and a plan that
 spends a stage's whole predicted slack on lower clocks turns every such millisecond into a slowdown.
 
@@ -37,7 +38,7 @@ from envpipe.profile import Profile
 from envpipe.runtime import collective, decide, noharm, replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.iterations import PLAN, comparison_pattern, paired
+from envpipe.runtime.iterations import BASELINE, PLAN, comparison_pattern, paired
 from envpipe.runtime.rehearse import stretches
 from envpipe.runtime.rig import Phase, Rig, Step
 from envpipe.runtime.steady import WARMUP
@@ -50,25 +51,18 @@ PHASE = "reconfigure"
 def _round(rig: Rig, plan: Plan, rnd: int, stretch: list[float] | None
            ) -> Phase[list[list[tuple[collective.Place, Any]]]]:
     """Run one round's pairs; every rank gets every rank's (what ran, time, timing) of each iteration. With
-    ``stretch`` (this rank's delay per unit: a rehearsal) the plan's units are stretched instead of slowed, a new
-    order first warms up, and each unit's timing is its own (its end less its stretch)."""
+    ``stretch`` (this rank's delay per unit: a rehearsal) the plan's units are stretched instead of slowed, and a
+    new order first warms up."""
     mine = []
     extra = {"round": rnd} if stretch is None else {"round": rnd, "rehearsed": True}
     if stretch is not None and not rig.has_run(plan):
         yield Step(plan, WARMUP, PLAN, timed=False, stretch=stretch, extra=extra)  # not compared
     for runs in comparison_pattern(2 * ROUND_PAIRS, ROUND_PAIRS):
-        mine_stretch = stretch if runs == PLAN else None
-        m = yield Step(plan if runs == PLAN else rig.baseline, PHASE, runs, extra=extra, stretch=mine_stretch)
-        t = m.timing if mine_stretch is None else unstretched(m.timing, plan.orders()[rig.place.stage], mine_stretch)
+        m = yield Step(plan if runs == PLAN else rig.baseline, PHASE, runs, extra=extra,
+                       stretch=stretch if runs == PLAN else None)
+        t = m.timing
         mine.append((runs, t.step_end - t.step_start, t))
     return rig.gather_each(mine)
-
-
-def unstretched(timing: StageTiming, order: Sequence[tuple[str, int]], stretch: Sequence[float]) -> StageTiming:
-    """``timing`` with each unit's end moved back by its stretch (the delay ran inside its marks, after its
-    kernels): what the unit's own work took."""
-    delay = {unit: s for unit, s in zip(order, stretch, strict=True)}
-    return replace(timing, units=[(k, mb, a, b - delay[(k, mb)]) for k, mb, a, b in timing.units])
 
 
 def measured_slowdown(iterations: list[list[tuple[collective.Place, Any]]]) -> tuple[float, float]:
@@ -133,23 +127,25 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
 
 def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], over: float,
             rehearsed: bool) -> decide.Decision:
-    """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess; a budget
-    tighter than the fastest plan becomes the fastest plan's time: the least energy at the fastest iteration
-    still slows down units off the critical path (only 1F1B all-max would give that up). A rehearsed plan's
-    units ran at the top clock (their stretch taken out of their timing): they correct the top clock's times."""
+    """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess (and not above
+    the corrected profile's 1F1B all-max time within the allowed slowdown); a budget tighter than the fastest
+    plan becomes the fastest plan's time: the least energy at the fastest iteration still slows down units off
+    the critical path (only 1F1B all-max would give that up). A rehearsal corrects the profile by the round's
+    1F1B all-max iterations (its plan's units ran at the top clock, stretched)."""
+    from envpipe.plan.evaluate import baseline_timeline
     from envpipe.plan.lp import InfeasibleBudget
     from envpipe.plan.optimal import optimal_plan, order_problems
 
     assert chosen.profile is not None and chosen.budget_s is not None
-    plan = chosen.plan_for(rig.place.replica)
-    if rehearsed:
-        plan = plan.with_clocks([[rig.f_max] * len(units) for units in plan.stages])
-    timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == PLAN]
+    plan, ran = (rig.baseline, BASELINE) if rehearsed else (chosen.plan_for(rig.place.replica), PLAN)
+    timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == ran]
     profile = corrected_profile(chosen.profile, plan, timings)
-    budget = chosen.budget_s / (1.0 + over)
     model, only_1f1b = decide.usable_memory(chosen.memory)
     schedule = "1f1b" if only_1f1b else rig.cfg.scheduling
     case = PipelineCase(profile, rig.M, overheads, model)
+    budget = chosen.budget_s / (1.0 + over)
+    if rig.cfg.time_budget_s is None:  # and never above the corrected profile's own 1F1B all-max within budget
+        budget = min(budget, baseline_timeline(case).iteration_time * (1.0 + (rig.cfg.max_slowdown or 0.0)))
     _, problems = order_problems(case, schedule)
     budget = max(budget, min(problem.fastest_time() for _, problem in problems))
     try:
