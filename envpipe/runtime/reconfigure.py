@@ -7,9 +7,9 @@ the planner's (simulated) budget by the measured excess, and re-plans; it stops 
 slowdown is within budget. A plan still over budget after the last round gives way to 1F1B all-max.
 Where clocks cannot be set and the run rehearses (`rehearse`), the rounds rehearse: each unit below the top
 clock is stretched by its planned clock's extra time (envpipe.runtime.rehearse) instead of running at it, a new
-order warms up for one iteration first, and the profile is corrected by the round's own 1F1B all-max iterations
-(their units against the profile's top clock; a stretched unit's marks hold its delay, and the delay would pass
-for the next unit's overhead): the calibration's unit times drift from the ones the job
+order warms up for one iteration first, the pairs run untimed, and the profile is corrected by the round's own
+timed 1F1B all-max iterations (their units against the profile's top clock; a stretched unit's marks hold its
+delay, and the delay would pass for the next unit's overhead): the calibration's unit times drift from the ones the job
 runs later (2 x H200, 2026-11-28: a stage's forwards 5 % faster, its neighbour's 3 % slower), and a plan that
 spends a stage's whole predicted slack on lower clocks turns every such millisecond into a slowdown.
 
@@ -46,20 +46,24 @@ from envpipe.runtime.timing import StageTiming, measured_timeline
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
 PHASE = "reconfigure"
+TIMED = "timed 1F1B"  # a rehearsed round's own 1F1B all-max iterations with their units timed (not paired)
 
 
 def _round(rig: Rig, plan: Plan, rnd: int, stretch: list[float] | None
            ) -> Phase[list[list[tuple[collective.Place, Any]]]]:
     """Run one round's pairs; every rank gets every rank's (what ran, time, timing) of each iteration. With
-    ``stretch`` (this rank's delay per unit: a rehearsal) the plan's units are stretched instead of slowed, and a
-    new order first warms up."""
+    ``stretch`` (this rank's delay per unit: a rehearsal) the plan's units are stretched instead of slowed, a new
+    order first warms up, the pairs run untimed as the job will (unit timing made the transformers' rehearsed
+    rounds measure 1 to 2.5 points faster than their untimed rehearsal on 2 x H200, 2026-11-28), and the round
+    ends with ROUND_PAIRS timed 1F1B all-max iterations, whose units correct the profile (`TIMED`)."""
     mine = []
     extra = {"round": rnd} if stretch is None else {"round": rnd, "rehearsed": True}
     if stretch is not None and not rig.has_run(plan):
         yield Step(plan, WARMUP, PLAN, timed=False, stretch=stretch, extra=extra)  # not compared
-    for runs in comparison_pattern(2 * ROUND_PAIRS, ROUND_PAIRS):
-        m = yield Step(plan if runs == PLAN else rig.baseline, PHASE, runs, extra=extra,
-                       stretch=stretch if runs == PLAN else None)
+    runs_of = comparison_pattern(2 * ROUND_PAIRS, ROUND_PAIRS) + ([] if stretch is None else [TIMED] * ROUND_PAIRS)
+    for runs in runs_of:
+        m = yield Step(plan if runs == PLAN else rig.baseline, PHASE, BASELINE if runs == TIMED else runs,
+                       timed=stretch is None or runs == TIMED, extra=extra, stretch=stretch if runs == PLAN else None)
         t = m.timing
         mine.append((runs, t.step_end - t.step_start, t))
     return rig.gather_each(mine)
@@ -131,13 +135,13 @@ def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations:
     the corrected profile's 1F1B all-max time within the allowed slowdown); a budget tighter than the fastest
     plan becomes the fastest plan's time: the least energy at the fastest iteration still slows down units off
     the critical path (only 1F1B all-max would give that up). A rehearsal corrects the profile by the round's
-    1F1B all-max iterations (its plan's units ran at the top clock, stretched)."""
+    timed 1F1B all-max iterations (its plan's units ran at the top clock, stretched, untimed)."""
     from envpipe.plan.evaluate import baseline_timeline
     from envpipe.plan.lp import InfeasibleBudget
     from envpipe.plan.optimal import optimal_plan, order_problems
 
     assert chosen.profile is not None and chosen.budget_s is not None
-    plan, ran = (rig.baseline, BASELINE) if rehearsed else (chosen.plan_for(rig.place.replica), PLAN)
+    plan, ran = (rig.baseline, TIMED) if rehearsed else (chosen.plan_for(rig.place.replica), PLAN)
     timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == ran]
     profile = corrected_profile(chosen.profile, plan, timings)
     model, only_1f1b = decide.usable_memory(chosen.memory)
