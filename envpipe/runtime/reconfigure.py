@@ -110,7 +110,7 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
         iterations = yield from _round(rig, plan, rnd, stretch)
         slowdown, noise = measured_slowdown(iterations)
         plan_times = [max(x[1] for _, x in its) for its in iterations if its[0][1][0] == PLAN]
-        rounds.append(S.ReconfigRound(rnd, statistics.median(plan_times), plan.clocks()))
+        rounds.append(S.ReconfigRound(rnd, statistics.median(plan_times), plan.clocks(), slowdown))
         over = (statistics.median(plan_times) / cfg.time_budget_s - 1.0 if cfg.time_budget_s is not None
                 else slowdown - allowed)
         runner_note = f"slowdown {100 * slowdown:+.1f}% against 1F1B all-max (noise {100 * noise:.1f}%)"

@@ -5,8 +5,9 @@ comparison pair) at the end of the comparison window (envpipe.runtime.steady). B
 calibration's iterations (until settled, then the untimed ones: envpipe.runtime.calibrate), one iteration per
 profiled clock (envpipe.runtime.profiling), every reconfiguration round (the optimal policy's re-plans run
 ROUND_PAIRS plan/baseline pairs a round, rehearsed ones after a warm-up and with ROUND_PAIRS timed 1F1B
-iterations, EnvPipe's raises one iteration; envpipe.runtime.reconfigure), a rehearsal's warm-up and pairs (envpipe.runtime.rehearse), and one warm-up iteration of a new order. A loop of
-this many steps (the CML notebook's default) ends with a report whatever the phases take.
+iterations, EnvPipe's raises one iteration; envpipe.runtime.reconfigure), a rehearsal's warm-up and pairs
+(envpipe.runtime.rehearse), and one warm-up iteration of a new order. A loop of this many steps (the CML
+notebook's default) ends with a report whatever the phases take.
 """
 
 from __future__ import annotations

@@ -185,6 +185,7 @@ class ReconfigRound:
     round: int
     measured_time_s: float
     clocks: list[list[int]]
+    slowdown: float | None = None  # replan: the round's measured median slowdown against 1F1B all-max
 
 
 @dataclass(frozen=True, config=_STRICT)
