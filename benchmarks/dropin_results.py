@@ -314,8 +314,11 @@ def _rehearsed(b: Bench, summaries: dict[tuple[str, int, str], RunSummary]) -> l
              " / inserted (the GPU's timer), per stage. The plan's energy saving is the planner's prediction only "
              "(a spinning GPU draws idle power). No harm: the plan's order at default clocks against 1F1B, and "
              "what ran after the pairs. Predictions: what ran, anchored on the calibration's untimed 1F1B "
-             "iterations.", "",
-             *md_table("model", "run", "order", "rehearsed slowdown: measured / predicted", "error (points)",
+             "iterations. Re-planned (from 2026-11-28 12:15 on): the rehearsed reconfiguration rounds before the "
+             "rehearsal (each: the plan's median iteration, its measured slowdown where recorded) and why they "
+             "stopped.", "",
+             *md_table("model", "run", "order", "re-planned (rehearsed rounds)",
+                       "rehearsed slowdown: measured / predicted", "error (points)",
                        "stretch per stage (ms): planned / inserted", "order vs 1F1B: time, energy", "kept",
                        "time error", "energy error", "per stage", "predictions trusted")]
     for (model, rnd, _), s in sorted(summaries.items()):
@@ -331,11 +334,22 @@ def _rehearsed(b: Bench, summaries: dict[tuple[str, int, str], RunSummary]) -> l
             prediction_error(s.predicted_iteration_time_s, s.steady.time_s.median)
         trusted = "—" if s.trust is None else ("yes" if s.trust.trusted else "no: " + "; ".join(s.trust.reasons))
         lines.append(md_row(
-            model, rnd, "—" if s.plan is None else s.plan.order, rehearsed,
+            model, rnd, "—" if s.plan is None else s.plan.order, _rehearsed_rounds(s), rehearsed,
             "—" if r is None else f"{100 * r.error:+.1f}", stretch, order, kept, _pct(time_error),
             "—" if e is None else _pct(e.error), "—" if e is None else ", ".join(f"{x.stage}: {_pct(x.error)}"
                                                                                 for x in e.stages), trusted))
     return lines
+
+
+def _rehearsed_rounds(s: RunSummary) -> str:
+    """The rehearsed reconfiguration rounds: each one's median plan iteration (ms) and measured slowdown where the
+    run recorded it, then why they stopped; "—" where the run rehearsed without them."""
+    r = s.reconfiguration
+    if r is None or not r.rehearsed:
+        return "—"
+    rounds = ", ".join(f"{1e3 * x.measured_time_s:.1f} ms" + ("" if x.slowdown is None else f" ({_pct(x.slowdown)})")
+                       for x in r.rounds)
+    return f"{len(r.rounds)}: {rounds}; {r.stop_reason}"
 
 
 def _memory(s: RunSummary) -> str:

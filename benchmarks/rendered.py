@@ -47,6 +47,10 @@ RAW_H200X4 = RESULTS / "h200x4_runs"
 H200X2_DROPIN = ("c1_cnn_m8", "c1_gpt2_m8_r1", "c1_llama_m8_r1", "c1_llama_m8_rh", "c2_cnn_m8", "c2_gpt2_m8_rh",
                  "c2_gpt2_m16", "c2_dp2_gpt2_m8", "c2_llama_m8", "c2_llama_m16", "c3_dp2_gpt2_m8", "c3_dp2z1_gpt2_m8",
                  "c3_llama_m8", "c3_gpt2_m8", "c3_cnn_m8")
+# the same issue's later calls, one 2-GPU job at a time on a 2 x H200 host of its own: rehearsed re-planning, and
+# throughput on a quiet host
+H200X2_QUIET = ("c4_gpt2_m8_rh", "c4_llama_m8_rh", "c4_gpt2_m8", "c4_cnn_m8_rh", "c5_gpt2_m8_rh", "c5_llama_m8_rh",
+                "c5_cnn_m8_rh", "c5_llama_m8", "c6_gpt2_m8_rh", "c6_llama_m8_rh", "c6_cnn_m8_rh", "c6_gpt2_m16_rh")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ RENDERED = (
                                                                "dropin_m8_2349")),
              dropin_results.render_all, "python benchmarks/dropin_results.py"),
     Rendered("dropin_h200x2.md", tuple(RAW_H200X2 / d for d in H200X2_DROPIN), dropin_results.render_all,
+             "python benchmarks/dropin_results.py"),
+    Rendered("dropin_h200x2_quiet.md", tuple(RAW_H200X2 / d for d in H200X2_QUIET), dropin_results.render_all,
              "python benchmarks/dropin_results.py"),
     Rendered("dropin_ablation_h200x2.md", tuple(RAW_H200X2 / d for d in ("c3_ablation_gpt2", "c3_ablation_llama")),
              dropin_ablation.render, "python benchmarks/dropin_ablation.py --render"),
