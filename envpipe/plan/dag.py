@@ -11,7 +11,6 @@ numpy, one topological level at a time.
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -141,9 +140,8 @@ class PipelineDag:
                 pred_data[first[c] + M + ms] = first[c] + ms
 
         topo, depth = _topological(N, pred_same, pred_data, per_stage, lambda i: cls._name(i, M, v))
-        order_by_depth = np.argsort(depth, kind="stable")
-        bounds = np.flatnonzero(np.diff(depth[order_by_depth])) + 1
-        levels = tuple(np.split(order_by_depth, bounds))
+        bounds = np.flatnonzero(np.diff(depth[topo])) + 1
+        levels = tuple(np.split(topo, bounds))
         level_edges = tuple((lv, pred_same[lv], pred_data[lv], crosses[lv]) for lv in levels)
         return cls(S, M, stage, is_fwd, mb, pred_same, pred_data, crosses, levels, level_edges, topo, depth,
                    tuple(per_stage), chunk, model_stage, v)
@@ -159,33 +157,31 @@ def _topological(
     N: int, pred_same: np.ndarray, pred_data: np.ndarray, per_stage: list[tuple[int, ...]],
     name: Callable[[int], str],
 ) -> tuple[np.ndarray, np.ndarray]:
-    succ: list[list[int]] = [[] for _ in range(N)]
-    indeg = np.zeros(N, int)
-    for i in range(N):
-        for p in (pred_same[i], pred_data[i]):
-            if p != N:
-                succ[p].append(i)
-                indeg[i] += 1
-    depth = np.zeros(N, int)
-    queue = deque(int(i) for i in np.flatnonzero(indeg == 0))
-    topo = []
-    while queue:
-        i = queue.popleft()
-        topo.append(i)
-        for j in succ[i]:
-            depth[j] = max(depth[j], depth[i] + 1)
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                queue.append(j)
-    if len(topo) < N:
-        done = set(topo)
+    """A topological order (by level) and each unit's level: the longest path to it from a unit without
+    predecessors. Levels are found all at once, one after another: a unit's level is the round in which its last
+    predecessor was placed, plus one. Each unit leads to at most one unit on its stage and one by data."""
+    has_same, has_data = pred_same != N, pred_data != N
+    waiting = has_same.astype(int) + has_data
+    succ = np.full((N + 1, 2), N)  # row N takes the sentinel's writes
+    succ[pred_same, 0] = np.arange(N)
+    succ[pred_data, 1] = np.arange(N)
+    depth = np.full(N, -1)
+    level, frontier = 0, np.flatnonzero(waiting == 0)
+    while frontier.size:
+        depth[frontier] = level
+        after = succ[frontier].ravel()
+        after = after[after != N]
+        np.subtract.at(waiting, after, 1)
+        frontier = np.unique(after[waiting[after] == 0])
+        level += 1
+    if np.any(depth < 0):
         blocked = []
         for s, ids in enumerate(per_stage):
-            first = next((i for i in ids if i not in done), None)
+            first = next((i for i in ids if depth[i] < 0), None)
             if first is not None:
                 blocked.append(f"stage {s} at {name(first)}")
         raise DeadlockError("schedule deadlocks: every stage waits on another (" + "; ".join(blocked) + ")")
-    return np.asarray(topo), depth
+    return np.argsort(depth, kind="stable"), depth
 
 
 def engine_order_dag(orders: Sequence[Sequence[Unit]], num_microbatches: int) -> PipelineDag:
