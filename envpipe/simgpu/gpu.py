@@ -50,8 +50,8 @@ class Cold:
             which = int(who)
         except ValueError:
             raise ValueError(f"{COLD_ENV}={value!r}: expected STAGE:UNITS:FACTOR, e.g. 1:32:1.3") from None
-        if cold.units < 0 or not cold.factor > 0:
-            raise ValueError(f"{COLD_ENV}={value!r}: UNITS must be >= 0 and FACTOR > 0")
+        if cold.units < 0 or not (np.isfinite(cold.factor) and cold.factor > 0):
+            raise ValueError(f"{COLD_ENV}={value!r}: UNITS must be >= 0 and FACTOR a finite number > 0")
         return cold if which == stage else None
 
 
@@ -65,8 +65,6 @@ class SimGpu:
         units run slower (a GPU whose unit times drift once the job is under way)."""
         if not slowdown >= 1.0:
             raise ValueError(f"a simulated GPU's slowdown must be >= 1, got {slowdown!r}")
-        self.cold = cold if cold is not None else Cold(0, 1.0)
-        self._units_run = 0
         if not 0.0 <= noise < 1.0 / NOISE_CLIP:
             raise ValueError(f"noise must be in [0, {1 / NOISE_CLIP:.3f}), got {noise!r}")
         if not (isinstance(seed, int) and seed >= 0):
@@ -74,6 +72,8 @@ class SimGpu:
         self._truth = job.stage(stage)  # hidden: the runtime learns it only by running units (refuses a bad stage)
         self.stage, self.replica = stage, replica
         self.link, self.slowdown, self.noise = link, slowdown, noise
+        self.cold = cold if cold is not None else Cold(0, 1.0)
+        self._units_run = 0  # units ended so far (the first `cold.units` ran cold)
         self._rng = np.random.default_rng([seed, stage, replica])
         self.supported_mhz = list(self._truth.clocks_mhz)  # descending
         self.mhz = self.max_mhz

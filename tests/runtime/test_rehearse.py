@@ -127,7 +127,7 @@ def test_the_cold_stage_comes_from_the_environment(value: str, stage: int, expec
     assert Cold.of_stage(stage, {COLD_ENV: value}) == expected
 
 
-@pytest.mark.parametrize("value", ["1:32", "a:1:1", "1:-1:1.3", "1:4:0", "1:4:nan", "1:2:3:4"])
+@pytest.mark.parametrize("value", ["1:32", "a:1:1", "1:-1:1.3", "1:4:0", "1:4:nan", "1:4:inf", "1:2:3:4"])
 def test_a_bad_cold_stage_is_one_line(value: str) -> None:
     with pytest.raises(ValueError, match=f"{COLD_ENV}=") as e:
         Cold.of_stage(1, {COLD_ENV: value})
