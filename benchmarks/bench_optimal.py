@@ -28,8 +28,6 @@ sys.path.insert(0, str(ROOT))  # benchmarks.common when run as a script
 from benchmarks.common import add_output_options, write_results  # noqa: E402
 from envpipe.plan.case import PipelineCase, Planned  # noqa: E402
 from envpipe.plan.evaluate import evaluate_plan  # noqa: E402
-from envpipe.plan.fold import identity_fold  # noqa: E402
-from envpipe.plan.frontier import frontier  # noqa: E402
 from envpipe.plan.instances import (  # noqa: E402
     BLOCKING_POWER_W,
     cut_down,
@@ -38,9 +36,12 @@ from envpipe.plan.instances import (  # noqa: E402
     real_profile,
     spread_clocks,
 )
-from envpipe.plan.lp import InfeasibleBudget, solve_relaxation  # noqa: E402
-from envpipe.plan.milp import MilpUnsolved  # noqa: E402
-from envpipe.plan.optimal import build_problem, optimal_plan  # noqa: E402
+from envpipe.plan.optimal.fold import identity_fold  # noqa: E402
+from envpipe.plan.optimal.frontier import frontier  # noqa: E402
+from envpipe.plan.optimal.lp import InfeasibleBudget, solve_relaxation  # noqa: E402
+from envpipe.plan.optimal.milp import MilpUnsolved  # noqa: E402
+from envpipe.plan.optimal.orders import optimal_plan  # noqa: E402
+from envpipe.plan.optimal.problem import build_problem  # noqa: E402
 from envpipe.plan.planfile import Plan  # noqa: E402
 from envpipe.plan.planner import make_plan  # noqa: E402
 from envpipe.plan.policies import POLICIES  # noqa: E402

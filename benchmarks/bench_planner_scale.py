@@ -14,6 +14,7 @@ this tree, each case in a fresh process, so both see the same load:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -54,9 +55,12 @@ def planners(watts: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``plan(profile, M, schedule, max_slowdown)`` and ``sweep(profile, M, schedule, points)`` (a list of plans) on
     the planner of the ``envpipe`` on sys.path: this tree's, or a reference from before the planning case
     (envpipe.plan.case, 2026-11-25), whose planners took the profile and the idle power as arguments."""
-    from envpipe.plan.frontier import frontier
-    from envpipe.plan.optimal import optimal_plan
-
+    try:  # the optimal family in its folder (2026-11-28), or a reference from before, where it was flat in plan/
+        frontier = importlib.import_module("envpipe.plan.optimal.frontier").frontier
+        optimal_plan = importlib.import_module("envpipe.plan.optimal.orders").optimal_plan
+    except ImportError:
+        frontier = importlib.import_module("envpipe.plan.frontier").frontier
+        optimal_plan = importlib.import_module("envpipe.plan.optimal").optimal_plan
     try:
         from envpipe.plan.case import PipelineCase
     except ImportError:
@@ -108,13 +112,13 @@ def load() -> str:
 @contextmanager
 def phase_clock() -> Iterator[dict[str, float]]:
     """Seconds spent in each phase of envpipe.plan.optimal.solve while the block runs (this tree only)."""
-    from envpipe.plan import optimal
+    from envpipe.plan.optimal import solve
 
     spent: dict[str, float] = {}
     names = {"solve_relaxation": "LP (build + HiGHS)", "_diffused": "rounding", "_nearest": "rounding",
              "_on_time": "rounding",
              "_repair": "repair", "_improve": "free-float improve", "_polish": "MILP polish"}
-    originals = {name: getattr(optimal, name) for name in names}
+    originals = {name: getattr(solve, name) for name in names}
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -126,17 +130,17 @@ def phase_clock() -> Iterator[dict[str, float]]:
         return wrapper
 
     for name, fn in originals.items():
-        setattr(optimal, name, timed(name, fn))
+        setattr(solve, name, timed(name, fn))
     try:
         yield spent
     finally:
         for name, fn in originals.items():
-            setattr(optimal, name, fn)
+            setattr(solve, name, fn)
 
 
 def profile_table(lines: list[str], cases: list[tuple[str, str, int, int, str]]) -> None:
-    from envpipe.plan import optimal
     from envpipe.plan.case import PipelineCase
+    from envpipe.plan.optimal.orders import optimal_plan
     from envpipe.profile import embedded_profile_path, load_profile
 
     lines += ["## Where the time goes (this tree, one plan)", "",
@@ -151,7 +155,7 @@ def profile_table(lines: list[str], cases: list[tuple[str, str, int, int, str]])
             continue
         with phase_clock() as spent:
             t0 = time.perf_counter()
-            optimal.optimal_plan(PipelineCase.of(prof.with_stages(S), M, W), schedule)
+            optimal_plan(PipelineCase.of(prof.with_stages(S), M, W), schedule)
             total = time.perf_counter() - t0
         cells = [f"{spent.get(p, 0.0):.2f}" for p in phases]
         lines.append(f"| {label} | {total:.2f} | {' | '.join(cells)} | {total - sum(spent.values()):.2f} |")
@@ -185,9 +189,10 @@ def scaling_table(lines: list[str]) -> None:
     lines += ["## Scaling (this tree; one plan, 1F1B order, no slowdown, 38 clocks, stages tiled from the measured "
               "GPT-3/A100 profile; measured)", "",
               f"Each size in a fresh process; the load average (1 min) when it started and ended. Gap: the share of "
-              f"the exact MILP's saving the plan misses, where the MILP (envpipe.plan.milp, up to {MILP_UNITS:,} "
-              f"units, {MILP_NODES:,} branch-and-bound nodes, in a process given {MILP_TIMEOUT_S:.0f} s) proves its "
-              "optimum; LP gap: the same against the LP's bound (the whole LP, up to 8,192 units: a bound the "
+              f"the exact MILP's saving the plan misses, where the MILP (envpipe.plan.optimal.milp, up to "
+              f"{MILP_UNITS:,} units, {MILP_NODES:,} branch-and-bound nodes, in a process given "
+              f"{MILP_TIMEOUT_S:.0f} s) proves its optimum; LP gap: the same against the LP's bound (the whole LP, "
+              "up to 8,192 units: a bound the "
               "optimum may not reach).", "",
               "| S | M | units N | seconds | load (start, end) | MILP gap | LP gap |", "|---|---|---|---|---|---|---|"]
     sizes, seconds = [], []
@@ -220,10 +225,11 @@ def gaps(stages: int, micro: int) -> tuple[str, str]:
 def gap_worker(stages: int, micro: int, try_milp: bool) -> dict[str, str]:
     """In this process: the plan's relative gap to the exact MILP and to the whole LP's bound (1F1B order)."""
     from envpipe.plan.case import PipelineCase
-    from envpipe.plan.fold import identity_fold
-    from envpipe.plan.lp import solve_relaxation
-    from envpipe.plan.milp import MilpUnsolved, solve_milp
-    from envpipe.plan.optimal import build_problem, optimal_plan
+    from envpipe.plan.optimal.fold import identity_fold
+    from envpipe.plan.optimal.lp import solve_relaxation
+    from envpipe.plan.optimal.milp import MilpUnsolved, solve_milp
+    from envpipe.plan.optimal.orders import optimal_plan
+    from envpipe.plan.optimal.problem import build_problem
     from envpipe.profile import embedded_profile_path, load_profile
 
     case = PipelineCase.of(load_profile(embedded_profile_path(GPT3)).with_stages(stages), micro, W)

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import add_output_options, header, write_results  # noqa: E402
 from envpipe.plan.case import PipelineCase  # noqa: E402
 from envpipe.plan.memory import peak_in_flight  # noqa: E402
-from envpipe.plan.optimal import build_problem, optimal_plan  # noqa: E402
+from envpipe.plan.optimal.orders import optimal_plan  # noqa: E402
+from envpipe.plan.optimal.problem import build_problem  # noqa: E402
 from envpipe.plan.planner import make_plan  # noqa: E402
 from envpipe.plan.schedules import schedule_layout  # noqa: E402
 from envpipe.profile import embedded_profile_path, load_profile  # noqa: E402

@@ -60,7 +60,7 @@ def run_optimal(case: PipelineCase, options: PlanOptions, note: str | None) -> N
             raise click.UsageError("--frontier sweeps all budgets; drop --max-slowdown/--time-budget")
         _run_frontier(case, options, note)
         return
-    from envpipe.plan.optimal import optimal_plan
+    from envpipe.plan.optimal.orders import optimal_plan
 
     schedule, M, chunks = options.schedule, case.num_microbatches, case.layout.chunks
     try:
@@ -92,7 +92,7 @@ def _run_frontier(case: PipelineCase, options: PlanOptions, note: str | None) ->
     assert options.frontier_csv is not None
     from tqdm import tqdm
 
-    from envpipe.plan.frontier import frontier, write_frontier
+    from envpipe.plan.optimal.frontier import frontier, write_frontier
 
     try:
         # on a terminal only (disable=None): a log or a pipe gets no carriage-return noise

@@ -19,7 +19,7 @@ MAX_STAGES = 1024
 MAX_MICROBATCHES = 65_536
 MAX_UNITS = 131_072  # 2 x stages x micro-batches (64 stages x 1,024 micro-batches); bounds memory
 # the optimal planner's LP: the units of an order that do not repeat (its warm-up, its cool-down and up to 32
-# micro-batches around them; envpipe.plan.fold). At 32,768 a plan with EnvPipe's orders took up to 51 s on the
+# micro-batches around them; envpipe.plan.optimal.fold). At 32,768 a plan with EnvPipe's orders took up to 51 s on the
 # 2-core VM at load 2-3 (128 stages x 128 micro-batches, measured 2026-11-28: benchmarks/results/planner_scale.md),
 # too close to a minute on a busier machine; at 131,072 (1,024 x 64) one LP took 190 s. 64 stages take any number
 # of micro-batches up to MAX_UNITS.

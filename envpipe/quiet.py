@@ -1,7 +1,7 @@
 """Keep what native libraries print off the user's terminal.
 
 HiGHS (the planner's MILP solver, inside scipy) prints `HighsMipSolverData::...` lines on standard output from
-C++ (envpipe.plan.milp holds them back around each solve), and torch's profiler (the layer profiler's memory
+C++ (envpipe.plan.optimal.milp holds them back around each solve), and torch's profiler (the layer profiler's memory
 probe on CPU) prints kineto's `profiler_start` / `profiler_stop` lines on standard error: neither goes through
 `sys.stdout` or `sys.stderr`, so only the process's file descriptors can hold them back. While the block runs, the given
 descriptors point at /dev/null; Python's buffered output is flushed first, and C's stdio buffers before

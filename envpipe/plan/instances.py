@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from envpipe.plan.case import PipelineCase
-from envpipe.plan.lp import InfeasibleBudget
-from envpipe.plan.milp import solve_milp
-from envpipe.plan.optimal import build_problem, candidate_orders
+from envpipe.plan.optimal.lp import InfeasibleBudget
+from envpipe.plan.optimal.milp import solve_milp
+from envpipe.plan.optimal.problem import build_problem, candidate_orders
 from envpipe.profile import Profile, embedded_profile_path, load_profile
 from envpipe.profile.gpus import EMBEDDED_GPUS, IDLE_POWER_W
 

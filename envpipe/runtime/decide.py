@@ -231,7 +231,8 @@ def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: Cal
     refused = over_memory(memory, M)
     case = PipelineCase(profile, M, calibrated.overheads(), model)
     if cfg.type == "optimal":
-        from envpipe.plan.optimal import candidate_orders, optimal_plan
+        from envpipe.plan.optimal.orders import optimal_plan
+        from envpipe.plan.optimal.problem import candidate_orders
 
         result = optimal_plan(case, schedule, cfg.time_budget_s, cfg.max_slowdown)
         plan, timeline, base_tl, r = result.plan, result.timeline, result.baseline, result.reschedule

@@ -95,8 +95,8 @@ def oracle_comparison(cfg: EnvPipeConfig, truth: Profile, plan: Plan, calibrated
     """On a simulated GPU: the optimal planner on the GPU's true profile (``truth``: every clock, no noise, and
     ``powers``: each stage's true blocking and tail power), against the run's own plan evaluated on the same
     truth; both against the truth's 1F1B all-max baseline, at the run's budget rule (simulated, all)."""
-    from envpipe.plan.lp import InfeasibleBudget
-    from envpipe.plan.optimal import optimal_plan
+    from envpipe.plan.optimal.lp import InfeasibleBudget
+    from envpipe.plan.optimal.orders import optimal_plan
 
     cal = calibrated.timing
     overheads = Overheads.broadcast(truth.num_stages, powers[0], cal.transfer_s, cal.tail_s, powers[1])

@@ -137,8 +137,9 @@ def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations:
     the critical path (only 1F1B all-max would give that up). A rehearsal corrects the profile by the round's
     timed 1F1B all-max iterations (its plan's units ran at the top clock, stretched, untimed)."""
     from envpipe.plan.evaluate import baseline_timeline
-    from envpipe.plan.lp import InfeasibleBudget
-    from envpipe.plan.optimal import optimal_plan, order_problems
+    from envpipe.plan.optimal.lp import InfeasibleBudget
+    from envpipe.plan.optimal.orders import optimal_plan
+    from envpipe.plan.optimal.problem import order_problems
 
     assert chosen.profile is not None and chosen.budget_s is not None
     plan, ran = (rig.baseline, TIMED) if rehearsed else (chosen.plan_for(rig.place.replica), PLAN)

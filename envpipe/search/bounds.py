@@ -7,7 +7,7 @@ fastest clock and transfers between stages:
 
     T >= max_s [ sum_{j<s} (f_j + x) + M (f_s + b_s) + sum_{j>s} (b_j + x) + tail_s ]
 
-Energy: E = sum_u (e_u - P_idle t_u) + S P_idle T (envpipe.plan.menus). The second term is at least
+Energy: E = sum_u (e_u - P_idle t_u) + S P_idle T (envpipe.plan.optimal.menus). The second term is at least
 S P_idle T_lb. The first splits by stage; stage s must fit its units into its window of the budget (the
 budget less the same upstream, downstream and tail times), so its part is at least the continuous
 relaxation of: choose a clock per unit, total time within the window, least total effective cost. That
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envpipe.plan.menus import Menu, pareto_menu
+from envpipe.plan.optimal.menus import Menu, pareto_menu
 from envpipe.profile import Profile
 
 

@@ -21,7 +21,8 @@ import numpy as np
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.evaluate import baseline_timeline, evaluate_plan, plan_from_timeline
 from envpipe.plan.memory import StageMemory, peak_in_flight
-from envpipe.plan.optimal import PlanTooLarge, optimal_plan
+from envpipe.plan.optimal.orders import optimal_plan
+from envpipe.plan.optimal.problem import PlanTooLarge
 from envpipe.plan.planfile import Plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import FrequencyModel, Profile

@@ -8,7 +8,7 @@ What a doc names, outside its fenced blocks (tests/docs/test_docs_commands.py ru
   file and a name it defines;
 - a bare Python file name (`run.py`) must be a file of this repository; DeepSpeed's files are named by their
   path in its package (`deepspeed/launcher/launch.py`), which must exist there;
-- a dotted name under the project's packages (`envpipe.plan.optimal.optimal_plan`, `envpipe_launch.supervise`)
+- a dotted name under the project's packages (`envpipe.plan.optimal.orders.optimal_plan`, `envpipe_launch.supervise`)
   must be a module, a name a module defines, a key of the `envpipe` config block written the way runtime.md
   writes them (`envpipe.straggler_threshold`), or a string the code uses by that name (a logger's);
 - a name in CamelCase (`EnvPipeRun`, `RunSummary`) must be a class, function or constant of this repository, a

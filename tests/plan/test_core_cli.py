@@ -293,7 +293,7 @@ def test_stages_note_comes_only_with_a_result(tmp_path, policy):
 def test_frontier_rows_tell_points_apart_and_progress_is_counted(tmp_path):
     """The last frontier rows printed identical numbers (the same plan kept for a longer budget)."""
     pytest.importorskip("scipy")
-    from envpipe.plan.frontier import frontier
+    from envpipe.plan.optimal.frontier import frontier
 
     calls = []
     profile = load_profile(embedded_profile_path()).with_stages(3)

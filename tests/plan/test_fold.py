@@ -1,4 +1,4 @@
-"""The periodic fold of the LP (envpipe/plan/fold.py): its structure, and that on real profiles it is a
+"""The periodic fold of the LP (envpipe/plan/optimal/fold.py): its structure, and that on real profiles it is a
 restriction whose durations meet the budget and whose value equals the full LP's."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.evaluate import baseline_timeline
-from envpipe.plan.fold import identity_fold, periodic_fold
 from envpipe.plan.instances import BLOCKING_POWER_W, real_profile, spread_clocks
-from envpipe.plan.lp import solve_relaxation
-from envpipe.plan.optimal import build_problem, candidate_orders
+from envpipe.plan.optimal.fold import identity_fold, periodic_fold
+from envpipe.plan.optimal.lp import solve_relaxation
+from envpipe.plan.optimal.problem import build_problem, candidate_orders
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.plan.simulate import simulate
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from envpipe.cli import main
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.memory import MemoryLimitError, StageMemory, parse_bytes, peak_in_flight, warmup_caps
-from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.optimal.orders import optimal_plan
 from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.planner import make_plan
 from envpipe.plan.schedules import envpipe_schedule, gpipe, one_f_one_b

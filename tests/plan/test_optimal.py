@@ -15,11 +15,13 @@ from envpipe.cli import main
 from envpipe.plan import instances
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.evaluate import evaluate_plan
-from envpipe.plan.frontier import frontier
 from envpipe.plan.instances import real_profile, spread_clocks
-from envpipe.plan.lp import InfeasibleBudget
-from envpipe.plan.menus import pareto_menu
-from envpipe.plan.optimal import build_problem, optimal_plan, solve
+from envpipe.plan.optimal.frontier import frontier
+from envpipe.plan.optimal.lp import InfeasibleBudget
+from envpipe.plan.optimal.menus import pareto_menu
+from envpipe.plan.optimal.orders import optimal_plan
+from envpipe.plan.optimal.problem import build_problem
+from envpipe.plan.optimal.solve import solve
 from envpipe.plan.planfile import Plan
 from envpipe.plan.planner import make_plan
 from envpipe.profile import load_profile
@@ -167,7 +169,7 @@ def test_free_float_is_handed_out_only_where_it_saves(gpt3):
     """GPT-3/A100, M = 96: the plan for 18.30 s also fits 18.46 s, but with its free float handed out up to the
     longer budget it cost more (every second more of iteration costs all stages' blocking power; the old
     frontier's warm start lost 0.05 points of saving so). The planner keeps the best feasible of the two."""
-    from envpipe.plan.optimal import _best_finished  # the step under test: repair, then improve or not
+    from envpipe.plan.optimal.solve import _best_finished  # the step under test: repair, then improve or not
 
     problem = build_problem(PipelineCase.of(gpt3, 96, 83.64), "1f1b", [0] * 8)
     shorter = solve(problem, 18.3006)
@@ -191,7 +193,7 @@ def test_frontier_points_never_lose_against_a_fresh_plan(name, schedule):
 SOLVER_CHILD = """
 from envpipe.plan import instances
 from envpipe.plan.case import PipelineCase
-from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.optimal.orders import optimal_plan
 name = "gpt3-175b+a100_sxm_bf16"
 case = PipelineCase.of(instances.real_profile(name), 8, instances.BLOCKING_POWER_W[name])
 optimal_plan(case, "envpipe", max_slowdown=0.16)

@@ -20,11 +20,13 @@ from hypothesis import strategies as st
 from envpipe.cli import main
 from envpipe.plan import instances
 from envpipe.plan.case import PipelineCase
-from envpipe.plan.frontier import frontier
 from envpipe.plan.instances import BLOCKING_POWER_W, real_profile, spread_clocks
-from envpipe.plan.optimal import build_problem, optimal_plan, solve
+from envpipe.plan.optimal.frontier import frontier
+from envpipe.plan.optimal.orders import optimal_plan
+from envpipe.plan.optimal.problem import build_problem
+from envpipe.plan.optimal.solve import solve
+from envpipe.plan.optimal.timelimit import TimeLimit
 from envpipe.plan.planfile import Plan
-from envpipe.plan.timelimit import TimeLimit
 from envpipe.profile import embedded_profile_path, load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +154,7 @@ SAME_PLANS = """
 import hashlib, json, sys
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.instances import BLOCKING_POWER_W
-from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.optimal.orders import optimal_plan
 from envpipe.profile import embedded_profile_path, load_profile
 for path in sys.argv[1:]:
     name = path.rsplit("/", 1)[-1][:-4]

@@ -17,7 +17,7 @@ from envpipe.plan.instances import (
     real_profile,
     spread_clocks,
 )
-from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.optimal.orders import optimal_plan
 from envpipe.plan.planner import make_plan
 from envpipe.plan.policies import POLICIES
 from envpipe.plan.reconfig import RECONFIGS, Reconfig

@@ -9,9 +9,9 @@ import pytest
 
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.evaluate import evaluate_plan
-from envpipe.plan.frontier import frontier
 from envpipe.plan.instances import BLOCKING_POWER_W, cut_down, real_profile, spread_clocks
-from envpipe.plan.optimal import optimal_plan
+from envpipe.plan.optimal.frontier import frontier
+from envpipe.plan.optimal.orders import optimal_plan
 from envpipe.plan.planner import make_plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile

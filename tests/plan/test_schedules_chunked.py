@@ -20,8 +20,9 @@ from envpipe.plan.evaluate import evaluate_plan
 from envpipe.plan.instances import BLOCKING_POWER_W, cut_down, real_profile
 from envpipe.plan.layout import StageLayout, model_profile
 from envpipe.plan.memory import peak_in_flight
-from envpipe.plan.milp import solve_milp
-from envpipe.plan.optimal import optimal_plan, order_problems
+from envpipe.plan.optimal.milp import solve_milp
+from envpipe.plan.optimal.orders import optimal_plan
+from envpipe.plan.optimal.problem import order_problems
 from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.planner import make_plan
 from envpipe.plan.schedules import build_schedule, dualpipev, interleaved_1f1b, schedule_layout

@@ -13,7 +13,7 @@ between stages (``drift``): a stage that ran extra warm-up forwards is ahead, an
 that lead by running it slower than its neighbours over the whole middle (a linear drift), which one
 common period would forbid (measured: up to 2 points of saving lost); for 1F1B one period gives the
 full LP's value. The folded LP is a *restriction* of the full one: each of its solutions is a
-schedule of the full DAG (envpipe.plan.lp keeps, of each family of edges that fold together, the two
+schedule of the full DAG (envpipe.plan.optimal.lp keeps, of each family of edges that fold together, the two
 extreme rows, which imply the others), so its durations meet the budget, but its value is not a lower
 bound. Its size is that of a pipeline with a steady section of one period, whatever M is.
 """

@@ -18,8 +18,8 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from envpipe.plan.dag import PipelineDag
-from envpipe.plan.fold import Fold, identity_fold
-from envpipe.plan.menus import UnitMenus
+from envpipe.plan.optimal.fold import Fold, identity_fold
+from envpipe.plan.optimal.menus import UnitMenus
 from envpipe.plan.simulate import per_stage
 
 
@@ -56,7 +56,7 @@ class Relaxation:
     duration: np.ndarray  # (N,) LP durations, between the fastest and slowest hull clock
     end: np.ndarray  # (N,) when each unit ends in the LP's schedule (a schedule of the full DAG within the budget)
     energy: float  # the LP's least iteration energy: a lower bound on any plan of this order unless folded
-    folded: bool  # solved on a periodic fold (envpipe.plan.fold): a restriction, so `energy` is no bound
+    folded: bool  # solved on a periodic fold (envpipe.plan.optimal.fold): a restriction, so `energy` is no bound
     budget_price: float  # joules the LP's energy falls per second more budget (its dual price, >= 0)
 
     def bound_at(self, budget_s: float, solved_at_s: float) -> float:

@@ -1,6 +1,6 @@
 """Single plans that never cost more for more time: the optimal planner's budgets on a ladder.
 
-The search (envpipe.plan.optimal.solve) rounds an LP solved at the budget, and two budgets round differently:
+The search (envpipe.plan.optimal.solve.solve) rounds an LP solved at the budget, and two budgets round differently:
 alone, it can give a longer budget a dearer plan (measured: GPT-3/A100, M = 96, 18.4645 s saved 26.759 % where
 18.3006 s saved 26.816 %). So a single plan is chosen on a ladder of budgets that depends on the case only, never
 on the budget asked: the rungs are the fastest iteration (every unit at its fastest clock) and the baseline time
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from envpipe.plan.timelimit import TimeLimit
+from envpipe.plan.optimal.timelimit import TimeLimit
 
 FINE_SPAN = 100  # rungs of 0.1 % of the baseline time either side of it (10 %), then 1 %
 # the whole LP (the bound) of 3,072 units takes about 0.6 s on the 2-core VM (measured 2026-11-28, 8 x 192)

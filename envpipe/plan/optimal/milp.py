@@ -14,9 +14,9 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from envpipe.plan.fold import identity_fold
-from envpipe.plan.lp import Edges, InfeasibleBudget, timing_rows
-from envpipe.plan.menus import UnitMenus
+from envpipe.plan.optimal.fold import identity_fold
+from envpipe.plan.optimal.lp import Edges, InfeasibleBudget, timing_rows
+from envpipe.plan.optimal.menus import UnitMenus
 from envpipe.quiet import native_output_silenced
 
 

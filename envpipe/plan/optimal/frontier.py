@@ -2,9 +2,9 @@
 
 Budgets run from the fastest possible iteration (every unit at its fastest clock) to the time of
 the least-energy plan (planned with the all-cheapest time as budget), each on its nearest rung of the budget
-ladder (envpipe.plan.ladder), as Perseus does for stragglers: a job
+ladder (envpipe.plan.optimal.ladder), as Perseus does for stragglers: a job
 that must wait anyway takes the least-energy plan for the longer time. Each point is the plan `optimal_plan`
-makes at its budget (the least-energy plan on the budget ladder up to it, envpipe.plan.ladder), so the frontier
+makes at its budget (the least-energy plan on the budget ladder up to it, envpipe.plan.optimal.ladder), so the frontier
 is monotone (more time never costs more energy) and no point differs from a single plan at its budget; the points
 share the ladder's searches. (It used to warm-start each point from the previous one instead: quicker, but up to
 0.052 points of saving worse than a fresh plan.)
@@ -21,9 +21,10 @@ import numpy as np
 
 from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.evaluate import plan_from_timeline
-from envpipe.plan.optimal import OrderSearch, order_problems
+from envpipe.plan.optimal.orders import OrderSearch
+from envpipe.plan.optimal.problem import order_problems
+from envpipe.plan.optimal.timelimit import TimeLimit
 from envpipe.plan.simulate import Timeline
-from envpipe.plan.timelimit import TimeLimit
 
 
 def frontier(case: PipelineCase, schedule: str = "1f1b", points: int = 20,
