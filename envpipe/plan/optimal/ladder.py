@@ -91,14 +91,28 @@ class Ladder:
             yield self.fastest_s
 
 
-def best_within(ladder: Ladder, budget_s: float, search: Callable[[float], C], fastest: C,
-                bound_at: Callable[[float], Bound | None], limit: TimeLimit,
-                known: tuple[float, C, float] | None = None) -> tuple[C, float]:
-    """The least-energy of ``fastest`` (every unit at its fastest clock, its float handed out) and ``search(b)`` at
-    every rung b up to ``budget_s`` (at least the fastest time), searched downwards while a rung can still win
-    (``bound_at(b)``: a bound for the rungs below a searched rung b, or None where there is none); the plan and the
-    rung it was planned at. On a tie the higher rung's plan is kept. ``known``: (a smaller budget, its answer and
-    rung): the rungs up to that budget are not searched again (a frontier's sweep upwards)."""
+class Rungs(Protocol[C]):
+    """What the ladder searches: a case's ladder, the plan at any rung, the all-fastest plan and bounds."""
+
+    ladder: Ladder
+    limit: TimeLimit
+    fastest: C  # every unit at its fastest clock, its float handed out
+
+    def at(self, budget_s: float) -> C:
+        """The plan searched at one rung."""
+        ...
+
+    def bound(self, budget_s: float) -> Bound | None:
+        """A bound for the rungs below a searched rung, or None where there is none."""
+        ...
+
+
+def best_within(rungs: Rungs[C], budget_s: float, known: tuple[float, C, float] | None = None) -> tuple[C, float]:
+    """The least-energy of ``rungs.fastest`` and ``rungs.at(b)`` at every rung b up to ``budget_s`` (at least the
+    fastest time), searched downwards while a rung can still win (``rungs.bound(b)``); the plan and the rung it was
+    planned at. On a tie the higher rung's plan is kept. ``known``: (a smaller budget, its answer and rung): the
+    rungs up to that budget are not searched again (a frontier's sweep upwards)."""
+    ladder, search, fastest, bound_at, limit = rungs.ladder, rungs.at, rungs.fastest, rungs.bound, rungs.limit
     best: C | None = None
     at = ladder.fastest_s
     bounds: list[Bound] = []

@@ -119,7 +119,7 @@ class OrderSearch:
         for budget in budgets:
             if budget < self.ladder.fastest_s:
                 raise infeasible(budget, self.ladder.fastest_s)
-            best, rung = best_within(self.ladder, budget, self.at, self.fastest, self.bound, self.limit, known)
+            best, rung = best_within(self, budget, known)
             known = (budget, best, rung)
             yield best
 

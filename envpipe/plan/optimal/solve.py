@@ -73,9 +73,7 @@ def solve(problem: ClockProblem, budget_s: float, limit: TimeLimit | None = None
             roundings.append(_nearest(problem, relax.duration))
     option, tl = _best_finished(problem, roundings, budget_s)
     if problem.dag.num_units <= _POLISH_UNITS:
-        allowed = _neighbourhood(problem, option)
-        if allowed.sum() <= _POLISH_BINARIES:
-            option, tl = _polish(problem, option, tl, allowed, budget_s, limit)
+        option, tl = _polish(problem, option, tl, budget_s, limit)
     return Solution(option, tl, relax.energy if segments is None and not relax.folded else None)
 
 
@@ -105,15 +103,18 @@ def _best_finished(problem: ClockProblem, options: list[np.ndarray], budget_s: f
     return best
 
 
-def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, allowed: np.ndarray,
-            budget_s: float, limit: TimeLimit) -> tuple[np.ndarray, Timeline]:
+def _polish(problem: ClockProblem, option: np.ndarray, timeline: Timeline, budget_s: float,
+            limit: TimeLimit) -> tuple[np.ndarray, Timeline]:
     """Large-neighbourhood search: the exact MILP restricted to options within _POLISH_RADIUS of each
     unit's current one. It finds the multi-unit exchanges (speed some units up, slow others down) that
     rounding and free float miss. Repeats around each improvement (at most _POLISH_ROUNDS rounds of at most
     _POLISH_NODES branch-and-bound nodes: counts, never a clock); kept only if the simulator agrees.
 
-    ``timeline`` is ``option`` simulated and ``allowed`` its neighbourhood; returns the best option and
-    its simulated timeline."""
+    ``timeline`` is ``option`` simulated; returns the best option and its simulated timeline (``option`` itself
+    where its neighbourhood has more than _POLISH_BINARIES (unit, option) pairs)."""
+    allowed = _neighbourhood(problem, option)
+    if allowed.sum() > _POLISH_BINARIES:
+        return option, timeline
     for _ in range(_POLISH_ROUNDS):
         if limit.up("MILP polish rounds"):
             break
