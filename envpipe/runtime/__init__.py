@@ -7,7 +7,8 @@
   time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams), `memory`
   (activation bytes, static bytes);
 - the run: `run` (EnvPipeRun: the phases inside train_batch, the report, checkpoints), `rig` (what the phases
-  work on, and the `Step` they yield), the phases `calibrate`, `profiling`, `decide` (+ `straggler`),
+  work on, and the `Step` they yield), `decision` (the plain types the phases hand on: `Calibrated`, `Decision`,
+  `Decided`), the phases `calibrate`, `profiling`, `decide` (+ `straggler`),
   `reconfigure`, `steady`; `state` (what a checkpoint carries);
 - measurement: `timing` (unit times -> the simulator's inputs), `replicas` (data parallelism), `iterations`
   (per-iteration lines), `collective` (gather, agree);

@@ -28,21 +28,20 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from envpipe.energy.meter import EnergyMeter, PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.plan.simulate import Overheads
 from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
+from envpipe.runtime.decision import Calibrated
 from envpipe.runtime.iterations import BASELINE
 from envpipe.runtime.memory import stage_memory, with_peak
 from envpipe.runtime.rig import EnergySplit, Measured, Phase, Rig, Step
-from envpipe.runtime.timing import Calibration, StageTiming
+from envpipe.runtime.timing import StageTiming
 
 IDLE_S = 0.5  # how long the idle power is measured
 BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power is measured
@@ -57,33 +56,6 @@ SETTLE_WINDOW = 3  # iterations whose median must hold still (the model then tak
 # (2026-11-28). The predictions of what runs are anchored on them: the simulator's ratio of what runs to 1F1B,
 # times these (envpipe.runtime.prediction).
 ANCHOR_UPDATES, ANCHOR_LEAST, ANCHOR_MOST = 5, 3, 30
-
-
-@dataclass(frozen=True)
-class Calibrated:
-    timing: Calibration  # the simulator's inputs
-    report: S.Calibration  # the same, with what else was measured, for the summary
-    memory: list[S.MemoryUse]  # per stage
-    unit_energies: list[dict[str, float]]  # per stage, its slowest replica's F, B (s) and F_j, B_j (J; nan: none)
-    straggler: int | None  # a replica slower than the others' median by the threshold
-    idle_power_w: float | None  # the idle GPU's power
-    blocking_power_w: list[float] | None  # per stage: power while waiting for a neighbour (measured)
-    tail_power_w: list[float] | None  # per stage: power in the tail (measured)
-    # per rank (global): its GPU blocked in a collective (measured; None: not measured); kept in a checkpoint,
-    # so that a resumed job splits its iterations' energy as the calibrated one did
-    waiting_power_w: list[float | None] | None = None
-
-    def waiting_power_of(self, rank: int) -> float | None:
-        return None if self.waiting_power_w is None else self.waiting_power_w[rank]
-
-    def overheads(self) -> Overheads:
-        """What an iteration costs besides its units, as measured: the transfer, each stage's tail, and the power
-        each stage draws while blocked and in its tail (the idle GPU's where nothing was measured)."""
-        idle = self.idle_power_w or 0.0
-        stages = len(self.timing.tail_s)
-        blocking = self.blocking_power_w or idle
-        return Overheads.broadcast(stages, blocking, self.timing.transfer_s, self.timing.tail_s,
-                                   self.tail_power_w or blocking)
 
 
 def median_change(times: Sequence[float], window: int = SETTLE_WINDOW) -> float | None:

@@ -16,7 +16,7 @@ from envpipe.runtime import summary as S
 from envpipe.runtime.clocks import Clock, energy_label, time_label
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import Decided
+from envpipe.runtime.decision import Decided
 from envpipe.runtime.iterations import BASELINE, PLAN, job_iterations, paired
 from envpipe.runtime.replicas import find_straggler
 from envpipe.runtime.timing import predict_time

@@ -10,94 +10,25 @@ straggler get the least-energy frontier plan that fits its time (`envpipe.runtim
 
 from __future__ import annotations
 
-import enum
 import hashlib
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
-from envpipe.plan.memory import StageMemory, peak_in_flight, warmup_caps
+from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.reconfig import Reconfig
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.config import EnvPipeConfig
+from envpipe.runtime.decision import Calibrated, Decision, Job, Origin
 from envpipe.runtime.timing import Calibration, predict_time
-
-
-class Origin(enum.Enum):
-    """Where a decision's plan came from."""
-
-    PLAN_FILE = "plan file"
-    RULE = "EnvPipe's rule"
-    PLANNER = "planner"
-
-
-@dataclass(frozen=True)
-class Job:
-    """The job rank 0 decides for."""
-
-    stages: int
-    microbatches: int
-    replicas: int  # data-parallel
-    controls: bool  # clocks can be set here: the plan's clocks are deployed
-    f_max: int  # the top clock (MHz): the baseline's
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What every replica runs, where it came from, and the planner's prediction (simulated)."""
-
-    origin: Origin
-    source: str  # where the plan came from, in words (the report's)
-    policy: str  # optimal, baseline, uniform, envelope
-    order: str  # the order's name: 1f1b, or envpipe with its extra warm-up forwards per stage
-    plans: dict[int, Plan]  # per data-parallel replica
-    clocks_settable: bool  # planned for clocks that can be set here (the report says whether they ran)
-    budget_s: float | None = None  # the optimal planner's iteration-time budget (simulated)
-    memory: tuple[S.MemoryUse, ...] = ()  # per stage, as calibration measured it
-    refused_orders: tuple[str, ...] = ()  # orders the memory limit or the budget ruled out, with why
-    predicted: S.PredictedComparison | None = None
-    predicted_time_s: float | None = None  # the job's iteration under the plans (calibrated simulator)
-    profile: Profile | None = None  # what the planner planned on (rank 0 re-plans from it)
-    straggler_rule: S.StragglerRule | None = None
-
-    def plan_for(self, replica: int) -> Plan:
-        return self.plans[replica]
-
-    @property
-    def info(self) -> S.PlanInfo:
-        """Replica 0's plan, as the report names it; its memory counts the plan's own in-flight micro-batches
-        (calibration measured them under 1F1B's)."""
-        plan = self.plans[0]
-        held = peak_in_flight(plan.orders())
-        memory = [replace(m, planned_in_flight=held[s]) for s, m in enumerate(self.memory)]
-        return S.PlanInfo(self.policy, self.order, self.source, plan_digest(plan), self.budget_s,
-                          [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages], plan.clocks(),
-                          memory or None, list(self.refused_orders), self.clocks_settable)
-
-
-@dataclass(frozen=True)
-class Decided:
-    """What the phases decided and what from: kept for the report and carried in checkpoints."""
-
-    calibrated: Calibrated
-    decision: Decision
-    reconfiguration: S.Reconfiguration | None
-
-
-def plan_digest(plan: Plan) -> str:
-    """sha256 of every stage's order and clocks (16 hex digits): equal digests, identical plans."""
-    text = json.dumps([[[u.kind, u.mb, u.freq_mhz] for u in units] for units in plan.stages])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def planner_memory(memory: Sequence[S.MemoryUse]) -> StageMemory | None:

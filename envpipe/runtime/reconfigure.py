@@ -37,7 +37,7 @@ from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import collective, decide, noharm, replicas
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
+from envpipe.runtime.decision import Calibrated, Decision
 from envpipe.runtime.iterations import BASELINE, PLAN, comparison_pattern, paired
 from envpipe.runtime.rehearse import stretches
 from envpipe.runtime.rig import Phase, Rig, Step
@@ -94,8 +94,8 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
     return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by the units that ran")
 
 
-def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Calibrated, rehearsed: bool = False
-                               ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
+def replan_until_within_budget(rig: Rig, chosen: Decision, calibrated: Calibrated, rehearsed: bool = False
+                               ) -> Phase[tuple[Decision, S.Reconfiguration]]:
     """Re-plan until the plan measures within budget (``rehearsed``: its clocks stood in for by stretches)."""
     cfg, overheads = rig.cfg, calibrated.overheads()
     allowed = cfg.max_slowdown or 0.0
@@ -129,8 +129,8 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
     return chosen, S.Reconfiguration("replan", rounds, target, reason, None, rehearsed)
 
 
-def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], over: float,
-            rehearsed: bool) -> decide.Decision:
+def _replan(rig: Rig, chosen: Decision, overheads: Overheads, iterations: list[list[Any]], over: float,
+            rehearsed: bool) -> Decision:
     """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess (and not above
     the corrected profile's 1F1B all-max time within the allowed slowdown); a budget tighter than the fastest
     plan becomes the fastest plan's time: the least energy at the fastest iteration still slows down units off
@@ -185,8 +185,8 @@ def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_roun
     return raised, S.Reconfiguration(method, rounds, None, result.stop_reason, result.raises)
 
 
-def raise_measured(rig: Rig, chosen: decide.Decision, calibrated: Calibrated, method: str
-                   ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
+def raise_measured(rig: Rig, chosen: Decision, calibrated: Calibrated, method: str
+                   ) -> Phase[tuple[Decision, S.Reconfiguration]]:
     """`raise_clocks` on the job's measured iterations (the waits of the replica that ended last)."""
     plan = chosen.plan_for(rig.place.replica)
     assert rig.clock is not None

@@ -29,7 +29,7 @@ from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.clocks import time_label
 from envpipe.runtime.collective import Place, progress
-from envpipe.runtime.decide import Decision
+from envpipe.runtime.decision import Decision
 from envpipe.runtime.iterations import comparison_pattern, job_iterations, paired
 from envpipe.runtime.rig import Phase, Rig, Step
 

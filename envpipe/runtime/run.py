@@ -38,11 +38,12 @@ import torch
 
 from envpipe.runtime import collective, decide, noharm, prediction, state
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated, calibrate
+from envpipe.runtime.calibrate import calibrate
 from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.collect import RankRecord, Reported, assemble
 from envpipe.runtime.collective import progress
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
+from envpipe.runtime.decision import Calibrated, Decided, Decision, Job, Origin
 from envpipe.runtime.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
 from envpipe.runtime.memory import SavedTensorMeter
 from envpipe.runtime.monitor import MonitorFeed
@@ -66,7 +67,7 @@ class EnvPipeRun:
         monitor = engine.monitor.write_events if getattr(engine, "monitor", None) and engine.monitor.enabled else None
         self.monitor = MonitorFeed(monitor, "simulated" if sim else "measured", sim)
         self.log: IterationLog | None = None  # opened at the first iteration (a resumed run appends)
-        self.planned: decide.Decided | None = None
+        self.planned: Decided | None = None
         self.record: SteadyRecord | None = None
         self.rehearsal: S.Rehearsal | None = None
         self.summary: S.RunSummary | None = None  # rank 0: the latest report written
@@ -171,18 +172,18 @@ class EnvPipeRun:
         meter.trace.trim(keep if oldest is None else min(keep, oldest))
 
     # --- the phases -----------------------------------------------------------------------------------
-    def _phases(self, restored: decide.Decided | None, done_pairs: int, verdict: S.Verdict | None = None
+    def _phases(self, restored: Decided | None, done_pairs: int, verdict: S.Verdict | None = None
                 ) -> Phase[None]:
         """The phases; a resumed run starts from what its checkpoint decided (and what its pairs kept)."""
         rig, cfg = self.rig, self.cfg
         if restored is None:
             calibrated = yield from calibrate(rig)
             profile = yield from stage_profile(rig, calibrated)
-            job = decide.Job(rig.P, rig.M, rig.dp, rig.controls, rig.f_max)
+            job = Job(rig.P, rig.M, rig.dp, rig.controls, rig.f_max)
             chosen = collective.decided(lambda: decide.choose(cfg, job, calibrated, profile))
             progress(f"decide: {chosen.policy}, order {chosen.order}; from {chosen.source}")
             chosen, reconfiguration = yield from self._reconfigure(chosen, calibrated)
-            self.planned = decide.Decided(calibrated, chosen, reconfiguration)
+            self.planned = Decided(calibrated, chosen, reconfiguration)
             if cfg.rehearse and rig.controls:
                 progress("rehearse: clocks can be set here, so the plan runs with its clocks; no rehearsal")
             elif cfg.rehearse and not lowers_clocks(chosen, rig.f_max):
@@ -217,11 +218,11 @@ class EnvPipeRun:
         self.monitor.plan_kept = verdict.kept
         return verdict
 
-    def _reconfigure(self, chosen: decide.Decision, calibrated: Calibrated
-                     ) -> Phase[tuple[decide.Decision, S.Reconfiguration | None]]:
+    def _reconfigure(self, chosen: Decision, calibrated: Calibrated
+                     ) -> Phase[tuple[Decision, S.Reconfiguration | None]]:
         method, rig = self.cfg.reconfig_method, self.rig
         rehearsed = not rig.controls and self.cfg.rehearse  # the plan's clocks stood in for by stretches
-        if method == "default" or chosen.origin == decide.Origin.PLAN_FILE:
+        if method == "default" or chosen.origin == Origin.PLAN_FILE:
             return chosen, None
         if chosen.straggler_rule is not None and chosen.straggler_rule.applied:
             return chosen, None  # the replicas run different plans: one set of raises cannot fit both

@@ -48,8 +48,7 @@ from envpipe.limits import (
 from envpipe.plan.planfile import Plan
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.decide import Decided, Decision, Origin, plan_digest
+from envpipe.runtime.decision import Calibrated, Decided, Decision, Origin, plan_digest
 from envpipe.runtime.timing import Calibration
 
 STATE_FILE = "envpipe_state.json"

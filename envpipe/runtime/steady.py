@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from envpipe.plan.planfile import Plan
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import progress
-from envpipe.runtime.decide import Decision, plan_digest
+from envpipe.runtime.decision import Decision, plan_digest
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.rig import Phase, Rig, Step
 from envpipe.runtime.timing import StageTiming

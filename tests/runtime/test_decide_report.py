@@ -16,6 +16,7 @@ from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import decide
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import parse
+from envpipe.runtime.decision import Job, Origin, plan_digest
 from envpipe.runtime.report import write_report
 from envpipe.runtime.timing import Calibration
 from tests.support.runtime_summary import read_summary, sample_calibrated, sample_summary
@@ -41,7 +42,7 @@ def test_plan_file_decision_names_the_file_and_its_digest(tmp_path: Path) -> Non
     orders = envpipe_schedule(2, 4, [2, 0])
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan_json(orders, 1200)))
-    d = decide.from_plan_file(str(path), decide.Job(2, 4, 2, True, 1410), CAL)
+    d = decide.from_plan_file(str(path), Job(2, 4, 2, True, 1410), CAL)
     assert d.plan_for(1).orders() == orders and d.plan_for(0).clocks() == [[1200] * 8, [1200] * 8]
     assert d.info.source.startswith(f"plan file {path} (sha256 ") and d.info.policy == "envelope"
     p = d.predicted
@@ -65,7 +66,7 @@ def test_bad_plan_files_are_one_line(tmp_path: Path, content, message) -> None:
         path.write_text(content)
     M = 2 if "directly" in message else 4
     with pytest.raises(PlanError, match=message) as exc:
-        decide.from_plan_file(str(path), decide.Job(2, M, 1, True, 1410), CAL)
+        decide.from_plan_file(str(path), Job(2, M, 1, True, 1410), CAL)
     assert "\n" not in str(exc.value) and str(path) in str(exc.value)
 
 
@@ -75,7 +76,7 @@ def test_envpipe_rule_and_the_memory_limit() -> None:
     assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 4) == [0, 1, 2, 0]
     cal = Calibration([1.0] * 4, [2.0] * 4, [0.0] * 4, 0.0, [0.0] * 4, 0.0)
     cfg = parse({"type": "baseline"}, {})
-    job = decide.Job(4, 16, 1, True, 1410)
+    job = Job(4, 16, 1, True, 1410)
     free = decide.envpipe_rule(cfg, job, cal, [])
     assert free.plan_for(0).orders() == envpipe_schedule(4, 16, [6, 4, 2, 0]) and not free.info.refused_orders
     # stage 0 may keep 5 micro-batches in flight (1F1B needs 4): one extra warm-up forward, not six
@@ -94,13 +95,13 @@ def test_a_planner_decision_holds_its_state_and_the_report_derives_from_it() -> 
     two = type(profile)(profile.freqs, profile.fwd_time[:2], profile.bwd_time[:2], profile.fwd_energy[:2],
                         profile.bwd_energy[:2], "two stages")
     calibrated = sample_calibrated()
-    job = decide.Job(2, 8, 2, True, int(profile.freqs.max()))
+    job = Job(2, 8, 2, True, int(profile.freqs.max()))
     chosen = decide.choose(parse({"max_slowdown": 0.02}, {}), job, calibrated, two)
-    assert chosen.origin == decide.Origin.PLANNER and chosen.policy == "optimal" and chosen.budget_s is not None
+    assert chosen.origin == Origin.PLANNER and chosen.policy == "optimal" and chosen.budget_s is not None
     assert chosen.memory == tuple(calibrated.memory) and chosen.profile is two
     info = chosen.info
     assert (info.budget_s, info.order, info.digest) == (chosen.budget_s, chosen.order,
-                                                       decide.plan_digest(chosen.plans[0]))
+                                                       plan_digest(chosen.plans[0]))
     assert info.clocks == chosen.plans[0].clocks() and info.orders[0][0] == "F0" and info.deployed
     # re-planning keeps where the plan came from and names what changed
     baseline = Plan.at_one_clock(one_f_one_b(2, 8), job.f_max, "1f1b", "baseline")

@@ -18,7 +18,7 @@ from envpipe.runtime import summary as S
 from envpipe.runtime.collect import RankRecord, job_summary
 from envpipe.runtime.collective import Place, portable
 from envpipe.runtime.config import EnvPipeConfigError, parse
-from envpipe.runtime.decide import Decided, Decision, Origin
+from envpipe.runtime.decision import Decided, Decision, Origin
 from envpipe.runtime.iterations import BASELINE, PLAN
 from tests.support import netns_hosts
 from tests.support.pipelines import WORKER, assert_same_math, orders_json, run_pipeline

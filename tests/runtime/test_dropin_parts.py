@@ -17,11 +17,11 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime import monitor, prediction
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated, calibrate, median_change
+from envpipe.runtime.calibrate import calibrate, median_change
 from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import Decided, Decision, Origin
+from envpipe.runtime.decision import Calibrated, Decided, Decision, Origin
 from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
 from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.monitor import Finished, MonitorFeed

@@ -16,7 +16,7 @@ from envpipe.profile import Profile
 from envpipe.runtime import reconfigure
 from envpipe.runtime import summary as S
 from envpipe.runtime.collective import Place
-from envpipe.runtime.decide import Decision, Origin
+from envpipe.runtime.decision import Decision, Origin
 from envpipe.runtime.iterations import BASELINE, PLAN
 from envpipe.runtime.rehearse import REHEARSAL, lowers_clocks, stretches, summarize, unit_time
 from envpipe.runtime.rig import Measured

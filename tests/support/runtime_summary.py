@@ -13,8 +13,7 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule
 from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.decide import Decided, Decision, Origin
+from envpipe.runtime.decision import Calibrated, Decided, Decision, Origin
 from envpipe.runtime.summary import SCHEMA_PATH, RunSummary
 from envpipe.runtime.timing import Calibration
 
