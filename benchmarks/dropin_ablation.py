@@ -87,7 +87,7 @@ def variants(engine: Any, data: Any, on_gpu: bool) -> dict[str, Callable[[], Non
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     from envpipe.plan.schedules import one_f_one_b
-    from envpipe.runtime import collective
+    from envpipe.runtime.measure import collective
     from envpipe.runtime.schedule import UnitOrderSchedule
 
     P, M, stage = engine.num_stages, engine.micro_batches, engine.stage_id
@@ -136,8 +136,9 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from envpipe.models.gpt import counting, pipeline
-    from envpipe.runtime import collective, distributed
+    from envpipe.runtime import distributed
     from envpipe.runtime.engine import build
+    from envpipe.runtime.measure import collective
     from envpipe.search.layers import ModelShape
 
     on_gpu = not args.cpu and torch.cuda.is_available()

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from envpipe.runtime import distributed
     from envpipe.runtime.entry import settings
-    from envpipe.runtime.replicas import pipeline_shape
+    from envpipe.runtime.measure.replicas import pipeline_shape
 
     try:
         config = deepspeed_config(args)

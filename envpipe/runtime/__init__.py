@@ -4,14 +4,13 @@
   `clocks` (sim, clockd, NVML read-only), `distributed` (process groups in and out), `stock` (stock DeepSpeed
   timed and metered alike, for comparisons);
 - the engine: `engine` (PipelineEngine subclass: unit orders, clocks, unit timing, a simulated GPU's virtual
-  time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams), `memory`
-  (activation bytes, static bytes);
+  time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams);
 - the run: `run` (EnvPipeRun: the phases inside train_batch, the report, checkpoints), `rig` (what the phases
   work on, and the `Step` they yield), `decision` (the plain types the phases hand on: `Calibrated`, `Decision`,
   `Decided`), the phases `calibrate`, `profiling`, `decide` (+ `straggler`),
   `reconfigure`, `steady`; `state` (what a checkpoint carries);
-- measurement: `timing` (unit times -> the simulator's inputs), `replicas` (data parallelism), `iterations`
-  (per-iteration lines), `collective` (gather, agree);
+- `measure/`: `timing` (unit times -> the simulator's inputs), `replicas` (data parallelism), `iterations`
+  (per-iteration lines), `collective` (gather, agree), `memory` (activation bytes, static bytes);
 - the report: `summary` (the typed RunSummary and its schema), `collect` (every rank's record -> the summary),
   `prediction` (the energy model against the counter, the oracle), `report` and `textreport` (files and text),
   `monitor` (events to DeepSpeed's monitors);

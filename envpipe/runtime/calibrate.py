@@ -1,10 +1,10 @@
 """The calibration phase: 1F1B with every clock at max, every unit timed, on every rank.
 
-From it: the simulator's inputs (envpipe.runtime.timing: unit, overhead, transfer and tail times, per stage
+From it: the simulator's inputs (envpipe.runtime.measure.timing: unit, overhead, transfer and tail times, per stage
 its slowest replica), the straggler, every stage's unit energies and the power it draws while blocked on a
 neighbour and in its tail (all-reduce, optimizer step) — each phase of an iteration is charged at its own
 measured power —, the activation bytes each forward keeps and the stage's static memory
-(envpipe.runtime.memory), each stage's SM clock under load (NVML: the power cap's clock) and the GPU's idle
+(envpipe.runtime.measure.memory), each stage's SM clock under load (NVML: the power cap's clock) and the GPU's idle
 power. The first two iterations warm up (the first also meters memory); a simulated GPU fixes its unit
 costs after the first.
 
@@ -34,14 +34,14 @@ import numpy as np
 from envpipe.energy.meter import EnergyMeter, PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
-from envpipe.runtime.collective import progress
 from envpipe.runtime.decision import Calibrated
-from envpipe.runtime.iterations import BASELINE
-from envpipe.runtime.memory import stage_memory, with_peak
+from envpipe.runtime.measure import replicas
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import BASELINE
+from envpipe.runtime.measure.memory import stage_memory, with_peak
+from envpipe.runtime.measure.timing import StageTiming
 from envpipe.runtime.rig import EnergySplit, Measured, Phase, Rig, Step
-from envpipe.runtime.timing import StageTiming
 
 IDLE_S = 0.5  # how long the idle power is measured
 BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power is measured

@@ -28,7 +28,7 @@ from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.decision import Calibrated, Decision, Job, Origin
-from envpipe.runtime.timing import Calibration, predict_time
+from envpipe.runtime.measure.timing import Calibration, predict_time
 
 
 def planner_memory(memory: Sequence[S.MemoryUse]) -> StageMemory | None:

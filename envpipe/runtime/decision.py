@@ -14,7 +14,7 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.timing import Calibration
+from envpipe.runtime.measure.timing import Calibration
 
 
 @dataclass(frozen=True)

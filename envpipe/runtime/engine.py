@@ -28,7 +28,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock, simulated_gpu
-from envpipe.runtime.memory import SavedTensorMeter
+from envpipe.runtime.measure.memory import SavedTensorMeter
 from envpipe.runtime.schedule import (
     IRecvActivation,
     IRecvGrad,

@@ -35,9 +35,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envpipe.runtime import collective
 from envpipe.runtime.collect import measured_comparison
-from envpipe.runtime.iterations import BASELINE, PLAN, Iteration
+from envpipe.runtime.measure import collective
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration
 
 PHASES = {"calibrate": 0, "profile": 1, "reconfigure": 2, "steady": 3, "warm-up": 4, "rehearse": 5}
 STEADY = "steady"

@@ -18,10 +18,10 @@ from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
 from envpipe.profile.clockfit import profile_clocks
 from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
-from envpipe.runtime import replicas
-from envpipe.runtime.collective import progress
 from envpipe.runtime.decision import Calibrated
-from envpipe.runtime.iterations import BASELINE
+from envpipe.runtime.measure import replicas
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import BASELINE
 from envpipe.runtime.rig import EnergySplit, Phase, Rig, Step
 
 

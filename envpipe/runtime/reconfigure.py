@@ -14,7 +14,7 @@ runs later (2 x H200, 2026-11-28: a stage's forwards 5 % faster, its neighbour's
 spends a stage's whole predicted slack on lower clocks turns every such millisecond into a slowdown.
 
 `raise_clocks` (EnvPipe's greedy and balanced): each round runs one real iteration, turns the measured
-units of all stages into a timeline (`envpipe.runtime.timing.measured_timeline`: each unit's recv stall
+units of all stages into a timeline (`envpipe.runtime.measure.timing.measured_timeline`: each unit's recv stall
 is its dependency wait) and hands it to the planner's own loop, `envpipe.plan.reconfig.reconfigure`,
 which walks EnvPipe's critical path and raises clocks until the path is the envelope, nothing on it can
 be raised, or the round limit is reached. Every rank sees the same gathered measurements.
@@ -35,14 +35,15 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.reconfig import Reconfig, reconfigure_rounds
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
-from envpipe.runtime import collective, decide, noharm, replicas
+from envpipe.runtime import decide, noharm
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import Calibrated, Decision
-from envpipe.runtime.iterations import BASELINE, PLAN, comparison_pattern, paired
+from envpipe.runtime.measure import collective, replicas
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, comparison_pattern, paired
+from envpipe.runtime.measure.timing import StageTiming, measured_timeline
 from envpipe.runtime.rehearse import stretches
 from envpipe.runtime.rig import Phase, Rig, Step
 from envpipe.runtime.steady import WARMUP
-from envpipe.runtime.timing import StageTiming, measured_timeline
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
 PHASE = "reconfigure"

@@ -28,9 +28,9 @@ from envpipe.plan.planfile import Plan
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.clocks import time_label
-from envpipe.runtime.collective import Place, progress
 from envpipe.runtime.decision import Decision
-from envpipe.runtime.iterations import comparison_pattern, job_iterations, paired
+from envpipe.runtime.measure.collective import Place, progress
+from envpipe.runtime.measure.iterations import comparison_pattern, job_iterations, paired
 from envpipe.runtime.rig import Phase, Rig, Step
 
 REHEARSAL = "rehearsal"  # what a rehearsed iteration runs (the iteration lines' `runs`)

@@ -36,23 +36,24 @@ from typing import Any
 
 import torch
 
-from envpipe.runtime import collective, decide, noharm, prediction, state
+from envpipe.runtime import decide, noharm, prediction, state
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import calibrate
 from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.collect import RankRecord, Reported, assemble
-from envpipe.runtime.collective import progress
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
 from envpipe.runtime.decision import Calibrated, Decided, Decision, Job, Origin
-from envpipe.runtime.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
-from envpipe.runtime.memory import SavedTensorMeter
+from envpipe.runtime.measure import collective
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
+from envpipe.runtime.measure.memory import SavedTensorMeter
+from envpipe.runtime.measure.timing import StageTiming
 from envpipe.runtime.monitor import MonitorFeed
 from envpipe.runtime.profiling import stage_profile
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
 from envpipe.runtime.rehearse import lowers_clocks, rehearse
 from envpipe.runtime.rig import Measured, Phase, Rig, Step
 from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
-from envpipe.runtime.timing import StageTiming
 from envpipe.simgpu import JobTruth
 
 log = logging.getLogger(__name__)

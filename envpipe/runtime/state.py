@@ -49,7 +49,7 @@ from envpipe.plan.planfile import Plan
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import Calibrated, Decided, Decision, Origin, plan_digest
-from envpipe.runtime.timing import Calibration
+from envpipe.runtime.measure.timing import Calibration
 
 STATE_FILE = "envpipe_state.json"
 STATE_VERSION = 1
@@ -106,7 +106,7 @@ class JobShape:
 
 @dataclass(frozen=True, config=_STRICT)
 class SavedTiming:
-    """envpipe.runtime.timing.Calibration: the simulator's inputs, per stage and for the job."""
+    """envpipe.runtime.measure.timing.Calibration: the simulator's inputs, per stage and for the job."""
 
     fwd_s: list[Seconds]
     bwd_s: list[Seconds]

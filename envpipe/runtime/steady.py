@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 from envpipe.plan.planfile import Plan
 from envpipe.runtime import summary as S
-from envpipe.runtime.collective import progress
 from envpipe.runtime.decision import Decision, plan_digest
-from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration, comparison_pattern
+from envpipe.runtime.measure.timing import StageTiming
 from envpipe.runtime.rig import Phase, Rig, Step
-from envpipe.runtime.timing import StageTiming
 
 # Steady iterations time their units (CUDA events and a synchronize before the loss broadcast) only every this
 # many iterations; every iteration still reports its time and energy. Why: on 2 x H200 the runtime timing every

@@ -17,8 +17,8 @@ from envpipe.runtime import decide
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import parse
 from envpipe.runtime.decision import Job, Origin, plan_digest
+from envpipe.runtime.measure.timing import Calibration
 from envpipe.runtime.report import write_report
-from envpipe.runtime.timing import Calibration
 from tests.support.runtime_summary import read_summary, sample_calibrated, sample_summary
 
 CAL = Calibration([0.01, 0.01], [0.02, 0.02], [0.0, 0.0], 0.0, [0.001, 0.001], 0.0)

@@ -13,13 +13,13 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
 from envpipe.runtime.collect import RankRecord, job_summary
-from envpipe.runtime.collective import Place, portable
 from envpipe.runtime.config import EnvPipeConfigError, parse
 from envpipe.runtime.decision import Decided, Decision, Origin
-from envpipe.runtime.iterations import BASELINE, PLAN
+from envpipe.runtime.measure import replicas
+from envpipe.runtime.measure.collective import Place, portable
+from envpipe.runtime.measure.iterations import BASELINE, PLAN
 from tests.support import netns_hosts
 from tests.support.pipelines import WORKER, assert_same_math, orders_json, run_pipeline
 from tests.support.runtime_summary import iterations, read_summary, sample_calibrated, sample_summary

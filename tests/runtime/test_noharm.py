@@ -13,10 +13,10 @@ from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime import noharm
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.iterations import BASELINE, PLAN, paired
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, paired
+from envpipe.runtime.measure.timing import StageTiming
 from envpipe.runtime.rig import Measured
 from envpipe.runtime.steady import STEADY, WARMUP, SteadyRecord, steady
-from envpipe.runtime.timing import StageTiming
 
 ORDER = "the plan's order, envpipe (extra warm-up forwards per stage: [1, 0]), at default clocks"
 

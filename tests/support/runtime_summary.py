@@ -14,8 +14,8 @@ from envpipe.plan.schedules import envpipe_schedule
 from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import Calibrated, Decided, Decision, Origin
+from envpipe.runtime.measure.timing import Calibration
 from envpipe.runtime.summary import SCHEMA_PATH, RunSummary
-from envpipe.runtime.timing import Calibration
 
 
 def read_summary(report_dir: Path) -> RunSummary:

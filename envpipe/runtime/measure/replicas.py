@@ -7,7 +7,7 @@ their gradients at the end of every iteration, so each iteration waits for the s
   forward + backward unit time; its unit energies go with it): the all-reduce makes every replica wait
   for it anyway, so planning for it costs no time and planning for a faster one would.
 - **Calibration per replica.** Each replica's stages form one measured pipeline (`calibrate_replicas`):
-  its own unit, overhead, transfer and tail times (envpipe.runtime.timing); `job_calibration` combines them.
+  its own unit, overhead, transfer and tail times (envpipe.runtime.measure.timing); `job_calibration` combines them.
 - **Tails.** A stage's tail (step end - last unit end: gradient all-reduce + optimizer step) is the *shortest*
   over its replicas: the last replica to reach the all-reduce does not wait there, so its tail is transfer +
   step alone.
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from envpipe.plan.schedules import Unit
-from envpipe.runtime.collective import Place
-from envpipe.runtime.timing import Calibration, StageTiming, calibrate
+from envpipe.runtime.measure.collective import Place
+from envpipe.runtime.measure.timing import Calibration, StageTiming, calibrate
 
 STRAGGLER_THRESHOLD = 0.05  # default: a replica this much slower than the others' median is a straggler
 SLOW_REPLICA_ENV = "ENVPIPE_SIM_SLOW_REPLICA"  # "REPLICA:FACTOR": that replica's sim clock runs slower
