@@ -3,8 +3,9 @@
 - the entry and the job: `entry` (initialize: config, clock, engine, exits), `config` (the `envpipe` block),
   `clocks` (sim, clockd, NVML read-only), `distributed` (process groups in and out), `stock` (stock DeepSpeed
   timed and metered alike, for comparisons);
-- the engine: `engine` (PipelineEngine subclass: unit orders, clocks, unit timing, a simulated GPU's virtual
-  time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams);
+- `engine/`: `engine` (PipelineEngine subclass: unit orders, clocks, unit timing, a simulated GPU's virtual
+  time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams), `spin` (a delay on
+  the GPU: a rehearsal's stretch);
 - the run: `run` (EnvPipeRun: the phases inside train_batch, the report, checkpoints), `rig` (what the phases
   work on, and the `Step` they yield), `decision` (the plain types the phases hand on: `Calibrated`, `Decision`,
   `Decided`), the phases `calibrate`, `profiling`, `decide` (+ `straggler`),

@@ -65,7 +65,7 @@ class SimClock:
     """The clock of a simulated GPU on CPU (envpipe.simgpu.SimGpu): requests lock the simulated GPU's clock.
 
     The GPU itself keeps virtual time and its energy counter; the engine runs every unit, transfer and tail on
-    it (envpipe.runtime.engine), so the runtime sees it as it would a real GPU: by timing and metering, never
+    it (envpipe.runtime.engine.engine), so the runtime sees it as it would a real GPU: by timing and metering, never
     by reading its hidden truth. All its numbers are simulated.
     """
 

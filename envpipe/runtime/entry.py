@@ -38,7 +38,7 @@ from deepspeed.pipe import PipelineModule
 from envpipe.limits import MAX_CONFIG_BYTES, parse_json, read_text
 from envpipe.runtime import config as envpipe_config
 from envpipe.runtime.clocks import Device, make_clock
-from envpipe.runtime.engine import EnvPipeEngine, engine_class
+from envpipe.runtime.engine.engine import EnvPipeEngine, engine_class
 from envpipe.runtime.measure.replicas import sim_slowdown
 from envpipe.runtime.run import EnvPipeRun
 

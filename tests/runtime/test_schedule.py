@@ -11,7 +11,7 @@ from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.plan.simulate import Overheads, simulate
-from envpipe.runtime.schedule import (
+from envpipe.runtime.engine.schedule import (
     ISendActivation,
     ISendGrad,
     SetClock,

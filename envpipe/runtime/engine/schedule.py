@@ -7,7 +7,7 @@ A stage's order is a list of ("F"|"B", micro-batch) units, optionally with a pla
   clock and timing marks around each unit: the runtime in 1F1B order is stock DeepSpeed plus those marks.
 - `UnitOrderSchedule`: any other order (EnvPipe's extra warm-up forwards, a plan file's). Sends are
   posted (`ISendActivation` / `ISendGrad`) and receives go over one process group per direction
-  (`IRecvActivation` / `IRecvGrad`, handled by `envpipe.runtime.engine.EnvPipeEngine`), so a forward sent
+  (`IRecvActivation` / `IRecvGrad`, handled by `envpipe.runtime.engine.engine.EnvPipeEngine`), so a forward sent
   early never waits for a neighbour that is not receiving yet.
 
 Why two: measured on 2 x H200 (2026-11-23, benchmarks/results/engine_ablation_h200.md), 1F1B with every

@@ -1,4 +1,4 @@
-"""A PipelineEngine subclass that runs any unit order (envpipe.runtime.schedule) with planned clocks.
+"""A PipelineEngine subclass that runs any unit order (envpipe.runtime.engine.schedule) with planned clocks.
 
 Following DeepSpeed's own DualPipeVEngine, it extends `_INSTRUCTION_MAP` instead of forking the
 engine: DeepSpeed's p2p handlers serve its own 1F1B steps; our posted sends and per-direction receives
@@ -28,8 +28,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock, simulated_gpu
-from envpipe.runtime.measure.memory import SavedTensorMeter
-from envpipe.runtime.schedule import (
+from envpipe.runtime.engine.schedule import (
     IRecvActivation,
     IRecvGrad,
     ISendActivation,
@@ -43,6 +42,7 @@ from envpipe.runtime.schedule import (
     UnitOrderSchedule,
     UnitStart,
 )
+from envpipe.runtime.measure.memory import SavedTensorMeter
 from envpipe.simgpu import LINK, FlopCount, SimGpu, step_s
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_orders: list[list[Unit]] | None = None
         self.unit_clocks: list[list[int]] | None = None
         self.unit_stretch: list[float] | None = None  # this stage's rehearsal delay per unit (seconds)
-        self._spinner: Any = None  # envpipe.runtime.spin.Spinner, built at the first stretch on a GPU
+        self._spinner: Any = None  # envpipe.runtime.engine.spin.Spinner, built at the first stretch on a GPU
         self._stretched: list[float] = []  # the delays this iteration asked for (s)
         self.clock: Clock | None = None
         self._sim: SimGpu | None = None  # a simulated GPU keeps virtual time (CPU)
@@ -175,7 +175,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
         self.unit_stretch = list(stretch) if stretch is not None and any(stretch) else None
         if self.unit_stretch is not None and self._on_gpu and self._spinner is None:
-            from envpipe.runtime.spin import Spinner
+            from envpipe.runtime.engine.spin import Spinner
 
             self._spinner = Spinner(self.device)
         self.clock = clock
