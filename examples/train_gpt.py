@@ -259,8 +259,8 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
     import torch
 
     from envpipe.models.gpt import counting, pipeline
+    from envpipe.runtime.report.text import render
     from envpipe.runtime.stock import StockRecorder
-    from envpipe.runtime.textreport import render
 
     torch.manual_seed(1234)
     model = pipeline(shape(args), stages, args.stage_layers)

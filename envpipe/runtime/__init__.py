@@ -12,9 +12,10 @@
   `reconfigure`, `steady`; `state` (what a checkpoint carries);
 - `measure/`: `timing` (unit times -> the simulator's inputs), `replicas` (data parallelism), `iterations`
   (per-iteration lines), `collective` (gather, agree), `memory` (activation bytes, static bytes);
-- the report: `summary` (the typed RunSummary and its schema), `collect` (every rank's record -> the summary),
-  `prediction` (the energy model against the counter, the oracle), `report` and `textreport` (files and text),
-  `monitor` (events to DeepSpeed's monitors);
+- `summary` (the typed RunSummary and its schema, which every layer writes to);
+- `report/`: `collect` (every rank's record -> the summary), `prediction` (the energy model against the counter,
+  the oracle), `files` and `text` (summary.json, report.txt and gantt.png; the report in words), `monitor` (events
+  to DeepSpeed's monitors);
 - `layer_profile`: the per-layer profiler behind `envpipe search` (a tool of its own).
 
 Importing this package loads nothing heavy; its modules import torch and DeepSpeed.

@@ -54,7 +54,7 @@ SETTLE_WINDOW = 3  # iterations whose median must hold still (the model then tak
 # 100 ms; a simulated GPU's is exact): the steady iterations are untimed, and unit timing (an event pair per unit
 # and a synchronize) made the CNN example's timed iterations 8-10 % slower than its untimed ones on 2 x H200
 # (2026-11-28). The predictions of what runs are anchored on them: the simulator's ratio of what runs to 1F1B,
-# times these (envpipe.runtime.prediction).
+# times these (envpipe.runtime.report.prediction).
 ANCHOR_UPDATES, ANCHOR_LEAST, ANCHOR_MOST = 5, 3, 30
 
 

@@ -36,11 +36,10 @@ from typing import Any
 
 import torch
 
-from envpipe.runtime import decide, noharm, prediction, state
+from envpipe.runtime import decide, noharm, state
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import calibrate
 from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
-from envpipe.runtime.collect import RankRecord, Reported, assemble
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
 from envpipe.runtime.decision import Calibrated, Decided, Decision, Job, Origin
 from envpipe.runtime.measure import collective
@@ -48,10 +47,12 @@ from envpipe.runtime.measure.collective import progress
 from envpipe.runtime.measure.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
 from envpipe.runtime.measure.memory import SavedTensorMeter
 from envpipe.runtime.measure.timing import StageTiming
-from envpipe.runtime.monitor import MonitorFeed
 from envpipe.runtime.profiling import stage_profile
 from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
 from envpipe.runtime.rehearse import lowers_clocks, rehearse
+from envpipe.runtime.report import prediction
+from envpipe.runtime.report.collect import RankRecord, Reported, assemble
+from envpipe.runtime.report.monitor import MonitorFeed
 from envpipe.runtime.rig import Measured, Phase, Rig, Step
 from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
 from envpipe.simgpu import JobTruth
@@ -277,7 +278,7 @@ class EnvPipeRun:
         summary = replace(summary, energy=energy, oracle=self._oracle(flops), verdict=record.verdict,
                           rehearsal=self.rehearsal)
         summary = replace(summary, trust=prediction.trust(summary))
-        from envpipe.runtime.report import write_report
+        from envpipe.runtime.report.files import write_report
 
         draw = self._drawn != record.digest
         write_report(self.cfg.report_dir, summary, gantt=draw)

@@ -18,7 +18,7 @@ from envpipe.runtime import summary as S
 from envpipe.runtime.config import parse
 from envpipe.runtime.decision import Job, Origin, plan_digest
 from envpipe.runtime.measure.timing import Calibration
-from envpipe.runtime.report import write_report
+from envpipe.runtime.report.files import write_report
 from tests.support.runtime_summary import read_summary, sample_calibrated, sample_summary
 
 CAL = Calibration([0.01, 0.01], [0.02, 0.02], [0.0, 0.0], 0.0, [0.001, 0.001], 0.0)
@@ -184,7 +184,7 @@ def test_the_runtime_gantt_says_what_ran_and_what_kind_its_times_are(
     """Read from the figure's artists: the title names what ran (the plan, or 1F1B all-max where the order
     did not run) and whether its times are measured or the simulated GPU's."""
     from envpipe.plan import gantt
-    from envpipe.runtime.report import draw_gantt
+    from envpipe.runtime.report.files import draw_gantt
 
     drawn = []
     real = gantt.gantt_figure

@@ -14,12 +14,12 @@ import pytest
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime import summary as S
-from envpipe.runtime.collect import RankRecord, job_summary
 from envpipe.runtime.config import EnvPipeConfigError, parse
 from envpipe.runtime.decision import Decided, Decision, Origin
 from envpipe.runtime.measure import replicas
 from envpipe.runtime.measure.collective import Place, portable
 from envpipe.runtime.measure.iterations import BASELINE, PLAN
+from envpipe.runtime.report.collect import RankRecord, job_summary
 from tests.support import netns_hosts
 from tests.support.pipelines import WORKER, assert_same_math, orders_json, run_pipeline
 from tests.support.runtime_summary import iterations, read_summary, sample_calibrated, sample_summary
@@ -120,7 +120,7 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
     fast = [c for r in (0, 2) for x in iterations(tmp_path / "runtime", r) if x["phase"] == "steady"
             for c in x["clocks_requested_mhz"]]
     assert fast and min(fast) < 1410
-    from envpipe.runtime.textreport import render
+    from envpipe.runtime.report.text import render
 
     text = render(summary, tmp_path / "runtime")  # what the example prints
     assert "job: DP2 x PP2, 4 GPUs on 1 node(s)" in text and "straggler: replica 1" in text

@@ -15,17 +15,17 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime import monitor, prediction
 from envpipe.runtime import summary as S
 from envpipe.runtime.calibrate import calibrate, median_change
-from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.decision import Calibrated, Decided, Decision, Origin
 from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
 from envpipe.runtime.measure.collective import Place
 from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.measure.timing import Calibration, StageTiming
-from envpipe.runtime.monitor import Finished, MonitorFeed
+from envpipe.runtime.report import monitor, prediction
+from envpipe.runtime.report.collect import RankRecord
+from envpipe.runtime.report.monitor import Finished, MonitorFeed
 from envpipe.runtime.rig import EnergySplit, Measured, Rig
 from envpipe.runtime.steady import WARMUP, SteadyRecord, steady
 from envpipe.simgpu import JobTruth

@@ -23,9 +23,9 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.decision import Calibrated, Decided
+from envpipe.runtime.report.collect import RankRecord
 
 
 def ran(plan: Plan, order_only: bool, f_max: int) -> Plan:
