@@ -8,8 +8,9 @@
   the GPU: a rehearsal's stretch);
 - the run: `run` (EnvPipeRun: the phases inside train_batch, the report, checkpoints), `rig` (what the phases
   work on, and the `Step` they yield), `decision` (the plain types the phases hand on: `Calibrated`, `Decision`,
-  `Decided`), the phases `calibrate`, `profiling`, `decide` (+ `straggler`),
-  `reconfigure`, `steady`; `state` (what a checkpoint carries);
+  `Decided`), `state` (what a checkpoint carries);
+- `phases/`: `calibrate`, `profiling`, `decide` (+ `straggler`), `reconfigure`, `rehearse`, `steady` (+ `noharm`:
+  whether it keeps what it deployed), `steps` (how many train_batch calls the whole report takes);
 - `measure/`: `timing` (unit times -> the simulator's inputs), `replicas` (data parallelism), `iterations`
   (per-iteration lines), `collective` (gather, agree), `memory` (activation bytes, static bytes);
 - `summary` (the typed RunSummary and its schema, which every layer writes to);

@@ -6,18 +6,18 @@ current phase asked for (a `Step`: plan, phase, what runs) and hands the phase w
 generator (envpipe.runtime.rig) then decides the next step. Every rank makes the same calls in the same
 order, so the phases' collectives meet.
 
-- calibrate (envpipe.runtime.calibrate): 1F1B with every clock at max; unit, transfer and tail times,
+- calibrate (envpipe.runtime.phases.calibrate): 1F1B with every clock at max; unit, transfer and tail times,
   activation bytes, each stage's clock under load and its blocking and tail power.
-- profile (envpipe.runtime.profiling): one iteration per profiled clock, or the frequency model where
+- profile (envpipe.runtime.phases.profiling): one iteration per profiled clock, or the frequency model where
   clocks cannot be changed.
-- decide (rank 0, envpipe.runtime.decide, broadcast; a planning error is raised on every rank).
-- reconfigure (envpipe.runtime.reconfigure): re-plan from measured units until within budget (optimal), or
+- decide (rank 0, envpipe.runtime.phases.decide, broadcast; a planning error is raised on every rank).
+- reconfigure (envpipe.runtime.phases.reconfigure): re-plan from measured units until within budget (optimal), or
   EnvPipe's raises on the measured critical path (greedy, balanced).
-- rehearse (envpipe.runtime.rehearse, `rehearse: true` where clocks cannot be set): the plan's units stretched by
+- rehearse (envpipe.runtime.phases.rehearse, `rehearse: true` where clocks cannot be set): the plan's units stretched by
   their planned clocks' extra time, interleaved with 1F1B all-max iterations: the plan's timing, measured.
-- steady (envpipe.runtime.steady): the plan, interleaved at first with 1F1B all-max iterations, so that
+- steady (envpipe.runtime.phases.steady): the plan, interleaved at first with 1F1B all-max iterations, so that
   the report compares measured with measured; what measured slower than the budget or dearer than 1F1B gives way
-  to 1F1B all-max (envpipe.runtime.noharm); for as long as the user's loop runs; the report is rewritten at
+  to 1F1B all-max (envpipe.runtime.phases.noharm); for as long as the user's loop runs; the report is rewritten at
   intervals.
 
 What was decided (`Decided`) travels in DeepSpeed checkpoints (envpipe.runtime.state): a resumed job goes
@@ -36,9 +36,8 @@ from typing import Any
 
 import torch
 
-from envpipe.runtime import decide, noharm, state
+from envpipe.runtime import state
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import calibrate
 from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
 from envpipe.runtime.decision import Calibrated, Decided, Decision, Job, Origin
@@ -47,14 +46,16 @@ from envpipe.runtime.measure.collective import progress
 from envpipe.runtime.measure.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
 from envpipe.runtime.measure.memory import SavedTensorMeter
 from envpipe.runtime.measure.timing import StageTiming
-from envpipe.runtime.profiling import stage_profile
-from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
-from envpipe.runtime.rehearse import lowers_clocks, rehearse
+from envpipe.runtime.phases import decide, noharm
+from envpipe.runtime.phases.calibrate import calibrate
+from envpipe.runtime.phases.profiling import stage_profile
+from envpipe.runtime.phases.reconfigure import raise_measured, replan_until_within_budget
+from envpipe.runtime.phases.rehearse import lowers_clocks, rehearse
+from envpipe.runtime.phases.steady import STEADY, SteadyRecord, steady, what_runs
 from envpipe.runtime.report import prediction
 from envpipe.runtime.report.collect import RankRecord, Reported, assemble
 from envpipe.runtime.report.monitor import MonitorFeed
 from envpipe.runtime.rig import Measured, Phase, Rig, Step
-from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
 from envpipe.simgpu import JobTruth
 
 log = logging.getLogger(__name__)

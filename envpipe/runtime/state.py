@@ -172,7 +172,7 @@ class RunState:
     reconfiguration: S.Reconfiguration | None
     pairs_done: Annotated[int, Field(ge=0, le=MAX_PAIRS)]  # steady comparison pairs already measured
     waiting_power_w: list[Watts | None] | None = None  # per rank (absent from states saved before 2026-11-28)
-    verdict: S.Verdict | None = None  # what the steady phase's pairs kept (envpipe.runtime.noharm), once judged
+    verdict: S.Verdict | None = None  # what the steady phase's pairs kept (envpipe.runtime.phases.noharm), once judged
 
     @model_validator(mode="after")
     def _for_its_job(self) -> RunState:

@@ -13,11 +13,11 @@ from envpipe.plan.case import PipelineCase
 from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.profile import embedded_profile_path, load_profile
-from envpipe.runtime import decide
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import parse
 from envpipe.runtime.decision import Job, Origin, plan_digest
 from envpipe.runtime.measure.timing import Calibration
+from envpipe.runtime.phases import decide
 from envpipe.runtime.report.files import write_report
 from tests.support.runtime_summary import read_summary, sample_calibrated, sample_summary
 
@@ -169,7 +169,7 @@ def test_spread() -> None:
 
 
 def test_profile_clocks_spread_over_supported() -> None:
-    from envpipe.runtime.profiling import profile_clocks
+    from envpipe.runtime.phases.profiling import profile_clocks
 
     assert profile_clocks([1410, 1395, 1380, 1365, 1350], 3) == [1410, 1380, 1350]
     assert profile_clocks([1005, 1410], 4) == [1410, 1005]

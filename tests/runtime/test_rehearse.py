@@ -13,16 +13,16 @@ from deepspeed.runtime.pipe import schedule as ds
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.profile import Profile
-from envpipe.runtime import reconfigure
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import Decision, Origin
 from envpipe.runtime.engine.schedule import Stock1F1BSchedule, Stretch, UnitEnd, UnitOrderSchedule, UnitStart
 from envpipe.runtime.measure.collective import Place
 from envpipe.runtime.measure.iterations import BASELINE, PLAN
 from envpipe.runtime.measure.timing import StageTiming
-from envpipe.runtime.rehearse import REHEARSAL, lowers_clocks, stretches, summarize, unit_time
+from envpipe.runtime.phases import reconfigure
+from envpipe.runtime.phases.rehearse import REHEARSAL, lowers_clocks, stretches, summarize, unit_time
+from envpipe.runtime.phases.steady import WARMUP
 from envpipe.runtime.rig import Measured
-from envpipe.runtime.steady import WARMUP
 from envpipe.simgpu import JobTruth, SimGpu
 from envpipe.simgpu.gpu import COLD_ENV, Cold
 

@@ -13,7 +13,7 @@ from envpipe.plan.dag import PipelineDag
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime.measure.timing import StageTiming, calibrate, measured_timeline, predict_time
-from envpipe.runtime.reconfigure import raise_clocks
+from envpipe.runtime.phases.reconfigure import raise_clocks
 from tests.support.timings import GAP, HEAD, TAIL, TRANSFER, measure, timings_of
 
 

@@ -164,7 +164,7 @@ class EnvPipeEngine(PipelineEngine):
         stretch: Sequence[float] | None = None,
     ) -> None:
         """Use these per-stage orders (all stages, same on every rank) for the following iterations; ``stretch``:
-        this stage's delay per unit of its order (a rehearsal: envpipe.runtime.rehearse)."""
+        this stage's delay per unit of its order (a rehearsal: envpipe.runtime.phases.rehearse)."""
         if len(orders) != self.num_stages:
             raise ValueError(f"the plan has {len(orders)} stages, the pipeline {self.num_stages}")
         key = tuple(tuple(o) for o in orders)

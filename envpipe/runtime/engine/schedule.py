@@ -57,7 +57,7 @@ class UnitEnd(ds.PipeInstruction):
 
 class Stretch(ds.PipeInstruction):
     """Delay the unit just run by `seconds` on its own stream, after its kernels (a rehearsal of a lower clock:
-    envpipe.runtime.rehearse); what depends on the unit waits as it would for the slower unit."""
+    envpipe.runtime.phases.rehearse); what depends on the unit waits as it would for the slower unit."""
 
 
 class TailMark(ds.PipeInstruction):

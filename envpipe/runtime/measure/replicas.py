@@ -12,7 +12,7 @@ their gradients at the end of every iteration, so each iteration waits for the s
   over its replicas: the last replica to reach the all-reduce does not wait there, so its tail is transfer +
   step alone.
 - **One decision.** Rank 0 plans; the plan is broadcast (`agree`), so every replica of a stage runs the
-  same orders and clocks. Only the straggler rule (`envpipe.runtime.straggler`) gives the replicas
+  same orders and clocks. Only the straggler rule (`envpipe.runtime.phases.straggler`) gives the replicas
   that wait for a straggler a plan of their own, and the report says so.
 """
 

@@ -16,7 +16,8 @@ EnvPipe adds its events the same way, under `EnvPipe/Samples/...`, with the same
     saving_<kind>                  the measured saving: plan vs this run's interleaved 1F1B all-max iterations,
                                    the median over the steady comparison pairs so far (from the first pair on)
     plan_kept                      after the comparison pairs: 1 the plan (or its order) runs on, 0 it measured
-                                   slower than the budget or dearer, and 1F1B all-max runs (envpipe.runtime.noharm)
+                                   slower than the budget or dearer, and 1F1B all-max runs
+                                   (envpipe.runtime.phases.noharm)
     prediction_trusted             1: the report's predictions held (envpipe.runtime.report.prediction.trust),
                                    0: flagged
 

@@ -6,7 +6,7 @@ transfer and tails, each phase charged at its own power: units at their profiled
 at its measured blocking power, its tail (all-reduce, optimizer step) at its measured tail power. The
 prediction is one pipeline's; with data parallelism every replica runs it, so a stage's prediction is
 times the replicas. It is anchored on the calibration's untimed 1F1B iterations: per stage, the simulated
-ratio of what ran to 1F1B all-max, times that stage's measured 1F1B energy (envpipe.runtime.calibrate).
+ratio of what ran to 1F1B all-max, times that stage's measured 1F1B energy (envpipe.runtime.phases.calibrate).
 Measured: per stage, the median steady energy of each of its GPUs, summed.
 Error = (predicted - measured) / measured.
 """

@@ -6,7 +6,7 @@ beyond the round's own noise, rank 0 corrects the profile with the plan's measur
 the planner's (simulated) budget by the measured excess, and re-plans; it stops once the measured
 slowdown is within budget. A plan still over budget after the last round gives way to 1F1B all-max.
 Where clocks cannot be set and the run rehearses (`rehearse`), the rounds rehearse: each unit below the top
-clock is stretched by its planned clock's extra time (envpipe.runtime.rehearse) instead of running at it, a new
+clock is stretched by its planned clock's extra time (envpipe.runtime.phases.rehearse) instead of running at it, a new
 order warms up for one iteration first, the pairs run untimed, and the profile is corrected by the round's own
 timed 1F1B all-max iterations (their units against the profile's top clock; a stretched unit's marks hold its
 delay, and the delay would pass for the next unit's overhead): the calibration's unit times drift from the ones the job
@@ -35,15 +35,15 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.reconfig import Reconfig, reconfigure_rounds
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
-from envpipe.runtime import decide, noharm
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import Calibrated, Decision
 from envpipe.runtime.measure import collective, replicas
 from envpipe.runtime.measure.iterations import BASELINE, PLAN, comparison_pattern, paired
 from envpipe.runtime.measure.timing import StageTiming, measured_timeline
-from envpipe.runtime.rehearse import stretches
+from envpipe.runtime.phases import decide, noharm
+from envpipe.runtime.phases.rehearse import stretches
+from envpipe.runtime.phases.steady import WARMUP
 from envpipe.runtime.rig import Phase, Rig, Step
-from envpipe.runtime.steady import WARMUP
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
 PHASE = "reconfigure"

@@ -7,8 +7,8 @@ those clocks. The rehearsed iterations are interleaved ABBA with this run's 1F1B
 phase's comparison pairs, after one warm-up iteration of an order this process has not run.
 
 Before it, with the optimal policy's `replan` reconfiguration, the reconfiguration rounds rehearse too
-(envpipe.runtime.reconfigure): a plan measured over the budget is re-planned on the units' measured times until it
-measures within it, or gives way to 1F1B all-max (then nothing is left to rehearse).
+(envpipe.runtime.phases.reconfigure): a plan measured over the budget is re-planned on the units' measured times until
+it measures within it, or gives way to 1F1B all-max (then nothing is left to rehearse).
 
 What it tells: the rehearsed plan's measured slowdown beside the planner's predicted one, and per stage the planned
 delay beside what its GPU's timer spun. Energy is the planner's prediction only (simulated): a GPU spinning on its

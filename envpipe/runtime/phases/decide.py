@@ -5,7 +5,7 @@ Where the plan comes from, in order: a plan file (`envpipe.plan`); EnvPipe's own
 planner on a profile (online, a profile file, or measured default-clock units with the frequency model
 where clocks cannot be changed): the optimal planner (least energy within the budget, the unit order
 chosen within memory) or EnvPipe's policies. With `straggler: frontier`, the replicas that wait for a
-straggler get the least-energy frontier plan that fits its time (`envpipe.runtime.straggler`).
+straggler get the least-energy frontier plan that fits its time (`envpipe.runtime.phases.straggler`).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: Cal
 def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: int, overheads: Overheads,
                         schedule: str) -> Decision:
     """The other replicas take the least-energy frontier plan that fits the straggler's predicted time."""
-    from envpipe.runtime.straggler import relaxed_plan
+    from envpipe.runtime.phases.straggler import relaxed_plan
 
     assert decision.predicted_time_s is not None
     case = PipelineCase(fast_profile, decision.plans[0].num_microbatches, overheads)
