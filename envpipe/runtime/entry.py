@@ -81,12 +81,12 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
                 mesh_param=mesh_param)
         assert isinstance(engine, EnvPipeEngine)
         _check_plan_fits(cfg, engine.num_stages, engine.micro_batches)
-        engine.envpipe = EnvPipeRun(engine, cfg, clock)
+        run = engine.envpipe = EnvPipeRun(engine, cfg, clock)
     except BaseException:
         if clock is not None:
             clock.close()
         raise
-    _release_on_exit(engine.envpipe)
+    _release_on_exit(run)
     return engine, opt, loader, scheduler
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import deepspeed
 import torch
@@ -43,10 +43,24 @@ from envpipe.runtime.engine.schedule import (
     UnitStart,
 )
 from envpipe.runtime.measure.memory import SavedTensorMeter
+from envpipe.runtime.summary import RunSummary
 from envpipe.simgpu import LINK, FlopCount, SimGpu, step_s
 
-if TYPE_CHECKING:
-    from envpipe.runtime.run import EnvPipeRun
+
+class EngineRun(Protocol):
+    """What the engine hands its iterations, checkpoints, report and end to (`envpipe.runtime.run.EnvPipeRun`)."""
+
+    def train_batch(self, run: Callable[[], Any]) -> Any:
+        """The iteration the current phase asks for; ``run`` runs DeepSpeed's own train_batch once."""
+        ...
+
+    def save_state(self, folder: Path) -> None: ...
+
+    def load_state(self, folder: Path) -> None: ...
+
+    def report(self) -> RunSummary | None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -90,7 +104,7 @@ class EnvPipeEngine(PipelineEngine):
         self.saved_meter: SavedTensorMeter | None = None  # set for one iteration: activation bytes per forward
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
         self.clocks_requested: list[int] = []  # the clocks this iteration asked for, in order
-        self.envpipe: EnvPipeRun | None = None  # the phases, attached by envpipe.initialize
+        self.envpipe: EngineRun | None = None  # the phases, attached by envpipe.initialize
 
     # --- what the user's script calls: DeepSpeed's API, with EnvPipe's phases inside ---------------------
     def train_batch(self, data_iter: Any = None) -> Any:
