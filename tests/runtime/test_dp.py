@@ -198,9 +198,9 @@ def test_slowest_replica_per_stage_and_shortest_tail() -> None:
     assert [s["F"] for s in replicas.slowest_per_stage(entries, 2, exclude=(1,))] == [1.0, 2.0]
     assert replicas.stage_tails(entries, 2) == [0.1, 0.3]
     assert replicas.replica_times(entries) == {0: 11.0, 1: 14.0}
-    assert replicas.find_straggler({0: 11.0, 1: 14.0}) == 1
-    assert replicas.find_straggler({0: 11.0, 1: 11.2}) is None
-    assert replicas.find_straggler({0: 11.0}) is None
+    assert replicas.find_straggler({0: 11.0, 1: 14.0}, 0.05) == 1
+    assert replicas.find_straggler({0: 11.0, 1: 11.2}, 0.05) is None
+    assert replicas.find_straggler({0: 11.0}, 0.05) is None
     with pytest.raises(replicas.ReplicaError, match=r"no measurements from stage\(s\) \[2\]"):
         replicas.slowest_per_stage(entries, 3)
 

@@ -18,18 +18,14 @@ their gradients at the end of every iteration, so each iteration waits for the s
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from envpipe.plan.schedules import Unit
 from envpipe.runtime.measure.collective import Place
 from envpipe.runtime.measure.timing import Calibration, StageTiming, calibrate
 
-STRAGGLER_THRESHOLD = 0.05  # default: a replica this much slower than the others' median is a straggler
 SLOW_REPLICA_ENV = "ENVPIPE_SIM_SLOW_REPLICA"  # "REPLICA:FACTOR": that replica's sim clock runs slower
 
 
@@ -172,19 +168,14 @@ def replica_times(entries: Iterable[Entry]) -> dict[int, float]:
     return _latest_per_replica((where, stats["pipeline_s"]) for where, stats in entries)
 
 
-def find_straggler(times: Mapping[int, float], threshold: float = STRAGGLER_THRESHOLD) -> int | None:
-    """The replica slower than the median of the others by more than `threshold`, if any."""
+def find_straggler(times: Mapping[int, float], threshold: float) -> int | None:
+    """The replica slower than the median of the others by more than `threshold` (`straggler_threshold` of the
+    config), if any."""
     if len(times) < 2:
         return None
     worst = max(times, key=lambda r: times[r])
     others = statistics.median(t for r, t in times.items() if r != worst)
     return worst if times[worst] > others * (1.0 + threshold) else None
-
-
-def plan_digest(orders: Sequence[Sequence[Any]], clocks: Sequence[Sequence[int]] | None, stage: int) -> str:
-    """A short hash of one stage's orders and clocks: equal digests, identical plans."""
-    text = json.dumps([list(map(list, orders[stage])), list(clocks[stage]) if clocks is not None else None])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def sim_slowdown(replica: int, environ: Mapping[str, str] | None = None) -> float:
