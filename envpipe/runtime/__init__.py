@@ -7,7 +7,7 @@
   time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams), `spin` (a delay on
   the GPU: a rehearsal's stretch);
 - the run: `run` (EnvPipeRun: the phases inside train_batch, the report, checkpoints), `rig` (what the phases
-  work on, and the `Step` they yield), `decision` (the plain types the phases hand on: `Calibrated`, `Decision`,
+  work on, and the `Step` they yield), `decision` (the plain types the phases hand on: `CalibrationResult`, `Decision`,
   `Decided`), `state` (what a checkpoint carries);
 - `phases/`: `calibrate`, `profiling`, `decide` (+ `straggler`), `reconfigure`, `rehearse`, `steady` (+ `noharm`:
   whether it keeps what it deployed), `steps` (how many train_batch calls the whole report takes);

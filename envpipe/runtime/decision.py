@@ -1,4 +1,4 @@
-"""The plain types the phases hand on: what calibration measured (`Calibrated`), what rank 0 decided
+"""The plain types the phases hand on: what calibration measured (`CalibrationResult`), what rank 0 decided
 (`Decision`, from an `Origin`, for a `Job`) and both together (`Decided`, kept for the report and carried in
 checkpoints). Phases, the checkpoint and the report import them from here, not from one another."""
 
@@ -14,12 +14,12 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.measure.timing import Calibration
+from envpipe.runtime.measure.timing import SimInputs
 
 
 @dataclass(frozen=True)
-class Calibrated:
-    timing: Calibration  # the simulator's inputs
+class CalibrationResult:
+    timing: SimInputs  # the simulator's inputs
     report: S.Calibration  # the same, with what else was measured, for the summary
     memory: list[S.MemoryUse]  # per stage
     unit_energies: list[dict[str, float]]  # per stage, its slowest replica's F, B (s) and F_j, B_j (J; nan: none)
@@ -100,7 +100,7 @@ class Decision:
 class Decided:
     """What the phases decided and what from: kept for the report and carried in checkpoints."""
 
-    calibrated: Calibrated
+    calibrated: CalibrationResult
     decision: Decision
     reconfiguration: S.Reconfiguration | None
 

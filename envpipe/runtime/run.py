@@ -40,7 +40,7 @@ from envpipe.runtime import state
 from envpipe.runtime import summary as S
 from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
-from envpipe.runtime.decision import Calibrated, Decided, Decision, Job, Origin
+from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Job, Origin
 from envpipe.runtime.measure import collective
 from envpipe.runtime.measure.collective import progress
 from envpipe.runtime.measure.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
@@ -221,7 +221,7 @@ class EnvPipeRun:
         self.monitor.plan_kept = verdict.kept
         return verdict
 
-    def _reconfigure(self, chosen: Decision, calibrated: Calibrated
+    def _reconfigure(self, chosen: Decision, calibrated: CalibrationResult
                      ) -> Phase[tuple[Decision, S.Reconfiguration | None]]:
         method, rig = self.cfg.reconfig_method, self.rig
         rehearsed = not rig.controls and self.cfg.rehearse  # the plan's clocks stood in for by stretches

@@ -16,12 +16,12 @@ from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import parse
 from envpipe.runtime.decision import Job, Origin, plan_digest
-from envpipe.runtime.measure.timing import Calibration
+from envpipe.runtime.measure.timing import SimInputs
 from envpipe.runtime.phases import decide
 from envpipe.runtime.report.files import write_report
 from tests.support.runtime_summary import read_summary, sample_calibrated, sample_summary
 
-CAL = Calibration([0.01, 0.01], [0.02, 0.02], [0.0, 0.0], 0.0, [0.001, 0.001], 0.0)
+CAL = SimInputs([0.01, 0.01], [0.02, 0.02], [0.0, 0.0], 0.0, [0.001, 0.001], 0.0)
 
 
 def plan_json(orders, clocks=1410, **extra) -> dict:
@@ -74,7 +74,7 @@ def test_envpipe_rule_and_the_memory_limit() -> None:
     # Tb = 2 Tf: stage s can fill 2 (P-s-1) forwards, capped at M-(P-s); last stage 0
     assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 16) == [6, 4, 2, 0]
     assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 4) == [0, 1, 2, 0]
-    cal = Calibration([1.0] * 4, [2.0] * 4, [0.0] * 4, 0.0, [0.0] * 4, 0.0)
+    cal = SimInputs([1.0] * 4, [2.0] * 4, [0.0] * 4, 0.0, [0.0] * 4, 0.0)
     cfg = parse({"type": "baseline"}, {})
     job = Job(4, 16, 1, True, 1410)
     free = decide.envpipe_rule(cfg, job, cal, [])

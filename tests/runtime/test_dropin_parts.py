@@ -17,11 +17,11 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decision import Calibrated, Decided, Decision, Origin
+from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Origin
 from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
 from envpipe.runtime.measure.collective import Place
 from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration, comparison_pattern
-from envpipe.runtime.measure.timing import Calibration, StageTiming
+from envpipe.runtime.measure.timing import SimInputs, StageTiming
 from envpipe.runtime.phases.calibrate import calibrate, median_change
 from envpipe.runtime.phases.steady import WARMUP, SteadyRecord, steady
 from envpipe.runtime.report import monitor, prediction
@@ -207,7 +207,7 @@ def test_energy_model_charges_each_phase_at_its_power() -> None:
                         [], "d", [], [], [])
     other = RankRecord(Place(1, 1, 0, "h", 0), [(PLAN, tl.iteration_time, float(energy[1]))], None, None, [], "d", [],
                        [], [])
-    calibrated = Calibrated(Calibration([1.0] * 2, [2.0] * 2, [0.0] * 2, 0.0, [0.5] * 2, 0.0),
+    calibrated = CalibrationResult(SimInputs([1.0] * 2, [2.0] * 2, [0.0] * 2, 0.0, [0.5] * 2, 0.0),
                             sample_calibrated().report, [], [], None, 50.0, [50.0] * 2, [300.0] * 2)
     decision = Decision(Origin.RULE, "worked", "baseline", "1f1b", {0: plan, 1: plan}, True, profile=profile)
     decided = Decided(calibrated, decision, None)
@@ -282,7 +282,7 @@ class _CountingRig:
     gather_each = Rig.gather_each
 
 
-def _calibrate(rig: _CountingRig, times: list[float]) -> tuple[Calibrated, list[str]]:
+def _calibrate(rig: _CountingRig, times: list[float]) -> tuple[CalibrationResult, list[str]]:
     """Drive the calibration with iteration i taking ``times[i]`` s (the last one's after those); the events before
     each step's iteration."""
     phase = calibrate(rig)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from envpipe.plan.schedules import Unit
 from envpipe.runtime.measure.collective import Place
-from envpipe.runtime.measure.timing import Calibration, StageTiming, calibrate
+from envpipe.runtime.measure.timing import SimInputs, StageTiming, sim_inputs
 
 SLOW_REPLICA_ENV = "ENVPIPE_SIM_SLOW_REPLICA"  # "REPLICA:FACTOR": that replica's sim clock runs slower
 
@@ -104,7 +104,7 @@ Measured = tuple[Place, StageTiming]  # one rank's iteration
 
 def calibrate_replicas(
     orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[Measured]]
-) -> dict[int, Calibration]:
+) -> dict[int, SimInputs]:
     """Each replica's calibration from its own stages' timings (samples of the iterations pooled)."""
     per: dict[int, list[list[StageTiming]]] = {}
     for it in iterations:
@@ -113,10 +113,10 @@ def calibrate_replicas(
             mine.setdefault(where.replica, []).append(timing)
         for d, timings in mine.items():
             per.setdefault(d, []).append(timings)
-    return {d: calibrate(orders, its) for d, its in sorted(per.items())}
+    return {d: sim_inputs(orders, its) for d, its in sorted(per.items())}
 
 
-def stage_entries(cals: Mapping[int, Calibration], last: Sequence[Measured]) -> list[tuple[Place, dict[str, float]]]:
+def stage_entries(cals: Mapping[int, SimInputs], last: Sequence[Measured]) -> list[tuple[Place, dict[str, float]]]:
     """Per rank: its stage's calibrated numbers in its replica, and when its units ended (`last` iteration)."""
     entries: list[tuple[Place, dict[str, float]]] = []
     for where, t in last:
@@ -132,14 +132,14 @@ def _units_end(t: StageTiming) -> float:
 
 
 def job_calibration(
-    cals: Mapping[int, Calibration], entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()
-) -> Calibration:
+    cals: Mapping[int, SimInputs], entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()
+) -> SimInputs:
     """The job's simulator inputs: per stage the slowest replica's units, the shortest tail of the stage."""
     entries = list(entries)
     skip = set(exclude)
     rows = slowest_per_stage(entries, stages, skip)
     kept = [c for d, c in cals.items() if d not in skip]
-    return Calibration(
+    return SimInputs(
         [r["F"] for r in rows],
         [r["B"] for r in rows],
         [r["gap_s"] for r in rows],

@@ -35,7 +35,7 @@ from envpipe.energy.meter import EnergyMeter, PolledMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import summary as S
-from envpipe.runtime.decision import Calibrated
+from envpipe.runtime.decision import CalibrationResult
 from envpipe.runtime.measure import replicas
 from envpipe.runtime.measure.collective import progress
 from envpipe.runtime.measure.iterations import BASELINE
@@ -67,7 +67,7 @@ def median_change(times: Sequence[float], window: int = SETTLE_WINDOW) -> float 
     return float(now / before - 1.0)
 
 
-def calibrate(rig: Rig) -> Phase[Calibrated]:
+def calibrate(rig: Rig) -> Phase[CalibrationResult]:
     cfg = rig.cfg
     least, most = cfg.calibration_range
     warmup = min(WARMUP_ITERATIONS, most - 1)
@@ -132,8 +132,8 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     report = S.Calibration(len(used), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
                            cal.head_s, effective, idle, blocking, tail, ran, settled, change, *anchor)
     straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
-    return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail,
-                      waiting_per_rank)
+    return CalibrationResult(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking,
+                             tail, waiting_per_rank)
 
 
 def _anchor(rig: Rig, typical_s: float) -> Phase[tuple[int | None, float | None, list[float] | None]]:

@@ -27,8 +27,8 @@ from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decision import Calibrated, Decision, Job, Origin
-from envpipe.runtime.measure.timing import Calibration, predict_time
+from envpipe.runtime.decision import CalibrationResult, Decision, Job, Origin
+from envpipe.runtime.measure.timing import SimInputs, predict_time
 
 
 def planner_memory(memory: Sequence[S.MemoryUse]) -> StageMemory | None:
@@ -110,7 +110,7 @@ def _saving_band(plan: Plan, tl: Timeline, saving: float, top_mhz: float) -> lis
     return list(band.saving_range(saving, min(1.0, lowered)))
 
 
-def from_plan_file(path: str, job: Job, cal: Calibration) -> Decision:
+def from_plan_file(path: str, job: Job, cal: SimInputs) -> Decision:
     """A plan file for this pipeline's shape and the engine's order rules; PlanError (one line) otherwise."""
     plan = Plan.load(path)
     if (plan.num_stages, plan.num_microbatches) != (job.stages, job.microbatches):
@@ -134,7 +134,7 @@ def from_plan_file(path: str, job: Job, cal: Calibration) -> Decision:
                     predicted_time_s=own if own is not None else predict_time(plan.orders(), cal))
 
 
-def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: Calibration, memory: Sequence[S.MemoryUse]) -> Decision:
+def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: SimInputs, memory: Sequence[S.MemoryUse]) -> Decision:
     """EnvPipe's `baseline` policy: its order from measured unit times (or 1F1B), every clock at max."""
     P, M = job.stages, job.microbatches
     model, only_1f1b = usable_memory(memory)
@@ -153,7 +153,7 @@ def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: Calibration, memory: Sequenc
                     predicted_time_s=predict_time(orders, cal))
 
 
-def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: Calibrated) -> Decision:
+def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: CalibrationResult) -> Decision:
     """The optimal planner (default) or one of EnvPipe's policies on ``profile``, with the measured overheads
     (transfer, tails, each stage's blocking and tail power) and memory."""
     M, memory = job.microbatches, calibrated.memory
@@ -219,7 +219,7 @@ def replanned(decision: Decision, plan: Plan, order: str, case: PipelineCase, bu
                    profile=case.profile)
 
 
-def choose(cfg: EnvPipeConfig, job: Job, calibrated: Calibrated, profile: Profile | None) -> Decision:
+def choose(cfg: EnvPipeConfig, job: Job, calibrated: CalibrationResult, profile: Profile | None) -> Decision:
     """Rank 0's decision: a plan file, EnvPipe's rule, or the planner on ``profile``."""
     if cfg.plan:
         return from_plan_file(cfg.plan, job, calibrated.timing)

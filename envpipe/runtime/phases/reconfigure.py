@@ -36,7 +36,7 @@ from envpipe.plan.reconfig import Reconfig, reconfigure_rounds
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.decision import Calibrated, Decision
+from envpipe.runtime.decision import CalibrationResult, Decision
 from envpipe.runtime.measure import collective, replicas
 from envpipe.runtime.measure.iterations import BASELINE, PLAN, comparison_pattern, paired
 from envpipe.runtime.measure.timing import StageTiming, measured_timeline
@@ -95,7 +95,7 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
     return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by the units that ran")
 
 
-def replan_until_within_budget(rig: Rig, chosen: Decision, calibrated: Calibrated, rehearsed: bool = False
+def replan_until_within_budget(rig: Rig, chosen: Decision, calibrated: CalibrationResult, rehearsed: bool = False
                                ) -> Phase[tuple[Decision, S.Reconfiguration]]:
     """Re-plan until the plan measures within budget (``rehearsed``: its clocks stood in for by stretches)."""
     cfg, overheads = rig.cfg, calibrated.overheads()
@@ -186,7 +186,7 @@ def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_roun
     return raised, S.Reconfiguration(method, rounds, None, result.stop_reason, result.raises)
 
 
-def raise_measured(rig: Rig, chosen: Decision, calibrated: Calibrated, method: str
+def raise_measured(rig: Rig, chosen: Decision, calibrated: CalibrationResult, method: str
                    ) -> Phase[tuple[Decision, S.Reconfiguration]]:
     """`raise_clocks` on the job's measured iterations (the waits of the replica that ended last)."""
     plan = chosen.plan_for(rig.place.replica)

@@ -24,7 +24,7 @@ from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decision import Calibrated, Decided
+from envpipe.runtime.decision import CalibrationResult, Decided
 from envpipe.runtime.report.collect import RankRecord
 
 
@@ -89,7 +89,7 @@ def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 
 
-def oracle_comparison(cfg: EnvPipeConfig, truth: Profile, plan: Plan, calibrated: Calibrated,
+def oracle_comparison(cfg: EnvPipeConfig, truth: Profile, plan: Plan, calibrated: CalibrationResult,
                       powers: tuple[list[float], list[float]], source: str) -> S.OracleComparison:
     """On a simulated GPU: the optimal planner on the GPU's true profile (``truth``: every clock, no noise, and
     ``powers``: each stage's true blocking and tail power), against the run's own plan evaluated on the same
