@@ -38,7 +38,7 @@ import torch
 
 from envpipe.runtime import state
 from envpipe.runtime import summary as S
-from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
+from envpipe.runtime.clocks import Clock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
 from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Job, Origin
 from envpipe.runtime.measure import collective
@@ -262,9 +262,8 @@ class EnvPipeRun:
         units = [] if last is None else [
             S.MeasuredUnit(k, mb, a - last.step_start, b - last.step_start, clocks[(k, mb)] if self.rig.controls
                            else None) for k, mb, a, b in last.units]
-        refusals = [S.Refusal(self.rig.place.rank, r.mhz, r.status, r.message) for r in
-                    (self.clock.refusals() if self.clock is not None else [])]
-        lost = self.clock.lost_control() if isinstance(self.clock, DaemonClock) else None
+        refusals = [] if self.clock is None else self.clock.refusals(self.rig.place.rank)
+        lost = None if self.clock is None else self.clock.lost_control()
         mine = RankRecord(self.rig.place, [(it.runs, it.time_s, it.energy_j) for it in record.iterations()], peak,
                           unit, units, record.digest, [a for a, _ in record.tails], [t for _, t in record.tails],
                           refusals, lost)
