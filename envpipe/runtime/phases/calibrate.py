@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from envpipe.energy.meter import EnergyMeter, PolledMeter, clock_under_load
+from envpipe.energy.meter import EnergyMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import summary as S
@@ -74,7 +74,7 @@ def calibrate(rig: Rig) -> Phase[CalibrationResult]:
     progress(f"calibrate: {least} iteration(s) of 1F1B with every clock at max" if least == most else
              f"calibrate: 1F1B with every clock at max until the iteration time settles (within "
              f"{100 * cfg.calibration_tolerance:g} %; {least} to {most} iterations)")
-    if isinstance(rig.meter, PolledMeter):
+    if rig.meter is not None and rig.meter.polled:
         rig.meter.sample_clocks = True
     own: list[StageTiming] = []
     times: list[float] = []  # the job's measured iterations (its slowest rank's time)
@@ -196,10 +196,10 @@ def _blocked_power(rig: Rig) -> float | None:
     `BLOCKED_S`: a bubble's power, over a window a 100 ms counter resolves. Rank 0 holds back while every other
     rank waits, then rank 1 while rank 0 waits. None where the counter resolves bubbles itself (a simulated
     GPU's, whose knots are unit boundaries), without a counter, or alone (no one to wait for)."""
-    polled = [mine for _, mine in rig.gather(isinstance(rig.meter, PolledMeter))]  # every rank or none waits
-    if not all(polled) or len(polled) < 2:
+    meter = rig.meter
+    polled = [mine for _, mine in rig.gather(meter is not None and meter.polled)]  # every rank or none waits
+    if meter is None or not all(polled) or len(polled) < 2:
         return None
-    assert isinstance(rig.meter, PolledMeter)
     me, window = rig.place.rank, (0.0, 0.0)
     rig.wait_in_collective()  # a group's communicator is made at its first use: outside the window
     for holder in (0, 1):
@@ -209,13 +209,13 @@ def _blocked_power(rig: Rig) -> float | None:
         rig.wait_in_collective()
         if me != holder and window == (0.0, 0.0):
             window = (t0, time.perf_counter())
-    return _mean_power(rig.meter, *window)
+    return _mean_power(meter, *window)
 
 
 def _effective_clock(rig: Rig, timings: list[StageTiming]) -> list[float | None]:
     """Per stage, the SM clock NVML saw during its units (the power cap's clock); None without NVML."""
     mine = None
-    if isinstance(rig.meter, PolledMeter):
+    if rig.meter is not None and rig.meter.polled:
         rig.meter.sample_clocks = False
         busy = [(a, b) for t in timings for _, _, a, b in t.units]
         mine = clock_under_load(rig.meter.clock_samples, busy)
