@@ -15,7 +15,14 @@ from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import Decision, Origin
-from envpipe.runtime.engine.schedule import Stock1F1BSchedule, Stretch, UnitEnd, UnitOrderSchedule, UnitStart
+from envpipe.runtime.engine.schedule import (
+    Stock1F1BSchedule,
+    Stretch,
+    UnitEnd,
+    UnitExtras,
+    UnitOrderSchedule,
+    UnitStart,
+)
 from envpipe.runtime.measure.collective import Place
 from envpipe.runtime.measure.iterations import BASELINE, PLAN
 from envpipe.runtime.measure.timing import StageTiming
@@ -53,9 +60,9 @@ def test_the_delay_follows_the_units_pass_inside_its_marks(timed: bool) -> None:
     """After the pass and before its end mark (a slower unit ends later), in both schedules, whether timed or not;
     a unit without a stretch gets no instruction."""
     stretch = [0.0, 0.002, 0.010, 0.0]
-    stock = [c for step in Stock1F1BSchedule(2, 2, 0, timed=timed, stretch=stretch).steps() for c in step]
-    posted = [c for step in UnitOrderSchedule(envpipe_schedule(2, 2, [0, 0])[0], 2, 2, 0, timed=timed,
-                                              stretch=stretch).steps() for c in step]
+    stock = [c for step in Stock1F1BSchedule(2, 2, 0, UnitExtras(stretch=stretch, timed=timed)).steps() for c in step]
+    posted = [c for step in UnitOrderSchedule(envpipe_schedule(2, 2, [0, 0])[0], 2, 2, 0,
+                                              UnitExtras(stretch=stretch, timed=timed)).steps() for c in step]
     for cmds in (stock, posted):
         passes = [i for i, c in enumerate(cmds) if isinstance(c, ds.ForwardPass | ds.BackwardPass)]
         delays = [(i, c.kwargs["seconds"]) for i, c in enumerate(cmds) if isinstance(c, Stretch)]
@@ -65,7 +72,7 @@ def test_the_delay_follows_the_units_pass_inside_its_marks(timed: bool) -> None:
             assert all(isinstance(cmds[i + 1], UnitEnd) for i, _ in delays)
             assert sum(isinstance(c, UnitStart) for c in cmds) == 4
     with pytest.raises(ValueError, match="3 stretches for 4 units"):
-        Stock1F1BSchedule(2, 2, 0, stretch=[0.0] * 3)
+        Stock1F1BSchedule(2, 2, 0, UnitExtras(stretch=[0.0] * 3))
 
 
 def test_a_simulated_gpu_ends_a_stretched_unit_exactly_that_much_later_at_its_blocking_power() -> None:

@@ -39,6 +39,7 @@ from envpipe.runtime.engine.schedule import (
     TailMark,
     Unit,
     UnitEnd,
+    UnitExtras,
     UnitOrderSchedule,
     UnitStart,
 )
@@ -209,18 +210,11 @@ class EnvPipeEngine(PipelineEngine):
         if self.unit_orders is None:
             self.unit_orders = one_f_one_b(self.num_stages, self.micro_batches)
         clocks = self.unit_clocks[self.stage_id] if self.unit_clocks is not None else None
+        extras = UnitExtras(clocks, self.unit_stretch, self._timing)
         if self.unit_orders == one_f_one_b(self.num_stages, self.micro_batches):  # every stage decides alike
-            return Stock1F1BSchedule(self.micro_batches, self.num_stages, self.stage_id, clocks, self._timing,
-                                     self.unit_stretch)
-        return UnitOrderSchedule(
-            self.unit_orders[self.stage_id],
-            self.micro_batches,
-            self.num_stages,
-            self.stage_id,
-            clocks=clocks,
-            timed=self._timing,
-            stretch=self.unit_stretch,
-        )
+            return Stock1F1BSchedule(self.micro_batches, self.num_stages, self.stage_id, extras)
+        return UnitOrderSchedule(self.unit_orders[self.stage_id], self.micro_batches, self.num_stages, self.stage_id,
+                                 extras)
 
     def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
         self.units = []
