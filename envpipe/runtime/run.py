@@ -302,9 +302,10 @@ class EnvPipeRun:
         if self._oracle_for is None or self._oracle_for[0] != self.record.digest:
             truth = JobTruth.embedded(self.rig.P)
             stages = [truth.stage(s) for s in range(self.rig.P)]
-            powers = ([x.blocking_w for x in stages], [x.tail_power_w(truth.clocks_mhz[0]) for x in stages])
-            oracle = prediction.oracle_comparison(self.cfg, truth.oracle_profile([per_stage[s] for s in range(
-                self.rig.P)]), self.record.runs, self.planned.calibrated, powers, truth.name)
+            gpu = prediction.GpuTruth(truth.oracle_profile([per_stage[s] for s in range(self.rig.P)]),
+                                      [x.blocking_w for x in stages],
+                                      [x.tail_power_w(truth.clocks_mhz[0]) for x in stages], truth.name)
+            oracle = prediction.oracle_comparison(self.cfg, gpu, self.record.runs, self.planned.calibrated)
             self._oracle_for = (self.record.digest, oracle)
         return self._oracle_for[1]
 

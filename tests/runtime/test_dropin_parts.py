@@ -226,10 +226,12 @@ def test_oracle_plans_on_the_truth_and_scores_the_runs_plan_there() -> None:
     slow = Plan.at_one_clock(one_f_one_b(2, 8), top, "1f1b", "optimal").with_clocks(
         [[top] * 16, [855] * 16])  # a plan that slows stage 1 everywhere: over budget on the truth, but scored
     powers = ([truth_job.blocking_w] * 2, [2 * truth_job.blocking_w] * 2)
-    o = prediction.oracle_comparison(EnvPipeConfig(), truth, slow, sample_calibrated(), powers, "table")
+    o = prediction.oracle_comparison(EnvPipeConfig(), prediction.GpuTruth(truth, *powers, "table"), slow,
+                                     sample_calibrated())
     assert 0 < o.energy_saving < 0.5 and o.source == "table"
     top_plan = Plan.at_one_clock(one_f_one_b(2, 8), top, "1f1b", "optimal")
-    same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, sample_calibrated(), powers, "t")
+    same = prediction.oracle_comparison(EnvPipeConfig(), prediction.GpuTruth(truth, *powers, "t"), top_plan,
+                                        sample_calibrated())
     assert same.planner_energy_saving == pytest.approx(0.0, abs=1e-12)  # the baseline itself saves nothing
 
 
