@@ -82,18 +82,20 @@ def order_name(reschedule: Sequence[int]) -> str:
     return "1f1b" if not any(reschedule) else f"envpipe (extra warm-up forwards per stage: {list(reschedule)})"
 
 
-def _predicted(plan_tl: Timeline, base_tl: Timeline, replicas: int, profile: str, plan: Plan | None = None,
-               one_clock_top: float | None = None) -> S.PredictedComparison:
-    """The planner's prediction against its baseline; with ``one_clock_top`` (the profile's lower clocks come from
-    another GPU's curve: clocks could not be profiled here) the saving's band from that path's measured
-    cross-GPU error (envpipe.profile.band)."""
+def _predicted(plan_tl: Timeline, base_tl: Timeline, replicas: int, profile: str) -> S.PredictedComparison:
+    """The planner's prediction against its baseline."""
     energy, base_e = plan_tl.energy * replicas, base_tl.energy * replicas
-    saving = 1.0 - energy / base_e
-    band = None
-    if plan is not None and one_clock_top is not None:
-        band = _saving_band(plan, plan_tl, saving, one_clock_top)
-    return S.PredictedComparison(plan_tl.iteration_time, energy, base_tl.iteration_time, base_e, saving,
-                                 plan_tl.iteration_time / base_tl.iteration_time - 1.0, profile, band)
+    return S.PredictedComparison(plan_tl.iteration_time, energy, base_tl.iteration_time, base_e, 1.0 - energy / base_e,
+                                 plan_tl.iteration_time / base_tl.iteration_time - 1.0, profile)
+
+
+def _with_band(predicted: S.PredictedComparison, plan: Plan, tl: Timeline, one_clock_top: float | None
+               ) -> S.PredictedComparison:
+    """With ``one_clock_top`` (the profile's lower clocks come from another GPU's curve: clocks could not be
+    profiled here) the saving's band from that path's measured cross-GPU error (envpipe.profile.band)."""
+    if one_clock_top is None:
+        return predicted
+    return replace(predicted, saving_band=_saving_band(plan, tl, predicted.energy_saving, one_clock_top))
 
 
 def _saving_band(plan: Plan, tl: Timeline, saving: float, top_mhz: float) -> list[float] | None:
@@ -188,7 +190,8 @@ def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: Cal
     top = None if job.controls else float(max(profile.freqs.max(), 1))  # clocks not profiled here: one-clock path
     return Decision(Origin.PLANNER, f"planner ({cfg.type}) on a profile: {profile.source}", plan.policy,
                     order_name(r), {d: plan for d in range(job.replicas)}, job.controls, budget, tuple(memory),
-                    tuple(refused), _predicted(timeline, base_tl, job.replicas, profile.source, plan, top),
+                    tuple(refused),
+                    _with_band(_predicted(timeline, base_tl, job.replicas, profile.source), plan, timeline, top),
                     timeline.iteration_time, profile)
 
 
