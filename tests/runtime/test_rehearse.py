@@ -178,7 +178,6 @@ def test_a_rehearsed_round_warms_a_new_order_pairs_untimed_and_times_its_own_1f1
             timed_1f1b = [("reconfigure", BASELINE, True, False)] * 2
             assert seen == [*warm, *pairs, *timed_1f1b]
             assert all(x.extra == {"round": 3, "rehearsed": True} for x in steps)
-            assert [its[0][1][0] for its in gathered] == [PLAN, BASELINE, BASELINE, PLAN, reconfigure.TIMED,
-                                                          reconfigure.TIMED]
+            assert gathered.runs() == [PLAN, BASELINE, BASELINE, PLAN, reconfigure.TIMED, reconfigure.TIMED]
         else:
-            assert seen == pairs and len(gathered) == 4
+            assert seen == pairs and len(gathered.iterations) == 4
