@@ -113,8 +113,8 @@ def render(raw: Path) -> str:
 
 
 def draw(raw: Path, png: Path) -> Path:
-    """The runtime's own Gantt picture of the run (envpipe.runtime.report.draw_gantt), from its summary."""
-    from envpipe.runtime.report import draw_gantt
+    """The runtime's own Gantt picture of the run (envpipe.runtime.report.files.draw_gantt), from its summary."""
+    from envpipe.runtime.report.files import draw_gantt
 
     draw_gantt(RunSummary.load(raw / "summary.json"), png)
     return png

@@ -4,7 +4,7 @@
     DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/dropin_ablation.py --out OUT --cpu
     python benchmarks/dropin_ablation.py --render OUT [OUT ...]           # the table
 
-One EnvPipeEngine (envpipe.runtime.engine.build: DeepSpeed's PipelineEngine with EnvPipe's instructions, no
+One EnvPipeEngine (envpipe.runtime.engine.engine.build: DeepSpeed's PipelineEngine with EnvPipe's instructions, no
 phases) trains the model. Each cycle runs every variant once, in an order shuffled per cycle (seeded), so the
 host's drift and any periodic effect fall on every variant alike; a variant's cost is its median iteration over
 DeepSpeed's own path's. Variants, each one part on top of DeepSpeed's steps:
@@ -87,8 +87,8 @@ def variants(engine: Any, data: Any, on_gpu: bool) -> dict[str, Callable[[], Non
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     from envpipe.plan.schedules import one_f_one_b
-    from envpipe.runtime import collective
-    from envpipe.runtime.schedule import UnitOrderSchedule
+    from envpipe.runtime.engine.schedule import UnitOrderSchedule
+    from envpipe.runtime.measure import collective
 
     P, M, stage = engine.num_stages, engine.micro_batches, engine.stage_id
     order = one_f_one_b(P, M)
@@ -136,8 +136,9 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from envpipe.models.gpt import counting, pipeline
-    from envpipe.runtime import collective, distributed
-    from envpipe.runtime.engine import build
+    from envpipe.runtime import distributed
+    from envpipe.runtime.engine.engine import build
+    from envpipe.runtime.measure import collective
     from envpipe.search.layers import ModelShape
 
     on_gpu = not args.cpu and torch.cuda.is_available()

@@ -107,7 +107,7 @@ def _train(spec: dict[str, Any]) -> None:
     from envpipe.models.gpt import counting, pipeline
     from envpipe.plan.planfile import Plan
     from envpipe.runtime import distributed
-    from envpipe.runtime.engine import build
+    from envpipe.runtime.engine.engine import build
     from envpipe.runtime.entry import read_config, settings
     from envpipe.search.found import train_settings
     from envpipe.search.layers import ModelShape

@@ -27,9 +27,10 @@ import torch
 
 import envpipe
 from envpipe.models.gpt import counting, pipeline
-from envpipe.runtime import collective, distributed
+from envpipe.runtime import distributed
 from envpipe.runtime.entry import read_config
 from envpipe.runtime.layer_profile import AllocationWindows
+from envpipe.runtime.measure import collective
 from envpipe.search.found import train_settings
 from envpipe.search.layers import ModelShape
 

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from envpipe.runtime import distributed
     from envpipe.runtime.entry import settings
-    from envpipe.runtime.replicas import pipeline_shape
+    from envpipe.runtime.measure.replicas import pipeline_shape
 
     try:
         config = deepspeed_config(args)
@@ -259,8 +259,8 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
     import torch
 
     from envpipe.models.gpt import counting, pipeline
+    from envpipe.runtime.report.text import render
     from envpipe.runtime.stock import StockRecorder
-    from envpipe.runtime.textreport import render
 
     torch.manual_seed(1234)
     model = pipeline(shape(args), stages, args.stage_layers)

@@ -74,6 +74,11 @@ class EnergyMeter(Protocol):
     label: str  # "measured" or "simulated"
     trace: CounterTrace
     resolution_s: float  # how often the counter moves: an interval much shorter reads an interpolated guess
+    # True: a GPU's counter polled in the background, too coarse for a bubble, that also reads the SM clock while
+    # `sample_clocks` is on (into `clock_samples`: host time, MHz); False: an exact counter, no clock to read
+    polled: bool
+    sample_clocks: bool
+    clock_samples: list[tuple[float, float]]
 
     def wait_until(self, t: float, timeout_s: float = 2.0) -> bool:
         """Block until the trace covers host time ``t``; False on timeout."""
@@ -93,6 +98,7 @@ class PolledMeter:
 
     label = "measured"
     resolution_s = NVML_UPDATE_S
+    polled = True
 
     def __init__(
         self,
@@ -162,10 +168,13 @@ class SimMeter:
 
     label = "simulated"
     resolution_s = 0.0  # exact: knots at every unit boundary
+    polled = False
 
     def __init__(self, trace: CounterTrace, energy_at: Callable[[float], float]) -> None:
         self.trace = trace
         self._energy_at = energy_at
+        self.sample_clocks = False  # no SM clock to read: it stays off
+        self.clock_samples: list[tuple[float, float]] = []
 
     def wait_until(self, t: float, timeout_s: float = 2.0) -> bool:
         if (self.trace.last_time or -np.inf) < t:  # idle since the last unit: the counter at t is known

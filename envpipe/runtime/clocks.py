@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_handle, nvml_reader, nvml_sm_clock
 from envpipe.runtime.config import EnvPipeConfig
+from envpipe.runtime.summary import Refusal
 from envpipe.simgpu import JobTruth, SimGpu
 from envpipe.simgpu.gpu import Cold
 
@@ -31,15 +32,6 @@ class ClockUnavailable(RuntimeError):
     """Clock control was asked for and cannot be had here (one line, said before the model is built)."""
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A clock request the daemon refused (HTTP status and its message), for the report."""
-
-    mhz: int
-    status: int
-    message: str
-
-
 class Clock(Protocol):
     kind: str  # "sim", "daemon" or "nvml" (energy only)
     energy_label: str  # "simulated" or "measured"
@@ -47,6 +39,8 @@ class Clock(Protocol):
     needs_unit_times: bool  # True: `after_unit` must see every unit (the engine always times units)
     supported_mhz: list[int]  # SM clocks this GPU accepts, descending
     note: str | None  # why clocks are not controlled, when they are not
+    device_index: int | str | None  # the GPU whose NVML counter the runtime's meter reads (None: a simulated GPU)
+    sim_gpu: SimGpu | None  # the simulated GPU the engine runs units on (CPU), if any
 
     def set(self, mhz: int) -> None:
         """Request an SM clock; must return without waiting for it to apply."""
@@ -54,8 +48,11 @@ class Clock(Protocol):
     def energy_j(self) -> float | None:
         """Cumulative energy of this GPU, or None when unknown."""
 
-    def refusals(self) -> list[Refusal]:
-        """Requests the clock owner refused so far."""
+    def refusals(self, rank: int) -> list[Refusal]:
+        """Requests the clock owner refused so far, as this rank's."""
+
+    def lost_control(self) -> tuple[float, int] | None:
+        """(seconds without a lease and its clocks, new leases opened) where a daemon owns the clocks, else None."""
 
     def close(self) -> None:
         """Release the clock (reset to default where that applies)."""
@@ -65,17 +62,19 @@ class SimClock:
     """The clock of a simulated GPU on CPU (envpipe.simgpu.SimGpu): requests lock the simulated GPU's clock.
 
     The GPU itself keeps virtual time and its energy counter; the engine runs every unit, transfer and tail on
-    it (envpipe.runtime.engine), so the runtime sees it as it would a real GPU: by timing and metering, never
+    it (envpipe.runtime.engine.engine), so the runtime sees it as it would a real GPU: by timing and metering, never
     by reading its hidden truth. All its numbers are simulated.
     """
 
     kind = "sim"
     energy_label = "simulated"
     needs_unit_times = True  # every unit advances the virtual time
+    device_index: int | str | None = None
 
     def __init__(self, gpu: SimGpu, controls: bool = True) -> None:
         """``controls`` False: the simulated GPU of a node without the clock daemon (requests change nothing)."""
         self.gpu = gpu
+        self.sim_gpu: SimGpu | None = gpu
         self.supported_mhz = list(gpu.supported_mhz)
         self.controls_clocks = controls
         self.note: str | None = None if controls else (
@@ -89,8 +88,11 @@ class SimClock:
     def energy_j(self) -> float:
         return self.gpu.energy_j()
 
-    def refusals(self) -> list[Refusal]:
+    def refusals(self, rank: int) -> list[Refusal]:
         return []
+
+    def lost_control(self) -> None:
+        return None
 
     def close(self) -> None:
         self.gpu.set_clock(self.gpu.max_mhz)
@@ -111,12 +113,13 @@ class DaemonClock:
     note: str | None = None
 
     def __init__(self, client: Any, gpu_uuid: str, supported_mhz: list[int], emulated: SimClock | None = None,
-                 nvml_gpu: int | str = 0) -> None:
+                 device_index: int | str = 0) -> None:
         self._client = client
-        self.nvml_gpu = nvml_gpu  # the GPU whose NVML counter the runtime's meter reads (`nvml_id`)
+        self.device_index: int | str | None = device_index  # `nvml_id` of the GPU
         self.gpu_uuid = gpu_uuid
         self.supported_mhz = supported_mhz
         self.emulated = emulated
+        self.sim_gpu = None if emulated is None else emulated.gpu
         self.energy_label = "simulated" if emulated is not None else "measured"
         self.needs_unit_times = emulated is not None
 
@@ -130,8 +133,8 @@ class DaemonClock:
             return self.emulated.energy_j()
         return float(self._client.energy_mj(self.gpu_uuid)) / 1000.0
 
-    def refusals(self) -> list[Refusal]:
-        return [Refusal(mhz, err.status, str(err.body.get("message", err))) for mhz, err in self._client.refused]
+    def refusals(self, rank: int) -> list[Refusal]:
+        return [Refusal(rank, mhz, err.status, str(err.body.get("message", err))) for mhz, err in self._client.refused]
 
     def lost_control(self) -> tuple[float, int]:
         """(seconds without a lease and its clocks, new leases opened): the daemon restarted under the job."""
@@ -148,13 +151,14 @@ class NvmlEnergyClock:
     energy_label = "measured"
     controls_clocks = False
     needs_unit_times = False
+    sim_gpu: SimGpu | None = None
 
     def __init__(self, cuda_index: int, note: str | None = None) -> None:
         import pynvml  # lazily: CPU machines have no NVML
 
-        self.nvml_gpu = nvml_id(cuda_index)
-        self._read_j, self._shutdown = nvml_reader(self.nvml_gpu, pynvml)  # the energy meter's NVML reader
-        self.supported_mhz = supported_clocks(pynvml, nvml_handle(pynvml, self.nvml_gpu))
+        self.device_index: int | str | None = nvml_id(cuda_index)
+        self._read_j, self._shutdown = nvml_reader(self.device_index, pynvml)  # the energy meter's NVML reader
+        self.supported_mhz = supported_clocks(pynvml, nvml_handle(pynvml, self.device_index))
         self.note = note
 
     def set(self, mhz: int) -> None:
@@ -163,8 +167,11 @@ class NvmlEnergyClock:
     def energy_j(self) -> float:
         return self._read_j()
 
-    def refusals(self) -> list[Refusal]:
+    def refusals(self, rank: int) -> list[Refusal]:
         return []
+
+    def lost_control(self) -> None:
+        return None
 
     def close(self) -> None:
         self._shutdown()
@@ -172,8 +179,7 @@ class NvmlEnergyClock:
 
 def simulated_gpu(clock: Clock | None) -> SimGpu | None:
     """The clock's simulated GPU (the sim clock's, or the daemon clock's emulation on CPU), if any."""
-    sim = clock if isinstance(clock, SimClock) else getattr(clock, "emulated", None)
-    return sim.gpu if isinstance(sim, SimClock) else None
+    return None if clock is None else clock.sim_gpu
 
 
 def energy_label(clock: Clock | None) -> str:
@@ -234,7 +240,7 @@ def make_clock(
         if device.on_gpu:
             uuid, supported = _gpu_identity(device.local_rank)
             return DaemonClock(ClockClient(socket_path, gpu_uuids=[uuid]), uuid, supported,
-                               nvml_gpu=nvml_id(device.local_rank))
+                               device_index=nvml_id(device.local_rank))
         return _emulated_daemon_clock(socket_path, device, sim_clock(device, slowdown), environ)
     except ClockDaemonUnavailable as exc:
         if kind == "daemon":
@@ -305,7 +311,7 @@ def make_meter(clock: Clock | None) -> EnergyMeter | None:
         return SimMeter(sim.trace, sim.energy_at)
     if clock is None:
         return None
-    gpu = getattr(clock, "nvml_gpu", 0)
+    gpu = 0 if clock.device_index is None else clock.device_index
     read_j, close_j = nvml_reader(gpu)
     read_mhz, close_mhz = nvml_sm_clock(gpu)
 

@@ -54,7 +54,7 @@ class EnvPipeConfig(BaseModel):
     # cannot be set (CPU: what a GPU node without the daemon does). none: no clock, no energy.
     clock: ClockKind = "auto"
     # where clocks cannot be set: stretch every unit the plan runs below its top clock by the extra time the
-    # frequency model predicts at its planned clock (envpipe.runtime.rehearse), interleaved with 1F1B all-max
+    # frequency model predicts at its planned clock (envpipe.runtime.phases.rehearse), interleaved with 1F1B all-max
     # iterations, so the plan's timing is measured before any clock daemon exists
     rehearse: bool = False
     gpu: Text | None = None  # EnvPipe's clock candidate rule (its policies)
@@ -70,8 +70,8 @@ class EnvPipeConfig(BaseModel):
     memory_headroom: Fraction = 0.1  # the share of the limit that in-flight activations may not use
     # 1F1B all-max iterations before planning (the first two warm up): None, until the median of the last few
     # iteration times moves by at most `calibration_tolerance` (at least CALIBRATION_LEAST, at most
-    # `calibration_max_iterations`); a number: exactly that many (envpipe.runtime.calibrate). Each unit's time is its
-    # median over the settled iterations.
+    # `calibration_max_iterations`); a number: exactly that many (envpipe.runtime.phases.calibrate). Each unit's
+    # time is its median over the settled iterations.
     calibration_iterations: Annotated[int, Field(ge=1)] | None = None
     calibration_max_iterations: Annotated[int, Field(ge=CALIBRATION_LEAST)] = 30
     calibration_tolerance: Fraction = 0.01

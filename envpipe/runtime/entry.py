@@ -38,8 +38,8 @@ from deepspeed.pipe import PipelineModule
 from envpipe.limits import MAX_CONFIG_BYTES, parse_json, read_text
 from envpipe.runtime import config as envpipe_config
 from envpipe.runtime.clocks import Device, make_clock
-from envpipe.runtime.engine import EnvPipeEngine, engine_class
-from envpipe.runtime.replicas import sim_slowdown
+from envpipe.runtime.engine.engine import EnvPipeEngine, engine_class
+from envpipe.runtime.measure.replicas import sim_slowdown
 from envpipe.runtime.run import EnvPipeRun
 
 log = logging.getLogger(__name__)
@@ -81,12 +81,12 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
                 mesh_param=mesh_param)
         assert isinstance(engine, EnvPipeEngine)
         _check_plan_fits(cfg, engine.num_stages, engine.micro_batches)
-        engine.envpipe = EnvPipeRun(engine, cfg, clock)
+        run = engine.envpipe = EnvPipeRun(engine, cfg, clock)
     except BaseException:
         if clock is not None:
             clock.close()
         raise
-    _release_on_exit(engine.envpipe)
+    _release_on_exit(run)
     return engine, opt, loader, scheduler
 
 

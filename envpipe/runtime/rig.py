@@ -24,11 +24,11 @@ import torch.distributed
 from envpipe.energy.accounting import account
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.runtime import collective
 from envpipe.runtime.clocks import Clock, make_meter, simulated_gpu
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.memory import device_limit, peak_bytes, static_bytes
-from envpipe.runtime.timing import StageTiming
+from envpipe.runtime.measure import collective
+from envpipe.runtime.measure.memory import device_limit, peak_bytes, static_bytes
+from envpipe.runtime.measure.timing import StageTiming
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ class Step:
 
     plan: Plan  # orders, and clocks where they can be set
     phase: str  # calibrate, profile@MHz, reconfigure, steady
-    runs: str  # envpipe.runtime.iterations.PLAN or BASELINE (1F1B, every clock at max)
+    runs: str  # envpipe.runtime.measure.iterations.PLAN or BASELINE (1F1B, every clock at max)
     timed: bool = True  # time every unit (CUDA events and one synchronize on GPUs)
     measure_memory: bool = False  # meter the bytes each forward keeps for its backward
     extra: Mapping[str, Any] = field(default_factory=dict)  # more fields for the iteration's JSON line

@@ -6,18 +6,18 @@ current phase asked for (a `Step`: plan, phase, what runs) and hands the phase w
 generator (envpipe.runtime.rig) then decides the next step. Every rank makes the same calls in the same
 order, so the phases' collectives meet.
 
-- calibrate (envpipe.runtime.calibrate): 1F1B with every clock at max; unit, transfer and tail times,
+- calibrate (envpipe.runtime.phases.calibrate): 1F1B with every clock at max; unit, transfer and tail times,
   activation bytes, each stage's clock under load and its blocking and tail power.
-- profile (envpipe.runtime.profiling): one iteration per profiled clock, or the frequency model where
+- profile (envpipe.runtime.phases.profiling): one iteration per profiled clock, or the frequency model where
   clocks cannot be changed.
-- decide (rank 0, envpipe.runtime.decide, broadcast; a planning error is raised on every rank).
-- reconfigure (envpipe.runtime.reconfigure): re-plan from measured units until within budget (optimal), or
+- decide (rank 0, envpipe.runtime.phases.decide, broadcast; a planning error is raised on every rank).
+- reconfigure (envpipe.runtime.phases.reconfigure): re-plan from measured units until within budget (optimal), or
   EnvPipe's raises on the measured critical path (greedy, balanced).
-- rehearse (envpipe.runtime.rehearse, `rehearse: true` where clocks cannot be set): the plan's units stretched by
+- rehearse (envpipe.runtime.phases.rehearse, `rehearse: true` where clocks cannot be set): the plan's units stretched by
   their planned clocks' extra time, interleaved with 1F1B all-max iterations: the plan's timing, measured.
-- steady (envpipe.runtime.steady): the plan, interleaved at first with 1F1B all-max iterations, so that
+- steady (envpipe.runtime.phases.steady): the plan, interleaved at first with 1F1B all-max iterations, so that
   the report compares measured with measured; what measured slower than the budget or dearer than 1F1B gives way
-  to 1F1B all-max (envpipe.runtime.noharm); for as long as the user's loop runs; the report is rewritten at
+  to 1F1B all-max (envpipe.runtime.phases.noharm); for as long as the user's loop runs; the report is rewritten at
   intervals.
 
 What was decided (`Decided`) travels in DeepSpeed checkpoints (envpipe.runtime.state): a resumed job goes
@@ -36,22 +36,26 @@ from typing import Any
 
 import torch
 
-from envpipe.runtime import collective, decide, noharm, prediction, state
+from envpipe.runtime import state
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated, calibrate
-from envpipe.runtime.clocks import Clock, DaemonClock, energy_label, simulated_gpu, time_label
-from envpipe.runtime.collect import RankRecord, Reported, assemble
-from envpipe.runtime.collective import progress
+from envpipe.runtime.clocks import Clock, energy_label, simulated_gpu, time_label
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
-from envpipe.runtime.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
-from envpipe.runtime.memory import SavedTensorMeter
-from envpipe.runtime.monitor import MonitorFeed
-from envpipe.runtime.profiling import stage_profile
-from envpipe.runtime.reconfigure import raise_measured, replan_until_within_budget
-from envpipe.runtime.rehearse import lowers_clocks, rehearse
+from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Job, Origin
+from envpipe.runtime.measure import collective
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import PLAN, Iteration, IterationLog, job_iterations, paired
+from envpipe.runtime.measure.memory import SavedTensorMeter
+from envpipe.runtime.measure.timing import StageTiming
+from envpipe.runtime.phases import decide, noharm
+from envpipe.runtime.phases.calibrate import calibrate
+from envpipe.runtime.phases.profiling import stage_profile
+from envpipe.runtime.phases.reconfigure import raise_measured, replan_until_within_budget
+from envpipe.runtime.phases.rehearse import lowers_clocks, rehearse
+from envpipe.runtime.phases.steady import STEADY, SteadyRecord, steady, what_runs
+from envpipe.runtime.report import prediction
+from envpipe.runtime.report.collect import RankRecord, Reported, assemble
+from envpipe.runtime.report.monitor import MonitorFeed
 from envpipe.runtime.rig import Measured, Phase, Rig, Step
-from envpipe.runtime.steady import STEADY, SteadyRecord, steady, what_runs
-from envpipe.runtime.timing import StageTiming
 from envpipe.simgpu import JobTruth
 
 log = logging.getLogger(__name__)
@@ -66,7 +70,7 @@ class EnvPipeRun:
         monitor = engine.monitor.write_events if getattr(engine, "monitor", None) and engine.monitor.enabled else None
         self.monitor = MonitorFeed(monitor, "simulated" if sim else "measured", sim)
         self.log: IterationLog | None = None  # opened at the first iteration (a resumed run appends)
-        self.planned: decide.Decided | None = None
+        self.planned: Decided | None = None
         self.record: SteadyRecord | None = None
         self.rehearsal: S.Rehearsal | None = None
         self.summary: S.RunSummary | None = None  # rank 0: the latest report written
@@ -171,18 +175,18 @@ class EnvPipeRun:
         meter.trace.trim(keep if oldest is None else min(keep, oldest))
 
     # --- the phases -----------------------------------------------------------------------------------
-    def _phases(self, restored: decide.Decided | None, done_pairs: int, verdict: S.Verdict | None = None
+    def _phases(self, restored: Decided | None, done_pairs: int, verdict: S.Verdict | None = None
                 ) -> Phase[None]:
         """The phases; a resumed run starts from what its checkpoint decided (and what its pairs kept)."""
         rig, cfg = self.rig, self.cfg
         if restored is None:
             calibrated = yield from calibrate(rig)
             profile = yield from stage_profile(rig, calibrated)
-            job = decide.Job(rig.P, rig.M, rig.dp, rig.controls, rig.f_max)
+            job = Job(rig.P, rig.M, rig.dp, rig.controls, rig.f_max)
             chosen = collective.decided(lambda: decide.choose(cfg, job, calibrated, profile))
             progress(f"decide: {chosen.policy}, order {chosen.order}; from {chosen.source}")
             chosen, reconfiguration = yield from self._reconfigure(chosen, calibrated)
-            self.planned = decide.Decided(calibrated, chosen, reconfiguration)
+            self.planned = Decided(calibrated, chosen, reconfiguration)
             if cfg.rehearse and rig.controls:
                 progress("rehearse: clocks can be set here, so the plan runs with its clocks; no rehearsal")
             elif cfg.rehearse and not lowers_clocks(chosen, rig.f_max):
@@ -217,11 +221,11 @@ class EnvPipeRun:
         self.monitor.plan_kept = verdict.kept
         return verdict
 
-    def _reconfigure(self, chosen: decide.Decision, calibrated: Calibrated
-                     ) -> Phase[tuple[decide.Decision, S.Reconfiguration | None]]:
+    def _reconfigure(self, chosen: Decision, calibrated: CalibrationResult
+                     ) -> Phase[tuple[Decision, S.Reconfiguration | None]]:
         method, rig = self.cfg.reconfig_method, self.rig
         rehearsed = not rig.controls and self.cfg.rehearse  # the plan's clocks stood in for by stretches
-        if method == "default" or chosen.origin == decide.Origin.PLAN_FILE:
+        if method == "default" or chosen.origin == Origin.PLAN_FILE:
             return chosen, None
         if chosen.straggler_rule is not None and chosen.straggler_rule.applied:
             return chosen, None  # the replicas run different plans: one set of raises cannot fit both
@@ -258,9 +262,8 @@ class EnvPipeRun:
         units = [] if last is None else [
             S.MeasuredUnit(k, mb, a - last.step_start, b - last.step_start, clocks[(k, mb)] if self.rig.controls
                            else None) for k, mb, a, b in last.units]
-        refusals = [S.Refusal(self.rig.place.rank, r.mhz, r.status, r.message) for r in
-                    (self.clock.refusals() if self.clock is not None else [])]
-        lost = self.clock.lost_control() if isinstance(self.clock, DaemonClock) else None
+        refusals = [] if self.clock is None else self.clock.refusals(self.rig.place.rank)
+        lost = None if self.clock is None else self.clock.lost_control()
         mine = RankRecord(self.rig.place, [(it.runs, it.time_s, it.energy_j) for it in record.iterations()], peak,
                           unit, units, record.digest, [a for a, _ in record.tails], [t for _, t in record.tails],
                           refusals, lost)
@@ -275,7 +278,7 @@ class EnvPipeRun:
         summary = replace(summary, energy=energy, oracle=self._oracle(flops), verdict=record.verdict,
                           rehearsal=self.rehearsal)
         summary = replace(summary, trust=prediction.trust(summary))
-        from envpipe.runtime.report import write_report
+        from envpipe.runtime.report.files import write_report
 
         draw = self._drawn != record.digest
         write_report(self.cfg.report_dir, summary, gantt=draw)
@@ -299,9 +302,10 @@ class EnvPipeRun:
         if self._oracle_for is None or self._oracle_for[0] != self.record.digest:
             truth = JobTruth.embedded(self.rig.P)
             stages = [truth.stage(s) for s in range(self.rig.P)]
-            powers = ([x.blocking_w for x in stages], [x.tail_power_w(truth.clocks_mhz[0]) for x in stages])
-            oracle = prediction.oracle_comparison(self.cfg, truth.oracle_profile([per_stage[s] for s in range(
-                self.rig.P)]), self.record.runs, self.planned.calibrated, powers, truth.name)
+            gpu = prediction.GpuTruth(truth.oracle_profile([per_stage[s] for s in range(self.rig.P)]),
+                                      [x.blocking_w for x in stages],
+                                      [x.tail_power_w(truth.clocks_mhz[0]) for x in stages], truth.name)
+            oracle = prediction.oracle_comparison(self.cfg, gpu, self.record.runs, self.planned.calibrated)
             self._oracle_for = (self.record.digest, oracle)
         return self._oracle_for[1]
 

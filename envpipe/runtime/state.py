@@ -48,9 +48,8 @@ from envpipe.limits import (
 from envpipe.plan.planfile import Plan
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.decide import Decided, Decision, Origin, plan_digest
-from envpipe.runtime.timing import Calibration
+from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Origin, plan_digest
+from envpipe.runtime.measure.timing import SimInputs
 
 STATE_FILE = "envpipe_state.json"
 STATE_VERSION = 1
@@ -107,7 +106,7 @@ class JobShape:
 
 @dataclass(frozen=True, config=_STRICT)
 class SavedTiming:
-    """envpipe.runtime.timing.Calibration: the simulator's inputs, per stage and for the job."""
+    """envpipe.runtime.measure.timing.SimInputs: the simulator's inputs, per stage and for the job."""
 
     fwd_s: list[Seconds]
     bwd_s: list[Seconds]
@@ -173,7 +172,7 @@ class RunState:
     reconfiguration: S.Reconfiguration | None
     pairs_done: Annotated[int, Field(ge=0, le=MAX_PAIRS)]  # steady comparison pairs already measured
     waiting_power_w: list[Watts | None] | None = None  # per rank (absent from states saved before 2026-11-28)
-    verdict: S.Verdict | None = None  # what the steady phase's pairs kept (envpipe.runtime.noharm), once judged
+    verdict: S.Verdict | None = None  # what the steady phase's pairs kept (envpipe.runtime.phases.noharm), once judged
 
     @model_validator(mode="after")
     def _for_its_job(self) -> RunState:
@@ -241,7 +240,7 @@ def to_state(shape: JobShape, decided: Decided, pairs_done: int, verdict: S.Verd
 def from_state(state: RunState) -> Decided:
     energies = [{k: math.nan if v is None else v for k, v in dataclasses.asdict(row).items()
                  if v is not None or k in ("F_j", "B_j")} for row in state.unit_energies]
-    calibrated = Calibrated(Calibration(**dataclasses.asdict(state.calibration)), state.calibration_report,
+    calibrated = CalibrationResult(SimInputs(**dataclasses.asdict(state.calibration)), state.calibration_report,
                             list(state.memory), energies, state.straggler, state.idle_power_w, state.blocking_power_w,
                             state.tail_power_w, state.waiting_power_w)
     p = state.profile

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from envpipe.runtime import collective
 from envpipe.runtime.clocks import NvmlEnergyClock, make_meter
-from envpipe.runtime.collect import RankRecord, Reported, assemble
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.iterations import BASELINE
-from envpipe.runtime.report import write_report
+from envpipe.runtime.measure import collective
+from envpipe.runtime.measure.iterations import BASELINE
+from envpipe.runtime.report.collect import RankRecord, Reported, assemble
+from envpipe.runtime.report.files import write_report
 from envpipe.runtime.summary import RunSummary
 
 ENGINE = "stock-deepspeed-1f1b"

@@ -329,7 +329,7 @@ class OracleComparison:
 
 @dataclass(frozen=True, config=_STRICT)
 class Verdict:
-    """First, do no harm (envpipe.runtime.noharm): whether the steady phase kept what it deployed after its
+    """First, do no harm (envpipe.runtime.phases.noharm): whether the steady phase kept what it deployed after its
     comparison pairs, and why (measured against this run's own 1F1B all-max iterations)."""
 
     kept: bool  # False: 1F1B with every clock at max runs from then on
@@ -351,8 +351,8 @@ class RehearsedStage:
 
 @dataclass(frozen=True, config=_STRICT)
 class Rehearsal:
-    """The plan's timing where clocks cannot be set (envpipe.runtime.rehearse): its units stretched by their planned
-    clocks' extra time, interleaved with this run's 1F1B all-max iterations (measured times, both sides)."""
+    """The plan's timing where clocks cannot be set (envpipe.runtime.phases.rehearse): its units stretched by their
+    planned clocks' extra time, interleaved with this run's 1F1B all-max iterations (measured times, both sides)."""
 
     pairs: int
     slowdown: Spread  # measured, per pair: rehearsed plan / 1F1B all-max - 1

@@ -134,7 +134,8 @@ class SimGpu:
 
     def stretch(self, seconds: float) -> None:
         """Delay the running unit's end by ``seconds`` after its work, drawing the blocking power meanwhile, as a
-        real GPU does while a one-thread kernel spins on its timer (a rehearsal's stretch: envpipe.runtime.rehearse)."""
+        real GPU does while a one-thread kernel spins on its timer (a rehearsal's stretch:
+        envpipe.runtime.phases.rehearse)."""
         if self._start is None:
             raise RuntimeError("a stretch belongs to a running unit")
         if not seconds >= 0:

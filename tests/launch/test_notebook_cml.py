@@ -22,8 +22,8 @@ import nbformat
 import pytest
 
 from envpipe.runtime.config import EnvPipeConfig, parse
-from envpipe.runtime.steps import steps_to_report
-from envpipe.runtime.textreport import headline
+from envpipe.runtime.phases.steps import steps_to_report
+from envpipe.runtime.report.text import headline
 from tests.support import netns_hosts
 from tests.support.runtime_summary import read_summary
 

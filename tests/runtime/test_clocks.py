@@ -108,7 +108,7 @@ def test_daemon_clock_on_cpu_locks_through_clockd_and_reports_refusals(tmp_path:
         assert service.locked()[second] == 1005
         clock.set(1410)  # above the allow-list: refused with 422
         clock._client.flush()
-        refused = clock.refusals()
+        refused = clock.refusals(0)
         assert [(r.mhz, r.status) for r in refused] == [(1410, 422)] and "1410" in refused[0].message
         clock.close()
         assert second not in service.locked()  # the lease ended: the daemon reset the GPU

@@ -13,14 +13,15 @@ from envpipe.plan.case import PipelineCase
 from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.profile import embedded_profile_path, load_profile
-from envpipe.runtime import decide
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import parse
-from envpipe.runtime.report import write_report
-from envpipe.runtime.timing import Calibration
+from envpipe.runtime.decision import Job, Origin, plan_digest
+from envpipe.runtime.measure.timing import SimInputs
+from envpipe.runtime.phases import decide
+from envpipe.runtime.report.files import write_report
 from tests.support.runtime_summary import read_summary, sample_calibrated, sample_summary
 
-CAL = Calibration([0.01, 0.01], [0.02, 0.02], [0.0, 0.0], 0.0, [0.001, 0.001], 0.0)
+CAL = SimInputs([0.01, 0.01], [0.02, 0.02], [0.0, 0.0], 0.0, [0.001, 0.001], 0.0)
 
 
 def plan_json(orders, clocks=1410, **extra) -> dict:
@@ -41,7 +42,7 @@ def test_plan_file_decision_names_the_file_and_its_digest(tmp_path: Path) -> Non
     orders = envpipe_schedule(2, 4, [2, 0])
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan_json(orders, 1200)))
-    d = decide.from_plan_file(str(path), decide.Job(2, 4, 2, True, 1410), CAL)
+    d = decide.from_plan_file(str(path), Job(2, 4, 2, True, 1410), CAL)
     assert d.plan_for(1).orders() == orders and d.plan_for(0).clocks() == [[1200] * 8, [1200] * 8]
     assert d.info.source.startswith(f"plan file {path} (sha256 ") and d.info.policy == "envelope"
     p = d.predicted
@@ -65,7 +66,7 @@ def test_bad_plan_files_are_one_line(tmp_path: Path, content, message) -> None:
         path.write_text(content)
     M = 2 if "directly" in message else 4
     with pytest.raises(PlanError, match=message) as exc:
-        decide.from_plan_file(str(path), decide.Job(2, M, 1, True, 1410), CAL)
+        decide.from_plan_file(str(path), Job(2, M, 1, True, 1410), CAL)
     assert "\n" not in str(exc.value) and str(path) in str(exc.value)
 
 
@@ -73,9 +74,9 @@ def test_envpipe_rule_and_the_memory_limit() -> None:
     # Tb = 2 Tf: stage s can fill 2 (P-s-1) forwards, capped at M-(P-s); last stage 0
     assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 16) == [6, 4, 2, 0]
     assert reschedule_counts([2, 2, 2, 2], [1, 1, 1, 1], 4) == [0, 1, 2, 0]
-    cal = Calibration([1.0] * 4, [2.0] * 4, [0.0] * 4, 0.0, [0.0] * 4, 0.0)
+    cal = SimInputs([1.0] * 4, [2.0] * 4, [0.0] * 4, 0.0, [0.0] * 4, 0.0)
     cfg = parse({"type": "baseline"}, {})
-    job = decide.Job(4, 16, 1, True, 1410)
+    job = Job(4, 16, 1, True, 1410)
     free = decide.envpipe_rule(cfg, job, cal, [])
     assert free.plan_for(0).orders() == envpipe_schedule(4, 16, [6, 4, 2, 0]) and not free.info.refused_orders
     # stage 0 may keep 5 micro-batches in flight (1F1B needs 4): one extra warm-up forward, not six
@@ -94,13 +95,13 @@ def test_a_planner_decision_holds_its_state_and_the_report_derives_from_it() -> 
     two = type(profile)(profile.freqs, profile.fwd_time[:2], profile.bwd_time[:2], profile.fwd_energy[:2],
                         profile.bwd_energy[:2], "two stages")
     calibrated = sample_calibrated()
-    job = decide.Job(2, 8, 2, True, int(profile.freqs.max()))
+    job = Job(2, 8, 2, True, int(profile.freqs.max()))
     chosen = decide.choose(parse({"max_slowdown": 0.02}, {}), job, calibrated, two)
-    assert chosen.origin == decide.Origin.PLANNER and chosen.policy == "optimal" and chosen.budget_s is not None
+    assert chosen.origin == Origin.PLANNER and chosen.policy == "optimal" and chosen.budget_s is not None
     assert chosen.memory == tuple(calibrated.memory) and chosen.profile is two
     info = chosen.info
     assert (info.budget_s, info.order, info.digest) == (chosen.budget_s, chosen.order,
-                                                       decide.plan_digest(chosen.plans[0]))
+                                                       plan_digest(chosen.plans[0]))
     assert info.clocks == chosen.plans[0].clocks() and info.orders[0][0] == "F0" and info.deployed
     # re-planning keeps where the plan came from and names what changed
     baseline = Plan.at_one_clock(one_f_one_b(2, 8), job.f_max, "1f1b", "baseline")
@@ -168,7 +169,7 @@ def test_spread() -> None:
 
 
 def test_profile_clocks_spread_over_supported() -> None:
-    from envpipe.runtime.profiling import profile_clocks
+    from envpipe.runtime.phases.profiling import profile_clocks
 
     assert profile_clocks([1410, 1395, 1380, 1365, 1350], 3) == [1410, 1380, 1350]
     assert profile_clocks([1005, 1410], 4) == [1410, 1005]
@@ -183,7 +184,7 @@ def test_the_runtime_gantt_says_what_ran_and_what_kind_its_times_are(
     """Read from the figure's artists: the title names what ran (the plan, or 1F1B all-max where the order
     did not run) and whether its times are measured or the simulated GPU's."""
     from envpipe.plan import gantt
-    from envpipe.runtime.report import draw_gantt
+    from envpipe.runtime.report.files import draw_gantt
 
     drawn = []
     real = gantt.gantt_figure

@@ -13,13 +13,13 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
-from envpipe.runtime.collect import RankRecord, job_summary
-from envpipe.runtime.collective import Place, portable
 from envpipe.runtime.config import EnvPipeConfigError, parse
-from envpipe.runtime.decide import Decided, Decision, Origin
-from envpipe.runtime.iterations import BASELINE, PLAN
+from envpipe.runtime.decision import Decided, Decision, Origin
+from envpipe.runtime.measure import replicas
+from envpipe.runtime.measure.collective import Place, portable
+from envpipe.runtime.measure.iterations import BASELINE, PLAN
+from envpipe.runtime.report.collect import RankRecord, job_summary
 from tests.support import netns_hosts
 from tests.support.pipelines import WORKER, assert_same_math, orders_json, run_pipeline
 from tests.support.runtime_summary import iterations, read_summary, sample_calibrated, sample_summary
@@ -120,7 +120,7 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
     fast = [c for r in (0, 2) for x in iterations(tmp_path / "runtime", r) if x["phase"] == "steady"
             for c in x["clocks_requested_mhz"]]
     assert fast and min(fast) < 1410
-    from envpipe.runtime.textreport import render
+    from envpipe.runtime.report.text import render
 
     text = render(summary, tmp_path / "runtime")  # what the example prints
     assert "job: DP2 x PP2, 4 GPUs on 1 node(s)" in text and "straggler: replica 1" in text
@@ -198,9 +198,9 @@ def test_slowest_replica_per_stage_and_shortest_tail() -> None:
     assert [s["F"] for s in replicas.slowest_per_stage(entries, 2, exclude=(1,))] == [1.0, 2.0]
     assert replicas.stage_tails(entries, 2) == [0.1, 0.3]
     assert replicas.replica_times(entries) == {0: 11.0, 1: 14.0}
-    assert replicas.find_straggler({0: 11.0, 1: 14.0}) == 1
-    assert replicas.find_straggler({0: 11.0, 1: 11.2}) is None
-    assert replicas.find_straggler({0: 11.0}) is None
+    assert replicas.find_straggler({0: 11.0, 1: 14.0}, 0.05) == 1
+    assert replicas.find_straggler({0: 11.0, 1: 11.2}, 0.05) is None
+    assert replicas.find_straggler({0: 11.0}, 0.05) is None
     with pytest.raises(replicas.ReplicaError, match=r"no measurements from stage\(s\) \[2\]"):
         replicas.slowest_per_stage(entries, 3)
 

@@ -15,19 +15,19 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime import monitor, prediction
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated, calibrate, median_change
-from envpipe.runtime.collect import RankRecord
-from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import Decided, Decision, Origin
+from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Origin
 from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
-from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
-from envpipe.runtime.monitor import Finished, MonitorFeed
+from envpipe.runtime.measure.collective import Place
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration, comparison_pattern
+from envpipe.runtime.measure.timing import SimInputs, StageTiming
+from envpipe.runtime.phases.calibrate import calibrate, median_change
+from envpipe.runtime.phases.steady import WARMUP, SteadyRecord, steady
+from envpipe.runtime.report import monitor, prediction
+from envpipe.runtime.report.collect import RankRecord
+from envpipe.runtime.report.monitor import Finished, MonitorFeed
 from envpipe.runtime.rig import EnergySplit, Measured, Rig
-from envpipe.runtime.steady import WARMUP, SteadyRecord, steady
-from envpipe.runtime.timing import Calibration, StageTiming
 from envpipe.simgpu import JobTruth
 from tests.support.runtime_summary import sample_calibrated
 
@@ -110,7 +110,7 @@ def test_a_new_order_warms_up_before_its_comparison_pairs(
     """EnvPipe's order first seen in the steady phase (a GPU without the clock daemon): one warm-up iteration
     before the ABBA pairs (its first iteration paid 3.5x on 2 x H100), none where the order ran before or
     nothing is compared."""
-    monkeypatch.setattr("envpipe.runtime.steady.progress", lambda _: None)
+    monkeypatch.setattr("envpipe.runtime.phases.steady.progress", lambda _: None)
     baseline = Plan.at_one_clock(one_f_one_b(2, 4), 1410, "1f1b", "baseline")
     plan = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
     kept = S.Verdict(True, "the plan", 0.0, None, 0.0, "kept")
@@ -207,7 +207,7 @@ def test_energy_model_charges_each_phase_at_its_power() -> None:
                         [], "d", [], [], [])
     other = RankRecord(Place(1, 1, 0, "h", 0), [(PLAN, tl.iteration_time, float(energy[1]))], None, None, [], "d", [],
                        [], [])
-    calibrated = Calibrated(Calibration([1.0] * 2, [2.0] * 2, [0.0] * 2, 0.0, [0.5] * 2, 0.0),
+    calibrated = CalibrationResult(SimInputs([1.0] * 2, [2.0] * 2, [0.0] * 2, 0.0, [0.5] * 2, 0.0),
                             sample_calibrated().report, [], [], None, 50.0, [50.0] * 2, [300.0] * 2)
     decision = Decision(Origin.RULE, "worked", "baseline", "1f1b", {0: plan, 1: plan}, True, profile=profile)
     decided = Decided(calibrated, decision, None)
@@ -226,10 +226,12 @@ def test_oracle_plans_on_the_truth_and_scores_the_runs_plan_there() -> None:
     slow = Plan.at_one_clock(one_f_one_b(2, 8), top, "1f1b", "optimal").with_clocks(
         [[top] * 16, [855] * 16])  # a plan that slows stage 1 everywhere: over budget on the truth, but scored
     powers = ([truth_job.blocking_w] * 2, [2 * truth_job.blocking_w] * 2)
-    o = prediction.oracle_comparison(EnvPipeConfig(), truth, slow, sample_calibrated(), powers, "table")
+    o = prediction.oracle_comparison(EnvPipeConfig(), prediction.GpuTruth(truth, *powers, "table"), slow,
+                                     sample_calibrated())
     assert 0 < o.energy_saving < 0.5 and o.source == "table"
     top_plan = Plan.at_one_clock(one_f_one_b(2, 8), top, "1f1b", "optimal")
-    same = prediction.oracle_comparison(EnvPipeConfig(), truth, top_plan, sample_calibrated(), powers, "t")
+    same = prediction.oracle_comparison(EnvPipeConfig(), prediction.GpuTruth(truth, *powers, "t"), top_plan,
+                                        sample_calibrated())
     assert same.planner_energy_saving == pytest.approx(0.0, abs=1e-12)  # the baseline itself saves nothing
 
 
@@ -282,7 +284,7 @@ class _CountingRig:
     gather_each = Rig.gather_each
 
 
-def _calibrate(rig: _CountingRig, times: list[float]) -> tuple[Calibrated, list[str]]:
+def _calibrate(rig: _CountingRig, times: list[float]) -> tuple[CalibrationResult, list[str]]:
     """Drive the calibration with iteration i taking ``times[i]`` s (the last one's after those); the events before
     each step's iteration."""
     phase = calibrate(rig)  # type: ignore[arg-type]
@@ -305,7 +307,7 @@ def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch
     """No wait for the energy counter between calibration iterations (on 2 x H100 the waits left 40-115 ms idle
     gaps, and each iteration then read about 6 % less energy than back to back); the ranks only agree, in one small
     gather per measured iteration, on the iteration's time (whether it settled)."""
-    monkeypatch.setattr("envpipe.runtime.calibrate.progress", lambda _: None)
+    monkeypatch.setattr("envpipe.runtime.phases.calibrate.progress", lambda _: None)
     rig = _CountingRig()
     calibrated, before = _calibrate(rig, [0.5] * 30)
     # 2 warm-ups + 4 settled (the least count), then 3 untimed ones (the anchor: at least 0.5 s, at least 3)
@@ -323,7 +325,7 @@ def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch
 def test_calibration_runs_until_the_iteration_time_settles(monkeypatch: pytest.MonkeyPatch) -> None:
     """A launch-bound job's first iterations run slow: the calibration goes on until the median of the last three
     moves by at most the tolerance, and the model takes the settled ones only."""
-    monkeypatch.setattr("envpipe.runtime.calibrate.progress", lambda _: None)
+    monkeypatch.setattr("envpipe.runtime.phases.calibrate.progress", lambda _: None)
     falling = [0.9, 0.8, 0.7, 0.62, 0.56, 0.52, 0.5, 0.5, 0.5, 0.5, 0.5]
     calibrated, _ = _calibrate(_CountingRig(), falling + [0.5] * 20)
     r = calibrated.report
@@ -334,7 +336,7 @@ def test_calibration_runs_until_the_iteration_time_settles(monkeypatch: pytest.M
 
 def test_a_calibration_that_never_settles_stops_at_its_cap_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     lines: list[str] = []
-    monkeypatch.setattr("envpipe.runtime.calibrate.progress", lines.append)
+    monkeypatch.setattr("envpipe.runtime.phases.calibrate.progress", lines.append)
     rig = _CountingRig()
     rig.cfg = EnvPipeConfig(calibration_max_iterations=8)
     calibrated, _ = _calibrate(rig, [1.0 - 0.05 * i for i in range(8)])
@@ -374,7 +376,7 @@ _BLOCKED_RANK = """
 import sys, threading, time, types
 import torch, torch.distributed as tdist
 from envpipe.energy.meter import PolledMeter
-from envpipe.runtime.calibrate import _blocked_power
+from envpipe.runtime.phases.calibrate import _blocked_power
 
 class Counter:
     # 300 W while this rank waits in the collective, 50 W otherwise
@@ -450,7 +452,7 @@ def test_no_rank_waits_for_a_blocked_power_when_one_has_no_counter(tmp_path: Pat
 def test_a_stage_is_charged_its_replicas_mean_blocked_power_else_its_waits() -> None:
     """Stage 0's two replicas measured 120 and 130 W blocked: 125 W, whatever their interpolated waits said; stage 1
     measured none (a simulated GPU's exact counter): its waits' own power, 40 J over 0.2 s."""
-    from envpipe.runtime.calibrate import _phase_powers
+    from envpipe.runtime.phases.calibrate import _phase_powers
 
     class TwoStages:
         P = 2

@@ -15,7 +15,7 @@ import pytest
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule
 from envpipe.runtime.config import parse
-from envpipe.runtime.steps import steps_to_report
+from envpipe.runtime.phases.steps import steps_to_report
 from envpipe.simgpu import JobTruth
 from tests.support.ports import free_port
 from tests.support.runtime_summary import iterations, read_summary

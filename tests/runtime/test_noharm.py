@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime import noharm
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.iterations import BASELINE, PLAN, paired
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, paired
+from envpipe.runtime.measure.timing import StageTiming
+from envpipe.runtime.phases import noharm
+from envpipe.runtime.phases.steady import STEADY, WARMUP, SteadyRecord, steady
 from envpipe.runtime.rig import Measured
-from envpipe.runtime.steady import STEADY, WARMUP, SteadyRecord, steady
-from envpipe.runtime.timing import StageTiming
 
 ORDER = "the plan's order, envpipe (extra warm-up forwards per stage: [1, 0]), at default clocks"
 
@@ -93,7 +93,7 @@ def test_the_steady_phase_runs_1f1b_after_pairs_whose_order_measured_slower(
         monkeypatch: pytest.MonkeyPatch, plan_time: float, kept: bool) -> None:
     """A GPU without the clock daemon: the plan's order against 1F1B; slower, the rest of the job runs 1F1B (and
     the record says so), faster, the order stays."""
-    monkeypatch.setattr("envpipe.runtime.steady.progress", lambda _: None)
+    monkeypatch.setattr("envpipe.runtime.phases.steady.progress", lambda _: None)
     baseline = Plan.at_one_clock(one_f_one_b(2, 4), 1410, "1f1b", "baseline")
     order = Plan.at_one_clock(envpipe_schedule(2, 4, [1, 0]), 1410, "envpipe", "optimal")
     record = SteadyRecord(order, PLAN, pairs=2)

@@ -13,16 +13,23 @@ from deepspeed.runtime.pipe import schedule as ds
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.profile import Profile
-from envpipe.runtime import reconfigure
 from envpipe.runtime import summary as S
-from envpipe.runtime.collective import Place
-from envpipe.runtime.decide import Decision, Origin
-from envpipe.runtime.iterations import BASELINE, PLAN
-from envpipe.runtime.rehearse import REHEARSAL, lowers_clocks, stretches, summarize, unit_time
+from envpipe.runtime.decision import Decision, Origin
+from envpipe.runtime.engine.schedule import (
+    Stock1F1BSchedule,
+    Stretch,
+    UnitEnd,
+    UnitExtras,
+    UnitOrderSchedule,
+    UnitStart,
+)
+from envpipe.runtime.measure.collective import Place
+from envpipe.runtime.measure.iterations import BASELINE, PLAN
+from envpipe.runtime.measure.timing import StageTiming
+from envpipe.runtime.phases import reconfigure
+from envpipe.runtime.phases.rehearse import REHEARSAL, lowers_clocks, stretches, summarize, unit_time
+from envpipe.runtime.phases.steady import WARMUP
 from envpipe.runtime.rig import Measured
-from envpipe.runtime.schedule import Stock1F1BSchedule, Stretch, UnitEnd, UnitOrderSchedule, UnitStart
-from envpipe.runtime.steady import WARMUP
-from envpipe.runtime.timing import StageTiming
 from envpipe.simgpu import JobTruth, SimGpu
 from envpipe.simgpu.gpu import COLD_ENV, Cold
 
@@ -53,9 +60,9 @@ def test_the_delay_follows_the_units_pass_inside_its_marks(timed: bool) -> None:
     """After the pass and before its end mark (a slower unit ends later), in both schedules, whether timed or not;
     a unit without a stretch gets no instruction."""
     stretch = [0.0, 0.002, 0.010, 0.0]
-    stock = [c for step in Stock1F1BSchedule(2, 2, 0, timed=timed, stretch=stretch).steps() for c in step]
-    posted = [c for step in UnitOrderSchedule(envpipe_schedule(2, 2, [0, 0])[0], 2, 2, 0, timed=timed,
-                                              stretch=stretch).steps() for c in step]
+    stock = [c for step in Stock1F1BSchedule(2, 2, 0, UnitExtras(stretch=stretch, timed=timed)).steps() for c in step]
+    posted = [c for step in UnitOrderSchedule(envpipe_schedule(2, 2, [0, 0])[0], 2, 2, 0,
+                                              UnitExtras(stretch=stretch, timed=timed)).steps() for c in step]
     for cmds in (stock, posted):
         passes = [i for i, c in enumerate(cmds) if isinstance(c, ds.ForwardPass | ds.BackwardPass)]
         delays = [(i, c.kwargs["seconds"]) for i, c in enumerate(cmds) if isinstance(c, Stretch)]
@@ -65,7 +72,7 @@ def test_the_delay_follows_the_units_pass_inside_its_marks(timed: bool) -> None:
             assert all(isinstance(cmds[i + 1], UnitEnd) for i, _ in delays)
             assert sum(isinstance(c, UnitStart) for c in cmds) == 4
     with pytest.raises(ValueError, match="3 stretches for 4 units"):
-        Stock1F1BSchedule(2, 2, 0, stretch=[0.0] * 3)
+        Stock1F1BSchedule(2, 2, 0, UnitExtras(stretch=[0.0] * 3))
 
 
 def test_a_simulated_gpu_ends_a_stretched_unit_exactly_that_much_later_at_its_blocking_power() -> None:
@@ -171,7 +178,6 @@ def test_a_rehearsed_round_warms_a_new_order_pairs_untimed_and_times_its_own_1f1
             timed_1f1b = [("reconfigure", BASELINE, True, False)] * 2
             assert seen == [*warm, *pairs, *timed_1f1b]
             assert all(x.extra == {"round": 3, "rehearsed": True} for x in steps)
-            assert [its[0][1][0] for its in gathered] == [PLAN, BASELINE, BASELINE, PLAN, reconfigure.TIMED,
-                                                          reconfigure.TIMED]
+            assert gathered.runs() == [PLAN, BASELINE, BASELINE, PLAN, reconfigure.TIMED, reconfigure.TIMED]
         else:
-            assert seen == pairs and len(gathered) == 4
+            assert seen == pairs and len(gathered.iterations) == 4

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from envpipe.runtime import summary as S
-from envpipe.runtime.monitor import Finished, MonitorFeed
-from envpipe.runtime.prediction import trust
-from envpipe.runtime.textreport import headline, render
+from envpipe.runtime.report.monitor import Finished, MonitorFeed
+from envpipe.runtime.report.prediction import trust
+from envpipe.runtime.report.text import headline, render
 from tests.support.runtime_summary import sample_calibrated, sample_summary
 
 

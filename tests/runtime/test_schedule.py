@@ -11,13 +11,14 @@ from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.plan.simulate import Overheads, simulate
-from envpipe.runtime.schedule import (
+from envpipe.runtime.engine.schedule import (
     ISendActivation,
     ISendGrad,
     SetClock,
     Stock1F1BSchedule,
     TailMark,
     UnitEnd,
+    UnitExtras,
     UnitOrderSchedule,
     UnitStart,
 )
@@ -81,7 +82,7 @@ def test_buffers_cover_in_flight_forwards() -> None:
 
 def test_instructions_and_clock_changes() -> None:
     order = one_f_one_b(2, 2)[0]
-    sched = UnitOrderSchedule(order, 2, 2, 0, clocks=[1410, 1410, 1200, 1410])
+    sched = UnitOrderSchedule(order, 2, 2, 0, UnitExtras(clocks=[1410, 1410, 1200, 1410]))
     steps = list(sched)
     names = [[type(c).__name__ for c in step] for step in steps]
     assert names[0] == ["SetClock", "LoadMicroBatch", "ForwardPass", "ISendActivation"]
@@ -93,7 +94,7 @@ def test_instructions_and_clock_changes() -> None:
     assert any(isinstance(c, ISendGrad) for s in mid for c in s)
     assert any(isinstance(c, ISendActivation) for s in mid for c in s)
     with pytest.raises(ScheduleError, match="3 clocks for 4 units"):
-        UnitOrderSchedule(order, 2, 2, 0, clocks=[1, 2, 3])
+        UnitOrderSchedule(order, 2, 2, 0, UnitExtras(clocks=[1, 2, 3]))
 
 
 def test_simulated_1f1b_iteration_time() -> None:
@@ -115,7 +116,7 @@ def test_stock_1f1b_steps_are_deepspeeds_with_clock_and_timing_marks(P: int, M: 
         assert [[repr(c) for c in step] for step in Stock1F1BSchedule(M, P, s)] == stock
         order = one_f_one_b(P, M)[s]
         clocks = [1410 if k == "F" else 1200 for k, _ in order]
-        steps = list(Stock1F1BSchedule(M, P, s, clocks=clocks, timed=True))
+        steps = list(Stock1F1BSchedule(M, P, s, UnitExtras(clocks=clocks, timed=True)))
         assert [[repr(c) for c in step if not isinstance(c, marks)] for step in steps] == stock
         units = [(c.kwargs["kind"], c.kwargs["mb"]) for step in steps for c in step if isinstance(c, UnitStart)]
         assert units == order  # the i-th unit of DeepSpeed's steps is unit i of our 1F1B order
@@ -123,4 +124,4 @@ def test_stock_1f1b_steps_are_deepspeeds_with_clock_and_timing_marks(P: int, M: 
         expected = [c for i, c in enumerate(clocks) if i == 0 or clocks[i - 1] != c]
         assert asked == expected
     with pytest.raises(ScheduleError, match="3 clocks for 8 units"):
-        Stock1F1BSchedule(4, 2, 0, clocks=[1, 2, 3])
+        Stock1F1BSchedule(4, 2, 0, UnitExtras(clocks=[1, 2, 3]))

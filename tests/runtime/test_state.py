@@ -23,7 +23,7 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import state
 from envpipe.runtime import summary as S
-from envpipe.runtime.engine import EnvPipeEngine
+from envpipe.runtime.engine.engine import EnvPipeEngine
 from tests.support.runtime_summary import sample_calibrated, sample_decided
 
 MODELS = ["0123456789abcdef", "fedcba9876543210"]

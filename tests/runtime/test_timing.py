@@ -12,8 +12,8 @@ import pytest
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
-from envpipe.runtime.reconfigure import raise_clocks
-from envpipe.runtime.timing import StageTiming, calibrate, measured_timeline, predict_time
+from envpipe.runtime.measure.timing import StageTiming, measured_timeline, predict_time, sim_inputs
+from envpipe.runtime.phases.reconfigure import raise_clocks
 from tests.support.timings import GAP, HEAD, TAIL, TRANSFER, measure, timings_of
 
 
@@ -21,7 +21,7 @@ def test_calibration_recovers_overhead_transfer_and_tail() -> None:
     orders = one_f_one_b(3, 6)
     fwd, bwd = [0.010, 0.012, 0.015], [0.020, 0.024, 0.030]
     it = measure(orders, fwd, bwd)
-    cal = calibrate(orders, [it, measure(orders, fwd, bwd, host0=200.0)])
+    cal = sim_inputs(orders, [it, measure(orders, fwd, bwd, host0=200.0)])
     assert cal.gap_s == pytest.approx([GAP] * 3)
     assert cal.transfer_s == pytest.approx(TRANSFER - GAP)
     assert cal.fwd_s == pytest.approx(np.add(fwd, GAP)) and cal.bwd_s == pytest.approx(np.add(bwd, GAP))
@@ -34,15 +34,15 @@ def test_calibration_recovers_overhead_transfer_and_tail() -> None:
     got = measure(other, fwd, bwd)
     assert predict_time(other, cal) == pytest.approx(max(st.step_end - st.step_start for st in got))
     with pytest.raises(ValueError, match="at least one"):
-        calibrate(orders, [])
+        sim_inputs(orders, [])
     with pytest.raises(ValueError, match="lacks units"):
-        calibrate(orders, [[it[0], it[1], StageTiming(2, 0.0, 1.0, it[2].units[:-1])]])
+        sim_inputs(orders, [[it[0], it[1], StageTiming(2, 0.0, 1.0, it[2].units[:-1])]])
 
 
 def test_measured_timeline_has_recv_stalls_as_dependency_waits() -> None:
     orders = one_f_one_b(2, 4)
     it = measure(orders, [0.01, 0.01], [0.02, 0.02])
-    cal = calibrate(orders, [it])
+    cal = sim_inputs(orders, [it])
     tl = measured_timeline(orders, it, cal)
     dag = tl.dag
     # stage 1's F0 waits for stage 0's F0 and its transfer; stage 0's F1 never waits for data
@@ -67,7 +67,7 @@ def test_online_reconfiguration_raises_slow_critical_units_until_the_envelope() 
         base = [0.02, 0.02]  # at max clock stage 0's warm-up forwards fit before B0 arrives, at 855 not
         scale = {(s, i): 1410 / now[s][i] for s in range(P) for i in range(2 * M)}
         it = measure_with_clocks(orders, base, scale)
-        return measured_timeline(orders, it, calibrate(orders, [it]))
+        return measured_timeline(orders, it, sim_inputs(orders, [it]))
 
     raised, done = drive(raise_clocks(plan, supported, "balanced", 30), run_iteration)
     assert done.raises is not None and done.raises >= 1 and len(done.rounds) == len(runs) == done.raises + 1

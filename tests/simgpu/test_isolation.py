@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.import_graph import imported_modules
+
 ROOT = Path(__file__).resolve().parents[2]
 PLANNER = ("plan", "profile", "search")  # what plans: it may only learn the truth by profiling
-
-
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
 
 
 @pytest.mark.parametrize("package", PLANNER)

@@ -28,7 +28,7 @@ from deepspeed.pipe import PipelineModule
 
 import envpipe
 from envpipe.runtime import distributed
-from envpipe.runtime.engine import build
+from envpipe.runtime.engine.engine import build
 
 HIDDEN, MICRO = 8, 2
 

@@ -13,10 +13,9 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule
 from envpipe.profile import embedded_profile_path, load_profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.decide import Decided, Decision, Origin
+from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Origin
+from envpipe.runtime.measure.timing import SimInputs
 from envpipe.runtime.summary import SCHEMA_PATH, RunSummary
-from envpipe.runtime.timing import Calibration
 
 
 def read_summary(report_dir: Path) -> RunSummary:
@@ -50,16 +49,16 @@ def sample_summary(time_s: float = 0.2, energy_j: float | None = 50.0, predicted
          for s in range(stages)])
 
 
-def sample_calibrated(P: int = 2) -> Calibrated:
+def sample_calibrated(P: int = 2) -> CalibrationResult:
     """A calibration of ``P`` stages without a memory limit (CPU), with measured powers."""
-    cal = Calibration([0.01] * P, [0.02] * P, [0.0] * P, 0.001, [0.005] * P, 0.0)
+    cal = SimInputs([0.01] * P, [0.02] * P, [0.0] * P, 0.001, [0.005] * P, 0.0)
     spread = S.Spread.of([0.2])
     assert spread is not None
     report = S.Calibration(1, spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s, cal.head_s,
                            [None] * P, 80.0, [90.0] * P, [200.0] * P)
     memory = [S.MemoryUse(1024, 2048, None, None, None, P - s) for s in range(P)]
     energies = [{"F": 0.01, "B": 0.02, "F_j": 2.0, "B_j": float("nan")} for _ in range(P)]
-    return Calibrated(cal, report, memory, energies, None, 80.0, [90.0] * P, [200.0] * P)
+    return CalibrationResult(cal, report, memory, energies, None, 80.0, [90.0] * P, [200.0] * P)
 
 
 def sample_decided() -> Decided:

@@ -7,7 +7,7 @@ import numpy as np
 
 from envpipe.plan.dag import PipelineDag
 from envpipe.plan.simulate import Overheads, simulate
-from envpipe.runtime.timing import StageTiming
+from envpipe.runtime.measure.timing import StageTiming
 
 GAP, TRANSFER, HEAD = 0.002, 0.005, 0.003
 TAIL = [0.03, 0.02, 0.01]

@@ -1,10 +1,10 @@
 """The calibration phase: 1F1B with every clock at max, every unit timed, on every rank.
 
-From it: the simulator's inputs (envpipe.runtime.timing: unit, overhead, transfer and tail times, per stage
+From it: the simulator's inputs (envpipe.runtime.measure.timing: unit, overhead, transfer and tail times, per stage
 its slowest replica), the straggler, every stage's unit energies and the power it draws while blocked on a
 neighbour and in its tail (all-reduce, optimizer step) — each phase of an iteration is charged at its own
 measured power —, the activation bytes each forward keeps and the stage's static memory
-(envpipe.runtime.memory), each stage's SM clock under load (NVML: the power cap's clock) and the GPU's idle
+(envpipe.runtime.measure.memory), each stage's SM clock under load (NVML: the power cap's clock) and the GPU's idle
 power. The first two iterations warm up (the first also meters memory); a simulated GPU fixes its unit
 costs after the first.
 
@@ -28,21 +28,20 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from envpipe.energy.meter import EnergyMeter, PolledMeter, clock_under_load
+from envpipe.energy.meter import EnergyMeter, clock_under_load
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.plan.simulate import Overheads
-from envpipe.runtime import replicas
 from envpipe.runtime import summary as S
-from envpipe.runtime.collective import progress
-from envpipe.runtime.iterations import BASELINE
-from envpipe.runtime.memory import stage_memory, with_peak
+from envpipe.runtime.decision import CalibrationResult
+from envpipe.runtime.measure import replicas
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import BASELINE
+from envpipe.runtime.measure.memory import stage_memory, with_peak
+from envpipe.runtime.measure.timing import StageTiming
 from envpipe.runtime.rig import EnergySplit, Measured, Phase, Rig, Step
-from envpipe.runtime.timing import Calibration, StageTiming
 
 IDLE_S = 0.5  # how long the idle power is measured
 BLOCKED_S = 0.5  # how long a GPU waits in a collective while its blocking power is measured
@@ -55,35 +54,8 @@ SETTLE_WINDOW = 3  # iterations whose median must hold still (the model then tak
 # 100 ms; a simulated GPU's is exact): the steady iterations are untimed, and unit timing (an event pair per unit
 # and a synchronize) made the CNN example's timed iterations 8-10 % slower than its untimed ones on 2 x H200
 # (2026-11-28). The predictions of what runs are anchored on them: the simulator's ratio of what runs to 1F1B,
-# times these (envpipe.runtime.prediction).
+# times these (envpipe.runtime.report.prediction).
 ANCHOR_UPDATES, ANCHOR_LEAST, ANCHOR_MOST = 5, 3, 30
-
-
-@dataclass(frozen=True)
-class Calibrated:
-    timing: Calibration  # the simulator's inputs
-    report: S.Calibration  # the same, with what else was measured, for the summary
-    memory: list[S.MemoryUse]  # per stage
-    unit_energies: list[dict[str, float]]  # per stage, its slowest replica's F, B (s) and F_j, B_j (J; nan: none)
-    straggler: int | None  # a replica slower than the others' median by the threshold
-    idle_power_w: float | None  # the idle GPU's power
-    blocking_power_w: list[float] | None  # per stage: power while waiting for a neighbour (measured)
-    tail_power_w: list[float] | None  # per stage: power in the tail (measured)
-    # per rank (global): its GPU blocked in a collective (measured; None: not measured); kept in a checkpoint,
-    # so that a resumed job splits its iterations' energy as the calibrated one did
-    waiting_power_w: list[float | None] | None = None
-
-    def waiting_power_of(self, rank: int) -> float | None:
-        return None if self.waiting_power_w is None else self.waiting_power_w[rank]
-
-    def overheads(self) -> Overheads:
-        """What an iteration costs besides its units, as measured: the transfer, each stage's tail, and the power
-        each stage draws while blocked and in its tail (the idle GPU's where nothing was measured)."""
-        idle = self.idle_power_w or 0.0
-        stages = len(self.timing.tail_s)
-        blocking = self.blocking_power_w or idle
-        return Overheads.broadcast(stages, blocking, self.timing.transfer_s, self.timing.tail_s,
-                                   self.tail_power_w or blocking)
 
 
 def median_change(times: Sequence[float], window: int = SETTLE_WINDOW) -> float | None:
@@ -95,14 +67,14 @@ def median_change(times: Sequence[float], window: int = SETTLE_WINDOW) -> float 
     return float(now / before - 1.0)
 
 
-def calibrate(rig: Rig) -> Phase[Calibrated]:
+def calibrate(rig: Rig) -> Phase[CalibrationResult]:
     cfg = rig.cfg
     least, most = cfg.calibration_range
     warmup = min(WARMUP_ITERATIONS, most - 1)
     progress(f"calibrate: {least} iteration(s) of 1F1B with every clock at max" if least == most else
              f"calibrate: 1F1B with every clock at max until the iteration time settles (within "
              f"{100 * cfg.calibration_tolerance:g} %; {least} to {most} iterations)")
-    if isinstance(rig.meter, PolledMeter):
+    if rig.meter is not None and rig.meter.polled:
         rig.meter.sample_clocks = True
     own: list[StageTiming] = []
     times: list[float] = []  # the job's measured iterations (its slowest rank's time)
@@ -160,8 +132,8 @@ def calibrate(rig: Rig) -> Phase[Calibrated]:
     report = S.Calibration(len(used), spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s,
                            cal.head_s, effective, idle, blocking, tail, ran, settled, change, *anchor)
     straggler = replicas.find_straggler(replicas.replica_times(entries), rig.cfg.straggler_threshold)
-    return Calibrated(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking, tail,
-                      waiting_per_rank)
+    return CalibrationResult(cal, report, [per_stage[s] for s in range(rig.P)], energies, straggler, idle, blocking,
+                             tail, waiting_per_rank)
 
 
 def _anchor(rig: Rig, typical_s: float) -> Phase[tuple[int | None, float | None, list[float] | None]]:
@@ -224,10 +196,10 @@ def _blocked_power(rig: Rig) -> float | None:
     `BLOCKED_S`: a bubble's power, over a window a 100 ms counter resolves. Rank 0 holds back while every other
     rank waits, then rank 1 while rank 0 waits. None where the counter resolves bubbles itself (a simulated
     GPU's, whose knots are unit boundaries), without a counter, or alone (no one to wait for)."""
-    polled = [mine for _, mine in rig.gather(isinstance(rig.meter, PolledMeter))]  # every rank or none waits
-    if not all(polled) or len(polled) < 2:
+    meter = rig.meter
+    polled = [mine for _, mine in rig.gather(meter is not None and meter.polled)]  # every rank or none waits
+    if meter is None or not all(polled) or len(polled) < 2:
         return None
-    assert isinstance(rig.meter, PolledMeter)
     me, window = rig.place.rank, (0.0, 0.0)
     rig.wait_in_collective()  # a group's communicator is made at its first use: outside the window
     for holder in (0, 1):
@@ -237,13 +209,13 @@ def _blocked_power(rig: Rig) -> float | None:
         rig.wait_in_collective()
         if me != holder and window == (0.0, 0.0):
             window = (t0, time.perf_counter())
-    return _mean_power(rig.meter, *window)
+    return _mean_power(meter, *window)
 
 
 def _effective_clock(rig: Rig, timings: list[StageTiming]) -> list[float | None]:
     """Per stage, the SM clock NVML saw during its units (the power cap's clock); None without NVML."""
     mine = None
-    if isinstance(rig.meter, PolledMeter):
+    if rig.meter is not None and rig.meter.polled:
         rig.meter.sample_clocks = False
         busy = [(a, b) for t in timings for _, _, a, b in t.units]
         mine = clock_under_load(rig.meter.clock_samples, busy)

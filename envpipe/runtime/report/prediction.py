@@ -6,7 +6,7 @@ transfer and tails, each phase charged at its own power: units at their profiled
 at its measured blocking power, its tail (all-reduce, optimizer step) at its measured tail power. The
 prediction is one pipeline's; with data parallelism every replica runs it, so a stage's prediction is
 times the replicas. It is anchored on the calibration's untimed 1F1B iterations: per stage, the simulated
-ratio of what ran to 1F1B all-max, times that stage's measured 1F1B energy (envpipe.runtime.calibrate).
+ratio of what ran to 1F1B all-max, times that stage's measured 1F1B energy (envpipe.runtime.phases.calibrate).
 Measured: per stage, the median steady energy of each of its GPUs, summed.
 Error = (predicted - measured) / measured.
 """
@@ -14,6 +14,7 @@ Error = (predicted - measured) / measured.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,10 +24,9 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.collect import RankRecord
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import Decided
+from envpipe.runtime.decision import CalibrationResult, Decided
+from envpipe.runtime.report.collect import RankRecord
 
 
 def ran(plan: Plan, order_only: bool, f_max: int) -> Plan:
@@ -90,24 +90,35 @@ def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 
 
-def oracle_comparison(cfg: EnvPipeConfig, truth: Profile, plan: Plan, calibrated: Calibrated,
-                      powers: tuple[list[float], list[float]], source: str) -> S.OracleComparison:
-    """On a simulated GPU: the optimal planner on the GPU's true profile (``truth``: every clock, no noise, and
-    ``powers``: each stage's true blocking and tail power), against the run's own plan evaluated on the same
-    truth; both against the truth's 1F1B all-max baseline, at the run's budget rule (simulated, all)."""
+@dataclass(frozen=True)
+class GpuTruth:
+    """A simulated GPU's hidden truth, as the oracle plans on it: its profile (every clock, no noise), each
+    stage's true blocking and tail power (W), and the truth's name."""
+
+    profile: Profile
+    blocking_w: list[float]
+    tail_w: list[float]
+    source: str
+
+
+def oracle_comparison(cfg: EnvPipeConfig, truth: GpuTruth, plan: Plan, calibrated: CalibrationResult
+                      ) -> S.OracleComparison:
+    """On a simulated GPU: the optimal planner on the GPU's truth, against the run's own plan evaluated on the
+    same truth; both against the truth's 1F1B all-max baseline, at the run's budget rule (simulated, all)."""
     from envpipe.plan.optimal.lp import InfeasibleBudget
     from envpipe.plan.optimal.orders import optimal_plan
 
     cal = calibrated.timing
-    overheads = Overheads.broadcast(truth.num_stages, powers[0], cal.transfer_s, cal.tail_s, powers[1])
-    case = PipelineCase(truth, plan.num_microbatches, overheads)
+    overheads = Overheads.broadcast(truth.profile.num_stages, truth.blocking_w, cal.transfer_s, cal.tail_s,
+                                    truth.tail_w)
+    case = PipelineCase(truth.profile, plan.num_microbatches, overheads)
     base = baseline_timeline(case)
     try:
         best = optimal_plan(case, cfg.scheduling, cfg.time_budget_s, cfg.max_slowdown).timeline.energy
     except InfeasibleBudget:
         best = base.energy
-    ours = evaluate_plan(_on_clocks_of(plan, truth), case).energy
-    return S.OracleComparison(1.0 - best / base.energy, 1.0 - ours / base.energy, source)
+    ours = evaluate_plan(_on_clocks_of(plan, truth.profile), case).energy
+    return S.OracleComparison(1.0 - best / base.energy, 1.0 - ours / base.energy, truth.source)
 
 
 def _on_clocks_of(plan: Plan, profile: Profile) -> Plan:

@@ -89,13 +89,6 @@ def job_max(x: float) -> float:
     return float(t)
 
 
-def job_sum(xs: list[float]) -> list[float]:
-    """Every rank's ``xs`` added up, element by element (a collective call)."""
-    t = torch.tensor(xs, dtype=torch.float64)
-    tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-    return t.tolist()
-
-
 def progress(message: str) -> None:
     """One line of the job's progress, on rank 0's stdout."""
     if tdist.get_rank() == 0:

@@ -7,7 +7,7 @@ A stage's order is a list of ("F"|"B", micro-batch) units, optionally with a pla
   clock and timing marks around each unit: the runtime in 1F1B order is stock DeepSpeed plus those marks.
 - `UnitOrderSchedule`: any other order (EnvPipe's extra warm-up forwards, a plan file's). Sends are
   posted (`ISendActivation` / `ISendGrad`) and receives go over one process group per direction
-  (`IRecvActivation` / `IRecvGrad`, handled by `envpipe.runtime.engine.EnvPipeEngine`), so a forward sent
+  (`IRecvActivation` / `IRecvGrad`, handled by `envpipe.runtime.engine.engine.EnvPipeEngine`), so a forward sent
   early never waits for a neighbour that is not receiving yet.
 
 Why two: measured on 2 x H200 (2026-11-23, benchmarks/results/engine_ablation_h200.md), 1F1B with every
@@ -19,6 +19,7 @@ takes the posted sends.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from deepspeed.runtime.pipe import schedule as ds
 
@@ -57,34 +58,40 @@ class UnitEnd(ds.PipeInstruction):
 
 class Stretch(ds.PipeInstruction):
     """Delay the unit just run by `seconds` on its own stream, after its kernels (a rehearsal of a lower clock:
-    envpipe.runtime.rehearse); what depends on the unit waits as it would for the slower unit."""
+    envpipe.runtime.phases.rehearse); what depends on the unit waits as it would for the slower unit."""
 
 
 class TailMark(ds.PipeInstruction):
     """Marks the gradient all-reduce (ReduceTiedGrads + ReduceGrads): "start" before it, "reduced" after."""
 
 
+@dataclass(frozen=True)
+class UnitExtras:
+    """What rides on a stage's units besides their passes: each unit's planned clock (MHz), each unit's stretch
+    (seconds, a rehearsal's), and whether units are timed (`UnitStart` / `UnitEnd` around each)."""
+
+    clocks: Sequence[int] | None = None
+    stretch: Sequence[float] | None = None
+    timed: bool = False
+
+    def check(self, stage_id: int, units: int) -> None:
+        """ScheduleError where a per-unit list does not have one entry per unit (a bug, not input)."""
+        for name, per_unit in (("clocks", self.clocks), ("stretches", self.stretch)):
+            if per_unit is not None and len(per_unit) != units:
+                raise ScheduleError(f"stage {stage_id}: {len(per_unit)} {name} for {units} units")
+
+
 class UnitOrderSchedule(ds.PipeSchedule):
     """DeepSpeed PipeSchedule for one stage's unit order (and planned clocks, MHz per unit)."""
 
-    def __init__(
-        self,
-        order: Sequence[Unit],
-        micro_batches: int,
-        stages: int,
-        stage_id: int,
-        clocks: Sequence[int] | None = None,
-        timed: bool = False,
-        stretch: Sequence[float] | None = None,
-    ) -> None:
+    def __init__(self, order: Sequence[Unit], micro_batches: int, stages: int, stage_id: int,
+                 extras: UnitExtras = UnitExtras()) -> None:
         super().__init__(micro_batches=micro_batches, stages=stages, stage_id=stage_id)
-        for name, per_unit in (("clocks", clocks), ("stretches", stretch)):
-            if per_unit is not None and len(per_unit) != len(order):  # a bug, not input
-                raise ScheduleError(f"stage {stage_id}: {len(per_unit)} {name} for {len(order)} units")
+        extras.check(stage_id, len(order))
         self.order = list(order)
-        self.clocks = list(clocks) if clocks is not None else None
-        self.timed = timed
-        self.stretch = list(stretch) if stretch is not None else None
+        self.clocks = list(extras.clocks) if extras.clocks is not None else None
+        self.timed = extras.timed
+        self.stretch = list(extras.stretch) if extras.stretch is not None else None
 
     def num_pipe_buffers(self) -> int:
         return max(2, peak_in_flight([self.order])[0])  # the most forwards whose backward has not run
@@ -96,12 +103,12 @@ class UnitOrderSchedule(ds.PipeSchedule):
             cmds: list[ds.PipeInstruction] = [] if self.is_first_stage else [IRecvActivation(buf)]
             if self.is_first_stage or self.is_last_stage:
                 cmds.append(ds.LoadMicroBatch(buf))
-            cmds += unit_cmds(kind, mb, buf, ds.ForwardPass(buf), self.timed, stretch)
+            cmds += unit_cmds(kind, mb, ds.ForwardPass(buf), self.timed, stretch)
             if not self.is_last_stage:
                 cmds.append(ISendActivation(buf))
             return cmds
         cmds = [] if self.is_last_stage else [IRecvGrad(buf)]
-        cmds += unit_cmds(kind, mb, buf, ds.BackwardPass(buf), self.timed, stretch)
+        cmds += unit_cmds(kind, mb, ds.BackwardPass(buf), self.timed, stretch)
         if not self.is_first_stage:
             cmds.append(ISendGrad(buf))
         return cmds
@@ -120,12 +127,13 @@ class UnitOrderSchedule(ds.PipeSchedule):
         yield [*reduce, ds.OptimizerStep()]
 
 
-def unit_cmds(kind: str, mb: int, buf: int, cmd: ds.PipeInstruction, timed: bool, stretch: float
+def unit_cmds(kind: str, mb: int, cmd: ds.BufferOpInstruction, timed: bool, stretch: float
               ) -> list[ds.PipeInstruction]:
     """A unit's pass, its stretch (after its kernels, inside its time: a slower unit ends later) and its marks."""
-    cmds = [cmd] if stretch <= 0 else [cmd, Stretch(seconds=stretch)]
+    cmds: list[ds.PipeInstruction] = [cmd] if stretch <= 0 else [cmd, Stretch(seconds=stretch)]
     if not timed:
         return cmds
+    buf = cmd.buffer_id
     return [UnitStart(kind=kind, mb=mb, buffer_id=buf), *cmds, UnitEnd(kind=kind, mb=mb, buffer_id=buf)]
 
 
@@ -136,15 +144,12 @@ class Stock1F1BSchedule(ds.TrainSchedule):
     ForwardPass/BackwardPass is unit i of the order and takes clock i.
     """
 
-    def __init__(self, micro_batches: int, stages: int, stage_id: int, clocks: Sequence[int] | None = None,
-                 timed: bool = False, stretch: Sequence[float] | None = None) -> None:
+    def __init__(self, micro_batches: int, stages: int, stage_id: int, extras: UnitExtras = UnitExtras()) -> None:
         super().__init__(micro_batches=micro_batches, stages=stages, stage_id=stage_id)
-        for name, per_unit in (("clocks", clocks), ("stretches", stretch)):
-            if per_unit is not None and len(per_unit) != 2 * micro_batches:
-                raise ScheduleError(f"stage {stage_id}: {len(per_unit)} {name} for {2 * micro_batches} units")
-        self.clocks = list(clocks) if clocks is not None else None
-        self.timed = timed
-        self.stretch = list(stretch) if stretch is not None else None
+        extras.check(stage_id, 2 * micro_batches)
+        self.clocks = list(extras.clocks) if extras.clocks is not None else None
+        self.timed = extras.timed
+        self.stretch = list(extras.stretch) if extras.stretch is not None else None
 
     def steps(self) -> Iterator[list[ds.PipeInstruction]]:
         unit, current = 0, None
@@ -158,7 +163,7 @@ class Stock1F1BSchedule(ds.TrainSchedule):
                         current = self.clocks[unit]
                         out.insert(0, SetClock(mhz=current))  # before the step's receive, as in UnitOrderSchedule
                     stretch = 0.0 if self.stretch is None else self.stretch[unit]
-                    out += unit_cmds(kind, mbs[kind], cmd.buffer_id, cmd, self.timed, stretch)
+                    out += unit_cmds(kind, mbs[kind], cmd, self.timed, stretch)
                     mbs[kind] += 1
                     unit += 1
                 elif isinstance(cmd, ds.ReduceTiedGrads) and self.timed:

@@ -7,8 +7,8 @@ those clocks. The rehearsed iterations are interleaved ABBA with this run's 1F1B
 phase's comparison pairs, after one warm-up iteration of an order this process has not run.
 
 Before it, with the optimal policy's `replan` reconfiguration, the reconfiguration rounds rehearse too
-(envpipe.runtime.reconfigure): a plan measured over the budget is re-planned on the units' measured times until it
-measures within it, or gives way to 1F1B all-max (then nothing is left to rehearse).
+(envpipe.runtime.phases.reconfigure): a plan measured over the budget is re-planned on the units' measured times until
+it measures within it, or gives way to 1F1B all-max (then nothing is left to rehearse).
 
 What it tells: the rehearsed plan's measured slowdown beside the planner's predicted one, and per stage the planned
 delay beside what its GPU's timer spun. Energy is the planner's prediction only (simulated): a GPU spinning on its
@@ -28,9 +28,9 @@ from envpipe.plan.planfile import Plan
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
 from envpipe.runtime.clocks import time_label
-from envpipe.runtime.collective import Place, progress
-from envpipe.runtime.decide import Decision
-from envpipe.runtime.iterations import comparison_pattern, job_iterations, paired
+from envpipe.runtime.decision import Decision
+from envpipe.runtime.measure.collective import Place, progress
+from envpipe.runtime.measure.iterations import comparison_pattern, job_iterations, paired
 from envpipe.runtime.rig import Phase, Rig, Step
 
 REHEARSAL = "rehearsal"  # what a rehearsed iteration runs (the iteration lines' `runs`)

@@ -18,14 +18,14 @@ from envpipe.plan.schedules import one_f_one_b
 from envpipe.profile import Profile, load_profile
 from envpipe.profile.clockfit import profile_clocks
 from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
-from envpipe.runtime import replicas
-from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.collective import progress
-from envpipe.runtime.iterations import BASELINE
+from envpipe.runtime.decision import CalibrationResult
+from envpipe.runtime.measure import replicas
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import BASELINE
 from envpipe.runtime.rig import EnergySplit, Phase, Rig, Step
 
 
-def stage_profile(rig: Rig, calibrated: Calibrated) -> Phase[Profile | None]:
+def stage_profile(rig: Rig, calibrated: CalibrationResult) -> Phase[Profile | None]:
     """The profile to plan on, or None where nothing is to be planned."""
     cfg, clock = rig.cfg, rig.clock
     if cfg.plan or (cfg.type == "baseline" and not cfg.profile):

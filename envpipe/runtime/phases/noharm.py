@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 
 from envpipe.runtime import summary as S
-from envpipe.runtime.iterations import Measure
+from envpipe.runtime.measure.iterations import Measure
 
 TOLERANCE = 0.005  # a slowdown this far over budget counts as noise even when the pairs agree closely
 

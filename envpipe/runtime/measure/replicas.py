@@ -7,29 +7,25 @@ their gradients at the end of every iteration, so each iteration waits for the s
   forward + backward unit time; its unit energies go with it): the all-reduce makes every replica wait
   for it anyway, so planning for it costs no time and planning for a faster one would.
 - **Calibration per replica.** Each replica's stages form one measured pipeline (`calibrate_replicas`):
-  its own unit, overhead, transfer and tail times (envpipe.runtime.timing); `job_calibration` combines them.
+  its own unit, overhead, transfer and tail times (envpipe.runtime.measure.timing); `job_calibration` combines them.
 - **Tails.** A stage's tail (step end - last unit end: gradient all-reduce + optimizer step) is the *shortest*
   over its replicas: the last replica to reach the all-reduce does not wait there, so its tail is transfer +
   step alone.
 - **One decision.** Rank 0 plans; the plan is broadcast (`agree`), so every replica of a stage runs the
-  same orders and clocks. Only the straggler rule (`envpipe.runtime.straggler`) gives the replicas
+  same orders and clocks. Only the straggler rule (`envpipe.runtime.phases.straggler`) gives the replicas
   that wait for a straggler a plan of their own, and the report says so.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from envpipe.plan.schedules import Unit
-from envpipe.runtime.collective import Place
-from envpipe.runtime.timing import Calibration, StageTiming, calibrate
+from envpipe.runtime.measure.collective import Place
+from envpipe.runtime.measure.timing import SimInputs, StageTiming, sim_inputs
 
-STRAGGLER_THRESHOLD = 0.05  # default: a replica this much slower than the others' median is a straggler
 SLOW_REPLICA_ENV = "ENVPIPE_SIM_SLOW_REPLICA"  # "REPLICA:FACTOR": that replica's sim clock runs slower
 
 
@@ -108,7 +104,7 @@ Measured = tuple[Place, StageTiming]  # one rank's iteration
 
 def calibrate_replicas(
     orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[Measured]]
-) -> dict[int, Calibration]:
+) -> dict[int, SimInputs]:
     """Each replica's calibration from its own stages' timings (samples of the iterations pooled)."""
     per: dict[int, list[list[StageTiming]]] = {}
     for it in iterations:
@@ -117,10 +113,10 @@ def calibrate_replicas(
             mine.setdefault(where.replica, []).append(timing)
         for d, timings in mine.items():
             per.setdefault(d, []).append(timings)
-    return {d: calibrate(orders, its) for d, its in sorted(per.items())}
+    return {d: sim_inputs(orders, its) for d, its in sorted(per.items())}
 
 
-def stage_entries(cals: Mapping[int, Calibration], last: Sequence[Measured]) -> list[tuple[Place, dict[str, float]]]:
+def stage_entries(cals: Mapping[int, SimInputs], last: Sequence[Measured]) -> list[tuple[Place, dict[str, float]]]:
     """Per rank: its stage's calibrated numbers in its replica, and when its units ended (`last` iteration)."""
     entries: list[tuple[Place, dict[str, float]]] = []
     for where, t in last:
@@ -136,14 +132,14 @@ def _units_end(t: StageTiming) -> float:
 
 
 def job_calibration(
-    cals: Mapping[int, Calibration], entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()
-) -> Calibration:
+    cals: Mapping[int, SimInputs], entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()
+) -> SimInputs:
     """The job's simulator inputs: per stage the slowest replica's units, the shortest tail of the stage."""
     entries = list(entries)
     skip = set(exclude)
     rows = slowest_per_stage(entries, stages, skip)
     kept = [c for d, c in cals.items() if d not in skip]
-    return Calibration(
+    return SimInputs(
         [r["F"] for r in rows],
         [r["B"] for r in rows],
         [r["gap_s"] for r in rows],
@@ -172,19 +168,14 @@ def replica_times(entries: Iterable[Entry]) -> dict[int, float]:
     return _latest_per_replica((where, stats["pipeline_s"]) for where, stats in entries)
 
 
-def find_straggler(times: Mapping[int, float], threshold: float = STRAGGLER_THRESHOLD) -> int | None:
-    """The replica slower than the median of the others by more than `threshold`, if any."""
+def find_straggler(times: Mapping[int, float], threshold: float) -> int | None:
+    """The replica slower than the median of the others by more than `threshold` (`straggler_threshold` of the
+    config), if any."""
     if len(times) < 2:
         return None
     worst = max(times, key=lambda r: times[r])
     others = statistics.median(t for r, t in times.items() if r != worst)
     return worst if times[worst] > others * (1.0 + threshold) else None
-
-
-def plan_digest(orders: Sequence[Sequence[Any]], clocks: Sequence[Sequence[int]] | None, stage: int) -> str:
-    """A short hash of one stage's orders and clocks: equal digests, identical plans."""
-    text = json.dumps([list(map(list, orders[stage])), list(clocks[stage]) if clocks is not None else None])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def sim_slowdown(replica: int, environ: Mapping[str, str] | None = None) -> float:

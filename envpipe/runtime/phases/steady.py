@@ -12,7 +12,7 @@ one warm-up iteration (phase `warm-up`, in no comparison and no steady figure): 
 p2p patterns and allocator growth, 3.5 times a steady one on 2 x H100 (measured 2026-11-27), which would
 decide a pair.
 
-At the end of the pairs, first, do no harm (envpipe.runtime.noharm): what ran stays only if it measured within
+At the end of the pairs, first, do no harm (envpipe.runtime.phases.noharm): what ran stays only if it measured within
 the budget and no dearer than the 1F1B iterations beside it; otherwise the job runs 1F1B with every clock at max
 from then on, and says why.
 
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 from envpipe.plan.planfile import Plan
 from envpipe.runtime import summary as S
-from envpipe.runtime.collective import progress
-from envpipe.runtime.decide import Decision, plan_digest
-from envpipe.runtime.iterations import BASELINE, PLAN, Iteration, comparison_pattern
+from envpipe.runtime.decision import Decision, plan_digest
+from envpipe.runtime.measure.collective import progress
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration, comparison_pattern
+from envpipe.runtime.measure.timing import StageTiming
 from envpipe.runtime.rig import Phase, Rig, Step
-from envpipe.runtime.timing import StageTiming
 
 # Steady iterations time their units (CUDA events and a synchronize before the loss broadcast) only every this
 # many iterations; every iteration still reports its time and energy. Why: on 2 x H200 the runtime timing every
@@ -54,7 +54,7 @@ class SteadyRecord:
     timings: deque[StageTiming] = field(default_factory=lambda: deque(maxlen=KEPT))  # timed iterations of `main`
     last_timed: dict[str, StageTiming] = field(default_factory=dict)  # per what ran, its last timed iteration
     tails: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=KEPT))  # (all-reduce, tail)
-    verdict: S.Verdict | None = None  # what the pairs decided (envpipe.runtime.noharm)
+    verdict: S.Verdict | None = None  # what the pairs decided (envpipe.runtime.phases.noharm)
 
     @property
     def digest(self) -> str:

@@ -16,8 +16,10 @@ EnvPipe adds its events the same way, under `EnvPipe/Samples/...`, with the same
     saving_<kind>                  the measured saving: plan vs this run's interleaved 1F1B all-max iterations,
                                    the median over the steady comparison pairs so far (from the first pair on)
     plan_kept                      after the comparison pairs: 1 the plan (or its order) runs on, 0 it measured
-                                   slower than the budget or dearer, and 1F1B all-max runs (envpipe.runtime.noharm)
-    prediction_trusted             1: the report's predictions held (envpipe.runtime.prediction.trust), 0: flagged
+                                   slower than the budget or dearer, and 1F1B all-max runs
+                                   (envpipe.runtime.phases.noharm)
+    prediction_trusted             1: the report's predictions held (envpipe.runtime.report.prediction.trust),
+                                   0: flagged
 
 A per-stage tag keeps its stage in its last part (`stage1_clock_mhz`, not `stage1/clock_mhz`): DeepSpeed's
 CSV monitor names a file's column after that part, so every stage's column says which stage it is.
@@ -35,9 +37,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envpipe.runtime import collective
-from envpipe.runtime.collect import measured_comparison
-from envpipe.runtime.iterations import BASELINE, PLAN, Iteration
+from envpipe.runtime.measure import collective
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration
+from envpipe.runtime.report.collect import measured_comparison
 
 PHASES = {"calibrate": 0, "profile": 1, "reconfigure": 2, "steady": 3, "warm-up": 4, "rehearse": 5}
 STEADY = "steady"

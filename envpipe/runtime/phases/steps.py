@@ -1,22 +1,22 @@
 """How many `train_batch()` calls a run needs before its whole report exists, from its configuration.
 
 The report starts with the steady phase's first iteration and is complete (the measured saving over every
-comparison pair) at the end of the comparison window (envpipe.runtime.steady). Before it, at most:
-calibration's iterations (until settled, then the untimed ones: envpipe.runtime.calibrate), one iteration per
-profiled clock (envpipe.runtime.profiling), every reconfiguration round (the optimal policy's re-plans run
+comparison pair) at the end of the comparison window (envpipe.runtime.phases.steady). Before it, at most:
+calibration's iterations (until settled, then the untimed ones: envpipe.runtime.phases.calibrate), one iteration per
+profiled clock (envpipe.runtime.phases.profiling), every reconfiguration round (the optimal policy's re-plans run
 ROUND_PAIRS plan/baseline pairs a round, rehearsed ones after a warm-up and with ROUND_PAIRS timed 1F1B
-iterations, EnvPipe's raises one iteration; envpipe.runtime.reconfigure), a rehearsal's warm-up and pairs
-(envpipe.runtime.rehearse), and one warm-up iteration of a new order. A loop of this many steps (the CML
+iterations, EnvPipe's raises one iteration; envpipe.runtime.phases.reconfigure), a rehearsal's warm-up and pairs
+(envpipe.runtime.phases.rehearse), and one warm-up iteration of a new order. A loop of this many steps (the CML
 notebook's default) ends with a report whatever the phases take.
 """
 
 from __future__ import annotations
 
-from envpipe.runtime.calibrate import ANCHOR_MOST
 from envpipe.runtime.config import REPLAN, EnvPipeConfig
-from envpipe.runtime.reconfigure import ROUND_PAIRS
+from envpipe.runtime.phases.calibrate import ANCHOR_MOST
+from envpipe.runtime.phases.reconfigure import ROUND_PAIRS
 
-WARMUP = 1  # a new order's first iteration (envpipe.runtime.steady)
+WARMUP = 1  # a new order's first iteration (envpipe.runtime.phases.steady)
 
 
 def steps_to_report(cfg: EnvPipeConfig) -> int:

@@ -1,6 +1,6 @@
 """A delay on the GPU: one warp spinning on the GPU's nanosecond timer (`%globaltimer`) until a set time has passed.
 
-The rehearsal (envpipe.runtime.rehearse) stretches a unit by the extra time its planned clock would cost, so the
+The rehearsal (envpipe.runtime.phases.rehearse) stretches a unit by the extra time its planned clock would cost, so the
 delay must last a time, not an amount of work: `torch.cuda._sleep` counts clock cycles, and under a power cap the
 clock moves (one H100, 2026-11-28, clocks untouched: `_sleep` calibrated for 2,000 us lasted 869 us after
 power-capped GEMMs), while `%globaltimer` runs at a fixed rate whatever the SM clock. Each delay writes the time it

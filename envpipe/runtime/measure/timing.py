@@ -39,7 +39,7 @@ class StageTiming:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class SimInputs:
     fwd_s: list[float]  # per stage: mean forward time (each unit's median over iterations), its overhead included
     bwd_s: list[float]
     gap_s: list[float]  # per stage: overhead before a unit that did not wait for data
@@ -80,7 +80,7 @@ class _Measured:
         return np.where(self.data_bound, np.maximum(wait, 0.0), 0.0)
 
 
-def calibrate(orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[StageTiming]]) -> Calibration:
+def sim_inputs(orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[StageTiming]]) -> SimInputs:
     """Simulator inputs from one or more measured iterations of ``orders`` (samples are pooled)."""
     if not iterations:
         raise ValueError("calibration needs at least one measured iteration")
@@ -106,7 +106,7 @@ def calibrate(orders: Sequence[Sequence[Unit]], iterations: Sequence[Sequence[St
         head = m.origin(gaps[0]) - by_stage[0].step_start
         heads.append(head)
         tails.append([by_stage[s].step_end - m.end[dag.order[s][-1]] + head for s in range(P)])
-    return Calibration(
+    return SimInputs(
         fwd,
         bwd,
         gaps,
@@ -120,14 +120,14 @@ def unit_durations(dag: PipelineDag, fwd_s: Sequence[float], bwd_s: Sequence[flo
     return np.where(dag.is_fwd, np.asarray(fwd_s)[dag.stage], np.asarray(bwd_s)[dag.stage])
 
 
-def predicted_timeline(orders: Sequence[Sequence[Unit]], cal: Calibration) -> Timeline:
+def predicted_timeline(orders: Sequence[Sequence[Unit]], cal: SimInputs) -> Timeline:
     """Simulated iteration of ``orders`` with the calibrated unit, transfer and tail times (no energy)."""
     dag = PipelineDag.from_orders(orders, len(orders[0]) // 2)
     dur = unit_durations(dag, cal.fwd_s, cal.bwd_s)
     return simulate(dag, dur, np.zeros_like(dur), Overheads.broadcast(len(orders), 0.0, cal.transfer_s, cal.tail_s))
 
 
-def predict_time(orders: Sequence[Sequence[Unit]], cal: Calibration) -> float:
+def predict_time(orders: Sequence[Sequence[Unit]], cal: SimInputs) -> float:
     """Simulated iteration time of ``orders`` with the calibrated unit, transfer and tail times."""
     return predicted_timeline(orders, cal).iteration_time
 
@@ -135,7 +135,7 @@ def predict_time(orders: Sequence[Sequence[Unit]], cal: Calibration) -> float:
 def measured_timeline(
     orders: Sequence[Sequence[Unit]],
     stages: Sequence[StageTiming],
-    cal: Calibration,
+    cal: SimInputs,
     unit_energy_j: np.ndarray | None = None,
     idle_power_w: float = 0.0,
 ) -> Timeline:

@@ -5,99 +5,30 @@ Where the plan comes from, in order: a plan file (`envpipe.plan`); EnvPipe's own
 planner on a profile (online, a profile file, or measured default-clock units with the frequency model
 where clocks cannot be changed): the optimal planner (least energy within the budget, the unit order
 chosen within memory) or EnvPipe's policies. With `straggler: frontier`, the replicas that wait for a
-straggler get the least-energy frontier plan that fits its time (`envpipe.runtime.straggler`).
+straggler get the least-energy frontier plan that fits its time (`envpipe.runtime.phases.straggler`).
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.dag import ScheduleError, engine_order_dag
 from envpipe.plan.evaluate import baseline_timeline, evaluate_plan
-from envpipe.plan.memory import StageMemory, peak_in_flight, warmup_caps
+from envpipe.plan.memory import StageMemory, warmup_caps
 from envpipe.plan.planfile import Plan, PlanError
 from envpipe.plan.reconfig import Reconfig
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b, reschedule_counts
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.timing import Calibration, predict_time
-
-
-class Origin(enum.Enum):
-    """Where a decision's plan came from."""
-
-    PLAN_FILE = "plan file"
-    RULE = "EnvPipe's rule"
-    PLANNER = "planner"
-
-
-@dataclass(frozen=True)
-class Job:
-    """The job rank 0 decides for."""
-
-    stages: int
-    microbatches: int
-    replicas: int  # data-parallel
-    controls: bool  # clocks can be set here: the plan's clocks are deployed
-    f_max: int  # the top clock (MHz): the baseline's
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What every replica runs, where it came from, and the planner's prediction (simulated)."""
-
-    origin: Origin
-    source: str  # where the plan came from, in words (the report's)
-    policy: str  # optimal, baseline, uniform, envelope
-    order: str  # the order's name: 1f1b, or envpipe with its extra warm-up forwards per stage
-    plans: dict[int, Plan]  # per data-parallel replica
-    clocks_settable: bool  # planned for clocks that can be set here (the report says whether they ran)
-    budget_s: float | None = None  # the optimal planner's iteration-time budget (simulated)
-    memory: tuple[S.MemoryUse, ...] = ()  # per stage, as calibration measured it
-    refused_orders: tuple[str, ...] = ()  # orders the memory limit or the budget ruled out, with why
-    predicted: S.PredictedComparison | None = None
-    predicted_time_s: float | None = None  # the job's iteration under the plans (calibrated simulator)
-    profile: Profile | None = None  # what the planner planned on (rank 0 re-plans from it)
-    straggler_rule: S.StragglerRule | None = None
-
-    def plan_for(self, replica: int) -> Plan:
-        return self.plans[replica]
-
-    @property
-    def info(self) -> S.PlanInfo:
-        """Replica 0's plan, as the report names it; its memory counts the plan's own in-flight micro-batches
-        (calibration measured them under 1F1B's)."""
-        plan = self.plans[0]
-        held = peak_in_flight(plan.orders())
-        memory = [replace(m, planned_in_flight=held[s]) for s, m in enumerate(self.memory)]
-        return S.PlanInfo(self.policy, self.order, self.source, plan_digest(plan), self.budget_s,
-                          [[f"{u.kind}{u.mb}" for u in units] for units in plan.stages], plan.clocks(),
-                          memory or None, list(self.refused_orders), self.clocks_settable)
-
-
-@dataclass(frozen=True)
-class Decided:
-    """What the phases decided and what from: kept for the report and carried in checkpoints."""
-
-    calibrated: Calibrated
-    decision: Decision
-    reconfiguration: S.Reconfiguration | None
-
-
-def plan_digest(plan: Plan) -> str:
-    """sha256 of every stage's order and clocks (16 hex digits): equal digests, identical plans."""
-    text = json.dumps([[[u.kind, u.mb, u.freq_mhz] for u in units] for units in plan.stages])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+from envpipe.runtime.decision import CalibrationResult, Decision, Job, Origin
+from envpipe.runtime.measure.timing import SimInputs, predict_time
 
 
 def planner_memory(memory: Sequence[S.MemoryUse]) -> StageMemory | None:
@@ -151,18 +82,20 @@ def order_name(reschedule: Sequence[int]) -> str:
     return "1f1b" if not any(reschedule) else f"envpipe (extra warm-up forwards per stage: {list(reschedule)})"
 
 
-def _predicted(plan_tl: Timeline, base_tl: Timeline, replicas: int, profile: str, plan: Plan | None = None,
-               one_clock_top: float | None = None) -> S.PredictedComparison:
-    """The planner's prediction against its baseline; with ``one_clock_top`` (the profile's lower clocks come from
-    another GPU's curve: clocks could not be profiled here) the saving's band from that path's measured
-    cross-GPU error (envpipe.profile.band)."""
+def _predicted(plan_tl: Timeline, base_tl: Timeline, replicas: int, profile: str) -> S.PredictedComparison:
+    """The planner's prediction against its baseline."""
     energy, base_e = plan_tl.energy * replicas, base_tl.energy * replicas
-    saving = 1.0 - energy / base_e
-    band = None
-    if plan is not None and one_clock_top is not None:
-        band = _saving_band(plan, plan_tl, saving, one_clock_top)
-    return S.PredictedComparison(plan_tl.iteration_time, energy, base_tl.iteration_time, base_e, saving,
-                                 plan_tl.iteration_time / base_tl.iteration_time - 1.0, profile, band)
+    return S.PredictedComparison(plan_tl.iteration_time, energy, base_tl.iteration_time, base_e, 1.0 - energy / base_e,
+                                 plan_tl.iteration_time / base_tl.iteration_time - 1.0, profile)
+
+
+def _with_band(predicted: S.PredictedComparison, plan: Plan, tl: Timeline, one_clock_top: float | None
+               ) -> S.PredictedComparison:
+    """With ``one_clock_top`` (the profile's lower clocks come from another GPU's curve: clocks could not be
+    profiled here) the saving's band from that path's measured cross-GPU error (envpipe.profile.band)."""
+    if one_clock_top is None:
+        return predicted
+    return replace(predicted, saving_band=_saving_band(plan, tl, predicted.energy_saving, one_clock_top))
 
 
 def _saving_band(plan: Plan, tl: Timeline, saving: float, top_mhz: float) -> list[float] | None:
@@ -179,7 +112,7 @@ def _saving_band(plan: Plan, tl: Timeline, saving: float, top_mhz: float) -> lis
     return list(band.saving_range(saving, min(1.0, lowered)))
 
 
-def from_plan_file(path: str, job: Job, cal: Calibration) -> Decision:
+def from_plan_file(path: str, job: Job, cal: SimInputs) -> Decision:
     """A plan file for this pipeline's shape and the engine's order rules; PlanError (one line) otherwise."""
     plan = Plan.load(path)
     if (plan.num_stages, plan.num_microbatches) != (job.stages, job.microbatches):
@@ -203,7 +136,7 @@ def from_plan_file(path: str, job: Job, cal: Calibration) -> Decision:
                     predicted_time_s=own if own is not None else predict_time(plan.orders(), cal))
 
 
-def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: Calibration, memory: Sequence[S.MemoryUse]) -> Decision:
+def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: SimInputs, memory: Sequence[S.MemoryUse]) -> Decision:
     """EnvPipe's `baseline` policy: its order from measured unit times (or 1F1B), every clock at max."""
     P, M = job.stages, job.microbatches
     model, only_1f1b = usable_memory(memory)
@@ -222,7 +155,7 @@ def envpipe_rule(cfg: EnvPipeConfig, job: Job, cal: Calibration, memory: Sequenc
                     predicted_time_s=predict_time(orders, cal))
 
 
-def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: Calibrated) -> Decision:
+def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: CalibrationResult) -> Decision:
     """The optimal planner (default) or one of EnvPipe's policies on ``profile``, with the measured overheads
     (transfer, tails, each stage's blocking and tail power) and memory."""
     M, memory = job.microbatches, calibrated.memory
@@ -258,14 +191,15 @@ def with_planner(cfg: EnvPipeConfig, job: Job, profile: Profile, calibrated: Cal
     top = None if job.controls else float(max(profile.freqs.max(), 1))  # clocks not profiled here: one-clock path
     return Decision(Origin.PLANNER, f"planner ({cfg.type}) on a profile: {profile.source}", plan.policy,
                     order_name(r), {d: plan for d in range(job.replicas)}, job.controls, budget, tuple(memory),
-                    tuple(refused), _predicted(timeline, base_tl, job.replicas, profile.source, plan, top),
+                    tuple(refused),
+                    _with_band(_predicted(timeline, base_tl, job.replicas, profile.source), plan, timeline, top),
                     timeline.iteration_time, profile)
 
 
 def with_straggler_rule(decision: Decision, fast_profile: Profile, straggler: int, overheads: Overheads,
                         schedule: str) -> Decision:
     """The other replicas take the least-energy frontier plan that fits the straggler's predicted time."""
-    from envpipe.runtime.straggler import relaxed_plan
+    from envpipe.runtime.phases.straggler import relaxed_plan
 
     assert decision.predicted_time_s is not None
     case = PipelineCase(fast_profile, decision.plans[0].num_microbatches, overheads)
@@ -289,7 +223,7 @@ def replanned(decision: Decision, plan: Plan, order: str, case: PipelineCase, bu
                    profile=case.profile)
 
 
-def choose(cfg: EnvPipeConfig, job: Job, calibrated: Calibrated, profile: Profile | None) -> Decision:
+def choose(cfg: EnvPipeConfig, job: Job, calibrated: CalibrationResult, profile: Profile | None) -> Decision:
     """Rank 0's decision: a plan file, EnvPipe's rule, or the planner on ``profile``."""
     if cfg.plan:
         return from_plan_file(cfg.plan, job, calibrated.timing)

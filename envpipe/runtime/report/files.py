@@ -1,5 +1,5 @@
 """The run's report files, written by rank 0: summary.json (the typed summary), report.txt (its text
-form, envpipe.runtime.textreport) and gantt.png (the units of the last timed iteration of what the steady
+form, envpipe.runtime.report.text) and gantt.png (the units of the last timed iteration of what the steady
 phase ran, one row per stage, coloured by the clock each unit ran at, its times labelled by their kind)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 
 from envpipe.atomicfile import atomic_write
+from envpipe.runtime.report.text import render
 from envpipe.runtime.summary import RunSummary
-from envpipe.runtime.textreport import render
 
 log = logging.getLogger(__name__)
 

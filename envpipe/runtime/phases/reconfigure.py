@@ -6,7 +6,7 @@ beyond the round's own noise, rank 0 corrects the profile with the plan's measur
 the planner's (simulated) budget by the measured excess, and re-plans; it stops once the measured
 slowdown is within budget. A plan still over budget after the last round gives way to 1F1B all-max.
 Where clocks cannot be set and the run rehearses (`rehearse`), the rounds rehearse: each unit below the top
-clock is stretched by its planned clock's extra time (envpipe.runtime.rehearse) instead of running at it, a new
+clock is stretched by its planned clock's extra time (envpipe.runtime.phases.rehearse) instead of running at it, a new
 order warms up for one iteration first, the pairs run untimed, and the profile is corrected by the round's own
 timed 1F1B all-max iterations (their units against the profile's top clock; a stretched unit's marks hold its
 delay, and the delay would pass for the next unit's overhead): the calibration's unit times drift from the ones the job
@@ -14,7 +14,7 @@ runs later (2 x H200, 2026-11-28: a stage's forwards 5 % faster, its neighbour's
 spends a stage's whole predicted slack on lower clocks turns every such millisecond into a slowdown.
 
 `raise_clocks` (EnvPipe's greedy and balanced): each round runs one real iteration, turns the measured
-units of all stages into a timeline (`envpipe.runtime.timing.measured_timeline`: each unit's recv stall
+units of all stages into a timeline (`envpipe.runtime.measure.timing.measured_timeline`: each unit's recv stall
 is its dependency wait) and hands it to the planner's own loop, `envpipe.plan.reconfig.reconfigure`,
 which walks EnvPipe's critical path and raises clocks until the path is the envelope, nothing on it can
 be raised, or the round limit is reached. Every rank sees the same gathered measurements.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Generator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -35,28 +35,58 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.reconfig import Reconfig, reconfigure_rounds
 from envpipe.plan.simulate import Overheads, Timeline
 from envpipe.profile import Profile
-from envpipe.runtime import collective, decide, noharm, replicas
 from envpipe.runtime import summary as S
-from envpipe.runtime.calibrate import Calibrated
-from envpipe.runtime.iterations import BASELINE, PLAN, comparison_pattern, paired
-from envpipe.runtime.rehearse import stretches
+from envpipe.runtime.decision import CalibrationResult, Decision
+from envpipe.runtime.measure import collective, replicas
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, comparison_pattern, paired
+from envpipe.runtime.measure.timing import StageTiming, measured_timeline
+from envpipe.runtime.phases import decide, noharm
+from envpipe.runtime.phases.rehearse import stretches
+from envpipe.runtime.phases.steady import WARMUP
 from envpipe.runtime.rig import Phase, Rig, Step
-from envpipe.runtime.steady import WARMUP
-from envpipe.runtime.timing import StageTiming, measured_timeline
 
 ROUND_PAIRS = 2  # plan/baseline pairs per round
 PHASE = "reconfigure"
 TIMED = "timed 1F1B"  # a rehearsed round's own 1F1B all-max iterations with their units timed (not paired)
 
 
-def _round(rig: Rig, plan: Plan, rnd: int, stretch: list[float] | None
-           ) -> Phase[list[list[tuple[collective.Place, Any]]]]:
-    """Run one round's pairs; every rank gets every rank's (what ran, time, timing) of each iteration. With
+@dataclass(frozen=True)
+class RoundIteration:
+    """One iteration of a reconfiguration round, as one rank ran it."""
+
+    runs: str  # PLAN, BASELINE or TIMED
+    time_s: float
+    timing: StageTiming
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A round's iterations in the order they ran, each as every rank ran it; ``rehearsed``: the plan's clocks
+    stood in for by stretches."""
+
+    iterations: list[list[tuple[collective.Place, RoundIteration]]]
+    rehearsed: bool
+
+    def runs(self) -> list[str]:
+        """What each iteration ran."""
+        return [its[0][1].runs for its in self.iterations]
+
+    def job_times(self, runs: str) -> list[float]:
+        """The job's time (its slowest rank's) of each iteration that ran ``runs``."""
+        return [max(x.time_s for _, x in its) for its in self.iterations if its[0][1].runs == runs]
+
+    def timings(self, runs: str) -> list[list[tuple[collective.Place, StageTiming]]]:
+        """Every rank's unit timing of each iteration that ran ``runs``."""
+        return [[(w, x.timing) for w, x in its] for its in self.iterations if its[0][1].runs == runs]
+
+
+def _round(rig: Rig, plan: Plan, rnd: int, stretch: list[float] | None) -> Phase[RoundResult]:
+    """Run one round's pairs; every rank gets every rank's iterations of the round. With
     ``stretch`` (this rank's delay per unit: a rehearsal) the plan's units are stretched instead of slowed, a new
     order first warms up, the pairs run untimed as the job will (unit timing made the transformers' rehearsed
     rounds measure 1 to 2.5 points faster than their untimed rehearsal on 2 x H200, 2026-11-28), and the round
     ends with ROUND_PAIRS timed 1F1B all-max iterations, whose units correct the profile (`TIMED`)."""
-    mine = []
+    mine: list[RoundIteration] = []
     extra = {"round": rnd} if stretch is None else {"round": rnd, "rehearsed": True}
     if stretch is not None and not rig.has_run(plan):
         yield Step(plan, WARMUP, PLAN, timed=False, stretch=stretch, extra=extra)  # not compared
@@ -65,13 +95,13 @@ def _round(rig: Rig, plan: Plan, rnd: int, stretch: list[float] | None
         m = yield Step(plan if runs == PLAN else rig.baseline, PHASE, BASELINE if runs == TIMED else runs,
                        timed=stretch is None or runs == TIMED, extra=extra, stretch=stretch if runs == PLAN else None)
         t = m.timing
-        mine.append((runs, t.step_end - t.step_start, t))
-    return rig.gather_each(mine)
+        mine.append(RoundIteration(runs, t.step_end - t.step_start, t))
+    return RoundResult(rig.gather_each(mine), stretch is not None)
 
 
-def measured_slowdown(iterations: list[list[tuple[collective.Place, Any]]]) -> tuple[float, float]:
+def measured_slowdown(result: RoundResult) -> tuple[float, float]:
     """(median plan/baseline time - 1 over the pairs, half their interquartile range): the job's times."""
-    job = [(its[0][1][0], max(x[1] for _, x in its), None) for its in iterations]
+    job = [(its[0][1].runs, max(x.time_s for _, x in its), None) for its in result.iterations]
     slowdowns = [p[0] / b[0] - 1.0 for p, b in paired(job)]
     return statistics.median(slowdowns), noharm.half_iqr(slowdowns)
 
@@ -94,8 +124,8 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
     return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by the units that ran")
 
 
-def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Calibrated, rehearsed: bool = False
-                               ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
+def replan_until_within_budget(rig: Rig, chosen: Decision, calibrated: CalibrationResult, rehearsed: bool = False
+                               ) -> Phase[tuple[Decision, S.Reconfiguration]]:
     """Re-plan until the plan measures within budget (``rehearsed``: its clocks stood in for by stretches)."""
     cfg, overheads = rig.cfg, calibrated.overheads()
     allowed = cfg.max_slowdown or 0.0
@@ -107,9 +137,9 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
         if rehearsed:
             assert chosen.profile is not None
             stretch = stretches(plan, chosen.profile, rig.place.stage, rig.f_max)
-        iterations = yield from _round(rig, plan, rnd, stretch)
-        slowdown, noise = measured_slowdown(iterations)
-        plan_times = [max(x[1] for _, x in its) for its in iterations if its[0][1][0] == PLAN]
+        result = yield from _round(rig, plan, rnd, stretch)
+        slowdown, noise = measured_slowdown(result)
+        plan_times = result.job_times(PLAN)
         rounds.append(S.ReconfigRound(rnd, statistics.median(plan_times), plan.clocks(), slowdown))
         over = (statistics.median(plan_times) / cfg.time_budget_s - 1.0 if cfg.time_budget_s is not None
                 else slowdown - allowed)
@@ -117,7 +147,7 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
         if over <= noharm.allowance(noise):  # the steady phase's no-harm rule allows the same
             reason = f"within budget: {runner_note}"
             break
-        chosen = collective.decided(partial(_replan, rig, chosen, overheads, iterations, over, rehearsed))
+        chosen = collective.decided(partial(_replan, rig, chosen, overheads, result, over))
         what = "rehearsed " if rehearsed else ""
         collective.progress(f"reconfigure: {what}{runner_note} over the budget; re-planned ({chosen.order})")
     else:
@@ -129,8 +159,7 @@ def replan_until_within_budget(rig: Rig, chosen: decide.Decision, calibrated: Ca
     return chosen, S.Reconfiguration("replan", rounds, target, reason, None, rehearsed)
 
 
-def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations: list[list[Any]], over: float,
-            rehearsed: bool) -> decide.Decision:
+def _replan(rig: Rig, chosen: Decision, overheads: Overheads, measured: RoundResult, over: float) -> Decision:
     """Rank 0: re-plan on the corrected profile with the budget tightened by the measured excess (and not above
     the corrected profile's 1F1B all-max time within the allowed slowdown); a budget tighter than the fastest
     plan becomes the fastest plan's time: the least energy at the fastest iteration still slows down units off
@@ -142,9 +171,8 @@ def _replan(rig: Rig, chosen: decide.Decision, overheads: Overheads, iterations:
     from envpipe.plan.optimal.problem import order_problems
 
     assert chosen.profile is not None and chosen.budget_s is not None
-    plan, ran = (rig.baseline, TIMED) if rehearsed else (chosen.plan_for(rig.place.replica), PLAN)
-    timings = [[(w, x[2]) for w, x in its] for its in iterations if its[0][1][0] == ran]
-    profile = corrected_profile(chosen.profile, plan, timings)
+    plan, ran = (rig.baseline, TIMED) if measured.rehearsed else (chosen.plan_for(rig.place.replica), PLAN)
+    profile = corrected_profile(chosen.profile, plan, measured.timings(ran))
     model, only_1f1b = decide.usable_memory(chosen.memory)
     schedule = "1f1b" if only_1f1b else rig.cfg.scheduling
     case = PipelineCase(profile, rig.M, overheads, model)
@@ -186,8 +214,8 @@ def raise_clocks(plan: Plan, supported_mhz: Sequence[int], method: str, max_roun
     return raised, S.Reconfiguration(method, rounds, None, result.stop_reason, result.raises)
 
 
-def raise_measured(rig: Rig, chosen: decide.Decision, calibrated: Calibrated, method: str
-                   ) -> Phase[tuple[decide.Decision, S.Reconfiguration]]:
+def raise_measured(rig: Rig, chosen: Decision, calibrated: CalibrationResult, method: str
+                   ) -> Phase[tuple[Decision, S.Reconfiguration]]:
     """`raise_clocks` on the job's measured iterations (the waits of the replica that ended last)."""
     plan = chosen.plan_for(rig.place.replica)
     assert rig.clock is not None

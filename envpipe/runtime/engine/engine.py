@@ -1,4 +1,4 @@
-"""A PipelineEngine subclass that runs any unit order (envpipe.runtime.schedule) with planned clocks.
+"""A PipelineEngine subclass that runs any unit order (envpipe.runtime.engine.schedule) with planned clocks.
 
 Following DeepSpeed's own DualPipeVEngine, it extends `_INSTRUCTION_MAP` instead of forking the
 engine: DeepSpeed's p2p handlers serve its own 1F1B steps; our posted sends and per-direction receives
@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import deepspeed
 import torch
@@ -28,8 +28,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock, simulated_gpu
-from envpipe.runtime.memory import SavedTensorMeter
-from envpipe.runtime.schedule import (
+from envpipe.runtime.engine.schedule import (
     IRecvActivation,
     IRecvGrad,
     ISendActivation,
@@ -40,13 +39,29 @@ from envpipe.runtime.schedule import (
     TailMark,
     Unit,
     UnitEnd,
+    UnitExtras,
     UnitOrderSchedule,
     UnitStart,
 )
+from envpipe.runtime.measure.memory import SavedTensorMeter
+from envpipe.runtime.summary import RunSummary
 from envpipe.simgpu import LINK, FlopCount, SimGpu, step_s
 
-if TYPE_CHECKING:
-    from envpipe.runtime.run import EnvPipeRun
+
+class EngineRun(Protocol):
+    """What the engine hands its iterations, checkpoints, report and end to (`envpipe.runtime.run.EnvPipeRun`)."""
+
+    def train_batch(self, run: Callable[[], Any]) -> Any:
+        """The iteration the current phase asks for; ``run`` runs DeepSpeed's own train_batch once."""
+        ...
+
+    def save_state(self, folder: Path) -> None: ...
+
+    def load_state(self, folder: Path) -> None: ...
+
+    def report(self) -> RunSummary | None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -77,7 +92,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_orders: list[list[Unit]] | None = None
         self.unit_clocks: list[list[int]] | None = None
         self.unit_stretch: list[float] | None = None  # this stage's rehearsal delay per unit (seconds)
-        self._spinner: Any = None  # envpipe.runtime.spin.Spinner, built at the first stretch on a GPU
+        self._spinner: Any = None  # envpipe.runtime.engine.spin.Spinner, built at the first stretch on a GPU
         self._stretched: list[float] = []  # the delays this iteration asked for (s)
         self.clock: Clock | None = None
         self._sim: SimGpu | None = None  # a simulated GPU keeps virtual time (CPU)
@@ -90,7 +105,7 @@ class EnvPipeEngine(PipelineEngine):
         self.saved_meter: SavedTensorMeter | None = None  # set for one iteration: activation bytes per forward
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
         self.clocks_requested: list[int] = []  # the clocks this iteration asked for, in order
-        self.envpipe: EnvPipeRun | None = None  # the phases, attached by envpipe.initialize
+        self.envpipe: EngineRun | None = None  # the phases, attached by envpipe.initialize
 
     # --- what the user's script calls: DeepSpeed's API, with EnvPipe's phases inside ---------------------
     def train_batch(self, data_iter: Any = None) -> Any:
@@ -164,7 +179,7 @@ class EnvPipeEngine(PipelineEngine):
         stretch: Sequence[float] | None = None,
     ) -> None:
         """Use these per-stage orders (all stages, same on every rank) for the following iterations; ``stretch``:
-        this stage's delay per unit of its order (a rehearsal: envpipe.runtime.rehearse)."""
+        this stage's delay per unit of its order (a rehearsal: envpipe.runtime.phases.rehearse)."""
         if len(orders) != self.num_stages:
             raise ValueError(f"the plan has {len(orders)} stages, the pipeline {self.num_stages}")
         key = tuple(tuple(o) for o in orders)
@@ -175,7 +190,7 @@ class EnvPipeEngine(PipelineEngine):
         self.unit_clocks = [list(c) for c in clocks] if clocks is not None else None
         self.unit_stretch = list(stretch) if stretch is not None and any(stretch) else None
         if self.unit_stretch is not None and self._on_gpu and self._spinner is None:
-            from envpipe.runtime.spin import Spinner
+            from envpipe.runtime.engine.spin import Spinner
 
             self._spinner = Spinner(self.device)
         self.clock = clock
@@ -195,18 +210,11 @@ class EnvPipeEngine(PipelineEngine):
         if self.unit_orders is None:
             self.unit_orders = one_f_one_b(self.num_stages, self.micro_batches)
         clocks = self.unit_clocks[self.stage_id] if self.unit_clocks is not None else None
+        extras = UnitExtras(clocks, self.unit_stretch, self._timing)
         if self.unit_orders == one_f_one_b(self.num_stages, self.micro_batches):  # every stage decides alike
-            return Stock1F1BSchedule(self.micro_batches, self.num_stages, self.stage_id, clocks, self._timing,
-                                     self.unit_stretch)
-        return UnitOrderSchedule(
-            self.unit_orders[self.stage_id],
-            self.micro_batches,
-            self.num_stages,
-            self.stage_id,
-            clocks=clocks,
-            timed=self._timing,
-            stretch=self.unit_stretch,
-        )
+            return Stock1F1BSchedule(self.micro_batches, self.num_stages, self.stage_id, extras)
+        return UnitOrderSchedule(self.unit_orders[self.stage_id], self.micro_batches, self.num_stages, self.stage_id,
+                                 extras)
 
     def _exec_schedule(self, pipe_schedule: ds.PipeSchedule) -> None:
         self.units = []

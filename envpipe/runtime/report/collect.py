@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime import summary as S
 from envpipe.runtime.clocks import Clock, energy_label, time_label
-from envpipe.runtime.collective import Place
 from envpipe.runtime.config import EnvPipeConfig
-from envpipe.runtime.decide import Decided
-from envpipe.runtime.iterations import BASELINE, PLAN, job_iterations, paired
-from envpipe.runtime.replicas import find_straggler
-from envpipe.runtime.timing import predict_time
+from envpipe.runtime.decision import Decided
+from envpipe.runtime.measure.collective import Place
+from envpipe.runtime.measure.iterations import BASELINE, PLAN, job_iterations, paired
+from envpipe.runtime.measure.replicas import find_straggler
+from envpipe.runtime.measure.timing import predict_time
 
 
 @dataclass
