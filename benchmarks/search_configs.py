@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from envpipe.search.cluster import GIB, Cluster  # noqa: E402
 from envpipe.search.cut import Cut  # noqa: E402
-from envpipe.search.engine import engine_model  # noqa: E402
+from envpipe.search.engine_model import engine_model  # noqa: E402
 from envpipe.search.evaluate import Candidate, build_pipeline, plan_pipeline  # noqa: E402
 from envpipe.search.found import found_config  # noqa: E402
 from envpipe.search.layers import LayerProfile, load_layer_profile  # noqa: E402

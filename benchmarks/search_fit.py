@@ -1,4 +1,4 @@
-"""Fit the engine model of `envpipe search` (envpipe.search.engine.EngineModel) on the fit set's runs of
+"""Fit the engine model of `envpipe search` (envpipe.search.engine_model.EngineModel) on the fit set's runs of
 benchmarks/search_accuracy.py: the few numbers the pipeline engine and the host add to the layer profile.
 
     python benchmarks/search_fit.py RUNS/fit [MORE_RUNS/fit ...] --out fit.json
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
-from envpipe.search.engine import EngineModel
+from envpipe.search.engine_model import EngineModel
 from envpipe.search.evaluate import build_pipeline
 from envpipe.search.layers import NO_UNIT_CALLS, LayerProfile, load_layer_profile
 from envpipe.search.memory import MemoryTables

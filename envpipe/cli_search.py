@@ -23,7 +23,7 @@ from envpipe.atomicfile import new_file_mode
 from envpipe.cli_common import Finite, Slowdown
 from envpipe.limits import MAX_UNITS, quote
 from envpipe.search.cluster import GIB, Cluster
-from envpipe.search.engine import EngineModelError, engine_model, load_engine_model
+from envpipe.search.engine_model import EngineModelError, engine_model, load_engine_model
 from envpipe.search.layers import LayerProfile, LayerProfileError, load_layer_profile
 from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError
 

@@ -30,7 +30,7 @@ from envpipe.profile.gpus import GPU_FILTERS
 from envpipe.search.bounds import energy_lower_bound, time_lower_bound
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
-from envpipe.search.engine import EngineModel, device_overhead, engine_model
+from envpipe.search.engine_model import EngineModel, device_overhead, engine_model
 from envpipe.search.layers import LayerProfile
 from envpipe.search.memory import DeviceOverhead, MemoryTables, StageBytes
 from envpipe.search.space import Shape
@@ -74,7 +74,7 @@ class Pipeline:
 def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cut, tables: MemoryTables,
                    engine: EngineModel | None = None) -> Pipeline:
     """``engine``: what the pipeline engine adds (default: the fitted GPU engine, or none on the CPU's
-    simulated GPU: envpipe.search.engine)."""
+    simulated GPU: envpipe.search.engine_model)."""
     engine = engine or engine_model(layers)
     b, D = shape.micro_batch, shape.replicas
     bounds = cut.bounds

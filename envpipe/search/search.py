@@ -31,7 +31,7 @@ from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.cut import bottleneck_cut, segment_sums
-from envpipe.search.engine import EngineModel, device_overhead, engine_model
+from envpipe.search.engine_model import EngineModel, device_overhead, engine_model
 from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, plan_pipeline
 from envpipe.search.layers import LayerProfile
 from envpipe.search.memory import MemoryTables
@@ -88,7 +88,7 @@ def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective:
            engine: EngineModel | None = None) -> SearchResult:
     """``max_plan_units``: configurations with more forward and backward units per iteration are not given
     to the optimal planner; their 1F1B all-max baseline stands in (marked "not planned"). None: no limit.
-    ``engine``: what the pipeline engine adds (default: envpipe.search.engine.engine_model)."""
+    ``engine``: what the pipeline engine adds (default: envpipe.search.engine_model.engine_model)."""
     if top_k < 1:
         raise SearchError(f"top k must be at least 1, got {top_k}")
     engine = engine or engine_model(layers)

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from envpipe.cli import main
 from envpipe.search.cut import Cut
-from envpipe.search.engine import SIMULATED_GPU, EngineModel, device_overhead, engine_model
+from envpipe.search.engine_model import SIMULATED_GPU, EngineModel, device_overhead, engine_model
 from envpipe.search.evaluate import build_pipeline, stage_memory
 from envpipe.search.layers import DeviceMemory
 from envpipe.search.memory import DeviceOverhead, MemoryTables

@@ -13,7 +13,7 @@ from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cut import Cut
-from envpipe.search.engine import SIMULATED_GPU, device_overhead, engine_model
+from envpipe.search.engine_model import SIMULATED_GPU, device_overhead, engine_model
 from envpipe.search.evaluate import build_pipeline, plan_pipeline
 from envpipe.search.found import found_config
 from envpipe.search.memory import MemoryTables

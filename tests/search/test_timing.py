@@ -11,7 +11,7 @@ import pytest
 
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
-from envpipe.search.engine import SIMULATED_GPU
+from envpipe.search.engine_model import SIMULATED_GPU
 from envpipe.search.evaluate import build_pipeline
 from envpipe.search.layers import LayerCost, UnitCalls
 from envpipe.search.memory import MemoryTables
