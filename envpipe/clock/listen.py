@@ -26,7 +26,7 @@ class ServeOptions:
     tcp: str | None  # host:port, loopback only
     metrics_port: int = 0  # 0: no separate metrics listener
     socket_mode: int = 0o660
-    max_rps: float = 5000.0  # per caller (limits.py)
+    max_rps: float = 5000.0  # per caller (ratelimit.py)
     max_connections: int = 256
     max_connections_per_caller: int = 32
     max_in_flight: int = 128
