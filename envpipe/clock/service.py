@@ -251,9 +251,7 @@ class ClockService:
             with contextlib.suppress(ClockError):
                 await self._read(gpu)
             if gpu.energy_mj is not None:
-                self.metrics.lease_energy.start(
-                    lease.id, lease.short, pod, lease.containers.get(uuid, ""), gpu.static, gpu.energy_mj
-                )
+                self.metrics.lease_energy.start(lease, gpu.static, gpu.energy_mj)
         return lease.to_json(self._leases.now())
 
     def lease_exists(self, lease_id: str) -> bool:
