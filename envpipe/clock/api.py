@@ -31,7 +31,7 @@ from envpipe.clock.errors import (
 )
 from envpipe.clock.guard import Conn, ConnectionGate
 from envpipe.clock.identity import watch_exit
-from envpipe.clock.listen import Listeners, ServeOptions
+from envpipe.clock.listen import Lifecycle, Listeners, ServeOptions
 from envpipe.clock.logs import Throttle, event, log
 from envpipe.clock.metrics import DaemonMetrics, envpipe_version
 from envpipe.clock.protocol import (
@@ -369,10 +369,9 @@ async def serve_http(
     listeners: Listeners,
     opts: ServeOptions,
     connection_limit: int,
-    stop: asyncio.Event,
-    ready: Callable[[], None] | None = None,
+    lifecycle: Lifecycle,
 ) -> None:
-    """Serve the API on the listeners until ``stop``, then stop the service (its GPUs reset) and clean up."""
+    """Serve the API on the listeners until told to stop, then stop the service (its GPUs reset) and clean up."""
     api, probes = _edges(opts, listeners.tcp_hosts, connection_limit, service.metrics)
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[None]] = []
@@ -410,10 +409,10 @@ async def serve_http(
             ready=service.ready,
         )
     )
-    if ready:
-        ready()
+    if lifecycle.ready:
+        lifecycle.ready()
     try:
-        await stop.wait()
+        await lifecycle.stop.wait()
     finally:
         for task in tasks:
             task.cancel()
