@@ -31,7 +31,7 @@ from benchmarks.search_accuracy_results import (
     smi_excerpt,
     summary,
 )
-from envpipe.search.engine import load_engine_model
+from envpipe.search.engine_model import load_engine_model
 from envpipe.search.layers import load_layer_profile
 from envpipe.search.timing import unit_times
 

@@ -230,7 +230,7 @@ def render() -> str:
         "## The engine model fitted before the held-out runs",
         "",
         "`benchmarks/search_fit.py` on the fit runs (call2/fit/engine.json), and as committed in",
-        "`envpipe/search/engine.py` (search_accuracy/fit.json, refitted from the same runs by today's script):",
+        "`envpipe/search/engine_model.py` (search_accuracy/fit.json, refitted from the same runs by today's script):",
         "",
         "| | host work per forward unit (ms) | per iteration (ms) | host scale | allocator overhead | outside the "
         "allocator beyond the profile's (GiB) | allocator setting |",

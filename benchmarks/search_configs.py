@@ -21,12 +21,13 @@ sys.path.insert(0, str(ROOT))
 
 from envpipe.search.cluster import GIB, Cluster  # noqa: E402
 from envpipe.search.cut import Cut  # noqa: E402
-from envpipe.search.engine import engine_model  # noqa: E402
+from envpipe.search.engine_model import engine_model  # noqa: E402
 from envpipe.search.evaluate import Candidate, build_pipeline, plan_pipeline  # noqa: E402
 from envpipe.search.found import found_config  # noqa: E402
+from envpipe.search.inputs import SearchInputs  # noqa: E402
 from envpipe.search.layers import LayerProfile, load_layer_profile  # noqa: E402
 from envpipe.search.memory import MemoryTables  # noqa: E402
-from envpipe.search.search import Objective, search  # noqa: E402
+from envpipe.search.search import Objective, SearchOptions, search  # noqa: E402
 
 
 def cluster_from(links_path: str, gpus: int, memory_gib: float) -> Cluster:
@@ -42,12 +43,13 @@ def shifted(candidate: Candidate, layers: LayerProfile, cluster: Cluster, shift:
     counts = candidate.pipeline.cut.counts
     shape = candidate.shape
     tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches)
+    inputs = SearchInputs.of(layers, cluster)
     out = []
     for delta in (-shift, shift):
         moved = (counts[0] + delta, counts[1] - delta, *counts[2:])
         if min(moved) < 1:
             continue
-        other = plan_pipeline(build_pipeline(layers, cluster, shape, Cut(moved, 0.0), tables), cluster.memory_bytes)
+        other = plan_pipeline(build_pipeline(inputs, shape, Cut(moved, 0.0), tables), cluster.memory_bytes)
         if max(other.peak_bytes) <= cluster.memory_bytes:
             out.append(other)
     return out
@@ -70,7 +72,8 @@ def main() -> None:
     args = p.parse_args()
     layers = load_layer_profile(args.layers)
     cluster = cluster_from(args.links, args.gpus, args.memory_gib)
-    result = search(layers, cluster, args.global_batch, Objective("throughput"), top_k=1000)
+    result = search(SearchInputs.of(layers, cluster), args.global_batch, Objective("throughput"),
+                    SearchOptions(top_k=1000))
     chosen = list(result.candidates)
     multi = [c for c in result.candidates if c.shape.stages > 1]  # fastest first
     if multi and args.shift:

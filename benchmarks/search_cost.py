@@ -23,8 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envpipe.search.cluster import GIB, Cluster
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import load_layer_profile
-from envpipe.search.search import Objective, search
+from envpipe.search.search import Objective, SearchOptions, search
 from envpipe.search.space import MAX_PLAN_UNITS
 
 
@@ -58,7 +59,8 @@ def main() -> None:
             times = []
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
-                result = search(layers, cluster, args.global_batch, objective, args.top_k)
+                result = search(SearchInputs.of(layers, cluster), args.global_batch, objective,
+                                SearchOptions(args.top_k))
                 times.append(time.perf_counter() - t0)
             s, best = result.stats, result.candidates[0]
             label = objective.kind + (" (at most 5% slower than the fastest)" if objective.kind == "energy" else "")

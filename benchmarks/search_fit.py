@@ -1,4 +1,4 @@
-"""Fit the engine model of `envpipe search` (envpipe.search.engine.EngineModel) on the fit set's runs of
+"""Fit the engine model of `envpipe search` (envpipe.search.engine_model.EngineModel) on the fit set's runs of
 benchmarks/search_accuracy.py: the few numbers the pipeline engine and the host add to the layer profile.
 
     python benchmarks/search_fit.py RUNS/fit [MORE_RUNS/fit ...] --out fit.json
@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
-from envpipe.search.engine import EngineModel
+from envpipe.search.engine_model import EngineModel
 from envpipe.search.evaluate import build_pipeline
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import NO_UNIT_CALLS, LayerProfile, load_layer_profile
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import Shape
@@ -84,8 +85,8 @@ def predicted_iteration_s(run: FitRun, engine: EngineModel) -> float:
     """The search's 1F1B all-max iteration time of the run's configuration (P = 1, D = 1)."""
     layers, b, M = run.layers, run.micro_batch, run.microbatches
     cluster = Cluster(1, 1, 1 << 40, 1e11, 1e10, 1e-5, 1e11)
-    pipeline = build_pipeline(layers, cluster, Shape(1, 1, b, M), Cut((layers.num_layers,), 0.0),
-                              MemoryTables(layers, b, 1, M), engine)
+    pipeline = build_pipeline(SearchInputs.of(layers, cluster, engine), Shape(1, 1, b, M),
+                              Cut((layers.num_layers,), 0.0), MemoryTables(layers, b, 1, M))
     return pipeline.baseline_time_s
 
 

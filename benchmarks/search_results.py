@@ -28,6 +28,7 @@ from benchmarks.search_configs import cluster_from
 from envpipe.plan.planfile import Plan
 from envpipe.search.cut import Cut
 from envpipe.search.evaluate import build_pipeline, order_time_s
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import load_layer_profile
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import Shape
@@ -110,8 +111,8 @@ def _order_time_s(model_dir: Path, name: str, shape: dict) -> float:
     layers = load_layer_profile(model_dir / "layers.json")
     P, D, b, M = shape["stages"], shape["replicas"], shape["micro_batch"], shape["microbatches"]
     cluster = cluster_from(str(model_dir.parent / "links.json"), P * D, 1.0)  # the memory does not enter the time
-    pipeline = build_pipeline(layers, cluster, Shape(P, D, b, M), Cut(tuple(shape["stage_layers"]), 0.0),
-                              MemoryTables(layers, b, D, M))
+    pipeline = build_pipeline(SearchInputs.of(layers, cluster), Shape(P, D, b, M),
+                              Cut(tuple(shape["stage_layers"]), 0.0), MemoryTables(layers, b, D, M))
     return order_time_s(pipeline, Plan.load(model_dir / "configs" / f"{name}.plan.json"))
 
 

@@ -23,7 +23,8 @@ from envpipe.atomicfile import new_file_mode
 from envpipe.cli_common import Finite, Slowdown
 from envpipe.limits import MAX_UNITS, quote
 from envpipe.search.cluster import GIB, Cluster
-from envpipe.search.engine import EngineModelError, engine_model, load_engine_model
+from envpipe.search.engine_model import EngineModelError, engine_model, load_engine_model
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import LayerProfile, LayerProfileError, load_layer_profile
 from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError
 
@@ -121,7 +122,7 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     # the search plans with the optimal planner (scipy): imported here, so that `envpipe --help` starts fast
     from envpipe.search.found import found_config, launch_command
     from envpipe.search.report import draw_frontier, result_json, table
-    from envpipe.search.search import Objective, search
+    from envpipe.search.search import Objective, SearchOptions, search
 
     out = Path(out_dir)
     anchor = _writable_anchor(out)
@@ -140,8 +141,9 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     click.echo(_assumptions(cluster, layers, memory_gib is None))
     click.echo(f"engine model: {engine.label}")
     try:
-        result = search(layers, cluster, global_batch, Objective(objective, min_throughput, max_slowdown), top_k,
-                        _Progress(), max_plan_units or MAX_UNITS, engine)
+        result = search(SearchInputs(layers, cluster, engine), global_batch,
+                        Objective(objective, min_throughput, max_slowdown),
+                        SearchOptions(top_k, max_plan_units or MAX_UNITS, _Progress()))
     except SearchError as exc:
         raise click.ClickException(str(exc)) from None
     stats = result.stats

@@ -2,7 +2,7 @@
 
 Routes parse into typed commands (protocol.py), call the service and nothing else, and map ClockError to
 a status in one place. A request is served once its body has arrived (``serving``): then it is counted
-against its caller's rate and requests in flight (limits.py). Connections are admitted by guard.py. The
+against its caller's rate and requests in flight (ratelimit.py). Connections are admitted by guard.py. The
 metrics port (the kubelet's probes, Prometheus) has an edge of its own, so no flood of the API reaches it.
 """
 
@@ -31,8 +31,7 @@ from envpipe.clock.errors import (
 )
 from envpipe.clock.guard import Conn, ConnectionGate
 from envpipe.clock.identity import watch_exit
-from envpipe.clock.limits import InFlight, RateLimiter, lease_key
-from envpipe.clock.listen import Listeners, ServeOptions
+from envpipe.clock.listen import Lifecycle, Listeners, ServeOptions
 from envpipe.clock.logs import Throttle, event, log
 from envpipe.clock.metrics import DaemonMetrics, envpipe_version
 from envpipe.clock.protocol import (
@@ -51,6 +50,7 @@ from envpipe.clock.protocol import (
     Reset,
     pod_claim,
 )
+from envpipe.clock.ratelimit import InFlight, RateLimiter, lease_key
 from envpipe.clock.service import ClockService
 
 SERVICE: web.AppKey[ClockService] = web.AppKey("service", ClockService)
@@ -153,7 +153,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 @contextlib.contextmanager
 def serving(request: web.Request, lease_id: str | None = None) -> Iterator[None]:
-    """Count the request against its caller (limits.py): the lease it names, if that lease exists;
+    """Count the request against its caller (ratelimit.py): the lease it names, if that lease exists;
     else the lease its connection served before, else the peer. 429 over the caller's rate or requests
     in flight. While it is served, its connection is not closed to make room for others."""
     edge, conn = request.app[EDGE], request[CONN]
@@ -369,10 +369,9 @@ async def serve_http(
     listeners: Listeners,
     opts: ServeOptions,
     connection_limit: int,
-    stop: asyncio.Event,
-    ready: Callable[[], None] | None = None,
+    lifecycle: Lifecycle,
 ) -> None:
-    """Serve the API on the listeners until ``stop``, then stop the service (its GPUs reset) and clean up."""
+    """Serve the API on the listeners until told to stop, then stop the service (its GPUs reset) and clean up."""
     api, probes = _edges(opts, listeners.tcp_hosts, connection_limit, service.metrics)
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[None]] = []
@@ -410,10 +409,10 @@ async def serve_http(
             ready=service.ready,
         )
     )
-    if ready:
-        ready()
+    if lifecycle.ready:
+        lifecycle.ready()
     try:
-        await stop.wait()
+        await lifecycle.stop.wait()
     finally:
         for task in tasks:
             task.cancel()

@@ -25,6 +25,7 @@ from envpipe.clock.backends import make_backend
 from envpipe.clock.errors import BadRequest, ClockError
 from envpipe.clock.guard import connection_limit
 from envpipe.clock.listen import (
+    Lifecycle,
     Listeners,
     ServeOptions,
     SocketInUse,
@@ -103,11 +104,10 @@ async def serve(
     service: ClockService,
     listeners: Listeners,
     opts: ServeOptions,
-    stop: asyncio.Event,
     previous: dict[str, Entry] | None,
-    ready: Callable[[], None] | None = None,
+    lifecycle: Lifecycle,
 ) -> None:
-    """Reset what a dead daemon left, serve until ``stop``, then reset and clean up. StartupError if the
+    """Reset what a dead daemon left, serve until told to stop, then reset and clean up. StartupError if the
     state file cannot be written or the descriptor limit leaves no room for connections."""
     try:
         limit = connection_limit(opts.max_connections)
@@ -126,7 +126,7 @@ async def serve(
     # left slow are reset first.
     from envpipe.clock.api import serve_http
 
-    await serve_http(service, listeners, opts, limit, stop, ready)
+    await serve_http(service, listeners, opts, limit, lifecycle)
 
 
 def reset_every_gpu(
@@ -469,7 +469,7 @@ def _serve_main(opts: ServeOptions, state: StateFile | None, build: Callable[[],
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await serve(
-            service, listeners, opts, stop, previous, ready=lambda: print(json.dumps({"ready": True}), flush=True)
+            service, listeners, opts, previous, Lifecycle(stop, lambda: print(json.dumps({"ready": True}), flush=True))
         )
 
     failed = False

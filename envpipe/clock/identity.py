@@ -53,7 +53,7 @@ class Peer:
         """Who the kernel says the caller is, as the edge counts callers: the proven pod where known, else
         the process, else (hidden in another PID namespace) the uid. Never what the caller claims: a
         claim costs nothing to change, so it cannot keep floods apart (requests that name a lease are
-        counted per lease instead: limits.py)."""
+        counted per lease instead: ratelimit.py)."""
         if self.address is not None:
             return f"tcp:{self.address}"
         if self.pod_uid:

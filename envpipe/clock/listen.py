@@ -8,6 +8,7 @@ provably stale (connect() refused: zeusd's rule), never when it is live or canno
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -15,6 +16,7 @@ import ipaddress
 import os
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SUN_PATH_MAX = 107  # bytes of a Unix socket path (sun_path is 108 with its NUL)
@@ -26,7 +28,7 @@ class ServeOptions:
     tcp: str | None  # host:port, loopback only
     metrics_port: int = 0  # 0: no separate metrics listener
     socket_mode: int = 0o660
-    max_rps: float = 5000.0  # per caller (limits.py)
+    max_rps: float = 5000.0  # per caller (ratelimit.py)
     max_connections: int = 256
     max_connections_per_caller: int = 32
     max_in_flight: int = 128
@@ -34,6 +36,14 @@ class ServeOptions:
     socket_gid: int | None = None  # the group that may connect (the chart's socket GID); None: the daemon's own
     header_timeout_s: float = 10.0  # to send a request head; also how long an idle connection stays
     body_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """How long the daemon serves: until ``stop`` is set; ``ready`` is called once it serves."""
+
+    stop: asyncio.Event
+    ready: Callable[[], None] | None = None
 
 
 class StartupError(Exception):

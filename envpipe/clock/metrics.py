@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from envpipe.clock.backends import GpuStatic
+from envpipe.clock.leases import Lease
 from envpipe.clock.ownership import PodRef
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "pod", "namespace", "container"]
@@ -104,10 +105,12 @@ class LeaseEnergy(Collector):
         self.keep_s, self.max_ended, self._now = keep_s, max_ended, clock
         self._gpus: dict[tuple[str, str], _LeaseGpu] = {}  # (lease id, gpu uuid)
 
-    def start(self, lease_id: str, short: str, pod: PodRef | None, container: str, static: GpuStatic, mj: int) -> None:
-        labels = [pod.namespace if pod else "", pod.name if pod else "", container, short]
+    def start(self, lease: Lease, static: GpuStatic, mj: int) -> None:
+        """Count from ``mj`` on; labelled with the lease's pod, the GPU's container (where known) and the GPU."""
+        pod, container = lease.pod, lease.containers.get(static.uuid, "")
+        labels = [pod.namespace if pod else "", pod.name if pod else "", container, lease.short]
         labels += [str(static.index), static.uuid, static.name]
-        self._gpus[(lease_id, static.uuid)] = _LeaseGpu(labels, mj)
+        self._gpus[(lease.id, static.uuid)] = _LeaseGpu(labels, mj)
 
     def update(self, lease_id: str, uuid: str, mj: int) -> None:
         held = self._gpus.get((lease_id, uuid))

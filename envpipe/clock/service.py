@@ -1,6 +1,7 @@
-"""The daemon's core, free of HTTP: allow-list, snapping, leases, ownership, GPU health and reset retries,
-metrics and the audit log; the leased-clock state file through recorded.py. The HTTP layer (api.py) parses
-requests into calls on this and reaches nothing else.
+"""The daemon's core, free of HTTP: allow-list, snapping, locks and resets, metrics and the audit log of
+clock changes. It composes the lease books (leases.py: expiry, ownership), the GPUs' health and reset
+retries (health.py) and the leased-clock state file (recorded.py). The HTTP layer (api.py) parses requests
+into calls on this and reaches nothing else.
 
 Every change to a GPU (lock, reset, a retried reset) and to its line in the state file runs on that GPU's
 serial path (gpus.py): one operation at a time, in the order asked, each to its end. So the state file
@@ -15,33 +16,22 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from envpipe.clock.backends import Backend
-from envpipe.clock.errors import (
-    AlreadyAttached,
-    ClockError,
-    GpuTimeout,
-    GpuUnhealthy,
-    Held,
-    NotOwned,
-    OutOfRange,
-    StateUnwritable,
-    UnknownGpu,
-    UnknownLease,
-)
+from envpipe.clock.errors import ClockError, GpuTimeout, OutOfRange, StateUnwritable
 from envpipe.clock.gpus import ManagedGpu
+from envpipe.clock.health import GpuHealth
 from envpipe.clock.identity import Peer
-from envpipe.clock.leases import MAX_TTL_S, MIN_TTL_S, Lease, LeaseTable
+from envpipe.clock.leases import Lease, Leases
 from envpipe.clock.logs import audit, event, log
 from envpipe.clock.metrics import DaemonMetrics, GpuSample
 from envpipe.clock.ownership import OwnershipPolicy, PodRef
 from envpipe.clock.recorded import Recorded
 from envpipe.clock.state import Entry, StateFile
 
-T = TypeVar("T")
 STATE_RETRY_S = 1.0  # after a failed write, how often the state file is written again
 
 
@@ -67,14 +57,12 @@ class ClockService:
         if config.min_mhz > config.max_mhz:
             raise ClockError(f"allow-list is empty: min {config.min_mhz} MHz > max {config.max_mhz} MHz")
         self.backend, self.policy, self.config, self.state = backend, policy, config, state
-        self._leases = LeaseTable(clock)
-        self._gpus = {g.uuid: ManagedGpu(g, config.driver_deadline_s, backend.blocking) for g in backend.gpus()}
+        self._leases = Leases(policy, config.default_ttl_s, clock)
+        self._health = GpuHealth(backend, config.driver_deadline_s, config.retry_s, self._faulted, self._recovered)
+        self._gpus = self._health.gpus
         self.metrics = DaemonMetrics(backend.name, policy.name, self._samples)
         self._recorded = Recorded(state, config.driver_deadline_s, self._note_state)
-        self._tasks: set[asyncio.Task[Any]] = set()  # lease ends and reset retries in flight
-        self._retrying: set[str] = set()
         self.started = False
-        self._stopping = False
 
     def gpu_uuids(self) -> list[str]:
         return list(self._gpus)
@@ -94,7 +82,7 @@ class ClockService:
 
     # ---- health -------------------------------------------------------------------------------
     def faults(self) -> dict[str, str]:
-        return {u: g.fault for u, g in self._gpus.items() if g.fault is not None}
+        return self._health.faults()
 
     def not_ready(self) -> str | None:
         """Why /readyz is not 200, or None: start-up resets done, every GPU healthy (at default or held by
@@ -142,71 +130,15 @@ class ClockService:
             samples.append(GpuSample(g.static, g.current_mhz, g.energy_mj, g.fault is None, g.timeouts, pod, container))
         return samples
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _gpu(self, uuid: str) -> ManagedGpu:
-        try:
-            return self._gpus[uuid]
-        except KeyError:
-            raise UnknownGpu(f"no GPU with UUID {uuid[:80]!r} on this node (GPUs are addressed by UUID)") from None
-
-    def _healthy(self, uuid: str) -> ManagedGpu:
-        gpu = self._gpu(uuid)
-        if gpu.fault is not None:
-            raise GpuUnhealthy(f"GPU {uuid} is unhealthy ({gpu.fault}); the daemon is retrying its reset")
-        return gpu
-
-    async def _call(self, gpu: ManagedGpu, fn: Callable[..., T], *args: Any) -> T:
-        """A driver call on the GPU's worker; past the deadline the GPU becomes unhealthy."""
-        try:
-            return await gpu.run(fn, *args)
-        except GpuTimeout as exc:
-            gpu.timeouts += 1
-            self._fault(gpu, exc.message)
-            raise
-
-    def _fault(self, gpu: ManagedGpu, why: str) -> None:
-        """Mark the GPU unhealthy, end its lease in the books (its other GPUs are reset) and retry the
-        reset until it succeeds. Its clock is unknown until then: the state file keeps naming it."""
-        if gpu.fault is None:
-            log.error(event("gpu_unhealthy", gpu=gpu.uuid, why=why))
-            audit.info(event("gpu_unhealthy", gpu=gpu.uuid, why=why))
-        gpu.fault, gpu.locked_mhz = why, None
+    def _faulted(self, gpu: ManagedGpu) -> None:
+        """A GPU became unhealthy: end its lease in the books (its other GPUs are reset). The state file
+        keeps naming it until a retried reset succeeds."""
         self._note_ready()
         holder = self._leases.holder(gpu.uuid)
         if holder is not None:
             self.end_lease_soon(holder.id, f"GPU {gpu.uuid} unhealthy")
-        if gpu.uuid not in self._retrying and not self._stopping:
-            self._retrying.add(gpu.uuid)
-            self._spawn(self._retry_reset(gpu))
 
-    async def _retry_reset(self, gpu: ManagedGpu) -> None:
-        pause, longest = self.config.retry_s
-        try:
-            while gpu.fault is not None:
-                await asyncio.sleep(pause)
-                try:
-                    await asyncio.shield(gpu.serial(lambda: self._recover(gpu)))
-                except ClockError as exc:
-                    pause = min(2 * pause, longest)
-                    log.warning(event("reset_retry_failed", gpu=gpu.uuid, error=exc.message, next_s=pause))
-        finally:
-            self._retrying.discard(gpu.uuid)
-
-    async def _recover(self, gpu: ManagedGpu) -> None:
-        """One retried reset, on the serial path: queued behind a stuck call, if one runs."""
-        if gpu.fault is None:
-            return
-        try:
-            await gpu.run(self.backend.reset, gpu.uuid)
-        except GpuTimeout:
-            gpu.timeouts += 1
-            raise
-        gpu.fault = None
-        audit.info(event("gpu_recovered", gpu=gpu.uuid))
+    async def _recovered(self, gpu: ManagedGpu) -> None:
         self._audit_change(gpu.uuid, None, "reset retry")
         await self._recorded.drop(gpu.uuid)
         self._note_ready()
@@ -234,10 +166,7 @@ class ClockService:
     async def stop(self) -> None:
         """Forget every lease and reset every GPU the daemon may have changed (never waits past the
         deadline for a stuck GPU: it stays named in the state file for the next start)."""
-        self._stopping = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._health.stop()
         for lease in self._leases.all():
             self._forget(lease.id, "daemon shutdown")
         await self.idle()
@@ -269,13 +198,13 @@ class ClockService:
             return self.backend.current_mhz(uuid), self.backend.energy_mj(uuid)
 
         with contextlib.suppress(GpuTimeout):
-            gpu.current_mhz, gpu.energy_mj = await self._call(gpu, clock_and_energy)
+            gpu.current_mhz, gpu.energy_mj = await self._health.call(gpu, clock_and_energy)
             holder = self._leases.holder(uuid)
             if holder is not None and gpu.energy_mj is not None:
                 self.metrics.lease_energy.update(holder.id, uuid, gpu.energy_mj)
 
     async def gpu(self, uuid: str) -> dict[str, Any]:
-        gpu = self._gpu(uuid)
+        gpu = self._health.gpu(uuid)
         await self._read(gpu)
         return {
             "uuid": uuid,
@@ -297,7 +226,7 @@ class ClockService:
         cfg = self.config
         if not cfg.min_mhz <= mhz <= cfg.max_mhz:
             raise OutOfRange(f"{mhz} MHz is outside the allowed range [{cfg.min_mhz}, {cfg.max_mhz}] MHz")
-        allowed = [c for c in self._gpu(uuid).static.supported_mhz if cfg.min_mhz <= c <= cfg.max_mhz]
+        allowed = [c for c in self._health.gpu(uuid).static.supported_mhz if cfg.min_mhz <= c <= cfg.max_mhz]
         if not allowed:
             raise OutOfRange(f"GPU {uuid} supports no clock inside [{cfg.min_mhz}, {cfg.max_mhz}] MHz")
         return min(allowed, key=lambda c: (abs(c - mhz), -c))  # ties go to the faster clock
@@ -309,26 +238,20 @@ class ClockService:
         """``pod`` is checked by the ownership policy; ``claimed`` (the X-Envpipe-Pod header) only
         names the caller in the audit log when the body names no pod."""
         for g in gpus:
-            self._healthy(g)
-        ttl = self.config.default_ttl_s if ttl_s is None else ttl_s
-        if not MIN_TTL_S <= ttl <= MAX_TTL_S:
-            raise OutOfRange(f"ttl_s {ttl:g} is outside [{MIN_TTL_S}, {MAX_TTL_S}] s")
-        # The kubelet call blocks: off the loop. The lease table is only touched on the loop.
-        containers = await asyncio.to_thread(self.policy.check, peer, pod, gpus)
+            self._health.healthy(g)
+        ttl = self._leases.ttl(ttl_s)
+        containers = await self._leases.owned(peer, pod, gpus)
         for g in gpus:
-            self._healthy(g)  # again: a GPU may have failed during the check
+            self._health.healthy(g)  # again: a GPU may have failed during the check
         owner = peer.describe() + (f" pod={pod}" if pod else f" claims pod={claimed}" if claimed else "")
         lease = self._leases.open(gpus, ttl, owner, pod, containers)
         self.metrics.leases.set(len(self._leases))
-        audit.info(event("lease_open", lease=lease.short, gpus=list(lease.gpus), ttl_s=ttl, owner=owner))
         for uuid in lease.gpus:  # where the lease's energy counter starts
             gpu = self._gpus[uuid]
             with contextlib.suppress(ClockError):
                 await self._read(gpu)
             if gpu.energy_mj is not None:
-                self.metrics.lease_energy.start(
-                    lease.id, lease.short, pod, lease.containers.get(uuid, ""), gpu.static, gpu.energy_mj
-                )
+                self.metrics.lease_energy.start(lease, gpu.static, gpu.energy_mj)
         return lease.to_json(self._leases.now())
 
     def lease_exists(self, lease_id: str) -> bool:
@@ -343,25 +266,19 @@ class ClockService:
 
     def attach(self, lease_id: str) -> None:
         """Take the lease's one attach stream; ``detach`` gives it back."""
-        lease = self._leases.get(lease_id)
-        if lease.attached:
-            raise AlreadyAttached(f"lease {lease.short} already has its attach stream; one per lease")
-        lease.attached = True
+        self._leases.attach(lease_id)
 
     def detach(self, lease_id: str) -> None:
-        lease = self._leases.find(lease_id)
-        if lease is not None:
-            lease.attached = False
+        self._leases.detach(lease_id)
 
     def attached_count(self) -> int:
-        return sum(lease.attached for lease in self._leases.all())
+        return self._leases.attached_count()
 
     def _forget(self, lease_id: str, why: str) -> Lease | None:
         """End the lease in the books (at once, never waiting on a GPU); None if already gone."""
-        lease = self._leases.remove(lease_id)
+        lease = self._leases.end(lease_id, why)
         if lease is not None:
             self.metrics.leases.set(len(self._leases))
-            audit.info(event("lease_end", lease=lease.short, why=why, owner=lease.owner))
         return lease
 
     def _release(self, lease: Lease, why: str) -> list[asyncio.Task[None]]:
@@ -383,23 +300,14 @@ class ClockService:
             self._release(lease, why)
 
     def _held(self, uuid: str, lease_id: str) -> Lease:
-        self._gpu(uuid)
-        lease = self._leases.get(lease_id)
-        if uuid not in lease.gpus:
-            if self._leases.holder(uuid) is not None:
-                raise Held(f"GPU {uuid} is held by another lease")
-            raise NotOwned(f"lease {lease.short} does not hold GPU {uuid}; open a lease on it first")
-        return lease
-
-    def _still_held(self, uuid: str, lease: Lease) -> None:
-        if self._leases.holder(uuid) is not lease:
-            raise UnknownLease(f"lease {lease.short} ended before this request ran on {uuid}; the GPU is reset")
+        self._health.gpu(uuid)  # UnknownGpu first
+        return self._leases.held(uuid, lease_id)
 
     # ---- clocks: the operations on a GPU's serial path ------------------------------------------
     async def lock(self, uuid: str, lease_id: str, mhz: int) -> dict[str, Any]:
         try:
             lease = self._held(uuid, lease_id)
-            gpu = self._healthy(uuid)
+            gpu = self._health.healthy(uuid)
             applied = self.snap(uuid, mhz)
             await asyncio.shield(gpu.serial(lambda: self._lock_op(gpu, lease, applied)))
         except ClockError as exc:
@@ -409,27 +317,27 @@ class ClockService:
         return {"uuid": uuid, "requested_mhz": mhz, "applied_mhz": applied, "applied": self.backend.applies_writes}
 
     async def _lock_op(self, gpu: ManagedGpu, lease: Lease, mhz: int) -> None:
-        self._still_held(gpu.uuid, lease)
-        self._healthy(gpu.uuid)
+        self._leases.still_held(gpu.uuid, lease)
+        self._health.healthy(gpu.uuid)
         if gpu.locked_mhz == mhz:  # the GPU has it: no driver call
             return
         await self._recorded.name(gpu.uuid, lease.short, lease.owner)
         try:
-            await self._call(gpu, self.backend.lock, gpu.uuid, mhz)
+            await self._health.call(gpu, self.backend.lock, gpu.uuid, mhz)
         except ClockError:
             if gpu.locked_mhz is None and gpu.fault is None:  # refused: still at default, so not recorded
                 await self._recorded.drop(gpu.uuid)
             raise
         gpu.locked_mhz = mhz
         self._audit_change(gpu.uuid, mhz, f"lease {lease.short} ({lease.owner})")
-        self._still_held(gpu.uuid, lease)  # ended during the call: its reset is queued behind this
+        self._leases.still_held(gpu.uuid, lease)  # ended during the call: its reset is queued behind this
 
     async def reset(self, uuid: str, lease_id: str) -> None:
         lease = self._held(uuid, lease_id)
-        gpu = self._healthy(uuid)
+        gpu = self._health.healthy(uuid)
 
         async def reset_held() -> None:
-            self._still_held(uuid, lease)
+            self._leases.still_held(uuid, lease)
             await self._reset_op(gpu, f"lease {lease.short} ({lease.owner})")
 
         await asyncio.shield(gpu.serial(reset_held))
@@ -440,11 +348,11 @@ class ClockService:
         if gpu.fault is not None and not unhealthy_too:
             return
         try:
-            await self._call(gpu, self.backend.reset, gpu.uuid)
+            await self._health.call(gpu, self.backend.reset, gpu.uuid)
         except GpuTimeout:
             raise
         except ClockError as exc:
-            self._fault(gpu, f"reset failed: {exc.message}")
+            self._health.fault(gpu, f"reset failed: {exc.message}")
             raise
         gpu.locked_mhz = None
         self._audit_change(gpu.uuid, None, why)

@@ -17,10 +17,27 @@ their cheapest points toward faster ones, cheapest extra cost per second saved f
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from envpipe.plan.optimal.menus import Menu, pareto_menu
 from envpipe.profile import Profile
+
+
+class Bounded(Protocol):
+    """What the bounds read of a pipeline (envpipe.search.evaluate.Pipeline)."""
+
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def microbatches(self) -> int: ...
+    @property
+    def transfer_s(self) -> float: ...
+    @property
+    def tail_s(self) -> np.ndarray: ...
+    @property
+    def idle_power_w(self) -> float: ...
 
 
 def _fastest(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
@@ -35,21 +52,22 @@ def _outside(profile: Profile, transfer_s: float, tail_s: np.ndarray) -> np.ndar
     return up + down + tail_s
 
 
-def time_lower_bound(profile: Profile, microbatches: int, transfer_s: float, tail_s: np.ndarray) -> float:
+def time_lower_bound(pipeline: Bounded) -> float:
+    profile, microbatches = pipeline.profile, pipeline.microbatches
     f, b = _fastest(profile)
-    return float(np.max(microbatches * (f + b) + _outside(profile, transfer_s, tail_s)))
+    return float(np.max(microbatches * (f + b) + _outside(profile, pipeline.transfer_s, pipeline.tail_s)))
 
 
-def energy_lower_bound(profile: Profile, microbatches: int, idle_power_w: float, transfer_s: float,
-                       tail_s: np.ndarray, budget_s: float) -> float:
+def energy_lower_bound(pipeline: Bounded, budget_s: float) -> float:
     """One pipeline's least energy within ``budget_s`` (inf if some stage cannot fit its units in it)."""
-    windows = budget_s - _outside(profile, transfer_s, tail_s)
+    profile, microbatches, idle_power_w = pipeline.profile, pipeline.microbatches, pipeline.idle_power_w
+    windows = budget_s - _outside(profile, pipeline.transfer_s, pipeline.tail_s)
     cost = 0.0
     for s, window in enumerate(windows):
         menus = (pareto_menu(profile.fwd_time[s], profile.fwd_energy[s], idle_power_w),
                  pareto_menu(profile.bwd_time[s], profile.bwd_energy[s], idle_power_w))
         cost += microbatches * _least_cost(menus, window / microbatches)
-    T = time_lower_bound(profile, microbatches, transfer_s, tail_s)
+    T = time_lower_bound(pipeline)
     return cost + profile.num_stages * idle_power_w * T
 
 

@@ -29,9 +29,9 @@ from envpipe.profile import FrequencyModel, Profile
 from envpipe.profile.from_measured import profile_from_measured
 from envpipe.profile.gpus import GPU_FILTERS
 from envpipe.search.bounds import energy_lower_bound, time_lower_bound
-from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
-from envpipe.search.engine import EngineModel, device_overhead, engine_model
+from envpipe.search.engine_model import device_overhead
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import LayerProfile
 from envpipe.search.memory import DeviceOverhead, MemoryTables, StageBytes
 from envpipe.search.space import Shape
@@ -62,21 +62,21 @@ class Pipeline:
     baseline_energy_j: float  # one pipeline
 
     @property
+    def microbatches(self) -> int:
+        return self.shape.microbatches
+
+    @property
     def time_lower_bound_s(self) -> float:
-        return time_lower_bound(self.profile, self.shape.microbatches, self.transfer_s, self.tail_s)
+        return time_lower_bound(self)
 
     def energy_lower_bound_j(self, budget_s: float | None = None) -> float:
         """Job energy (all replicas) no plan within the budget (default: the baseline's time) goes below."""
         budget = self.baseline_time_s if budget_s is None else budget_s
-        return self.shape.replicas * energy_lower_bound(self.profile, self.shape.microbatches, self.idle_power_w,
-                                                        self.transfer_s, self.tail_s, budget)
+        return self.shape.replicas * energy_lower_bound(self, budget)
 
 
-def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cut, tables: MemoryTables,
-                   engine: EngineModel | None = None) -> Pipeline:
-    """``engine``: what the pipeline engine adds (default: the fitted GPU engine, or none on the CPU's
-    simulated GPU: envpipe.search.engine)."""
-    engine = engine or engine_model(layers)
+def build_pipeline(inputs: SearchInputs, shape: Shape, cut: Cut, tables: MemoryTables) -> Pipeline:
+    layers, cluster, engine = inputs.layers, inputs.cluster, inputs.engine
     b, D = shape.micro_batch, shape.replicas
     bounds = cut.bounds
     costs = [[layer.per_micro_batch[b] for layer in layers.layers[lo:hi]] for lo, hi in bounds]
@@ -90,16 +90,17 @@ def build_pipeline(layers: LayerProfile, cluster: Cluster, shape: Shape, cut: Cu
                                     clock_candidates(layers))
     transfer = max((cluster.p2p_s(stage[-1].output_bytes, cluster.link_crosses_nodes(D, s))
                     for s, stage in enumerate(costs[:-1])), default=0.0)
-    tail = np.array([_tail_s(layers, cluster, D, s, lo, hi) + engine.iteration_s for s, (lo, hi) in enumerate(bounds)])
+    tail = np.array([_tail_s(inputs, D, s, lo, hi) + engine.iteration_s for s, (lo, hi) in enumerate(bounds)])
     base = baseline_timeline(PipelineCase.of(profile, shape.microbatches, layers.idle_power_w, transfer, tail))
     return Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
                     device_overhead(layers, engine), layers.idle_power_w, base.iteration_time, base.energy)
 
 
-def _tail_s(layers: LayerProfile, cluster: Cluster, replicas: int, stage: int, lo: int, hi: int) -> float:
+def _tail_s(inputs: SearchInputs, replicas: int, stage: int, lo: int, hi: int) -> float:
     """After a stage's last unit: its optimizer step, the gradient all-reduce, (bf16) the weights' all-gather.
     bf16: DeepSpeed's BF16_Optimizer steps only the replica's partition of the fp32 master weights (the
     profile times the whole layer's step), then all-gathers the weights."""
+    layers, cluster = inputs.layers, inputs.cluster
     own = layers.layers[lo:hi]
     weights = sum(layer.param_bytes for layer in own)
     crosses = cluster.group_crosses_nodes(replicas, stage)

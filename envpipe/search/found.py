@@ -18,7 +18,7 @@ import shlex
 from typing import Any
 
 from envpipe.search.cluster import Cluster
-from envpipe.search.engine import EngineModel
+from envpipe.search.engine_model import EngineModel
 from envpipe.search.evaluate import Candidate
 from envpipe.search.layers import DTYPES, FAMILIES, MODEL_KEYS, LayerProfile
 

@@ -188,11 +188,6 @@ class ModelShape:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in MODEL_KEYS}
 
-    def train_args(self) -> list[str]:
-        """The example's arguments that build this model."""
-        return ["--model", self.family, "--layers", str(self.layers), "--hidden", str(self.hidden),
-                "--heads", str(self.heads), "--seq", str(self.seq), "--vocab", str(self.vocab)]
-
 
 @dataclass(frozen=True)
 class LayerProfile:

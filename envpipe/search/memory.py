@@ -87,10 +87,6 @@ class DeviceOverhead:
                 - self.workspace_bytes)
 
 
-NO_OVERHEAD = DeviceOverhead(0, 0.0, 0)
-
-
-
 def state_bytes(profile: LayerProfile, replicas: int) -> np.ndarray:
     """(L,) static bytes per layer: weights, gradients, optimizer state (DeepSpeed's split for the dtype)."""
     weights = np.array([layer.param_bytes for layer in profile.layers], dtype=float)

@@ -29,17 +29,28 @@ import numpy as np
 
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
-from envpipe.search.cluster import GIB, Cluster
+from envpipe.search.cluster import GIB
 from envpipe.search.cut import bottleneck_cut, segment_sums
-from envpipe.search.engine import EngineModel, device_overhead, engine_model
+from envpipe.search.engine_model import device_overhead
 from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, plan_pipeline
-from envpipe.search.layers import LayerProfile
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError, Shape, shapes
 from envpipe.search.timing import layer_weight
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
 Planner = Callable[[Pipeline, float | None], Candidate]  # (pipeline, time budget or None) -> planned
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """``top_k``: how many configurations to return. ``max_plan_units``: configurations with more forward and
+    backward units per iteration are not given to the optimal planner; their 1F1B all-max baseline stands in
+    (marked "not planned"). None: no limit."""
+
+    top_k: int = 5
+    max_plan_units: int | None = MAX_PLAN_UNITS
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True)
@@ -83,24 +94,20 @@ class SearchResult:
     time_budget_s: float | None  # energy objective: the floor's iteration time
 
 
-def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective: Objective, top_k: int = 5,
-           progress: Progress | None = None, max_plan_units: int | None = MAX_PLAN_UNITS,
-           engine: EngineModel | None = None) -> SearchResult:
-    """``max_plan_units``: configurations with more forward and backward units per iteration are not given
-    to the optimal planner; their 1F1B all-max baseline stands in (marked "not planned"). None: no limit.
-    ``engine``: what the pipeline engine adds (default: envpipe.search.engine.engine_model)."""
-    if top_k < 1:
-        raise SearchError(f"top k must be at least 1, got {top_k}")
-    engine = engine or engine_model(layers)
+def search(inputs: SearchInputs, global_batch: int, objective: Objective,
+           options: SearchOptions = SearchOptions()) -> SearchResult:
+    if options.top_k < 1:
+        raise SearchError(f"top k must be at least 1, got {options.top_k}")
+    layers, cluster, progress = inputs.layers, inputs.cluster, options.progress
 
     def plan(p: Pipeline, budget: float | None) -> Candidate:
-        return plan_pipeline(p, cluster.usable_bytes, budget, max_plan_units)
+        return plan_pipeline(p, cluster.usable_bytes, budget, options.max_plan_units)
 
     t0 = time.perf_counter()
     stats = SearchStats()
     candidates = shapes(cluster.gpus, layers.num_layers, global_batch, layers.micro_batch_sizes)
     stats.shapes = len(candidates)
-    pipelines, closest = _feasible_pipelines(layers, cluster, candidates, engine, progress)
+    pipelines, closest = _feasible_pipelines(inputs, candidates, progress)
     stats.infeasible = len(candidates) - len(pipelines)
     if not pipelines:
         need, shape = closest
@@ -111,10 +118,10 @@ def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective:
             "more GPUs, or profile smaller micro-batches")
     budget = None
     if objective.kind == "throughput":
-        planned, chosen = _throughput(pipelines, plan, top_k, stats, progress)
+        planned, chosen = _throughput(pipelines, plan, stats, options)
     elif objective.kind == "energy":
         budget = _floor_time(pipelines, objective, global_batch)
-        planned, chosen = _energy(pipelines, plan, top_k, budget, stats, progress)
+        planned, chosen = _energy(pipelines, plan, budget, stats, options)
     else:
         planned, chosen = _frontier(pipelines, plan, stats, progress)
     stats.planned = len(planned)
@@ -123,15 +130,16 @@ def search(layers: LayerProfile, cluster: Cluster, global_batch: int, objective:
     return SearchResult(objective, chosen, planned, stats, budget)
 
 
-def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list[Shape], engine: EngineModel,
-                        progress: Progress | None) -> tuple[list[Pipeline], tuple[float, Shape]]:
+def _feasible_pipelines(inputs: SearchInputs, candidates: list[Shape], progress: Progress | None
+                        ) -> tuple[list[Pipeline], tuple[float, Shape]]:
     """The pipelines of the shapes that fit, each with its time-balanced feasible cut; and for an error
     message the least device memory any shape needs (its min-max-memory cut)."""
+    layers = inputs.layers
     unit = np.array([[layer_weight(layer.per_micro_batch[b]) for layer in layers.layers]
                      for b in layers.micro_batch_sizes])
     time_tables = {b: segment_sums(unit[i]) for i, b in enumerate(layers.micro_batch_sizes)}
-    overhead = device_overhead(layers, engine)
-    allocatable = overhead.allocatable(cluster.usable_bytes)
+    overhead = device_overhead(layers, inputs.engine)
+    allocatable = overhead.allocatable(inputs.cluster.usable_bytes)
     pipelines: list[Pipeline] = []
     closest: tuple[float, Shape] = (np.inf, candidates[0])
     for i, shape in enumerate(candidates):
@@ -145,7 +153,7 @@ def _feasible_pipelines(layers: LayerProfile, cluster: Cluster, candidates: list
             if least is not None and overhead.device_bytes(least.cost) < closest[0]:
                 closest = (overhead.device_bytes(least.cost), shape)
         else:
-            pipelines.append(build_pipeline(layers, cluster, shape, cut, tables, engine))
+            pipelines.append(build_pipeline(inputs, shape, cut, tables))
         if progress:
             progress(i + 1, len(candidates), f"cut {shape.label()}")
     return pipelines, closest
@@ -155,8 +163,9 @@ def _by_time(c: Candidate) -> tuple[float, float]:
     return (c.iteration_time_s, c.energy_j)
 
 
-def _throughput(pipelines: list[Pipeline], plan: Planner, top_k: int, stats: SearchStats,
-                progress: Progress | None) -> tuple[list[Candidate], list[Candidate]]:
+def _throughput(pipelines: list[Pipeline], plan: Planner, stats: SearchStats, options: SearchOptions
+                ) -> tuple[list[Candidate], list[Candidate]]:
+    top_k, progress = options.top_k, options.progress
     ranked = sorted(pipelines, key=lambda p: (p.baseline_time_s, p.shape.replicas * p.baseline_energy_j))
     stats.pruned = max(0, len(ranked) - top_k)
     planned = []
@@ -174,8 +183,9 @@ def _floor_time(pipelines: list[Pipeline], objective: Objective, global_batch: i
     return min(p.baseline_time_s for p in pipelines) * (1 + objective.max_slowdown)
 
 
-def _energy(pipelines: list[Pipeline], plan: Planner, top_k: int, budget: float, stats: SearchStats,
-            progress: Progress | None) -> tuple[list[Candidate], list[Candidate]]:
+def _energy(pipelines: list[Pipeline], plan: Planner, budget: float, stats: SearchStats, options: SearchOptions
+            ) -> tuple[list[Candidate], list[Candidate]]:
+    top_k, progress = options.top_k, options.progress
     fast = [p for p in pipelines if p.baseline_time_s <= budget * (1 + 1e-9)]
     stats.too_slow = len(pipelines) - len(fast)
     if not fast:

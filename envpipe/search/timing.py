@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from envpipe.search.engine import EngineModel
+from envpipe.search.engine_model import EngineModel
 from envpipe.search.layers import LayerCost
 
 

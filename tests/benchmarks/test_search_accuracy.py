@@ -24,7 +24,7 @@ from benchmarks.layer_chain_check import check
 from benchmarks.search_accuracy import micro_batch_sizes, timed_iterations
 from benchmarks.search_accuracy_results import RAW, render
 from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s
-from envpipe.search.engine import GPU, EngineModel, load_engine_model
+from envpipe.search.engine_model import GPU, EngineModel, load_engine_model
 from envpipe.search.layers import NO_UNIT_CALLS, ModelShape, UnitCalls
 from tests.support.layer_profiles import layer_profile
 

@@ -61,11 +61,12 @@ def test_each_lease_counts_the_energy_its_gpus_used_while_it_held_them(tmp_path)
 
 def test_an_ended_lease_counter_is_kept_a_while_and_a_counter_reset_adds_nothing() -> None:
     from envpipe.clock.backends import GpuStatic
+    from envpipe.clock.leases import Lease
 
     now = [0.0]
     book = LeaseEnergy(keep_s=60, max_ended=2, clock=lambda: now[0])
     gpu = GpuStatic("GPU-1", "H200", (1980,), 0)
-    book.start("lease-a", "lease-a"[:8], None, "", gpu, 1_000)
+    book.start(Lease("lease-a", ("GPU-1",), 5.0, 5.0, "pid=1"), gpu, 1_000)
     book.update("lease-a", "GPU-1", 3_000)
     book.update("lease-a", "GPU-1", 500)  # the driver reloaded: its counter starts again
     book.update("lease-a", "GPU-1", 1_500)
@@ -76,6 +77,6 @@ def test_an_ended_lease_counter_is_kept_a_while_and_a_counter_reset_adds_nothing
     now[0] = 61
     assert list(next(iter(book.collect())).samples) == []
     for i in range(4):  # at most max_ended ended leases are kept
-        book.start(f"l{i}", f"l{i}", None, "", gpu, 0)
+        book.start(Lease(f"l{i}", ("GPU-1",), 5.0, 5.0, "pid=1"), gpu, 0)
         book.end(f"l{i}", "GPU-1")
     assert len(next(iter(book.collect())).samples) == 2

@@ -17,9 +17,10 @@ from envpipe.cli import main
 from envpipe.cli_search import search_command
 from envpipe.plan.planfile import Plan
 from envpipe.search.found import FoundConfigError, train_settings
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import load_layer_profile
 from envpipe.search.report import frontier_figure
-from envpipe.search.search import Objective, search
+from envpipe.search.search import Objective, SearchOptions, search
 from tests.support.layer_profiles import cluster, layer_profile
 
 
@@ -191,7 +192,7 @@ def test_frontier_picture_is_labelled_points(layers: Path) -> None:
     """Read from the figure's artists: every planned configuration a point, each chosen one labelled with its
     rank and shape, the best one starred; no line joins configurations."""
     profile = load_layer_profile(layers)
-    result = search(profile, cluster(1, 4, 4096), 16, Objective("throughput"), top_k=3)
+    result = search(SearchInputs.of(profile, cluster(1, 4, 4096)), 16, Objective("throughput"), SearchOptions(top_k=3))
     fig = frontier_figure(result)
     try:
         ax = fig.axes[0]

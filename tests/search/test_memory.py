@@ -8,8 +8,9 @@ from click.testing import CliRunner
 
 from envpipe.cli import main
 from envpipe.search.cut import Cut
-from envpipe.search.engine import SIMULATED_GPU, EngineModel, device_overhead, engine_model
+from envpipe.search.engine_model import SIMULATED_GPU, EngineModel, device_overhead, engine_model
 from envpipe.search.evaluate import build_pipeline, stage_memory
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import DeviceMemory
 from envpipe.search.memory import DeviceOverhead, MemoryTables
 from envpipe.search.space import Shape
@@ -70,7 +71,7 @@ def test_planner_memory_model() -> None:
     profile = layer_profile([1.0, 1.0, 1.0, 1.0], params=[1_000_000] * 4)
     hw = cluster(1, 2, 64)
     tables = MemoryTables(profile, 1, 1, 4)
-    pipeline = build_pipeline(profile, hw, Shape(2, 1, 1, 4), Cut((2, 2), 0.0), tables, SIMULATED_GPU)
+    pipeline = build_pipeline(SearchInputs.of(profile, hw, SIMULATED_GPU), Shape(2, 1, 1, 4), Cut((2, 2), 0.0), tables)
     memory = stage_memory(pipeline, hw.memory_bytes)
     for s, (a, b) in enumerate(((0, 2), (2, 4))):
         stage = tables.stage(a, b)

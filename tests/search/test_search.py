@@ -13,11 +13,12 @@ from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.cut import Cut
-from envpipe.search.engine import SIMULATED_GPU, device_overhead, engine_model
+from envpipe.search.engine_model import SIMULATED_GPU, device_overhead, engine_model
 from envpipe.search.evaluate import build_pipeline, plan_pipeline
 from envpipe.search.found import found_config
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.memory import MemoryTables
-from envpipe.search.search import Objective, search
+from envpipe.search.search import Objective, SearchOptions, search
 from envpipe.search.space import SearchError, Shape, shapes
 from tests.support.layer_profiles import MIB, cluster, layer_profile
 
@@ -47,7 +48,7 @@ def test_returned_configurations_fit_and_have_the_best_feasible_cut(seed: int) -
     memory_mib = float(rng.uniform(30, 160))
     hw = cluster(1, gpus, memory_mib)
     try:
-        result = search(profile, hw, 8, Objective("throughput"), top_k=100)
+        result = search(SearchInputs.of(profile, hw), 8, Objective("throughput"), SearchOptions(top_k=100))
     except SearchError as exc:  # then no shape may have a cut that fits
         assert str(exc).startswith("no configuration fits")
         result = None
@@ -80,7 +81,7 @@ def test_envpipe_order_only_with_memory_for_it() -> None:
     tight = overhead.device_bytes(stage0.peak(2) + stage0.per_microbatch // 2)  # 1F1B's 2 in flight on stage 0, not 3
     for capacity, extra_allowed in ((roomy, True), (tight, False)):
         hw = cluster(1, 2, capacity / MIB)
-        candidate = plan_pipeline(build_pipeline(profile, hw, shape, cut, tables), hw.memory_bytes)
+        candidate = plan_pipeline(build_pipeline(SearchInputs.of(profile, hw), shape, cut, tables), hw.memory_bytes)
         assert (candidate.reschedule[0] > 0) == extra_allowed, candidate.reschedule
         assert max(candidate.peak_bytes) <= capacity
 
@@ -91,7 +92,7 @@ def test_the_order_at_the_top_clock_is_predicted_for_gpus_without_the_clock_daem
     profile = layer_profile([2.0, 2.0, 2.0, 6.0], act_mib=[40.0] * 4)
     shape, cut = Shape(2, 1, 1, 8), Cut((2, 2), 0.0)
     hw = cluster(1, 2, float(1 << 34) / MIB)
-    pipeline = build_pipeline(profile, hw, shape, cut, MemoryTables(profile, 1, 1, 8))
+    pipeline = build_pipeline(SearchInputs.of(profile, hw), shape, cut, MemoryTables(profile, 1, 1, 8))
     planned = plan_pipeline(pipeline, hw.memory_bytes)
     assert planned.reschedule[0] > 0  # EnvPipe's order, its units off the critical path at lower clocks
     top = planned.order_time_s
@@ -114,18 +115,19 @@ def test_stage_tail_per_dtype(dtype: str) -> None:
     weights = 4 * 2_000_000 * (4 if dtype == "fp32" else 2)
     allreduce = 2 * (20e-6 + weights / (2 * 100e9))  # ring, D = 2
     expected = {"fp32": step + allreduce, "bf16": step / 2 + allreduce + allreduce / 2}[dtype]
-    pipeline = build_pipeline(profile, hw, Shape(1, 2, 1, 4), cut, MemoryTables(profile, 1, 2, 4), SIMULATED_GPU)
+    inputs = SearchInputs.of(profile, hw, SIMULATED_GPU)
+    pipeline = build_pipeline(inputs, Shape(1, 2, 1, 4), cut, MemoryTables(profile, 1, 2, 4))
     assert pipeline.tail_s[0] == pytest.approx(expected)
-    alone = build_pipeline(profile, hw, Shape(1, 1, 1, 4), cut, MemoryTables(profile, 1, 1, 4), SIMULATED_GPU)
+    alone = build_pipeline(inputs, Shape(1, 1, 1, 4), cut, MemoryTables(profile, 1, 1, 4))
     assert alone.tail_s[0] == pytest.approx(step)  # one replica: no collective, the whole step
     engine = replace(SIMULATED_GPU, iteration_s=0.25)  # the engine's own work per iteration joins the tail
-    assert build_pipeline(profile, hw, Shape(1, 1, 1, 4), cut, MemoryTables(profile, 1, 1, 4),
-                          engine).tail_s[0] == pytest.approx(step + 0.25)
+    assert build_pipeline(SearchInputs.of(profile, hw, engine), Shape(1, 1, 1, 4), cut,
+                          MemoryTables(profile, 1, 1, 4)).tail_s[0] == pytest.approx(step + 0.25)
 
 
 def test_no_configuration_fits() -> None:
     with pytest.raises(SearchError) as err:
-        search(layer_profile([1.0] * 5), cluster(1, 2, 1.0), 8, Objective())
+        search(SearchInputs.of(layer_profile([1.0] * 5), cluster(1, 2, 1.0)), 8, Objective())
     text = str(err.value)
     assert text.startswith("no configuration fits 0.00 GiB per GPU less the 0.00 GiB margin: the least device "
                            "memory any of the 6 shapes needs is")
@@ -134,7 +136,7 @@ def test_no_configuration_fits() -> None:
 
 def test_a_gpu_count_the_shape_cannot_use() -> None:
     with pytest.raises(SearchError) as err:
-        search(layer_profile([1.0] * 4), cluster(1, 7), 8, Objective())
+        search(SearchInputs.of(layer_profile([1.0] * 4), cluster(1, 7)), 8, Objective())
     assert str(err.value) == (
         "no pipeline shape uses 7 GPUs: the stages P must divide 7 and be at most the profile's 4 layers "
         "(P in [1]), and the global batch 8 must be a multiple of D x b (replicas D = 7 / P, micro-batch size b in "
@@ -155,7 +157,7 @@ def test_objective_errors(objective: dict, message: str) -> None:
 
 def test_throughput_floor_nobody_reaches() -> None:
     with pytest.raises(SearchError, match="no configuration reaches the throughput floor"):
-        search(layer_profile([1.0] * 4), cluster(), 8, Objective("energy", min_throughput=1e9))
+        search(SearchInputs.of(layer_profile([1.0] * 4), cluster()), 8, Objective("energy", min_throughput=1e9))
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +166,7 @@ def everything():
     profile = layer_profile([1.0, 3.0, 3.0, 3.0, 3.0, 2.0], act_mib=[1.0, 8.0, 8.0, 8.0, 8.0, 30.0],
                             params=[8_000_000] * 6)  # a frontier of several points: all-reduce against bubbles
     hw = cluster(1, 4, 1 << 14)
-    full = search(profile, hw, 16, Objective("throughput"), top_k=100)
+    full = search(SearchInputs.of(profile, hw), 16, Objective("throughput"), SearchOptions(top_k=100))
     return profile, hw, full.candidates
 
 
@@ -181,7 +183,7 @@ def test_frontier_pruning_loses_no_point(everything) -> None:
     truth = {(round(c.iteration_time_s, 12), round(c.energy_j, 9)) for c in planned
              if not any(d.iteration_time_s <= c.iteration_time_s and d.energy_j <= c.energy_j
                         and (d.iteration_time_s, d.energy_j) != (c.iteration_time_s, c.energy_j) for d in planned)}
-    result = search(profile, hw, 16, Objective("frontier"))
+    result = search(SearchInputs.of(profile, hw), 16, Objective("frontier"))
     assert {(round(c.iteration_time_s, 12), round(c.energy_j, 9)) for c in result.candidates} == truth
     assert len(truth) >= 3 and result.stats.pruned > 0  # a real frontier, and the bounds did prune
 
@@ -191,7 +193,7 @@ def test_energy_objective_finds_the_least_energy(everything) -> None:
     floor = min(c.iteration_time_s for c in planned) * 1.3
     budget_ok = [plan_pipeline(c.pipeline, hw.memory_bytes, floor) for c in planned
                  if c.pipeline.baseline_time_s <= floor]
-    result = search(profile, hw, 16, Objective("energy", max_slowdown=0.3), top_k=2)
+    result = search(SearchInputs.of(profile, hw), 16, Objective("energy", max_slowdown=0.3), SearchOptions(top_k=2))
     assert result.time_budget_s == pytest.approx(floor)
     assert result.candidates[0].energy_j == pytest.approx(min(c.energy_j for c in budget_ok))
     assert all(c.iteration_time_s <= floor * (1 + 1e-9) for c in result.candidates)
@@ -200,7 +202,7 @@ def test_energy_objective_finds_the_least_energy(everything) -> None:
 
 def test_throughput_objective_ranks_by_time(everything) -> None:
     profile, hw, planned = everything
-    result = search(profile, hw, 16, Objective("throughput"), top_k=2)
+    result = search(SearchInputs.of(profile, hw), 16, Objective("throughput"), SearchOptions(top_k=2))
     fastest = sorted(planned, key=lambda c: c.pipeline.baseline_time_s)[:2]
     assert [c.shape for c in result.candidates] == [c.shape for c in sorted(fastest, key=lambda c: c.iteration_time_s)]
     assert result.stats.pruned == len(planned) - 2
@@ -208,7 +210,8 @@ def test_throughput_objective_ranks_by_time(everything) -> None:
 
 def test_iterations_too_large_for_the_planner_keep_the_baseline(everything) -> None:
     profile, hw, _ = everything
-    result = search(profile, hw, 16, Objective("throughput"), top_k=100, max_plan_units=16)
+    result = search(SearchInputs.of(profile, hw), 16, Objective("throughput"),
+                    SearchOptions(top_k=100, max_plan_units=16))
     for c in result.candidates:
         small = 2 * c.shape.stages * c.shape.microbatches <= 16
         assert c.planned == small

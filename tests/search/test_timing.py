@@ -11,8 +11,9 @@ import pytest
 
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
-from envpipe.search.engine import SIMULATED_GPU
+from envpipe.search.engine_model import SIMULATED_GPU
 from envpipe.search.evaluate import build_pipeline
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import LayerCost, UnitCalls
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import Shape
@@ -95,8 +96,8 @@ def test_one_stage_iteration_adds_units_steps_and_engine_work() -> None:
     cluster = Cluster(1, 1, 1 << 34, 1e11, 1e10, 1e-5, 1e11)
 
     def iteration(engine) -> float:
-        return build_pipeline(profile, cluster, Shape(1, 1, 1, M), Cut((L,), 0.0), MemoryTables(profile, 1, 1, M),
-                              engine).baseline_time_s
+        return build_pipeline(SearchInputs.of(profile, cluster, engine), Shape(1, 1, 1, M), Cut((L,), 0.0),
+                              MemoryTables(profile, 1, 1, M)).baseline_time_s
 
     # each layer: device 1 + 2 ms, host 2 + 4 ms (launch-bound): 18 ms per micro-batch; steps 3 x 1 ms
     assert iteration(SIMULATED_GPU) == pytest.approx(M * 18 * MS + 3 * MS)
@@ -151,8 +152,8 @@ def test_a_pipeline_loads_on_its_first_and_last_stage_and_pays_the_calls_per_sta
     profile = replace(layer_profile([3.0, 3.0, 3.0], host_ms=[6.0, 6.0, 6.0]),
                       unit_calls=UnitCalls(0.8 * MS, 0.2 * MS, {1: 0.5 * MS, 2: 0.6 * MS, 4: 0.7 * MS}, "test"))
     cluster = Cluster(1, 3, 1 << 34, 1e11, 1e10, 1e-5, 1e11)
-    pipeline = build_pipeline(profile, cluster, Shape(3, 1, 1, 2), Cut((1, 1, 1), 0.0), MemoryTables(profile, 1, 1, 2),
-                              SIMULATED_GPU)
+    pipeline = build_pipeline(SearchInputs.of(profile, cluster, SIMULATED_GPU), Shape(3, 1, 1, 2), Cut((1, 1, 1), 0.0),
+                              MemoryTables(profile, 1, 1, 2))
     forward = pipeline.profile.fwd_time[:, 0]  # at the top clock
     backward = pipeline.profile.bwd_time[:, 0]
     assert forward == pytest.approx([2.5 * MS, 2.0 * MS, 2.5 * MS])

@@ -17,7 +17,7 @@ from typing import Any
 
 from envpipe.clock.backends import Backend, SimBackend
 from envpipe.clock.daemon import read_state, serve, take_listeners
-from envpipe.clock.listen import ServeOptions
+from envpipe.clock.listen import Lifecycle, ServeOptions
 from envpipe.clock.ownership import LocalPolicy, OwnershipPolicy
 from envpipe.clock.service import ClockService, ServiceConfig
 from envpipe.clock.state import StateFile
@@ -93,7 +93,7 @@ def daemon_thread(
 
     def run() -> None:
         try:
-            loop.run_until_complete(serve(service, listeners, opts, stop, previous, ready.set))
+            loop.run_until_complete(serve(service, listeners, opts, previous, Lifecycle(stop, ready.set)))
         except BaseException as exc:
             failed.append(exc)
             ready.set()

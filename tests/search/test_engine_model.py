@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from envpipe.cli import main
-from envpipe.search.engine import GPU, SIMULATED_GPU, EngineModelError, engine_model, load_engine_model
+from envpipe.search.engine_model import GPU, SIMULATED_GPU, EngineModelError, engine_model, load_engine_model
 from tests.support.layer_profiles import layer_profile
 
 
