@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .backends import backend
 from .errors import LaunchError, Stopped, handling, one_line, raise_stopped
 from .job import BACKENDS, DS_LAUNCHERS, MAX_NODES, MAX_PROCS_PER_NODE, JobSpec
 from .kube_manifests import DEFAULT_TTL_S, WORKLOADS
@@ -163,47 +164,7 @@ def _exit(message: str, status: int) -> None:
 @click.option("--no-clockd", is_flag=True, help="kube: no clock control: workers do not mount clockd's socket.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def main(
-    nodes: int,
-    gpus_per_node: int,
-    backend: str,
-    ds_launcher: str,
-    env_pairs: tuple[str, ...],
-    ssh_port: int,
-    master_port: int | None,
-    master_addr: str | None,
-    hosts: str | None,
-    hostfile_path: str | None,
-    ssh_key: str | None,
-    connect_timeout: float,
-    stop_timeout: float,
-    image: str | None,
-    namespace: str,
-    name: str | None,
-    cpu_only: bool,
-    ready_timeout: float,
-    workload: str,
-    queue: str | None,
-    ttl_after_finished: int,
-    active_deadline: int | None,
-    keep: bool,
-    dry_run: bool,
-    no_ssh: bool,
-    ssh_secret: str | None,
-    worker_cpu: int,
-    worker_memory: int,
-    shm_size: int,
-    node_selector: tuple[str, ...],
-    toleration: tuple[str, ...],
-    affinity_file: str | None,
-    image_pull_secret: tuple[str, ...],
-    priority_class: str | None,
-    clockd_dir: str | None,
-    clockd_gid: int | None,
-    no_clockd: bool,
-    script: str,
-    script_args: tuple[str, ...],
-) -> None:
+def main(**params: Any) -> None:  # click passes the options by name; each backend reads its own
     """Start a (multi-node) DeepSpeed/EnvPipe job and exit with its exit code.
 
     SCRIPT is the training script (a path on the workers for kube), SCRIPT_ARGS its arguments; put
@@ -212,65 +173,22 @@ def main(
     A job stopped by SIGINT or SIGTERM exits 128 + the signal (130, 143); bad input exits 2 with one line.
     """
     spec = JobSpec(
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        script=script,
-        script_args=list(script_args),
-        backend=backend,
-        ds_launcher=ds_launcher,
-        env=list(env_pairs),
-        ssh_port=ssh_port,
-        master_port=master_port,
-        script_on_workers=backend == "kube",
-        stop_timeout_s=stop_timeout,
+        nodes=params["nodes"],
+        gpus_per_node=params["gpus_per_node"],
+        script=params["script"],
+        script_args=list(params["script_args"]),
+        backend=params["backend"],
+        ds_launcher=params["ds_launcher"],
+        env=list(params["env_pairs"]),
+        ssh_port=params["ssh_port"],
+        master_port=params["master_port"],
+        script_on_workers=params["backend"] == "kube",
+        stop_timeout_s=params["stop_timeout"],
     )
     try:
         spec.validate()
-        if backend == "local":
-            from .backends import local
-
-            code = local.launch(spec)
-        elif backend == "ssh":
-            from .backends import ssh
-
-            code = ssh.launch(spec, hosts, hostfile_path, ssh_key, master_addr, connect_timeout)
-        elif backend == "kube":
-            from .backends import kube
-
-            opts = kube.KubeOptions(
-                image=image,
-                namespace=namespace,
-                name=name,
-                cpu_only=cpu_only,
-                ready_timeout_s=ready_timeout,
-                keep=keep,
-                no_ssh=no_ssh,
-                ssh_secret=ssh_secret,
-                batch=kube.Batch(workload, queue, ttl_after_finished, active_deadline),
-                pods=kube.pod_settings(
-                    cpu=worker_cpu,
-                    memory_gib=worker_memory,
-                    shm_gib=shm_size,
-                    node_selector=node_selector,
-                    tolerations=toleration,
-                    affinity_file=affinity_file,
-                    image_pull_secrets=image_pull_secret,
-                    priority_class=priority_class,
-                    clockd_dir=clockd_dir,
-                    clockd_gid=clockd_gid,
-                    no_clockd=no_clockd,
-                ),
-            )
-            code = kube.launch(spec, opts, dry_run_only=dry_run)
-        else:
-            from .backends import cml
-
-            code = cml.launch(
-                spec,
-                cml.CmlOptions(
-                    cpu=worker_cpu, memory_gib=worker_memory, ready_timeout_s=ready_timeout, ssh_key=ssh_key
-                ),
-            )
+        chosen = backend(spec.backend)
+        code = chosen.launch(spec, chosen.options(params))
     except LaunchError as e:
         _exit(f"error: {e}", 2)
     sys.exit(code)

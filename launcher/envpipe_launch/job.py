@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import kube_syntax
 from .errors import LaunchError
@@ -17,6 +19,9 @@ MAX_PROCS_PER_NODE = 256
 # DeepSpeed's and torch's default rendezvous port: used where the master has a network of its own (a pod).
 DEFAULT_MASTER_PORT = 29500
 JOB_NAME_MAX = 50  # "<name>-worker-<i>" must stay a 63-character DNS label up to MAX_NODES workers
+
+
+Params = Mapping[str, Any]  # the parsed command line (click's parameters by name): backends read their options
 
 
 @dataclass

@@ -41,7 +41,7 @@ def chart_daemonset(*sets: str) -> Obj:
 def node_pod(**options: Any) -> Obj:
     """The pod template of the launcher's Job: every node (node 0, the launcher, included) uses a GPU."""
     spec = JobSpec(nodes=2, gpus_per_node=1, script="train.py", backend="kube", script_on_workers=True)
-    return KubeJob(spec, "j", "team", "img:1", pods=kube.pod_settings(**options)).pod_template()
+    return KubeJob(spec, "j", "team", "img:1", pods=kube.pod_settings(kube.PodRequest(**options))).pod_template()
 
 
 def mismatches(daemonset: Obj, worker: Obj) -> list[str]:

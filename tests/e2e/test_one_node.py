@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 from envpipe_launch import sshkeys
-from envpipe_launch.backends.kube import pod_settings
+from envpipe_launch.backends.kube import PodRequest, pod_settings
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import KubeJob
 
@@ -163,8 +163,8 @@ def one_node(podman: Podman, images: image_build.Images, stopwatch: Stopwatch) -
             gpus = [g["uuid"] for g in listing["gpus"]]
             spec = JobSpec(nodes=2, gpus_per_node=1, script=TRAIN[0], script_args=TRAIN[1:], backend="kube",
                            env=[f"{k}={v}" for k, v in JOB_ENV.items()], script_on_workers=True)
-            job = KubeJob(spec, "j", "team", images.runtime, pods=pod_settings(cpu=2, memory_gib=3, shm_gib=1),
-                          worker_wait_s=120)
+            pods = pod_settings(PodRequest(cpu=2, memory_gib=3, shm_gib=1))
+            job = KubeJob(spec, "j", "team", images.runtime, pods=pods, worker_wait_s=120)
             keys = sshkeys.generate()
             for obj in job.dependents(keys):
                 if obj["kind"] in ("Secret", "ConfigMap"):

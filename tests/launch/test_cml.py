@@ -85,7 +85,7 @@ def test_unreachable_worker_with_the_real_ssh_runner(workers, monkeypatch) -> No
     monkeypatch.setenv("CDSW_IP_ADDRESS", "192.0.2.2")
 
     def real(spec, hosts, ssh_key=None, master_addr=None):
-        return cml.ssh.run_on_hosts(spec, hosts, ssh_key, connect_timeout_s=0.3, master_addr=master_addr)
+        return cml.ssh.run_on_hosts(spec, hosts, cml.ssh.Reach(ssh_key, master_addr, connect_timeout_s=0.3))
 
     with pytest.raises(LaunchError, match="unreachable"):
         cml.launch(_spec(nodes=2), cml.CmlOptions(), runner=real)

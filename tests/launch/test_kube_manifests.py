@@ -42,7 +42,7 @@ def _text(capsys, spec: JobSpec | None = None, workload: str = "job", **opts) ->
     opts.setdefault("image", "img:1")
     opts.setdefault("name", "d")
     batch = opts.pop("batch", Batch(workload))
-    assert kube.launch(spec or _spec(), kube.KubeOptions(batch=batch, **opts), dry_run_only=True) == 0
+    assert kube.launch(spec or _spec(), kube.KubeOptions(batch=batch, dry_run=True, **opts)) == 0
     return capsys.readouterr().out
 
 
@@ -171,7 +171,7 @@ def test_dry_run_has_no_placeholders_and_no_key(capsys) -> None:
     assert docs[1]["spec"]["selector"] == {"envpipe.io/job": "d", "envpipe.io/role": "node"}
     (ssh,) = [v for v in _template(docs)["spec"]["volumes"] if v["name"] == "ssh"]
     assert ssh["secret"]["secretName"] == "d-ssh"
-    assert kube.launch(_spec(), kube.KubeOptions(image="img:1", name="d"), dry_run_only=True) == 0
+    assert kube.launch(_spec(), kube.KubeOptions(image="img:1", name="d", dry_run=True)) == 0
     err = capsys.readouterr().err
     assert "the pods mount Secret d-ssh, which these manifests do not hold (no key is printed)" in err
     assert "kubectl create secret generic d-ssh -n default --type=kubernetes.io/ssh-auth" in err
@@ -233,12 +233,12 @@ def test_scheduling_and_socket_options_reach_the_pods(capsys, tmp_path: Path) ->
         "nodeAffinity:\n  requiredDuringSchedulingIgnoredDuringExecution:\n    nodeSelectorTerms:\n"
         "    - matchExpressions: [{key: gpu.type, operator: In, values: [h200]}]\n"
     )
-    pods = kube.pod_settings(
+    pods = kube.pod_settings(kube.PodRequest(
         cpu=8, memory_gib=64, shm_gib=16, node_selector=("nvidia.com/gpu.present=true",),
         tolerations=("nvidia.com/gpu:NoSchedule", "team=ml:NoExecute", "spot"), affinity_file=str(affinity),
         image_pull_secrets=("regcred",), priority_class="training-high", clockd_dir="/var/run/clk/",
         clockd_gid=3100,
-    )
+    ))
     for workload in ("job", "jobset"):
         docs = _docs(capsys, workload=workload, pods=pods)
         for d in docs:
@@ -267,7 +267,7 @@ def test_dollar_signs_reach_the_job_unexpanded(capsys) -> None:
 
 
 def test_no_clockd_pods_mount_no_host_path(capsys) -> None:
-    text = yaml.safe_dump_all(_docs(capsys, pods=kube.pod_settings(no_clockd=True)))
+    text = yaml.safe_dump_all(_docs(capsys, pods=kube.pod_settings(kube.PodRequest(no_clockd=True))))
     assert "hostPath" not in text and "ENVPIPE_CLOCKD_SOCKET" not in text and "supplementalGroups" not in text
 
 
@@ -289,14 +289,14 @@ def test_no_clockd_pods_mount_no_host_path(capsys) -> None:
 )
 def test_bad_pod_options_are_one_clear_error(opts: dict, message: str) -> None:
     with pytest.raises(LaunchError, match=re.escape(message)):
-        kube.pod_settings(**opts)
+        kube.pod_settings(kube.PodRequest(**opts))
 
 
 def test_affinity_file_must_hold_affinity(tmp_path: Path) -> None:
     bad = tmp_path / "a.yaml"
     bad.write_text("nodeSelector: {a: b}\n")
     with pytest.raises(LaunchError, match="must hold a mapping of nodeAffinity, podAffinity, podAntiAffinity"):
-        kube.pod_settings(affinity_file=str(bad))
+        kube.pod_settings(kube.PodRequest(affinity_file=str(bad)))
 
 
 NODE_TERM = "nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [%s]}}"
@@ -341,7 +341,7 @@ def test_an_affinity_file_is_read_with_bounds(tmp_path: Path) -> None:
     bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nnodeAffinity: *b\n")
     for path, message in [(bomb, "aliases"), ("/dev/zero", "not a regular file")]:
         with pytest.raises(LaunchError, match=message):
-            kube.pod_settings(affinity_file=str(path))
+            kube.pod_settings(kube.PodRequest(affinity_file=str(path)))
 
 
 def test_the_vendored_jobset_schema_refuses_what_the_api_server_would(capsys) -> None:
@@ -371,7 +371,7 @@ def test_dry_run_is_accepted_by_kubectl_for_both_workloads(capsys, tmp_path: Pat
     try:
         kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
         validator = Path(sys.executable).parent / "kubernetes-validate"
-        runs = [("s", {}), ("n", {"no_ssh": True}), ("c", {"pods": kube.pod_settings(no_clockd=True)}),
+        runs = [("s", {}), ("n", {"no_ssh": True}), ("c", {"pods": kube.pod_settings(kube.PodRequest(no_clockd=True))}),
                 ("q", {"batch": Batch("job", queue="team-a")}), ("js", {"workload": "jobset"}),
                 ("jq", {"batch": Batch("jobset", queue="team-a"), "no_ssh": True})]
         for name, opts in runs:

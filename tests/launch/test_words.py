@@ -192,17 +192,17 @@ def test_the_kube_dry_run_holds_the_words_and_they_reach_the_ranks(job: HostileJ
 
 
 def test_kube_refuses_what_its_objects_cannot_hold(capsys) -> None:
-    opts = kube.KubeOptions(image="img:1", name="t")
+    opts = kube.KubeOptions(image="img:1", name="t", dry_run=True)
     for spec, what in [
         (JobSpec(1, 1, "t.py", script_args=[os.fsdecode(b"\xff")], backend="kube", script_on_workers=True), "UTF-8"),
         (JobSpec(1, 1, "t.py", env=["A= x"], backend="kube", script_on_workers=True), "white space"),
     ]:
         with pytest.raises(LaunchError, match=what):
-            kube.launch(spec, opts, dry_run_only=True)
+            kube.launch(spec, opts)
     assert capsys.readouterr().out == ""
     # --no-ssh: the values are the container's env, not a shell's
     spec = JobSpec(1, 1, "t.py", env=["A= x"], backend="kube", script_on_workers=True)
-    assert kube.launch(spec, kube.KubeOptions(image="img:1", name="t", no_ssh=True), dry_run_only=True) == 0
+    assert kube.launch(spec, kube.KubeOptions(image="img:1", name="t", no_ssh=True, dry_run=True)) == 0
 
 
 def test_environment_variables_deepspeed_exports_itself_are_checked_too(tmp_path, monkeypatch) -> None:

@@ -19,7 +19,7 @@ from types import ModuleType
 
 from .. import deepspeed_cmd, hostfile, net, sshkeys
 from ..errors import LaunchError
-from ..job import JobSpec
+from ..job import JobSpec, Params
 from ..supervise import Supervised
 from . import ssh
 
@@ -104,7 +104,7 @@ def run_from_session(
     spec: JobSpec, hosts: list[hostfile.Host], ssh_key: str | None = None, master_addr: str | None = None
 ) -> int:
     with session_sshd(hosts[0].host, spec.ssh_port):
-        return ssh.run_on_hosts(spec, hosts, ssh_key, master_addr=master_addr)
+        return ssh.run_on_hosts(spec, hosts, ssh.Reach(ssh_key, master_addr))
 
 
 @dataclass
@@ -113,6 +113,11 @@ class CmlOptions:
     memory_gib: int = 16
     ready_timeout_s: float = 600.0
     ssh_key: str | None = None
+
+
+def options(params: Params) -> CmlOptions:
+    return CmlOptions(cpu=params["worker_cpu"], memory_gib=params["worker_memory"],
+                      ready_timeout_s=params["ready_timeout"], ssh_key=params["ssh_key"])
 
 
 def _workers_api() -> ModuleType:

@@ -17,7 +17,7 @@ from kubernetes import client, config
 
 from .. import kube_version, sshkeys, textfile, words
 from ..errors import LaunchError
-from ..job import JobSpec, env_pairs, job_name
+from ..job import JobSpec, Params, env_pairs, job_name
 from ..kube_manifests import Batch, KubeJob, PodSettings
 from ..pod_contract import ClockdSocket
 from .kube_run import KubeRun, server_version
@@ -35,6 +35,7 @@ class KubeOptions:
     pods: PodSettings = field(default_factory=PodSettings)
     batch: Batch = field(default_factory=Batch)
     ssh_secret: str | None = None  # a Secret of the user's that the pods mount instead of the job's own
+    dry_run: bool = False  # print the manifests and exit
 
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -143,51 +144,56 @@ def _requirements(node: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-def pod_settings(
-    cpu: int = 4,
-    memory_gib: int = 16,
-    shm_gib: int = 4,
-    node_selector: tuple[str, ...] = (),
-    tolerations: tuple[str, ...] = (),
-    affinity_file: str | None = None,
-    image_pull_secrets: tuple[str, ...] = (),
-    priority_class: str | None = None,
-    clockd_dir: str | None = None,
-    clockd_gid: int | None = None,
-    no_clockd: bool = False,
-) -> PodSettings:
+@dataclass(frozen=True)
+class PodRequest:
+    """The workers' pod options as the CLI gives them, not yet checked (pod_settings checks them)."""
+
+    cpu: int = 4
+    memory_gib: int = 16
+    shm_gib: int = 4
+    node_selector: tuple[str, ...] = ()
+    tolerations: tuple[str, ...] = ()
+    affinity_file: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    priority_class: str | None = None
+    clockd_dir: str | None = None
+    clockd_gid: int | None = None
+    no_clockd: bool = False
+
+
+def pod_settings(req: PodRequest) -> PodSettings:
     """The kube options of the CLI, checked: one clear line for each kind of mistake."""
-    for flag, value in (("--worker-cpu", cpu), ("--worker-memory", memory_gib), ("--shm-size", shm_gib)):
+    for flag, value in (("--worker-cpu", req.cpu), ("--worker-memory", req.memory_gib), ("--shm-size", req.shm_gib)):
         if value < 1:
             raise LaunchError(f"{flag} must be >= 1, got {value}")
-    for flag, name in [("--image-pull-secret", s) for s in image_pull_secrets] + [
-        ("--priority-class", priority_class or "x")
+    for flag, name in [("--image-pull-secret", s) for s in req.image_pull_secrets] + [
+        ("--priority-class", req.priority_class or "x")
     ]:
         if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
             raise LaunchError(f"{flag} {name!r} is not a Kubernetes object name (lowercase a-z, 0-9, '-', '.')")
     clockd: ClockdSocket | None = ClockdSocket()
-    if no_clockd:
-        if clockd_dir is not None or clockd_gid is not None:
+    if req.no_clockd:
+        if req.clockd_dir is not None or req.clockd_gid is not None:
             raise LaunchError("--no-clockd conflicts with --clockd-dir and --clockd-gid")
         clockd = None
     else:
         default = ClockdSocket()
-        host_dir = default.host_dir if clockd_dir is None else clockd_dir.rstrip("/")
-        gid = default.gid if clockd_gid is None else clockd_gid
+        host_dir = default.host_dir if req.clockd_dir is None else req.clockd_dir.rstrip("/")
+        gid = default.gid if req.clockd_gid is None else req.clockd_gid
         if not host_dir.startswith("/") or any(c.isspace() for c in host_dir):
-            raise LaunchError(f"--clockd-dir must be an absolute path without spaces, got {clockd_dir!r}")
+            raise LaunchError(f"--clockd-dir must be an absolute path without spaces, got {req.clockd_dir!r}")
         if not 1 <= gid < 2**31:
             raise LaunchError(f"--clockd-gid must lie in 1..2147483647, got {gid}")
         clockd = ClockdSocket(host_dir=host_dir, gid=gid)
     return PodSettings(
-        cpu=str(cpu),
-        memory_gib=memory_gib,
-        shm_gib=shm_gib,
-        node_selector=dict(_label(p, "--node-selector") for p in node_selector),
-        tolerations=tuple(_toleration(t) for t in tolerations),
-        affinity=_affinity(affinity_file) if affinity_file else None,
-        image_pull_secrets=image_pull_secrets,
-        priority_class=priority_class,
+        cpu=str(req.cpu),
+        memory_gib=req.memory_gib,
+        shm_gib=req.shm_gib,
+        node_selector=dict(_label(p, "--node-selector") for p in req.node_selector),
+        tolerations=tuple(_toleration(t) for t in req.tolerations),
+        affinity=_affinity(req.affinity_file) if req.affinity_file else None,
+        image_pull_secrets=req.image_pull_secrets,
+        priority_class=req.priority_class,
         clockd=clockd,
     )
 
@@ -270,11 +276,38 @@ def _load_config() -> client.ApiClient:
     return client.ApiClient()
 
 
-def launch(
-    spec: JobSpec, opts: KubeOptions, dry_run_only: bool = False, api_client: client.ApiClient | None = None
-) -> int:
+def options(params: Params) -> KubeOptions:
+    """The kube options of the parsed command line, checked."""
+    return KubeOptions(
+        image=params["image"],
+        namespace=params["namespace"],
+        name=params["name"],
+        cpu_only=params["cpu_only"],
+        ready_timeout_s=params["ready_timeout"],
+        keep=params["keep"],
+        no_ssh=params["no_ssh"],
+        ssh_secret=params["ssh_secret"],
+        dry_run=params["dry_run"],
+        batch=Batch(params["workload"], params["queue"], params["ttl_after_finished"], params["active_deadline"]),
+        pods=pod_settings(PodRequest(
+            cpu=params["worker_cpu"],
+            memory_gib=params["worker_memory"],
+            shm_gib=params["shm_size"],
+            node_selector=params["node_selector"],
+            tolerations=params["toleration"],
+            affinity_file=params["affinity_file"],
+            image_pull_secrets=params["image_pull_secret"],
+            priority_class=params["priority_class"],
+            clockd_dir=params["clockd_dir"],
+            clockd_gid=params["clockd_gid"],
+            no_clockd=params["no_clockd"],
+        )),
+    )
+
+
+def launch(spec: JobSpec, opts: KubeOptions, api_client: client.ApiClient | None = None) -> int:
     job = build_job(spec, opts)
-    if dry_run_only:
+    if opts.dry_run:
         sys.stdout.write(dry_run(job))
         note = secret_note(job)
         if note:

@@ -10,7 +10,7 @@ import tempfile
 
 from .. import deepspeed_cmd, hostfile
 from ..errors import LaunchError
-from ..job import JobSpec, env_pairs
+from ..job import JobSpec, Params, env_pairs
 
 
 def count_gpus() -> int:
@@ -22,7 +22,11 @@ def count_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
 
 
-def launch(spec: JobSpec, python: str = sys.executable) -> int:
+def options(params: Params) -> None:
+    """The local backend has no options of its own."""
+
+
+def launch(spec: JobSpec, opts: None, python: str = sys.executable) -> int:
     if spec.nodes != 1:
         raise LaunchError(f"the local backend runs one node; got --nodes {spec.nodes} (use ssh, kube or cml)")
     if spec.gpus_per_node < 1:
