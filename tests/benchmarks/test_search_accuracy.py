@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import host_speed, search_accuracy_call3_results, search_accuracy_call4_results
+from benchmarks import host_speed
 from benchmarks.layer_chain_check import check
 from benchmarks.search_accuracy import micro_batch_sizes, timed_iterations
-from benchmarks.search_accuracy_results import RAW, render
+from benchmarks.search_accuracy_results import RAW, main, render, render_call3, render_call4
 from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s
 from envpipe.search.engine_model import GPU, EngineModel, load_engine_model
 from envpipe.search.layers import NO_UNIT_CALLS, ModelShape, UnitCalls
@@ -37,12 +37,19 @@ def test_the_renderer_reproduces_the_committed_results() -> None:
 
 def test_the_second_runs_renderer_reproduces_its_results() -> None:
     committed = (ROOT / "benchmarks" / "results" / "search_accuracy_call3.md").read_text()
-    assert search_accuracy_call3_results.render() == committed
+    assert render_call3() == committed
 
 
 def test_the_third_rounds_renderer_reproduces_its_results() -> None:
     committed = (ROOT / "benchmarks" / "results" / "search_accuracy_call4.md").read_text()
-    assert search_accuracy_call4_results.render() == committed
+    assert render_call4() == committed
+
+
+def test_one_renderer_takes_every_round_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["call3"]) == 0
+    assert capsys.readouterr().out == (ROOT / "benchmarks" / "results" / "search_accuracy_call3.md").read_text()
+    assert main(["call9"]) == 2
+    assert "usage: search_accuracy_results.py [call1|call3|call4]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("call", "engine"), [("call4", "call3"), ("call5", "call5")])
