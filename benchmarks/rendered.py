@@ -28,7 +28,6 @@ from benchmarks import (
     dropin_results,
     freqmodel_results,
     meter_probe,
-    runtime_nov22_results,
     runtime_results,
     search_accuracy_results,
     search_results,
@@ -101,7 +100,7 @@ RENDERED = (
              "python benchmarks/freqmodel_results.py"),
     Rendered("runtime_h200.md",
              tuple(RAW / d for d in ("pp2_m8", "pp4_m8", "pp2_m4-8-16_2008", "pp2_m4-8-16_2019", "pp2_m8_2115")),
-             runtime_nov22_results.render, "python benchmarks/runtime_nov22_results.py"),
+             runtime_results.render_nov22, "python benchmarks/runtime_results.py"),
     Rendered("runtime_h200_2026-11-23.md", (RAW / "runtime_llama_0454",),
              lambda raws: runtime_results.render(raws[0]), "python benchmarks/runtime_results.py"),
     # their renderers read every raw file under benchmarks/results/search_accuracy/ themselves

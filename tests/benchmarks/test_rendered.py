@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import rendered, runtime_nov22_results, search_results
+from benchmarks import rendered, runtime_results, search_results
 from benchmarks.common import RESULTS, ROOT, prediction_error
 from benchmarks.runtime_results import order_that_ran
 from envpipe.plan.schedules import one_f_one_b
@@ -98,10 +98,16 @@ def run_script(*args: str) -> subprocess.CompletedProcess[str]:
 def test_renderers_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
     not_archive = tmp_path / "x.tar.gz"
     not_archive.write_text("not an archive")
+    nov22 = tmp_path / "rounds"  # a raw folder of 2026-11-22 without its machine.txt
+    nov22.mkdir()
+    (nov22 / "bench.json").write_text("{}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
     cases = [
         (["benchmarks/search_results.py", str(not_archive)], "neither a directory nor a tar archive"),
         (["benchmarks/search_results.py", str(tmp_path / "missing")], "No such file"),
-        (["benchmarks/runtime_nov22_results.py", str(tmp_path)], "no machine.txt"),
+        (["benchmarks/runtime_results.py", str(nov22)], "no machine.txt"),
+        (["benchmarks/runtime_results.py", str(empty)], "no */bench.json"),
         (["-m", "benchmarks.rendered", "nope.md"], "not a rendered results file: nope.md"),
     ]
     for args, message in cases:
@@ -126,7 +132,7 @@ def test_renderers_print_what_they_render(tmp_path: Path) -> None:
 
 def test_legacy_and_search_renderers_take_the_raw_paths_they_are_given() -> None:
     # one folder alone renders only its own section
-    text = runtime_nov22_results.render([RESULTS / "h200_runs" / "pp4_m8"])
+    text = runtime_results.render_nov22([RESULTS / "h200_runs" / "pp4_m8"])
     assert "| 4 | 8 | envpipe_order |" in text and "Interleaved rounds" not in text
     one = search_results.render([RESULTS / "h200_runs" / "search_llama_0550.tar.gz"])
     assert "Over 8 runs:" in one and "gpt2" not in one
