@@ -13,7 +13,7 @@ written beside its runs; then the held-out set is searched with that engine mode
 model may declare its own micro-batch sizes. Per model:
 
 1. its layer profile (envpipe.models.gpt's layers, as examples/train_gpt.py builds them;
-   envpipe.runtime.layer_profile) in a child process;
+   envpipe.layerprof.profiler) in a child process;
 2. `envpipe search --gpus-per-node 1 --global-batch G --top-k 100`: every micro-batch size whose predicted
    device peak fits the device's memory less the default margin, each with its found configuration and
    predictions (made here, before any training run of the model);
@@ -77,8 +77,8 @@ def _profile(spec: dict[str, Any]) -> None:
     builds it), with the declared repetitions."""
     import torch
 
+    from envpipe.layerprof.profiler import Target, profile_layers
     from envpipe.models.gpt import counting, layer_specs, lm_loss
-    from envpipe.runtime.layer_profile import Target, profile_layers
     from envpipe.search.layers import ModelShape
 
     on_gpu = _on_gpu()

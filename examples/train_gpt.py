@@ -300,8 +300,8 @@ def profile_layers(args: argparse.Namespace) -> None:
     """Measure every pipeline layer of this model on this process's device (--profile-layers)."""
     import torch
 
+    from envpipe.layerprof.profiler import Target, profile_layers
     from envpipe.models.gpt import counting, layer_specs, lm_loss
-    from envpipe.runtime.layer_profile import Target, profile_layers
 
     on_gpu = uses_gpu()
     local = args.local_rank or int(os.environ.get("LOCAL_RANK", "0"))

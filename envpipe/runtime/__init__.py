@@ -16,8 +16,7 @@
 - `summary` (the typed RunSummary and its schema, which every layer writes to);
 - `report/`: `collect` (every rank's record -> the summary), `prediction` (the energy model against the counter,
   the oracle), `files` and `text` (summary.json, report.txt and gantt.png; the report in words), `monitor` (events
-  to DeepSpeed's monitors);
-- `layer_profile`: the per-layer profiler behind `envpipe search` (a tool of its own).
+  to DeepSpeed's monitors).
 
 Importing this package loads nothing heavy; its modules import torch and DeepSpeed.
 """

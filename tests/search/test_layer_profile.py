@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from envpipe.runtime.layer_profile import (
+from envpipe.layerprof.profiler import (
     AllocationWindows,
     HostRound,
     Target,

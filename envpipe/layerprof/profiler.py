@@ -4,7 +4,7 @@ Measures the layers exactly as the training job builds them (the caller hands ov
 builders DeepSpeed's PipelineModule gets) and writes an `envpipe.search.layers.LayerProfile`. On CPU the
 device is the runtime's simulated GPU (``simulated_gpu_times``): its unit times are the ones the runtime's
 simulated GPU charges. It lives
-in envpipe.runtime, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
+in envpipe.layerprof, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
 importable where only the planner is installed.
 
 One layer is built at a time (a model larger than one device can still be profiled); each layer's input
