@@ -117,9 +117,9 @@ def _train(spec: dict[str, Any]) -> None:
     if on_gpu:
         torch.cuda.set_device(device)
     distributed.init_distributed(on_gpu)
-    config, path = read_config(None, spec["config"])
+    config = read_config(None, spec["config"])
     job, _ = train_settings(config["envpipe_search"], config)
-    ds_config, cfg, found = settings(config, path)
+    ds_config, cfg, found = settings(config)
     shape = ModelShape(job["model"], job["layers"], job["hidden"], job["heads"], job["seq"], job["vocab"])
     ds_config = {**ds_config, "train_micro_batch_size_per_gpu": job["micro_batch"],
                  "gradient_accumulation_steps": job["microbatches"], "steps_per_print": 10**9}

@@ -49,13 +49,13 @@ def parse() -> tuple[argparse.Namespace, argparse.Namespace]:
 
 def main() -> None:
     bench, args = parse()
-    config, path = read_config(None, args.config)
+    config = read_config(None, args.config)  # its plan path made relative to the file
     found, plan = train_settings(config["envpipe_search"], config)
-    assert path is not None and plan is not None, "a found configuration carries its plan"
+    assert plan is not None, "a found configuration carries its plan"
     if config["envpipe_search"].get("allocator"):  # the setting the search's memory model holds for
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", config["envpipe_search"]["allocator"])
-    config["envpipe"] = {**config["envpipe"], "plan": str(path.parent / plan), "report_dir": args.report_dir,
-                         "compare_iterations": 0, "calibration_iterations": args.calibration_steps}
+    config["envpipe"] = {**config["envpipe"], "report_dir": args.report_dir, "compare_iterations": 0,
+                         "calibration_iterations": args.calibration_steps}
     shape = ModelShape(found["model"], found["layers"], found["hidden"], found["heads"], found["seq"], found["vocab"])
     on_gpu = os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))

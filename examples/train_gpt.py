@@ -173,12 +173,10 @@ def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
     """The job's DeepSpeed config: the file's (a found configuration sets the model), the flags on top."""
     from envpipe.runtime.entry import read_config
 
-    config, path = read_config(None, args.deepspeed_config) if args.deepspeed_config else ({}, None)
+    config = read_config(None, args.deepspeed_config) if args.deepspeed_config else {}  # a found plan: beside it
     block = dict(config.get("envpipe") or {})
     if "envpipe_search" in config:
-        apply_found(args, config, path)
-        if block.get("plan") and path is not None:  # a found configuration's plan lies beside it
-            block["plan"] = str(path.parent / block["plan"])
+        apply_found(args, config)
     if args.pipeline_stages is None and isinstance(block.get("pipeline_stages"), int):
         args.pipeline_stages = block["pipeline_stages"]
     block.update({key: getattr(args, flag) for flag, key in BLOCK_FLAGS.items() if getattr(args, flag) is not None})
@@ -197,7 +195,7 @@ def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
-def apply_found(args: argparse.Namespace, config: dict[str, Any], path: Path | None) -> None:
+def apply_found(args: argparse.Namespace, config: dict[str, Any]) -> None:
     """A configuration found by `envpipe search`: its `envpipe_search` block sets the model, the micro-batch size
     and count and the stage cut (envpipe.initialize removes the block before DeepSpeed sees the config)."""
     from envpipe.search.found import FoundConfigError, train_settings
@@ -205,7 +203,7 @@ def apply_found(args: argparse.Namespace, config: dict[str, Any], path: Path | N
     try:
         settings, _ = train_settings(config["envpipe_search"], config)
     except FoundConfigError as exc:
-        raise ValueError(f"--deepspeed_config {path}: {exc}") from None
+        raise ValueError(f"--deepspeed_config {args.deepspeed_config}: {exc}") from None
     for key, value in settings.items():
         setattr(args, key, value)
     args.pipeline_stages = len(settings["stage_layers"])
@@ -229,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = deepspeed_config(args)
         if args.engine == "envpipe":  # a bad `envpipe` block, ENVPIPE_* variable, plan or profile stops it here
-            settings(config, None)
+            settings(config)
         world = int(os.environ.get("WORLD_SIZE", "1"))  # a bad shape stops the job before any process group
         stages, _ = pipeline_shape(world, args.pipeline_stages)
         check_stage_layers(args, stages)
