@@ -108,7 +108,7 @@ def _train(spec: dict[str, Any]) -> None:
     from envpipe.plan.planfile import Plan
     from envpipe.runtime import distributed
     from envpipe.runtime.engine.engine import build
-    from envpipe.runtime.entry import read_config, settings
+    from envpipe.runtime.entry import check_config, read_config
     from envpipe.search.found import train_settings
     from envpipe.search.layers import ModelShape
 
@@ -119,7 +119,7 @@ def _train(spec: dict[str, Any]) -> None:
     distributed.init_distributed(on_gpu)
     config = read_config(None, spec["config"])
     job, _ = train_settings(config["envpipe_search"], config)
-    ds_config, cfg, found = settings(config)
+    ds_config, cfg, found = check_config(config)
     shape = ModelShape(job["model"], job["layers"], job["hidden"], job["heads"], job["seq"], job["vocab"])
     ds_config = {**ds_config, "train_micro_batch_size_per_gpu": job["micro_batch"],
                  "gradient_accumulation_steps": job["microbatches"], "steps_per_print": 10**9}

@@ -221,13 +221,13 @@ def main(argv: list[str] | None = None) -> None:
         profile_layers(args)
         return
     from envpipe.runtime import distributed
-    from envpipe.runtime.entry import settings
+    from envpipe.runtime.entry import check_config
     from envpipe.runtime.measure.replicas import pipeline_shape
 
     try:
         config = deepspeed_config(args)
         if args.engine == "envpipe":  # a bad `envpipe` block, ENVPIPE_* variable, plan or profile stops it here
-            settings(config)
+            check_config(config)
         world = int(os.environ.get("WORLD_SIZE", "1"))  # a bad shape stops the job before any process group
         stages, _ = pipeline_shape(world, args.pipeline_stages)
         check_stage_layers(args, stages)
@@ -257,7 +257,7 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
     import torch
 
     from envpipe.models.gpt import counting, pipeline
-    from envpipe.runtime.report.text import render
+    from envpipe.runtime.report.text import render_report
     from envpipe.runtime.stock import StockRecorder
 
     torch.manual_seed(1234)
@@ -272,7 +272,7 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
         (stock or engine).train_batch(data)
     summary = stock.finish() if stock is not None else engine.envpipe_report()
     if summary is not None:
-        print(render(summary, report_dir), flush=True)
+        print(render_report(summary, report_dir), flush=True)
 
 
 def shape(args: argparse.Namespace) -> Any:

@@ -60,7 +60,7 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     if not isinstance(model, PipelineModule):
         raise EnvPipeSetupError("envpipe.initialize needs a deepspeed.pipe.PipelineModule as model (EnvPipe plans "
                                 f"pipeline stages), got {type(model).__name__}")
-    ds_config, cfg, found = settings(read_config(args, config if config is not None else config_params))
+    ds_config, cfg, found = check_config(read_config(args, config if config is not None else config_params))
     if cfg.pipeline_stages is not None and cfg.pipeline_stages != model.num_stages:
         raise EnvPipeSetupError(f"the config's 'envpipe.pipeline_stages' is {cfg.pipeline_stages}; the model has "
                                 f"{model.num_stages} pipeline stages")
@@ -90,9 +90,10 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     return engine, opt, loader, scheduler
 
 
-def settings(config: dict[str, Any]) -> tuple[dict[str, Any], envpipe_config.EnvPipeConfig, Any]:
+def check_config(config: dict[str, Any]) -> tuple[dict[str, Any], envpipe_config.EnvPipeConfig, Any]:
     """(DeepSpeed's config, EnvPipe's, a found configuration's block or None): the `envpipe` and `envpipe_search`
-    blocks removed."""
+    blocks removed, and checked as `initialize` checks them (a bad block, ENVPIPE_* variable, plan or profile
+    file raises a ValueError of one line)."""
     ds_config, cfg = envpipe_config.split(config)
     found = ds_config.pop(FOUND_BLOCK, None)
     _check_inputs(cfg)
@@ -121,7 +122,7 @@ def _check_plan_fits(cfg: envpipe_config.EnvPipeConfig, stages: int, microbatche
     if cfg.plan:
         try:
             why = Plan.load(cfg.plan).pipeline_error(stages, microbatches)
-        except (OSError, ValueError) as exc:  # read and checked in `settings` already; changed since
+        except (OSError, ValueError) as exc:  # read and checked in `check_config` already; changed since
             why = str(exc)
         if why:
             raise EnvPipeSetupError(f"'envpipe.plan' {cfg.plan}: {why}")
