@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import envpipe
 from envpipe.limits import MAX_MICROBATCHES, output_path_error, parse_slowdown
-from envpipe.runtime.config import CALIBRATION_LEAST, ClockKind, EnvPipeConfig
+from envpipe.runtime import CALIBRATION_LEAST, ClockKind, EnvPipeConfig
 
 NORMAL = {"layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304, "micro_batch": 4}
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 128, "micro_batch": 2}
@@ -171,7 +171,7 @@ BLOCK_FLAGS = {"policy": "type", "clock": "clock", "plan": "plan", "max_slowdown
 
 def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
     """The job's DeepSpeed config: the file's (a found configuration sets the model), the flags on top."""
-    from envpipe.runtime.entry import read_config
+    from envpipe.runtime import read_config
 
     config = read_config(None, args.deepspeed_config) if args.deepspeed_config else {}  # a found plan: beside it
     block = dict(config.get("envpipe") or {})
@@ -220,9 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile_layers:
         profile_layers(args)
         return
-    from envpipe.runtime import distributed
-    from envpipe.runtime.entry import check_config
-    from envpipe.runtime.measure.replicas import pipeline_shape
+    from envpipe.runtime import check_config, exit_process, init_distributed, pipeline_shape
 
     try:
         config = deepspeed_config(args)
@@ -233,12 +231,12 @@ def main(argv: list[str] | None = None) -> None:
         check_stage_layers(args, stages)
     except (OSError, ValueError) as exc:
         fail(exc)
-    distributed.init_distributed(uses_gpu())
+    init_distributed(uses_gpu())
     try:
         train(args, config, stages)
     except (OSError, ValueError, RuntimeError) as exc:
-        fail(exc, distributed.exit_process)
-    distributed.exit_process()  # no interpreter finalization racing gloo's threads (envpipe.runtime.distributed)
+        fail(exc, exit_process)
+    exit_process()  # no interpreter finalization racing gloo's threads (envpipe.runtime.distributed)
 
 
 def fail(exc: BaseException, exit: Any = None) -> NoReturn:
@@ -257,8 +255,7 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
     import torch
 
     from envpipe.models.gpt import counting, pipeline
-    from envpipe.runtime.report.text import render_report
-    from envpipe.runtime.stock import StockRecorder
+    from envpipe.runtime import StockRecorder, render_report
 
     torch.manual_seed(1234)
     model = pipeline(shape(args), stages, args.stage_layers)
