@@ -28,7 +28,16 @@ from typing import Any
 
 import torch
 
-from envpipe.layerprof.profiler import _QUEUE, Target, _Accumulator, _sync, _Unit, _unit_calls, host_and_repeat
+from envpipe.layerprof.profiler import (
+    _QUEUE,
+    Target,
+    _Accumulator,
+    _LayerWork,
+    _sync,
+    _Unit,
+    _unit_calls,
+    host_and_repeat,
+)
 from envpipe.models.gpt import counting, layer_specs, lm_loss
 from envpipe.search.layers import ModelShape
 
@@ -71,7 +80,7 @@ def check(shape: ModelShape, blocks: int, pairs: int, calls_s: float, device: to
     for m in modules:  # each block's real input, as the profiler takes it
         inputs.append(h.detach())
         h = m(h)
-    units = [_Unit(m, i, 1, None, device, a) for m, i, a in zip(modules, inputs, accumulators, strict=True)]
+    units = [_Unit(_LayerWork(m, None, device, a), i, 1) for m, i, a in zip(modules, inputs, accumulators, strict=True)]
     for _ in range(2):  # warm-up of both
         chain_times(modules, x, accumulators, device)
         for u in units:

@@ -77,7 +77,7 @@ def _profile(spec: dict[str, Any]) -> None:
     builds it), with the declared repetitions."""
     import torch
 
-    from envpipe.layerprof.profiler import Target, profile_layers
+    from envpipe.layerprof.profiler import Measurement, Target, profile_layers
     from envpipe.models.gpt import counting, layer_specs, lm_loss
     from envpipe.search.layers import ModelShape
 
@@ -90,8 +90,9 @@ def _profile(spec: dict[str, Any]) -> None:
         return next(counting(shape, b, dev))
 
     target = Target([layer.build for layer in layer_specs(shape)], batch, lm_loss, shape)
-    profile = profile_layers(target, spec["sizes"], device, "bf16" if on_gpu else "fp32", reps=spec["reps"],
-                             warmup=spec["warmup"], idle_seconds=spec["idle_seconds"])
+    how = Measurement(spec["sizes"], "bf16" if on_gpu else "fp32", reps=spec["reps"], warmup=spec["warmup"],
+                      idle_seconds=spec["idle_seconds"])
+    profile = profile_layers(target, how, device)
     profile.save(spec["out"])
 
 

@@ -295,7 +295,7 @@ def profile_layers(args: argparse.Namespace) -> None:
     """Measure every pipeline layer of this model on this process's device (--profile-layers)."""
     import torch
 
-    from envpipe.layerprof.profiler import Target, profile_layers
+    from envpipe.layerprof.profiler import Measurement, Target, profile_layers
     from envpipe.models.gpt import counting, layer_specs, lm_loss
 
     on_gpu = uses_gpu()
@@ -309,7 +309,7 @@ def profile_layers(args: argparse.Namespace) -> None:
 
     target = Target([spec.build for spec in layer_specs(model)], batch, lm_loss, model)
     dtype = args.dtype or ("bf16" if on_gpu else "fp32")
-    profile = profile_layers(target, args.profile_micro_batches, device, dtype, progress=print)
+    profile = profile_layers(target, Measurement(args.profile_micro_batches, dtype), device, progress=print)
     profile.save(args.profile_layers)
     print(f"layer profile ({profile.device}, {dtype}, micro-batch sizes {profile.micro_batch_sizes}) written to "
           f"{args.profile_layers}")
