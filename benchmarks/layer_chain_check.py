@@ -1,4 +1,4 @@
-"""Does profiling a model's layers one at a time (envpipe.runtime.layer_profile) give the host times of the same
+"""Does profiling a model's layers one at a time (envpipe.layerprof.profiler) give the host times of the same
 layers issued as one chain, as DeepSpeed's pipeline engine issues a stage? Paired, so that the host's own speed
 changes (benchmarks/host_speed.py) cancel.
 
@@ -28,8 +28,17 @@ from typing import Any
 
 import torch
 
+from envpipe.layerprof.profiler import (
+    _QUEUE,
+    Target,
+    _Accumulator,
+    _LayerWork,
+    _sync,
+    _Unit,
+    _unit_calls,
+    host_and_repeat,
+)
 from envpipe.models.gpt import counting, layer_specs, lm_loss
-from envpipe.runtime.layer_profile import _QUEUE, Target, _Accumulator, _sync, _Unit, _unit_calls, host_and_repeat
 from envpipe.search.layers import ModelShape
 
 SHAPES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "search_accuracy" / "call4" / "shapes.json"
@@ -71,7 +80,7 @@ def check(shape: ModelShape, blocks: int, pairs: int, calls_s: float, device: to
     for m in modules:  # each block's real input, as the profiler takes it
         inputs.append(h.detach())
         h = m(h)
-    units = [_Unit(m, i, 1, None, device, a) for m, i, a in zip(modules, inputs, accumulators, strict=True)]
+    units = [_Unit(_LayerWork(m, None, device, a), i, 1) for m, i, a in zip(modules, inputs, accumulators, strict=True)]
     for _ in range(2):  # warm-up of both
         chain_times(modules, x, accumulators, device)
         for u in units:

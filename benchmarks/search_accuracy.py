@@ -13,7 +13,7 @@ written beside its runs; then the held-out set is searched with that engine mode
 model may declare its own micro-batch sizes. Per model:
 
 1. its layer profile (envpipe.models.gpt's layers, as examples/train_gpt.py builds them;
-   envpipe.runtime.layer_profile) in a child process;
+   envpipe.layerprof.profiler) in a child process;
 2. `envpipe search --gpus-per-node 1 --global-batch G --top-k 100`: every micro-batch size whose predicted
    device peak fits the device's memory less the default margin, each with its found configuration and
    predictions (made here, before any training run of the model);
@@ -77,8 +77,8 @@ def _profile(spec: dict[str, Any]) -> None:
     builds it), with the declared repetitions."""
     import torch
 
+    from envpipe.layerprof.profiler import Measurement, Target, profile_layers
     from envpipe.models.gpt import counting, layer_specs, lm_loss
-    from envpipe.runtime.layer_profile import Target, profile_layers
     from envpipe.search.layers import ModelShape
 
     on_gpu = _on_gpu()
@@ -90,8 +90,9 @@ def _profile(spec: dict[str, Any]) -> None:
         return next(counting(shape, b, dev))
 
     target = Target([layer.build for layer in layer_specs(shape)], batch, lm_loss, shape)
-    profile = profile_layers(target, spec["sizes"], device, "bf16" if on_gpu else "fp32", reps=spec["reps"],
-                             warmup=spec["warmup"], idle_seconds=spec["idle_seconds"])
+    how = Measurement(spec["sizes"], "bf16" if on_gpu else "fp32", reps=spec["reps"], warmup=spec["warmup"],
+                      idle_seconds=spec["idle_seconds"])
+    profile = profile_layers(target, how, device)
     profile.save(spec["out"])
 
 
@@ -108,7 +109,7 @@ def _train(spec: dict[str, Any]) -> None:
     from envpipe.plan.planfile import Plan
     from envpipe.runtime import distributed
     from envpipe.runtime.engine.engine import build
-    from envpipe.runtime.entry import read_config, settings
+    from envpipe.runtime.entry import check_config, read_config
     from envpipe.search.found import train_settings
     from envpipe.search.layers import ModelShape
 
@@ -117,9 +118,9 @@ def _train(spec: dict[str, Any]) -> None:
     if on_gpu:
         torch.cuda.set_device(device)
     distributed.init_distributed(on_gpu)
-    config, path = read_config(None, spec["config"])
+    config = read_config(None, spec["config"])
     job, _ = train_settings(config["envpipe_search"], config)
-    ds_config, cfg, found = settings(config, path)
+    ds_config, cfg, found = check_config(config)
     shape = ModelShape(job["model"], job["layers"], job["hidden"], job["heads"], job["seq"], job["vocab"])
     ds_config = {**ds_config, "train_micro_batch_size_per_gpu": job["micro_batch"],
                  "gradient_accumulation_steps": job["microbatches"], "steps_per_print": 10**9}

@@ -9,7 +9,7 @@ the shape and stage cut of the configuration's `envpipe_search` block) on `envpi
 plan run by the EnvPipe runtime (calibration, then the plan; no comparison iterations). Peak memory: the
 allocator's peak from before the model is built to the end of the run, whose steady iterations run the plan's
 order (torch.cuda's counters on GPUs, torch's CPU allocator through the profiler's memory events on CPU:
-envpipe.runtime.layer_profile.AllocationWindows), per stage the largest over its replicas. Iteration time: the
+envpipe.layerprof.profiler.AllocationWindows), per stage the largest over its replicas. Iteration time: the
 runtime's summary (per steady iteration the slowest rank, median and least). Clocks: a simulated GPU on CPU runs
 the plan with its clocks; on GPUs without envpipe-clockd the runtime runs the plan's order at default clocks
 (``ran``: "order"), to be compared with the search's prediction at the top clock. This script never changes
@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 import envpipe
+from envpipe.layerprof.profiler import AllocationWindows
 from envpipe.models.gpt import counting, pipeline
 from envpipe.runtime import distributed
 from envpipe.runtime.entry import read_config
-from envpipe.runtime.layer_profile import AllocationWindows
 from envpipe.runtime.measure import collective
 from envpipe.search.found import train_settings
 from envpipe.search.layers import ModelShape
@@ -49,13 +49,13 @@ def parse() -> tuple[argparse.Namespace, argparse.Namespace]:
 
 def main() -> None:
     bench, args = parse()
-    config, path = read_config(None, args.config)
+    config = read_config(None, args.config)  # its plan path made relative to the file
     found, plan = train_settings(config["envpipe_search"], config)
-    assert path is not None and plan is not None, "a found configuration carries its plan"
+    assert plan is not None, "a found configuration carries its plan"
     if config["envpipe_search"].get("allocator"):  # the setting the search's memory model holds for
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", config["envpipe_search"]["allocator"])
-    config["envpipe"] = {**config["envpipe"], "plan": str(path.parent / plan), "report_dir": args.report_dir,
-                         "compare_iterations": 0, "calibration_iterations": args.calibration_steps}
+    config["envpipe"] = {**config["envpipe"], "report_dir": args.report_dir, "compare_iterations": 0,
+                         "calibration_iterations": args.calibration_steps}
     shape = ModelShape(found["model"], found["layers"], found["hidden"], found["heads"], found["seq"], found["vocab"])
     on_gpu = os.environ.get("DS_ACCELERATOR") != "cpu" and torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import envpipe
 from envpipe.limits import MAX_MICROBATCHES, output_path_error, parse_slowdown
-from envpipe.runtime.config import CALIBRATION_LEAST, ClockKind, EnvPipeConfig
+from envpipe.runtime import CALIBRATION_LEAST, ClockKind, EnvPipeConfig
 
 NORMAL = {"layers": 16, "hidden": 2048, "heads": 16, "seq": 1024, "vocab": 50304, "micro_batch": 4}
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 128, "micro_batch": 2}
@@ -171,14 +171,12 @@ BLOCK_FLAGS = {"policy": "type", "clock": "clock", "plan": "plan", "max_slowdown
 
 def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
     """The job's DeepSpeed config: the file's (a found configuration sets the model), the flags on top."""
-    from envpipe.runtime.entry import read_config
+    from envpipe.runtime import read_config
 
-    config, path = read_config(None, args.deepspeed_config) if args.deepspeed_config else ({}, None)
+    config = read_config(None, args.deepspeed_config) if args.deepspeed_config else {}  # a found plan: beside it
     block = dict(config.get("envpipe") or {})
     if "envpipe_search" in config:
-        apply_found(args, config, path)
-        if block.get("plan") and path is not None:  # a found configuration's plan lies beside it
-            block["plan"] = str(path.parent / block["plan"])
+        apply_found(args, config)
     if args.pipeline_stages is None and isinstance(block.get("pipeline_stages"), int):
         args.pipeline_stages = block["pipeline_stages"]
     block.update({key: getattr(args, flag) for flag, key in BLOCK_FLAGS.items() if getattr(args, flag) is not None})
@@ -197,7 +195,7 @@ def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
-def apply_found(args: argparse.Namespace, config: dict[str, Any], path: Path | None) -> None:
+def apply_found(args: argparse.Namespace, config: dict[str, Any]) -> None:
     """A configuration found by `envpipe search`: its `envpipe_search` block sets the model, the micro-batch size
     and count and the stage cut (envpipe.initialize removes the block before DeepSpeed sees the config)."""
     from envpipe.search.found import FoundConfigError, train_settings
@@ -205,7 +203,7 @@ def apply_found(args: argparse.Namespace, config: dict[str, Any], path: Path | N
     try:
         settings, _ = train_settings(config["envpipe_search"], config)
     except FoundConfigError as exc:
-        raise ValueError(f"--deepspeed_config {path}: {exc}") from None
+        raise ValueError(f"--deepspeed_config {args.deepspeed_config}: {exc}") from None
     for key, value in settings.items():
         setattr(args, key, value)
     args.pipeline_stages = len(settings["stage_layers"])
@@ -222,25 +220,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile_layers:
         profile_layers(args)
         return
-    from envpipe.runtime import distributed
-    from envpipe.runtime.entry import settings
-    from envpipe.runtime.measure.replicas import pipeline_shape
+    from envpipe.runtime import check_config, exit_process, init_distributed, pipeline_shape
 
     try:
         config = deepspeed_config(args)
         if args.engine == "envpipe":  # a bad `envpipe` block, ENVPIPE_* variable, plan or profile stops it here
-            settings(config, None)
+            check_config(config)
         world = int(os.environ.get("WORLD_SIZE", "1"))  # a bad shape stops the job before any process group
         stages, _ = pipeline_shape(world, args.pipeline_stages)
         check_stage_layers(args, stages)
     except (OSError, ValueError) as exc:
         fail(exc)
-    distributed.init_distributed(uses_gpu())
+    init_distributed(uses_gpu())
     try:
         train(args, config, stages)
     except (OSError, ValueError, RuntimeError) as exc:
-        fail(exc, distributed.exit_process)
-    distributed.exit_process()  # no interpreter finalization racing gloo's threads (envpipe.runtime.distributed)
+        fail(exc, exit_process)
+    exit_process()  # no interpreter finalization racing gloo's threads (envpipe.runtime.distributed)
 
 
 def fail(exc: BaseException, exit: Any = None) -> NoReturn:
@@ -259,8 +255,7 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
     import torch
 
     from envpipe.models.gpt import counting, pipeline
-    from envpipe.runtime.report.text import render
-    from envpipe.runtime.stock import StockRecorder
+    from envpipe.runtime import StockRecorder, render_report
 
     torch.manual_seed(1234)
     model = pipeline(shape(args), stages, args.stage_layers)
@@ -274,7 +269,7 @@ def train(args: argparse.Namespace, config: dict[str, Any], stages: int) -> None
         (stock or engine).train_batch(data)
     summary = stock.finish() if stock is not None else engine.envpipe_report()
     if summary is not None:
-        print(render(summary, report_dir), flush=True)
+        print(render_report(summary, report_dir), flush=True)
 
 
 def shape(args: argparse.Namespace) -> Any:
@@ -300,8 +295,8 @@ def profile_layers(args: argparse.Namespace) -> None:
     """Measure every pipeline layer of this model on this process's device (--profile-layers)."""
     import torch
 
+    from envpipe.layerprof.profiler import Measurement, Target, profile_layers
     from envpipe.models.gpt import counting, layer_specs, lm_loss
-    from envpipe.runtime.layer_profile import Target, profile_layers
 
     on_gpu = uses_gpu()
     local = args.local_rank or int(os.environ.get("LOCAL_RANK", "0"))
@@ -314,7 +309,7 @@ def profile_layers(args: argparse.Namespace) -> None:
 
     target = Target([spec.build for spec in layer_specs(model)], batch, lm_loss, model)
     dtype = args.dtype or ("bf16" if on_gpu else "fp32")
-    profile = profile_layers(target, args.profile_micro_batches, device, dtype, progress=print)
+    profile = profile_layers(target, Measurement(args.profile_micro_batches, dtype), device, progress=print)
     profile.save(args.profile_layers)
     print(f"layer profile ({profile.device}, {dtype}, micro-batch sizes {profile.micro_batch_sizes}) written to "
           f"{args.profile_layers}")

@@ -16,8 +16,36 @@
 - `summary` (the typed RunSummary and its schema, which every layer writes to);
 - `report/`: `collect` (every rank's record -> the summary), `prediction` (the energy model against the counter,
   the oracle), `files` and `text` (summary.json, report.txt and gantt.png; the report in words), `monitor` (events
-  to DeepSpeed's monitors);
-- `layer_profile`: the per-layer profiler behind `envpipe search` (a tool of its own).
+  to DeepSpeed's monitors).
 
-Importing this package loads nothing heavy; its modules import torch and DeepSpeed.
+Its public names (`__all__`, listed in CONTRIBUTING.md's "Public API") are what a training script needs around
+`envpipe.initialize`: the config read and checked before any process group (`read_config`, `check_config`, the
+`envpipe` block's `EnvPipeConfig`), the pipeline's shape, the process groups in and out, stock DeepSpeed timed and
+metered alike (`StockRecorder`) and the report in words (`render_report`). Importing this package loads nothing
+heavy; a name loads its module on first use, and the modules import torch and DeepSpeed.
 """
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "CALIBRATION_LEAST",
+    "ClockKind",
+    "EnvPipeConfig",
+    "StockRecorder",
+    "check_config",
+    "exit_process",
+    "init_distributed",
+    "pipeline_shape",
+    "read_config",
+    "render_report",
+]
+_HOME = {"CALIBRATION_LEAST": "config", "ClockKind": "config", "EnvPipeConfig": "config", "StockRecorder": "stock",
+         "check_config": "entry", "exit_process": "distributed", "init_distributed": "distributed",
+         "pipeline_shape": "measure.replicas", "read_config": "entry", "render_report": "report.text"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:  # imported on use: `from envpipe.runtime import EnvPipeConfig` loads no DeepSpeed
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

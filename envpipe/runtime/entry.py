@@ -60,7 +60,7 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     if not isinstance(model, PipelineModule):
         raise EnvPipeSetupError("envpipe.initialize needs a deepspeed.pipe.PipelineModule as model (EnvPipe plans "
                                 f"pipeline stages), got {type(model).__name__}")
-    ds_config, cfg, found = settings(*read_config(args, config if config is not None else config_params))
+    ds_config, cfg, found = check_config(read_config(args, config if config is not None else config_params))
     if cfg.pipeline_stages is not None and cfg.pipeline_stages != model.num_stages:
         raise EnvPipeSetupError(f"the config's 'envpipe.pipeline_stages' is {cfg.pipeline_stages}; the model has "
                                 f"{model.num_stages} pipeline stages")
@@ -90,13 +90,12 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     return engine, opt, loader, scheduler
 
 
-def settings(config: dict[str, Any], path: Path | None) -> tuple[dict[str, Any], envpipe_config.EnvPipeConfig, Any]:
+def check_config(config: dict[str, Any]) -> tuple[dict[str, Any], envpipe_config.EnvPipeConfig, Any]:
     """(DeepSpeed's config, EnvPipe's, a found configuration's block or None): the `envpipe` and `envpipe_search`
-    blocks removed; a found configuration's plan path is relative to its file."""
+    blocks removed, and checked as `initialize` checks them (a bad block, ENVPIPE_* variable, plan or profile
+    file raises a ValueError of one line)."""
     ds_config, cfg = envpipe_config.split(config)
     found = ds_config.pop(FOUND_BLOCK, None)
-    if cfg.plan and path is not None and found is not None:
-        cfg = cfg.model_copy(update={"plan": str(path.parent / cfg.plan)})
     _check_inputs(cfg)
     return ds_config, cfg, found
 
@@ -123,14 +122,15 @@ def _check_plan_fits(cfg: envpipe_config.EnvPipeConfig, stages: int, microbatche
     if cfg.plan:
         try:
             why = Plan.load(cfg.plan).pipeline_error(stages, microbatches)
-        except (OSError, ValueError) as exc:  # read and checked in `settings` already; changed since
+        except (OSError, ValueError) as exc:  # read and checked in `check_config` already; changed since
             why = str(exc)
         if why:
             raise EnvPipeSetupError(f"'envpipe.plan' {cfg.plan}: {why}")
 
 
-def read_config(args: Any, config: Any) -> tuple[dict[str, Any], Path | None]:
-    """The DeepSpeed config as DeepSpeed takes it (a dict, a path, or `args.deepspeed_config`) and its path."""
+def read_config(args: Any, config: Any) -> dict[str, Any]:
+    """The DeepSpeed config as DeepSpeed takes it (a dict, a path, or `args.deepspeed_config`). Read from a file
+    that is a found configuration (`envpipe search`), its plan path is made relative to the file."""
     from_args = getattr(args, "deepspeed_config", None)
     if from_args is not None and config is not None:
         raise EnvPipeSetupError("a DeepSpeed config was given twice: --deepspeed_config and config=")
@@ -139,7 +139,7 @@ def read_config(args: Any, config: Any) -> tuple[dict[str, Any], Path | None]:
         raise EnvPipeSetupError("no DeepSpeed config: give config= or --deepspeed_config (deepspeed.add_config_"
                                 "arguments)")
     if isinstance(source, dict):
-        return copy.deepcopy(source), None
+        return copy.deepcopy(source)
     path = Path(source)
     try:  # a regular file of bounded size: /dev/zero or a FIFO is refused, never read or waited on
         data = parse_json(read_text(path, MAX_CONFIG_BYTES, "DeepSpeed config"))
@@ -149,7 +149,10 @@ def read_config(args: Any, config: Any) -> tuple[dict[str, Any], Path | None]:
         raise EnvPipeSetupError(f"DeepSpeed config {path}: {exc}") from None
     if not isinstance(data, dict):
         raise EnvPipeSetupError(f"DeepSpeed config {path}: a DeepSpeed config is a JSON object")
-    return data, path
+    block = data.get("envpipe")
+    if FOUND_BLOCK in data and isinstance(block, dict) and isinstance(block.get("plan"), str) and block["plan"]:
+        data["envpipe"] = {**block, "plan": str(path.parent / block["plan"])}  # a found plan lies beside its file
+    return data
 
 
 def _without_config(args: Any) -> Any:

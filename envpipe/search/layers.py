@@ -1,6 +1,6 @@
 """The per-layer profile: what one pipeline layer costs, per micro-batch size (a versioned JSON file).
 
-Written by the layer profiler (envpipe.runtime.layer_profile, torch) and read by the search (pure):
+Written by the layer profiler (envpipe.layerprof.profiler, torch) and read by the search (pure):
 
     {"version": 4, "kind": "envpipe-layer-profile",
      "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",

@@ -120,9 +120,9 @@ def test_straggler_reported_and_others_take_a_cheaper_frontier_plan(
     fast = [c for r in (0, 2) for x in iterations(tmp_path / "runtime", r) if x["phase"] == "steady"
             for c in x["clocks_requested_mhz"]]
     assert fast and min(fast) < 1410
-    from envpipe.runtime.report.text import render
+    from envpipe.runtime.report.text import render_report
 
-    text = render(summary, tmp_path / "runtime")  # what the example prints
+    text = render_report(summary, tmp_path / "runtime")  # what the example prints
     assert "job: DP2 x PP2, 4 GPUs on 1 node(s)" in text and "straggler: replica 1" in text
     assert "straggler rule: the other replicas run a frontier plan" in text
     assert "stage 1 per replica (simulated GPU): all-reduce" in text

@@ -18,7 +18,7 @@ from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Origin
-from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, read_config, settings
+from envpipe.runtime.entry import EnvPipeSetupError, _warn_thread_count, _without_config, check_config, read_config
 from envpipe.runtime.measure.collective import Place
 from envpipe.runtime.measure.iterations import BASELINE, PLAN, Iteration, comparison_pattern
 from envpipe.runtime.measure.timing import SimInputs, StageTiming
@@ -33,12 +33,12 @@ from tests.support.runtime_summary import sample_calibrated
 
 
 def test_config_as_deepspeed_takes_it(tmp_path: Path) -> None:
-    assert read_config(None, {"a": 1}) == ({"a": 1}, None)
+    assert read_config(None, {"a": 1}) == {"a": 1}
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "envpipe": {"type": "baseline"}}))
     args = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
-    config, where = read_config(args, None)
-    assert where == path and config["envpipe"] == {"type": "baseline"}
+    config = read_config(args, None)
+    assert config["envpipe"] == {"type": "baseline"}
     assert _without_config(args).deepspeed_config is None and args.deepspeed_config == str(path)  # a copy
     for bad_args, bad_config, message in (
             (args, {"x": 1}, "given twice"), (None, None, "no DeepSpeed config"),
@@ -56,18 +56,22 @@ def test_envpipe_blocks_come_out_and_a_found_plan_lies_beside_its_file(
     (tmp_path / "found").mkdir()
     plan.save(tmp_path / "found" / "p.json")
     found = {"envpipe": {"plan": "p.json", "type": "optimal"}, "envpipe_search": {"version": 1}, "steps_per_print": 9}
-    ds_config, cfg, block = settings(found, tmp_path / "found" / "found.json")
+    ds_config, cfg, block = check_config(read_config(None, str(_write(tmp_path / "found" / "found.json",
+                                                                  json.dumps(found)))))
     assert ds_config == {"steps_per_print": 9} and block == {"version": 1}
-    assert cfg.plan == str(tmp_path / "found" / "p.json") and "envpipe" in found  # the caller's dict stays
+    assert cfg.plan == str(tmp_path / "found" / "p.json")
     monkeypatch.chdir(tmp_path)
     plan.save(tmp_path / "p.json")
-    _, plain, none = settings({"envpipe": {"plan": "p.json"}}, tmp_path / "ds.json")
+    _, as_given, _ = check_config(found)
+    assert as_given.plan == "p.json" and "envpipe" in found  # a dict: no file to lie beside; the caller's dict stays
+    _, plain, none = check_config(read_config(None, str(_write(tmp_path / "ds.json",
+                                                           json.dumps({"envpipe": {"plan": "p.json"}})))))
     assert plain.plan == "p.json" and none is None  # a plain config: the path as the user wrote it
     # a plan or profile the run cannot use stops it here, in one line, not after its calibration
     with pytest.raises(EnvPipeSetupError, match=r"^'envpipe.plan': missing.json: cannot read"):
-        settings({"envpipe": {"plan": "missing.json"}}, None)
+        check_config({"envpipe": {"plan": "missing.json"}})
     with pytest.raises(EnvPipeSetupError, match=r"^'envpipe.profile': .*ds.json"):
-        settings({"envpipe": {"profile": str(_write(tmp_path / "ds.json", "{}"))}}, None)
+        check_config({"envpipe": {"profile": str(_write(tmp_path / "ds.json", "{}"))}})
 
 
 def _write(path: Path, text: str) -> Path:

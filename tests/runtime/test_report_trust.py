@@ -9,7 +9,7 @@ import pytest
 from envpipe.runtime import summary as S
 from envpipe.runtime.report.monitor import Finished, MonitorFeed
 from envpipe.runtime.report.prediction import trust
-from envpipe.runtime.report.text import headline, render
+from envpipe.runtime.report.text import headline, render_report
 from tests.support.runtime_summary import sample_calibrated, sample_summary
 
 
@@ -40,7 +40,7 @@ def test_each_reason_a_prediction_cannot_be_trusted_is_one_line(summary: S.RunSu
     t = trust(summary)
     assert not t.trusted and reason in t.reasons, t.reasons
     flagged = replace(summary, trust=t)
-    text = render(flagged, "out")
+    text = render_report(flagged, "out")
     assert f"predictions NOT trusted: {'; '.join(t.reasons)}" in text
     assert headline(flagged).endswith("(predictions flagged: see below)")
 
@@ -51,12 +51,12 @@ def test_the_report_leads_with_what_the_run_saved_against_what() -> None:
     measured = S.MeasuredComparison(4, S.Spread.of([0.104] * 4), S.Spread.of([-0.001] * 4), "simulated GPU")
     sim = replace(s, plan=plan, measured=measured,
                   clock=replace(s.clock, energy="simulated GPU", time="simulated GPU"))
-    first = render(sim, "out").splitlines()[0]
+    first = render_report(sim, "out").splitlines()[0]
     assert first == ("saved 10.4% energy at -0.1% time against this run's own 1F1B all-max iterations (simulated GPU, "
                      "4 pairs) (predictions held)")
     refused = S.Verdict(False, "the plan's order, 1f1b, at default clocks", 0.027, -0.013, 0.0, "it measured slower")
     assert headline(replace(sim, verdict=refused)).startswith("saved nothing: it measured slower (no harm;")
-    text = render(replace(sim, verdict=refused), "out")
+    text = render_report(replace(sim, verdict=refused), "out")
     assert "  no harm (what runs after the pairs): it measured slower" in text
 
 

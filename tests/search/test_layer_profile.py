@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from envpipe.runtime.layer_profile import (
+from envpipe.layerprof.profiler import (
     AllocationWindows,
     HostRound,
+    Measurement,
     Target,
     _Accumulator,
     _extra_host_s,
+    _LayerWork,
     _Unit,
     _unit_calls,
     host_and_repeat,
@@ -61,7 +63,8 @@ def test_profile_of_known_layers(tmp_path: Path, dtype: str) -> None:
     target = Target([lambda: Square(width)] * n, batch, lambda out, y: ((out.float() - y) ** 2).mean(),
                     ModelShape("gpt2", n - 2, width, 1, 1, width))
     seen: list[str] = []
-    profile = profile_layers(target, [1, 4], torch.device("cpu"), dtype, reps=2, warmup=1, progress=seen.append)
+    profile = profile_layers(target, Measurement([1, 4], dtype, reps=2, warmup=1), torch.device("cpu"),
+                             progress=seen.append)
     size = 4 if dtype == "fp32" else 2
     assert len(seen) == n and profile.device == "cpu" and profile.dtype == dtype
     assert profile.power_label.startswith("simulated") and profile.measured_mhz is None
@@ -101,7 +104,7 @@ def test_a_block_is_chained_the_embedding_and_the_head_are_not() -> None:
     with torch.no_grad():
         block.lin.weight.copy_(torch.eye(4))  # exact small integers in bf16
     accumulator = _Accumulator(block)
-    unit = _Unit(block, torch.ones(2, 4, dtype=torch.bfloat16), 2, None, torch.device("cpu"), accumulator)
+    unit = _Unit(_LayerWork(block, None, torch.device("cpu"), accumulator), torch.ones(2, 4, dtype=torch.bfloat16), 2)
     assert unit.chainable
     accumulator.flat.zero_()
     assert all(t >= 0 for t in unit._chain_round(3)) and unit.x.grad is None
@@ -109,9 +112,10 @@ def test_a_block_is_chained_the_embedding_and_the_head_are_not() -> None:
     assert grad is not None and torch.equal(accumulator.flat, 3 * grad.flatten())
     ids = torch.zeros(2, 3, dtype=torch.long)
     embedding = torch.nn.Embedding(8, 4)
-    assert not _Unit(embedding, ids, 2, None, torch.device("cpu"), None).chainable
+    assert not _Unit(_LayerWork(embedding, None, torch.device("cpu"), None), ids, 2).chainable
     head = Square(4)
-    assert not _Unit(head, torch.randn(2, 4), 2, lambda out, b: out.sum(), torch.device("cpu"), None).chainable
+    assert not _Unit(_LayerWork(head, lambda out, b: out.sum(), torch.device("cpu"), None), torch.randn(2, 4),
+                     2).chainable
 
 
 def test_extra_host_time_of_a_call() -> None:

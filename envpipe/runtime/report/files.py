@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from envpipe.atomicfile import atomic_write
-from envpipe.runtime.report.text import render
+from envpipe.runtime.report.text import render_report
 from envpipe.runtime.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ def write_report(out_dir: str | Path, summary: RunSummary, gantt: bool = True) -
     out.mkdir(parents=True, exist_ok=True)
     summary.save(out / "summary.json")
     with atomic_write(out / "report.txt") as fh:
-        fh.write(render(summary, out) + "\n")
+        fh.write(render_report(summary, out) + "\n")
     if not gantt:
         return
     try:

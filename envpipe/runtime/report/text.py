@@ -102,7 +102,7 @@ def _deployment(plan: PlanInfo, verdict: Verdict | None) -> str:
     return " (reported; clocks not deployed: they cannot be changed here, and its order is 1F1B, the baseline's)"
 
 
-def render(s: RunSummary, report_dir: str | Path) -> str:
+def render_report(s: RunSummary, report_dir: str | Path) -> str:
     out = Path(report_dir)
     plan = s.plan
     lines = [headline(s),

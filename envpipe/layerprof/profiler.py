@@ -4,7 +4,7 @@ Measures the layers exactly as the training job builds them (the caller hands ov
 builders DeepSpeed's PipelineModule gets) and writes an `envpipe.search.layers.LayerProfile`. On CPU the
 device is the runtime's simulated GPU (``simulated_gpu_times``): its unit times are the ones the runtime's
 simulated GPU charges. It lives
-in envpipe.runtime, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
+in envpipe.layerprof, not envpipe.profile, because it needs torch: envpipe.profile and envpipe.search stay
 importable where only the planner is installed.
 
 One layer is built at a time (a model larger than one device can still be profiled); each layer's input
@@ -166,22 +166,46 @@ class Target:
     model: ModelShape
 
 
-def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: torch.device, dtype: str,
-                   reps: int = 10, warmup: int = 3, idle_seconds: float = 2.0,
+@dataclass(frozen=True)
+class Measurement:
+    """How to profile: the micro-batch sizes, the training dtype, ``reps`` timed rounds (their median) after
+    ``warmup`` rounds, and (GPUs) ``idle_seconds`` of the energy counter before any work for the idle power."""
+
+    micro_batch_sizes: Sequence[int]
+    dtype: str
+    reps: int = 10
+    warmup: int = 3
+    idle_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What every layer of one profile is measured with: the measurement, the device, its unit timer, the hold
+    (GPUs) and the unit calls an unchained layer's own ``backward()`` pays (``calls_s``)."""
+
+    how: Measurement
+    device: torch.device
+    timer: UnitTimer
+    hold: _DeviceHold | None
+    calls_s: float
+
+
+def profile_layers(target: Target, how: Measurement, device: torch.device,
                    progress: Callable[[str], None] | None = None) -> LayerProfile:
     """Measure every layer of ``target`` at every micro-batch size (clocks untouched). On CPU the times are the
     runtime's simulated GPU's (``simulated_gpu_times``)."""
+    dtype = how.dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    sizes = sorted(set(micro_batch_sizes))
-    if not sizes or sizes[0] < 1 or reps < 1 or warmup < 0:
+    sizes = sorted(set(how.micro_batch_sizes))
+    if not sizes or sizes[0] < 1 or how.reps < 1 or how.warmup < 0:
         raise ValueError("micro-batch sizes must be positive, reps >= 1 and warm-up >= 0")
     timer = UnitTimer(device)
     hold = _DeviceHold(device) if device.type == "cuda" else None
-    power = _PowerMeter(device, idle_seconds)
+    power = _PowerMeter(device, how.idle_seconds)
     batches = {b: target.batch(b, device) for b in sizes}
     calls = _unit_calls(target, sizes, device, dtype)
-    calls_s = calls.backward_s
+    bench = _Bench(how, device, timer, hold, calls.backward_s)
     # floating inputs in the training dtype, as DeepSpeed loads them on the first stage
     inputs = {b: x.to(DTYPES[dtype]) if x.is_floating_point() else x for b, (x, _) in batches.items()}
     layers, flops = [], []
@@ -191,8 +215,7 @@ def profile_layers(target: Target, micro_batch_sizes: Sequence[int], device: tor
             with torch.device(device):  # built where it runs: no copy, and fast on GPUs
                 module = build().to(dtype=DTYPES[dtype])
             loss = (lambda out, b: target.loss_fn(out, batches[b][1])) if i == last else None
-            layer, layer_flops, inputs = _profile_layer(module, inputs, loss, device, dtype, reps, warmup, timer,
-                                                        hold, calls_s)
+            layer, layer_flops, inputs = _profile_layer(module, inputs, loss, bench)
             layers.append(layer)
             flops.append(layer_flops)
             if progress:
@@ -297,16 +320,17 @@ def simulated_gpu_times(layers: Sequence[Layer], flops: Sequence[Flops]) -> list
 
 
 def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
-                   loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device, dtype: str,
-                   reps: int, warmup: int, timer: UnitTimer, hold: _DeviceHold | None, calls_s: float
+                   loss: Callable[[torch.Tensor, int], torch.Tensor] | None, bench: _Bench
                    ) -> tuple[Layer, Flops, dict[int, torch.Tensor]]:
     """One layer at every micro-batch size (``inputs``: size -> its input); returns it, its FLOPs per unit
-    (CPU only, else 0) and its outputs. ``calls_s``: the unit calls (GPUs), which an unchained layer's own
+    (CPU only, else 0) and its outputs. ``bench.calls_s``: the unit calls (GPUs), which an unchained layer's own
     ``backward()`` pays and the engine's stage pays once."""
-    accumulator = _Accumulator(module) if dtype == "bf16" else None
-    units = {b: _Unit(module, x, b, loss, device, accumulator) for b, x in inputs.items()}
-    if hold is not None:
-        times = {b: unit.time_on_gpu(reps, warmup, hold, calls_s) for b, unit in units.items()}
+    reps, warmup, timer = bench.how.reps, bench.how.warmup, bench.timer
+    accumulator = _Accumulator(module) if bench.how.dtype == "bf16" else None
+    work = _LayerWork(module, loss, bench.device, accumulator)
+    units = {b: _Unit(work, x, b) for b, x in inputs.items()}
+    if bench.hold is not None:
+        times = {b: unit.time_on_gpu(reps, warmup, bench.hold, bench.calls_s) for b, unit in units.items()}
         flops = {b: (0.0, 0.0) for b in units}
     else:
         measured = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
@@ -314,7 +338,7 @@ def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
         flops = {b: (f[1], bw[1]) for b, (f, bw) in measured.items()}
     optimizer = _Optimizer(module, accumulator)
     step_s = optimizer.time(reps, timer)
-    with AllocationWindows(device) as probe:  # one allocation probe per layer: all its windows
+    with AllocationWindows(bench.device) as probe:  # one allocation probe per layer: all its windows
         outputs = {b: unit.probe(probe, str(b)) for b, unit in units.items()}
         with probe.window("step"):
             optimizer.step()
@@ -388,22 +412,31 @@ def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Ten
     return out
 
 
+@dataclass(frozen=True)
+class _LayerWork:
+    """One layer as its units run it, at every micro-batch size: the module, the loss (the last layer's, else
+    None), the device and the accumulator around every backward (bf16, else None)."""
+
+    module: torch.nn.Module
+    loss: Callable[[torch.Tensor, int], torch.Tensor] | None
+    device: torch.device
+    accumulator: _Accumulator | None
+
+
 class _Unit:
     """One layer at one micro-batch size: its forward (the loss too on the last layer) and its backward
     (from the gradient the next stage would send, or from the loss), with the accumulator's work around it."""
 
-    def __init__(self, module: torch.nn.Module, x: torch.Tensor, b: int,
-                 loss: Callable[[torch.Tensor, int], torch.Tensor] | None, device: torch.device,
-                 accumulator: _Accumulator | None) -> None:
-        self.module, self.b, self.loss, self.device = module, b, loss, device
+    def __init__(self, work: _LayerWork, x: torch.Tensor, b: int) -> None:
+        self.module, self.b, self.loss, self.device = work.module, b, work.loss, work.device
         self.x = x.detach().requires_grad_(True) if x.is_floating_point() else x.detach()
-        self.accumulator = accumulator
+        self.accumulator = work.accumulator
         out, root = self.forward()
-        self.grad = None if loss is not None else torch.randn_like(out)
+        self.grad = None if self.loss is not None else torch.randn_like(out)
         root.backward(self.grad)  # the weights' gradients exist from here on, as between micro-batches
         self.x.grad = None
         # its output can be its own input: the layer can be issued as a chain, as the engine issues a stage
-        self.chainable = loss is None and out.shape == self.x.shape and out.dtype == self.x.dtype
+        self.chainable = self.loss is None and out.shape == self.x.shape and out.dtype == self.x.dtype
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.module(self.x)
