@@ -13,7 +13,13 @@ forward starts on an idle device). For every k on a grid, h and t >= 0 by least 
 (scipy's nnls); the k of least squared relative error wins. A host scale holds for the profiler that measured
 the runs' profiles (version 4 times a block inside a chain of itself, version 3 on its own). Older profiles
 have no unit calls to tell the engine's per-micro-batch work from the layers': their time terms stay 1, 0 and
-0 (the label says so). Memory, from the measurements alone: the allocator's fragmentation (its peak of
+0 (the label says so). The host spread (how far the host's speed wanders on the machine: the band of
+envpipe.search.band), with k, h and t fitted: per run the least s in [0, 0.5] whose band, the run's predicted
+time with host scale k (1 - s) and k (1 + s), holds its measured time (by bisection, the time rising with the
+host scale); the largest over the runs the host's speed can explain (not the device-bound ones, by the band's
+host share: their error is not the host's); 0 where time is not fitted.
+
+Memory, from the measurements alone: the allocator's fragmentation (its peak of
 inactive split blocks, memory it can neither reuse nor give back, over its allocated peak) and the memory
 outside the allocator beyond the profile's CUDA context, each the largest of the runs, so that no fit run
 needed more than predicted.
@@ -25,7 +31,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ from scipy.optimize import nnls
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from envpipe.search.band import DEVICE_BOUND, PROBE
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
 from envpipe.search.engine_model import EngineModel
@@ -44,6 +51,7 @@ from envpipe.search.memory import MemoryTables
 from envpipe.search.space import Shape
 
 HOST_SCALES = np.round(np.arange(0.30, 1.501, 0.02), 2)
+MAX_SPREAD = 0.5  # a host at half or one and a half times its fitted speed: beyond, not the host's speed
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,25 @@ def fit_time(runs: list[FitRun], allocator: str) -> tuple[float, float, float]:
     return best[1], best[2], best[3]
 
 
+def spread_needed(run: FitRun, engine: EngineModel) -> float | None:
+    """The least host spread whose band holds the run's measured time (to 1e-4); None for a device-bound run (its
+    host share below envpipe.search.band.DEVICE_BOUND: its error is not the host's) or one no spread up to
+    MAX_SPREAD holds (see the docstring)."""
+    def at(factor: float) -> float:
+        return predicted_iteration_s(run, replace(engine, host_scale=engine.host_scale * factor))
+
+    def holds(spread: float) -> bool:
+        return at(1 - spread) <= run.iteration_s <= at(1 + spread)
+
+    if (at(1 + PROBE) - at(1 - PROBE)) / (2 * PROBE * at(1.0)) < DEVICE_BOUND or not holds(MAX_SPREAD):
+        return None
+    low, high = 0.0, MAX_SPREAD
+    while high - low > 1e-4:
+        mid = (low + high) / 2
+        low, high = (low, mid) if holds(mid) else (mid, high)
+    return high
+
+
 def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
     allocators = {r.allocator for r in runs}
     if len(allocators) != 1:
@@ -123,12 +150,15 @@ def fit(runs: list[FitRun], date: str) -> tuple[EngineModel, dict[str, Any]]:
         label += (": memory; time not fitted (the runs' layer profiles, version 2, have no unit calls): host scale "
                   "1, no engine host work")
     engine = EngineModel(round(h, 7), round(t, 6), k, round(fragmentation, 4), int(outside), allocator, label)
+    needed = [spread_needed(r, engine) if timed else None for r in runs]
+    engine = replace(engine, host_spread=round(max((n for n in needed if n is not None), default=0.0), 3))
     residuals = [{"model": r.model, "micro_batch": r.micro_batch, "microbatches": r.microbatches,
                   "measured_s": r.iteration_s, "predicted_s": predicted_iteration_s(r, engine),
                   "reserved_over_allocated": r.reserved_peak_bytes / r.allocated_peak_bytes - 1,
                   "inactive_split_over_allocated": r.inactive_split_peak_bytes / r.allocated_peak_bytes,
                   "outside_beyond_profile_bytes": r.outside_allocator_bytes
-                  - r.layers.device_memory.outside_allocator_bytes} for r in runs]
+                  - r.layers.device_memory.outside_allocator_bytes, "host_spread_needed": n}
+                 for r, n in zip(runs, needed, strict=True)]
     return engine, {"engine_model": engine.to_json(), "runs": residuals}
 
 

@@ -120,7 +120,7 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
 
     Every prediction is simulated from the layer profile; the links are assumed unless given as measured."""
     # the search plans with the optimal planner (scipy): imported here, so that `envpipe --help` starts fast
-    from envpipe.search.found import found_config, launch_command
+    from envpipe.search.found import found_config, launch_command, with_band
     from envpipe.search.report import draw_frontier, result_json, table
     from envpipe.search.search import Objective, SearchOptions, search
 
@@ -155,12 +155,12 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     click.echo(f"predictions simulated on {layers_path} ({layers.device}, {layers.dtype}, {layers.date}):")
     click.echo(table(result))
     best = result.candidates[0]
-    config = found_config(best, layers, cluster, "found.plan.json", engine)
+    config = with_band(found_config(best, layers, cluster, "found.plan.json", engine), result.bands[0])
     files: dict[str, Any] = {"found.plan.json": best.plan, "found.json": config,
                              "search.json": result_json(result, layers, cluster, global_batch)}
-    for rank, other in enumerate(result.candidates[1:], 2):  # the runners-up, to train or benchmark too
-        files[f"top/{rank}.plan.json"] = other.plan
-        files[f"top/{rank}.json"] = found_config(other, layers, cluster, f"{rank}.plan.json", engine)
+    for rank, (other, band) in enumerate(zip(result.candidates[1:], result.bands[1:], strict=True), 2):
+        files[f"top/{rank}.plan.json"] = other.plan  # the runners-up, to train or benchmark too
+        files[f"top/{rank}.json"] = with_band(found_config(other, layers, cluster, f"{rank}.plan.json", engine), band)
     _write_all(out, anchor, files, lambda path: draw_frontier(result, path))
     ds_block = {k: v for k, v in config.items() if k != "envpipe_search"}
     click.echo(f"chosen: #1 {best.shape.label()}, stage layers {list(best.pipeline.cut.counts)}, order {best.order}")

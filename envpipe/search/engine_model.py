@@ -7,6 +7,9 @@ around the units and the optimizer step (the loss's aggregation, the end of the 
 host's time for a layer inside the engine's stage loop compares with the profile's (``host_scale``). Since
 version 3 the profile measures what the engine does once per micro-batch and the profiler once per layer
 (``UnitCalls``), and the micro-batch's load, so that these are 0, 0 and 1 unless a fit says otherwise.
+How much the host's speed wanders on the machine (``host_spread``): the fraction by which a run's host times
+may be above or below the fitted ones (the host's clock, other processes, the hypervisor), so that a
+configuration the host sets the pace of has a band of times rather than one (envpipe.search.band).
 Memory: the caching allocator's fragmentation, the memory it holds that it can neither reuse for a new
 block nor give back (split blocks partly in use, torch's `inactive_split_bytes`), over its allocated peak,
 with the allocator setting the found configuration trains with (``allocator``: PYTORCH_CUDA_ALLOC_CONF);
@@ -38,6 +41,7 @@ ENGINE_MODEL_VERSION = 1
 EXPANDABLE = "expandable_segments:True"
 _BOUNDS = {"unit_host_s": (0.0, 1.0), "iteration_s": (0.0, 60.0), "host_scale": (0.0, 10.0),
            "fragmentation": (0.0, 10.0), "outside_allocator_bytes": (0, 2**40)}
+_OPTIONAL = {"host_spread": (0.0, 0.9)}  # absent in files fitted before it existed: 0, no band
 
 
 class EngineModelError(ValueError):
@@ -53,6 +57,7 @@ class EngineModel:
     outside_allocator_bytes: int  # beyond the profile's: NCCL's communicators and buffers
     allocator: str  # the PYTORCH_CUDA_ALLOC_CONF the numbers hold for ("" = torch's default)
     label: str
+    host_spread: float = 0.0  # the host's times may be this fraction above or below the fitted ones
 
     def to_json(self) -> dict[str, Any]:
         return {"version": ENGINE_MODEL_VERSION, **asdict(self)}
@@ -65,9 +70,10 @@ SIMULATED_GPU = EngineModel(0.0, 0.0, 1.0, 0.0, 0, "", "none: the CPU's simulate
 # 2026-11-25; layer profiles version 4, time and memory terms), held out on call5's
 # (benchmarks/results/search_accuracy_call4.md); tests/benchmarks/test_search_accuracy.py refits it from the committed
 # runs and compares. Its host scale is for version 4 profiles (a layer timed inside a chain of itself).
+# The host spread came later: the same fit on the same runs (the file reads as spread 0).
 GPU = EngineModel(0.0, 0.0, 1.22, 0.0, 1_002_438_656, EXPANDABLE,
                   "fitted 2026-11-25 by benchmarks/search_fit.py on 8 runs of gpt2_20x1280_s1024, llama_16x2048_s1024 "
-                  "(NVIDIA H100 80GB HBM3, allocator expandable_segments:True)")
+                  "(NVIDIA H100 80GB HBM3, allocator expandable_segments:True)", host_spread=0.116)
 
 
 def engine_model(layers: LayerProfile) -> EngineModel:
@@ -92,7 +98,7 @@ def load_engine_model(path: str | Path) -> EngineModel:
     if not isinstance(data, dict) or data.get("version") != ENGINE_MODEL_VERSION:
         raise EngineModelError(f"{path}: not an engine model (a JSON object with \"version\": {ENGINE_MODEL_VERSION})")
     values: dict[str, Any] = {}
-    for key, (low, high) in _BOUNDS.items():
+    for key, (low, high) in [*_BOUNDS.items(), *((k, b) for k, b in _OPTIONAL.items() if k in data)]:
         value = data.get(key)
         integer = isinstance(low, int)
         if (not isinstance(value, int if integer else int | float) or isinstance(value, bool)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from envpipe.search.band import HostBand
 from envpipe.search.cluster import Cluster
 from envpipe.search.engine_model import EngineModel
 from envpipe.search.evaluate import Candidate
@@ -66,6 +67,12 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
         "engine_model": engine.label,
     }
     return config
+
+
+def with_band(config: dict[str, Any], band: HostBand) -> dict[str, Any]:
+    """``config`` (found_config's) whose predictions carry the candidate's host band (envpipe.search.band)."""
+    block = config["envpipe_search"]
+    return {**config, "envpipe_search": {**block, "predicted": {**block["predicted"], **band.to_json()}}}
 
 
 def predicted(candidate: Candidate) -> dict[str, Any]:

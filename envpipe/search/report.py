@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envpipe.search.band import HostBand
 from envpipe.search.cluster import GIB, Cluster
 from envpipe.search.evaluate import Candidate
 from envpipe.search.found import predicted, simulated_label
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 RESULT_VERSION = 1
 
 
-def configuration(candidate: Candidate) -> dict[str, Any]:
+def configuration(candidate: Candidate, band: HostBand) -> dict[str, Any]:
     shape = candidate.shape
     return {
         "stages": shape.stages,
@@ -25,7 +26,7 @@ def configuration(candidate: Candidate) -> dict[str, Any]:
         "micro_batch": shape.micro_batch,
         "microbatches": shape.microbatches,
         "stage_layers": list(candidate.pipeline.cut.counts),
-        "predicted": predicted(candidate),
+        "predicted": {**predicted(candidate), **band.to_json()},
     }
 
 
@@ -45,21 +46,31 @@ def result_json(result: SearchResult, layers: LayerProfile, cluster: Cluster, gl
         "search": {"configurations": stats.shapes, "infeasible_memory": stats.infeasible, "pruned": stats.pruned,
                    "too_slow": stats.too_slow, "planned": stats.planned, "not_planned": stats.not_planned,
                    "seconds": stats.seconds},
-        "configurations": [configuration(c) for c in result.candidates],
+        "configurations": [configuration(c, band) for c, band in zip(result.candidates, result.bands, strict=True)],
+        "undecided": result.undecided,  # ranks the host's speed could put first (their bands overlap the first's)
     }
 
 
 def table(result: SearchResult) -> str:
+    """The top k, one line each: shape, cut, order, predicted time (with its host band and regime), throughput,
+    energy, saving, peak memory; then which ranks the host's speed could swap with the first."""
     head = (f"{'#':>2} {'P':>3} {'D':>3} {'b':>3} {'M':>4}  {'stage layers':<18} {'order':<16} {'iteration':>10} "
-            f"{'samples/s':>10} {'energy/iter':>12} {'saving':>7}  peak memory per stage (GiB)")
+            f"{'host band':>15} {'regime':<12} {'samples/s':>10} {'energy/iter':>12} {'saving':>7}  "
+            "peak memory per stage (GiB)")
     lines = [head]
-    for i, c in enumerate(result.candidates, 1):
+    for i, (c, band) in enumerate(zip(result.candidates, result.bands, strict=True), 1):
         s = c.shape
         cut = ",".join(map(str, c.pipeline.cut.counts))
         peaks = " ".join(f"{p / GIB:.2f}" for p in c.peak_bytes)
+        low, high = (100 * (t / c.iteration_time_s - 1) for t in band.time_s)
+        spread = f"{low:+.1f}..{high:+.1f}%"
         lines.append(f"{i:>2} {s.stages:>3} {s.replicas:>3} {s.micro_batch:>3} {s.microbatches:>4}  {cut:<18.18} "
-                     f"{c.order:<16.16} {c.iteration_time_s * 1e3:>8.2f}ms {c.throughput():>10.1f} "
-                     f"{c.energy_j:>10.1f} J {100 * c.saving:>6.1f}%  {peaks}")
+                     f"{c.order:<16.16} {c.iteration_time_s * 1e3:>8.2f}ms {spread:>15} {band.regime:<12} "
+                     f"{c.throughput():>10.1f} {c.energy_j:>10.1f} J {100 * c.saving:>6.1f}%  {peaks}")
+    if result.undecided:
+        measure = "energy" if result.objective.kind == "energy" else "time"
+        lines.append(f"undecided: the {measure} bands of #{', #'.join(map(str, result.undecided))} overlap #1's: the "
+                     "host's speed, not the prediction, decides between them (launch-bound configurations)")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from envpipe.plan.memory import peak_in_flight
 from envpipe.plan.schedules import one_f_one_b
+from envpipe.search.band import HostBand, host_band, undecided
 from envpipe.search.cluster import GIB
 from envpipe.search.cut import bottleneck_cut, segment_sums
 from envpipe.search.engine_model import device_overhead
@@ -92,6 +93,12 @@ class SearchResult:
     planned: list[Candidate]  # every configuration the planner ran on (for the picture)
     stats: SearchStats
     time_budget_s: float | None  # energy objective: the floor's iteration time
+    bands: list[HostBand]  # per candidate, its predictions as the host's speed wanders (envpipe.search.band)
+
+    @property
+    def undecided(self) -> list[int]:
+        """Ranks whose band overlaps the first's in the objective's measure: the host's speed could swap them."""
+        return undecided(self.bands, self.objective.kind == "energy")
 
 
 def search(inputs: SearchInputs, global_batch: int, objective: Objective,
@@ -126,8 +133,9 @@ def search(inputs: SearchInputs, global_batch: int, objective: Objective,
         planned, chosen = _frontier(pipelines, plan, stats, progress)
     stats.planned = len(planned)
     stats.not_planned = sum(not c.planned for c in planned)
+    bands = [host_band(inputs, c) for c in chosen]
     stats.seconds = time.perf_counter() - t0
-    return SearchResult(objective, chosen, planned, stats, budget)
+    return SearchResult(objective, chosen, planned, stats, budget, bands)
 
 
 def _feasible_pipelines(inputs: SearchInputs, candidates: list[Shape], progress: Progress | None

@@ -23,7 +23,7 @@ from benchmarks import host_speed
 from benchmarks.layer_chain_check import check
 from benchmarks.search_accuracy import micro_batch_sizes, timed_iterations
 from benchmarks.search_accuracy_results import RAW, main, render, render_call3, render_call4
-from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s
+from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s, spread_needed
 from envpipe.search.engine_model import GPU, EngineModel, load_engine_model
 from envpipe.search.layers import NO_UNIT_CALLS, ModelShape, UnitCalls
 from tests.support.layer_profiles import layer_profile
@@ -93,10 +93,18 @@ def test_the_second_held_out_runs_predictions_came_before_them() -> None:
 def test_the_committed_engine_models_are_the_fits_of_the_committed_runs() -> None:
     """The search's default is the fit of the third run's runs (call5/engine.json, made before the fourth run):
     time and memory terms, their version 4 profiles measured the unit calls. The second run's (call3/engine.json)
-    is the first run's fit set's: memory terms only, their version 2 profiles have no unit calls."""
+    is the first run's fit set's: memory terms only, their version 2 profiles have no unit calls. The host spread
+    came after call5's file (which reads as spread 0): the same runs' fit gives the default its spread, and every
+    other term and residual as committed."""
     engine, details = fit(load_runs(RAW / "call4" / "run1" / "heldout"), "2026-11-25")
-    assert engine == GPU == load_engine_model(RAW / "call5" / "engine.json")
-    assert engine.host_scale == 1.22 and details == json.loads((RAW / "call5" / "fit_details.json").read_text())
+    assert engine == GPU and replace(engine, host_spread=0.0) == load_engine_model(RAW / "call5" / "engine.json")
+    committed = json.loads((RAW / "call5" / "fit_details.json").read_text())
+    assert engine.host_scale == 1.22 and engine.host_spread == 0.116
+    assert [{k: r[k] for k in c} for r, c in zip(details["runs"], committed["runs"], strict=True)] == committed["runs"]
+    assert details["engine_model"] == {**committed["engine_model"], "host_spread": 0.116}
+    explained = [r for r in details["runs"] if r["host_spread_needed"] is not None]
+    assert {r["micro_batch"] for r in details["runs"] if r["host_spread_needed"] is None} == {8}  # device-bound
+    assert max(r["host_spread_needed"] for r in explained) == pytest.approx(0.116, abs=1e-3)
     runs = load_runs(RAW / "call2" / "fit")
     engine, details = fit(runs, "2026-11-25")
     assert engine == load_engine_model(RAW / "call3" / "engine.json")
@@ -192,6 +200,29 @@ def test_the_fit_recovers_time_terms_from_profiles_with_unit_calls() -> None:
     assert engine.host_scale == pytest.approx(0.8)
     assert engine.unit_host_s == pytest.approx(0.5e-3, abs=1e-7) and engine.iteration_s == pytest.approx(2e-3, abs=1e-6)
     assert "time not fitted" not in engine.label
+
+
+def test_the_host_spread_is_the_least_that_holds_every_run_the_host_can_explain() -> None:
+    """A launch-bound run measured as if its host were 6 % slower needs a spread of 6 %, one 3 % faster 3 %; a
+    device-bound run 5 % off needs more than any spread gives (the host does not set its time): left out. The fit
+    takes the largest the runs need, and its band then holds each explained run."""
+    calls = UnitCalls(1e-4, 2e-5, {1: 3e-4, 2: 3e-4, 4: 3e-4, 8: 3e-4}, "test")
+    profile = replace(layer_profile([2.0, 2.0, 2.0, 2.0], host_ms=[6.0] * 4, sizes=(1, 2, 4, 8)), unit_calls=calls)
+    truth = EngineModel(0.0, 0.0, 1.0, 0.0, 0, "x", "truth")
+    slow = _run(profile, 1, 16, replace(truth, host_scale=1.06))
+    fast = _run(profile, 2, 8, replace(truth, host_scale=0.97))
+    device = _run(profile, 8, 2, truth)
+    device = replace(device, iteration_s=1.05 * device.iteration_s)
+    assert spread_needed(slow, truth) == pytest.approx(0.06, abs=2e-4)
+    assert spread_needed(fast, truth) == pytest.approx(0.03, abs=2e-4)
+    assert spread_needed(device, truth) is None
+    engine, details = fit([slow, fast, device], "2026-11-29")
+    needed = [r["host_spread_needed"] for r in details["runs"]]
+    assert needed[2] is None and engine.host_spread == pytest.approx(max(needed[:2]), abs=1e-3)
+    for run in (slow, fast):
+        low = predicted_iteration_s(run, replace(engine, host_scale=engine.host_scale * (1 - engine.host_spread)))
+        high = predicted_iteration_s(run, replace(engine, host_scale=engine.host_scale * (1 + engine.host_spread)))
+        assert low <= run.iteration_s * (1 + 1e-6) and run.iteration_s <= high * (1 + 1e-6)
 
 
 def test_the_fit_leaves_time_alone_on_profiles_without_unit_calls() -> None:

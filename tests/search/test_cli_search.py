@@ -62,6 +62,31 @@ def test_search_writes_a_trainable_configuration(tmp_path: Path, layers: Path) -
     assert config["envpipe_search"]["allocator"] == "expandable_segments:True"
     assert config["zero_optimization"] == {"stage": 0}
     assert '"envpipe_search"' not in text  # the printed DeepSpeed block is DeepSpeed's and the runtime's only
+    # the host band: this profile's host times are 0 (device-bound), so every band is a point
+    assert "host band" in text and "regime" in text and "+0.0..+0.0%" in text and "undecided" not in text
+    assert best["predicted"]["regime"] == "device-bound" and result["undecided"] == []
+    time_s = best["predicted"]["iteration_time_s"]
+    assert best["predicted"]["time_band_s"] == [time_s, time_s]
+    assert config["envpipe_search"]["predicted"] == best["predicted"]  # found.json carries the same predictions
+
+
+def test_search_says_which_ranks_the_hosts_speed_could_swap(tmp_path: Path) -> None:
+    """A launch-bound profile (host 20 ms a layer, device 0.1 ms) with the engine model's 10 % host spread: every
+    configuration is launch-bound, and the second (12 % slower) is within the first's band: named undecided."""
+    path, engine = tmp_path / "layers.json", tmp_path / "engine.json"
+    layer_profile([0.1] * 4, host_ms=[20.0] * 4, sizes=(1,)).save(path)
+    engine.write_text(json.dumps({"version": 1, "unit_host_s": 0.0, "iteration_s": 0.0, "host_scale": 1.0,
+                                  "fragmentation": 0.0, "outside_allocator_bytes": 0, "allocator": "", "label": "t",
+                                  "host_spread": 0.1}))
+    code, text = _search("--layers", str(path), "--gpus-per-node", "2", "--global-batch", "8", "--memory-gib", "4",
+                         "--top-k", "2", "--engine-model", str(engine), "--out-dir", str(tmp_path / "found"))
+    assert code == 0, text
+    result = json.loads((tmp_path / "found" / "search.json").read_text())
+    regimes = [c["predicted"]["regime"] for c in result["configurations"]]
+    assert regimes == ["launch-bound", "launch-bound"]
+    (low1, high1), (low2, _) = (c["predicted"]["time_band_s"] for c in result["configurations"])
+    assert low1 < low2 <= high1  # P=1 D=2 then P=2 D=1, 12 % apart: within the first's band of about +-10 %
+    assert result["undecided"] == [2] and "undecided: the time bands of #2 overlap #1's" in text
 
 
 def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> None:

@@ -20,6 +20,10 @@ def test_round_trip_and_the_default_per_device(tmp_path: Path) -> None:
     assert load_engine_model(path) == GPU
     assert engine_model(layer_profile([1.0] * 3)) == GPU  # a GPU's profile
     assert engine_model(replace(layer_profile([1.0] * 3), device="cpu")) == SIMULATED_GPU
+    older = GPU.to_json()
+    del older["host_spread"]  # a file fitted before the spread existed: no band
+    path.write_text(json.dumps(older))
+    assert load_engine_model(path) == replace(GPU, host_spread=0.0)
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -28,6 +32,8 @@ def test_round_trip_and_the_default_per_device(tmp_path: Path) -> None:
     (lambda d: d.update(unit_host_s=-1), "'unit_host_s' must be a number in [0.0, 1.0], got -1"),
     (lambda d: d.update(outside_allocator_bytes=1.5), "'outside_allocator_bytes' must be an integer in [0, "),
     (lambda d: d.pop("allocator"), "'allocator' must be a string"),
+    (lambda d: d.update(host_spread=1.5), "'host_spread' must be a number in [0.0, 0.9], got 1.5"),
+    (lambda d: d.update(host_spread="0.1"), "'host_spread' must be a number in [0.0, 0.9], got '0.1'"),
 ])
 def test_bad_engine_model_is_one_line(tmp_path: Path, edit, message: str) -> None:
     data = GPU.to_json()
