@@ -110,6 +110,8 @@ RENDERED = (
              "python benchmarks/search_accuracy_results.py call3"),
     Rendered("search_accuracy_call4.md", (), lambda _: search_accuracy_results.render_call4(),
              "python benchmarks/search_accuracy_results.py call4"),
+    Rendered("search_accuracy_call6.md", (), lambda _: search_accuracy_results.render_call6(),
+             "python benchmarks/search_accuracy_results.py call6"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              search_results.render, "python benchmarks/search_results.py"),
     Rendered("search_h100x2.md", (RAW_H100X2 / "search_gpt2_28x1024_2053.tar.gz",), search_results.render,

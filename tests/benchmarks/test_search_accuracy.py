@@ -22,7 +22,7 @@ import torch
 from benchmarks import host_speed
 from benchmarks.layer_chain_check import check
 from benchmarks.search_accuracy import micro_batch_sizes, timed_iterations
-from benchmarks.search_accuracy_results import RAW, main, render, render_call3, render_call4
+from benchmarks.search_accuracy_results import RAW, main, render, render_call3, render_call4, render_call6
 from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s, spread_needed
 from envpipe.search.engine_model import GPU, EngineModel, load_engine_model
 from envpipe.search.layers import NO_UNIT_CALLS, ModelShape, UnitCalls
@@ -49,7 +49,29 @@ def test_one_renderer_takes_every_round_by_name(capsys: pytest.CaptureFixture[st
     assert main(["call3"]) == 0
     assert capsys.readouterr().out == (ROOT / "benchmarks" / "results" / "search_accuracy_call3.md").read_text()
     assert main(["call9"]) == 2
-    assert "usage: search_accuracy_results.py [call1|call3|call4]" in capsys.readouterr().err
+    assert "usage: search_accuracy_results.py [call1|call3|call4|call6]" in capsys.readouterr().err
+
+
+def test_the_fifth_rounds_renderer_reproduces_its_results() -> None:
+    committed = (ROOT / "benchmarks" / "results" / "search_accuracy_call6.md").read_text()
+    assert render_call6() == committed
+
+
+def test_the_fifth_rounds_held_out_predictions_came_before_its_runs() -> None:
+    """call6: each held-out run's predictions (its band and regime too) are its found configuration's, searched with
+    call6/engine.json, the fit set's engine model committed before the held-out call; and that file is the fit of
+    the fit set's committed runs."""
+    call = RAW / "call6"
+    engine = load_engine_model(call / "engine.json")
+    assert fit(load_runs(call / "run1" / "fit"), "2026-11-29")[0] == engine and engine.host_spread == 0.075
+    for model in (call / "run2" / "heldout").iterdir():
+        for path in (model / "runs").glob("b*[0-9].json"):
+            run = json.loads(path.read_text())
+            config = model / "configs" / ("found.json" if run["config"].endswith("found.json") else
+                                          f"top/{Path(run['config']).name}")
+            found = json.loads(config.read_text())["envpipe_search"]
+            assert run["predicted"] == found["predicted"] and found["engine_model"] == engine.label
+            assert {"time_band_s", "regime", "host_share"} <= set(run["predicted"])
 
 
 @pytest.mark.parametrize(("call", "engine"), [("call4", "call3"), ("call5", "call5")])
