@@ -8,8 +8,9 @@ import tempfile
 from dataclasses import dataclass
 
 from .. import deepspeed_cmd, hostfile, net
+from ..command_line import CommandLine
 from ..errors import LaunchError
-from ..job import JobSpec, Params
+from ..job import JobSpec
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,8 @@ class SshOptions:
     reach: Reach = Reach()
 
 
-def options(params: Params) -> SshOptions:
-    return SshOptions(params["hosts"], params["hostfile_path"],
-                      Reach(params["ssh_key"], params["master_addr"], params["connect_timeout"]))
+def options(args: CommandLine) -> SshOptions:
+    return SshOptions(args.hosts, args.hostfile_path, Reach(args.ssh_key, args.master_addr, args.connect_timeout))
 
 
 def hosts_from(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None) -> list[hostfile.Host]:
