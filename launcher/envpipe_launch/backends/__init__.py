@@ -1,9 +1,9 @@
 """Where the nodes come from: one module per backend (local, ssh, kube, cml), each a `Backend`.
 
-A backend reads the options only it uses from the parsed command line (`options`: a frozen dataclass, checked,
-one line for a mistake) and runs the job with them (`launch`, the job's exit code). `envpipe_launch.cli` parses
-and dispatches through `backend(name)`; a backend module is imported only when it is the one asked for (kube's
-client is heavy).
+A backend reads the options only it uses from the parsed command line (`options`: a frozen dataclass, None for
+local; checked, one line for a mistake) and runs the job with them (`launch`, the job's exit code).
+`envpipe_launch.cli` parses and dispatches through `backend(name)`; a backend module is imported only when it is
+the one asked for (kube's client is heavy).
 """
 
 from __future__ import annotations
