@@ -9,8 +9,9 @@ import click
 
 from . import __version__
 from .backends import backend
+from .command_line import CommandLine
 from .errors import LaunchError, Stopped, handling, one_line, raise_stopped
-from .job import BACKENDS, DS_LAUNCHERS, MAX_NODES, MAX_PROCS_PER_NODE, JobSpec
+from .job import BACKENDS, DS_LAUNCHERS, MAX_NODES, MAX_PROCS_PER_NODE
 from .kube_manifests import DEFAULT_TTL_S, WORKLOADS
 from .params import HOST, IMAGE, JOB_NAME, NAMESPACE, QUEUE, EnvPair, RegularFile, Seconds
 
@@ -164,7 +165,7 @@ def _exit(message: str, status: int) -> None:
 @click.option("--no-clockd", is_flag=True, help="kube: no clock control: workers do not mount clockd's socket.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def main(**params: Any) -> None:  # click passes the options by name; each backend reads its own
+def main(**params: Any) -> None:  # click passes the parameters by name; CommandLine types them
     """Start a (multi-node) DeepSpeed/EnvPipe job and exit with its exit code.
 
     SCRIPT is the training script (a path on the workers for kube), SCRIPT_ARGS its arguments; put
@@ -172,23 +173,11 @@ def main(**params: Any) -> None:  # click passes the options by name; each backe
 
     A job stopped by SIGINT or SIGTERM exits 128 + the signal (130, 143); bad input exits 2 with one line.
     """
-    spec = JobSpec(
-        nodes=params["nodes"],
-        gpus_per_node=params["gpus_per_node"],
-        script=params["script"],
-        script_args=list(params["script_args"]),
-        backend=params["backend"],
-        ds_launcher=params["ds_launcher"],
-        env=list(params["env_pairs"]),
-        ssh_port=params["ssh_port"],
-        master_port=params["master_port"],
-        script_on_workers=params["backend"] == "kube",
-        stop_timeout_s=params["stop_timeout"],
-    )
+    args = CommandLine(**params)
     try:
-        spec.validate()
-        chosen = backend(spec.backend)
-        code = chosen.launch(spec, chosen.options(params))
+        spec = args.spec().validate()
+        chosen = backend(args.backend)
+        code = chosen.launch(spec, chosen.options(args))
     except LaunchError as e:
         _exit(f"error: {e}", 2)
     sys.exit(code)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from . import kube_syntax
 from .errors import LaunchError
@@ -21,20 +20,20 @@ DEFAULT_MASTER_PORT = 29500
 JOB_NAME_MAX = 50  # "<name>-worker-<i>" must stay a 63-character DNS label up to MAX_NODES workers
 
 
-Params = Mapping[str, Any]  # the parsed command line (click's parameters by name): backends read their options
-
-
-@dataclass
+@dataclass(frozen=True)
 class JobSpec:
+    """The job whatever the backend: how many nodes and processes, the script and its arguments, the
+    environment and rendezvous of every node."""
+
     nodes: int
     gpus_per_node: int
     script: str
-    script_args: list[str] = field(default_factory=list)
+    script_args: tuple[str, ...] = ()
     backend: str = "local"
     ds_launcher: str = "pdsh"
     ssh_port: int = 2222
     master_port: int | None = None  # None: a free port where the master runs (net.master_port)
-    env: list[str] = field(default_factory=list)  # KEY=VAL exported on every node (checked by the CLI)
+    env: tuple[str, ...] = ()  # KEY=VAL exported on every node (checked by the CLI)
     # Set when the script lives only on the workers (kube/cml images), so it is not checked here.
     script_on_workers: bool = False
     stop_timeout_s: float = 10.0  # after SIGINT/SIGTERM, before SIGKILL
@@ -55,7 +54,7 @@ def _check_script(path: str) -> None:
         raise LaunchError(f"training script {path}: not a regular file")
 
 
-def env_pairs(pairs: list[str]) -> dict[str, str]:
+def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     """KEY=VAL strings (already checked by the CLI) as a mapping, in order."""
     return dict(pair.split("=", 1) for pair in pairs)
 

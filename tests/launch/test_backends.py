@@ -11,6 +11,7 @@ from envpipe_launch import cli
 from envpipe_launch.backends import backend
 from envpipe_launch.backends.kube import KubeOptions
 from envpipe_launch.backends.ssh import Reach, SshOptions
+from envpipe_launch.command_line import CommandLine
 from envpipe_launch.errors import LaunchError
 from envpipe_launch.job import BACKENDS
 
@@ -18,8 +19,8 @@ from envpipe_launch.job import BACKENDS
 @pytest.mark.parametrize("name", BACKENDS)
 def test_each_backend_reads_its_options_and_launches_a_spec_with_them(name: str) -> None:
     module = backend(name)
-    assert list(inspect.signature(module.options).parameters) == ["params"]
-    assert list(inspect.signature(module.launch).parameters)[:2] == ["spec", "opts"]
+    assert list(inspect.signature(module.options).parameters) == ["args"]
+    assert list(inspect.signature(module.launch).parameters) == ["spec", "opts"]
 
 
 def test_an_unknown_backend_is_refused() -> None:
@@ -27,10 +28,10 @@ def test_an_unknown_backend_is_refused() -> None:
         backend("slurm")
 
 
-def parsed(*argv: str) -> dict[str, object]:
+def parsed(*argv: str) -> CommandLine:
     """The command line as click hands it to main."""
     ctx = cli.main.make_context("envpipe-launch", list(argv))
-    return dict(ctx.params)
+    return CommandLine(**ctx.params)
 
 
 def test_the_ssh_options_come_from_the_command_line(tmp_path: Path) -> None:

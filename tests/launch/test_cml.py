@@ -61,7 +61,7 @@ def test_hostfile_from_session_and_worker_ips(workers, monkeypatch) -> None:
     monkeypatch.setenv("ENVPIPE_FAKE_CML_IPS", "10.0.0.7,10.0.0.8")
     monkeypatch.setenv("ENVPIPE_FAKE_CML_UNKNOWN_POLLS", "2")  # IPs are "unknown" on the first two polls
     run = Recorder(code=5)
-    assert cml.launch(_spec(), cml.CmlOptions(ready_timeout_s=30), runner=run) == 5
+    assert cml.with_workers(_spec(), cml.CmlOptions(ready_timeout_s=30), run) == 5
     assert run.hosts == [("10.0.0.2", 4), ("10.0.0.7", 4), ("10.0.0.8", 4)]
     assert run.master == "10.0.0.2"
     ((_name, args, kwargs),) = [c for c in workers.calls if c[0] == "launch_workers"]
@@ -75,7 +75,7 @@ def test_hostfile_from_session_and_worker_ips(workers, monkeypatch) -> None:
 def test_failed_worker_is_reported_and_all_stopped(workers, monkeypatch) -> None:
     monkeypatch.setenv("ENVPIPE_FAKE_CML_FAIL", "1")
     with pytest.raises(LaunchError, match=r"CML workers failed to start: \w+ \(failed\)"):
-        cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())
+        cml.with_workers(_spec(), cml.CmlOptions(), Recorder())
     assert len(_stopped(workers)[0]) == 2
     assert all(w["status"] in ("stopped", "failed") for w in workers.workers.values())
 
@@ -88,7 +88,7 @@ def test_unreachable_worker_with_the_real_ssh_runner(workers, monkeypatch) -> No
         return cml.ssh.run_on_hosts(spec, hosts, cml.ssh.Reach(ssh_key, master_addr, connect_timeout_s=0.3))
 
     with pytest.raises(LaunchError, match="unreachable"):
-        cml.launch(_spec(nodes=2), cml.CmlOptions(), runner=real)
+        cml.with_workers(_spec(nodes=2), cml.CmlOptions(), real)
     assert len(_stopped(workers)) == 1
 
 
@@ -102,7 +102,7 @@ def test_keys_prepared_before_workers_start(workers, tmp_path, monkeypatch) -> N
         return cml_launch_workers(*a, **kw)
 
     monkeypatch.setattr(workers, "launch_workers", launch_workers)
-    assert cml.launch(_spec(nodes=2), cml.CmlOptions(), runner=run) == 0
+    assert cml.with_workers(_spec(nodes=2), cml.CmlOptions(), run) == 0
     # the shared host key exists before any worker's sshd could race to create it
     assert seen == ["authorized_keys", "host_key", "host_key.pub", "id_ed25519", "id_ed25519.pub"]
     d = tmp_path / ".envpipe" / "ssh"
@@ -120,23 +120,23 @@ def test_given_ssh_key_is_authorized_or_refused(workers, tmp_path) -> None:
     auth = (tmp_path / ".envpipe" / "ssh" / "authorized_keys").read_text()
     assert auth.startswith("ssh-ed25519 ") and not (tmp_path / ".envpipe" / "ssh" / "id_ed25519").exists()
     with pytest.raises(LaunchError, match="--ssh-key /nonexistent: no such file"):
-        cml.launch(_spec(), cml.CmlOptions(ssh_key="/nonexistent"), runner=Recorder())
+        cml.with_workers(_spec(), cml.CmlOptions(ssh_key="/nonexistent"), Recorder())
     assert workers.calls == []  # refused before any worker was launched
 
 
 def test_single_node_launches_no_workers(workers) -> None:
     run = Recorder()
-    assert cml.launch(_spec(nodes=1), cml.CmlOptions(), runner=run) == 0
+    assert cml.with_workers(_spec(nodes=1), cml.CmlOptions(), run) == 0
     assert run.hosts == [("10.0.0.2", 4)] and workers.calls == []
 
 
 def test_outside_cml_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.delenv("CDSW_IP_ADDRESS", raising=False)
     with pytest.raises(LaunchError, match="CDSW_IP_ADDRESS is not set"):
-        cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())
+        cml.with_workers(_spec(), cml.CmlOptions(), Recorder())
     monkeypatch.setenv("CDSW_IP_ADDRESS", "10.0.0.2")
     with pytest.raises(LaunchError, match=r"no cml\.workers_v1 module"):
-        cml.launch(_spec(), cml.CmlOptions(), runner=Recorder())
+        cml.with_workers(_spec(), cml.CmlOptions(), Recorder())
 
 
 def _port_open(port: int) -> bool:

@@ -44,7 +44,8 @@ def _launch(fake: FakeKubeAPI, spec: JobSpec | None = None, workload: str = "job
     opts.setdefault("name", "t")
     opts.setdefault("ready_timeout_s", 20)
     opts.setdefault("batch", Batch(workload))
-    return kube.launch(spec or _spec(), kube.KubeOptions(**opts), api_client=fake.client())
+    options = kube.KubeOptions(**opts)
+    return kube.run_job(kube.build_job(spec or _spec(), options), options, fake.client())
 
 
 def _leftovers(fake: FakeKubeAPI) -> dict[str, list[str]]:

@@ -1,22 +1,24 @@
 """Where the nodes come from: one module per backend (local, ssh, kube, cml), each a `Backend`.
 
-A backend reads the options only it uses from the parsed command line (`options`, checked: one line for a
-mistake) and runs the job with them (`launch`, the job's exit code). `envpipe_launch.cli` parses and dispatches
-through `backend(name)`; a backend module is imported only when it is the one asked for (kube's client is heavy).
+A backend reads the options only it uses from the parsed command line (`options`: a frozen dataclass, None for
+local; checked, one line for a mistake) and runs the job with them (`launch`, the job's exit code).
+`envpipe_launch.cli` parses and dispatches through `backend(name)`; a backend module is imported only when it is
+the one asked for (kube's client is heavy).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from ..job import BACKENDS, JobSpec, Params
+from ..command_line import CommandLine
+from ..job import BACKENDS, JobSpec
 
 Opts = TypeVar("Opts")
 
 
 class Backend(Protocol[Opts]):
-    def options(self, params: Params) -> Opts:
+    def options(self, args: CommandLine) -> Opts:
         """The backend's own options from the command line, checked."""
         ...
 
@@ -30,3 +32,10 @@ def backend(name: str) -> Backend[Any]:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}")
     return cast("Backend[Any]", importlib.import_module(f"{__name__}.{name}"))
+
+
+if TYPE_CHECKING:  # mypy checks that every backend module is a Backend
+    from . import cml, kube, local, ssh
+
+    _CHECKED: tuple[Backend[None], Backend[ssh.SshOptions], Backend[kube.KubeOptions], Backend[cml.CmlOptions]] = (
+        local, ssh, kube, cml)

@@ -18,8 +18,9 @@ from pathlib import Path
 from types import ModuleType
 
 from .. import deepspeed_cmd, hostfile, net, sshkeys
+from ..command_line import CommandLine
 from ..errors import LaunchError
-from ..job import JobSpec, Params
+from ..job import JobSpec
 from ..supervise import Supervised
 from . import ssh
 
@@ -107,7 +108,7 @@ def run_from_session(
         return ssh.run_on_hosts(spec, hosts, ssh.Reach(ssh_key, master_addr))
 
 
-@dataclass
+@dataclass(frozen=True)
 class CmlOptions:
     cpu: int = 4
     memory_gib: int = 16
@@ -115,9 +116,9 @@ class CmlOptions:
     ssh_key: str | None = None
 
 
-def options(params: Params) -> CmlOptions:
-    return CmlOptions(cpu=params["worker_cpu"], memory_gib=params["worker_memory"],
-                      ready_timeout_s=params["ready_timeout"], ssh_key=params["ssh_key"])
+def options(args: CommandLine) -> CmlOptions:
+    return CmlOptions(cpu=args.worker_cpu, memory_gib=args.worker_memory, ready_timeout_s=args.ready_timeout,
+                      ssh_key=args.ssh_key)
 
 
 def _workers_api() -> ModuleType:
@@ -146,7 +147,13 @@ def await_ips(api: ModuleType, ids: list[str], timeout_s: float) -> list[str]:
         time.sleep(1)
 
 
-def launch(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int] = run_from_session) -> int:
+def launch(spec: JobSpec, opts: CmlOptions) -> int:
+    return with_workers(spec, opts, run_from_session)
+
+
+def with_workers(spec: JobSpec, opts: CmlOptions, runner: Callable[..., int]) -> int:
+    """Start the job's N-1 CML workers, hand the hosts (this session first) to `runner` (run_from_session:
+    DeepSpeed from this session) and stop the workers; `runner`'s exit status."""
     session_ip = os.environ.get("CDSW_IP_ADDRESS")
     if not session_ip:
         raise LaunchError("CDSW_IP_ADDRESS is not set: the cml backend runs inside a CML session")

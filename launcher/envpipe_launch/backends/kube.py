@@ -16,14 +16,15 @@ import yaml
 from kubernetes import client, config
 
 from .. import kube_version, sshkeys, textfile, words
+from ..command_line import CommandLine
 from ..errors import LaunchError
-from ..job import JobSpec, Params, env_pairs, job_name
+from ..job import JobSpec, env_pairs, job_name
 from ..kube_manifests import Batch, KubeJob, PodSettings
 from ..pod_contract import ClockdSocket
 from .kube_run import KubeRun, server_version
 
 
-@dataclass
+@dataclass(frozen=True)
 class KubeOptions:
     image: str | None
     namespace: str = "default"
@@ -276,36 +277,36 @@ def _load_config() -> client.ApiClient:
     return client.ApiClient()
 
 
-def options(params: Params) -> KubeOptions:
+def options(args: CommandLine) -> KubeOptions:
     """The kube options of the parsed command line, checked."""
     return KubeOptions(
-        image=params["image"],
-        namespace=params["namespace"],
-        name=params["name"],
-        cpu_only=params["cpu_only"],
-        ready_timeout_s=params["ready_timeout"],
-        keep=params["keep"],
-        no_ssh=params["no_ssh"],
-        ssh_secret=params["ssh_secret"],
-        dry_run=params["dry_run"],
-        batch=Batch(params["workload"], params["queue"], params["ttl_after_finished"], params["active_deadline"]),
+        image=args.image,
+        namespace=args.namespace,
+        name=args.name,
+        cpu_only=args.cpu_only,
+        ready_timeout_s=args.ready_timeout,
+        keep=args.keep,
+        no_ssh=args.no_ssh,
+        ssh_secret=args.ssh_secret,
+        dry_run=args.dry_run,
+        batch=Batch(args.workload, args.queue, args.ttl_after_finished, args.active_deadline),
         pods=pod_settings(PodRequest(
-            cpu=params["worker_cpu"],
-            memory_gib=params["worker_memory"],
-            shm_gib=params["shm_size"],
-            node_selector=params["node_selector"],
-            tolerations=params["toleration"],
-            affinity_file=params["affinity_file"],
-            image_pull_secrets=params["image_pull_secret"],
-            priority_class=params["priority_class"],
-            clockd_dir=params["clockd_dir"],
-            clockd_gid=params["clockd_gid"],
-            no_clockd=params["no_clockd"],
+            cpu=args.worker_cpu,
+            memory_gib=args.worker_memory,
+            shm_gib=args.shm_size,
+            node_selector=args.node_selector,
+            tolerations=args.toleration,
+            affinity_file=args.affinity_file,
+            image_pull_secrets=args.image_pull_secret,
+            priority_class=args.priority_class,
+            clockd_dir=args.clockd_dir,
+            clockd_gid=args.clockd_gid,
+            no_clockd=args.no_clockd,
         )),
     )
 
 
-def launch(spec: JobSpec, opts: KubeOptions, api_client: client.ApiClient | None = None) -> int:
+def launch(spec: JobSpec, opts: KubeOptions) -> int:
     job = build_job(spec, opts)
     if opts.dry_run:
         sys.stdout.write(dry_run(job))
@@ -313,8 +314,13 @@ def launch(spec: JobSpec, opts: KubeOptions, api_client: client.ApiClient | None
         if note:
             print(f"envpipe-launch: {note}", file=sys.stderr)
         return 0
+    return run_job(job, opts, _load_config())
+
+
+def run_job(job: KubeJob, opts: KubeOptions, api: client.ApiClient) -> int:
+    """Create the job in the cluster `api` reaches, wait for its nodes, follow node 0 and pass its exit status
+    through; delete everything at the end (unless --keep)."""
     job = dataclasses.replace(job, launch=secrets.token_hex(8))  # this launch's objects: what it may delete
-    api = api_client or _load_config()
     version = server_version(api)
     job = dataclasses.replace(job, success_policy=version >= kube_version.SUCCESS_POLICY)
     run = KubeRun(job, api, opts.ready_timeout_s)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 from .. import deepspeed_cmd, hostfile
+from ..command_line import CommandLine
 from ..errors import LaunchError
-from ..job import JobSpec, Params, env_pairs
+from ..job import JobSpec, env_pairs
 
 
 def count_gpus() -> int:
@@ -22,11 +22,11 @@ def count_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
 
 
-def options(params: Params) -> None:
+def options(args: CommandLine) -> None:
     """The local backend has no options of its own."""
 
 
-def launch(spec: JobSpec, opts: None, python: str = sys.executable) -> int:
+def launch(spec: JobSpec, opts: None) -> int:
     if spec.nodes != 1:
         raise LaunchError(f"the local backend runs one node; got --nodes {spec.nodes} (use ssh, kube or cml)")
     if spec.gpus_per_node < 1:
@@ -45,5 +45,5 @@ def launch(spec: JobSpec, opts: None, python: str = sys.executable) -> int:
         path = os.path.join(tmp, "hostfile")
         with open(path, "w") as f:
             f.write(hostfile.render([hostfile.Host("localhost", spec.gpus_per_node)]))
-        argv = deepspeed_cmd.deepspeed_argv(spec, path, "127.0.0.1", python=python)
+        argv = deepspeed_cmd.deepspeed_argv(spec, path, "127.0.0.1")
         return deepspeed_cmd.run(argv, env, spec.stop_timeout_s)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 
 from .. import deepspeed_cmd, hostfile, net
+from ..command_line import CommandLine
 from ..errors import LaunchError
-from ..job import JobSpec, Params
+from ..job import JobSpec
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,8 @@ class SshOptions:
     reach: Reach = Reach()
 
 
-def options(params: Params) -> SshOptions:
-    return SshOptions(params["hosts"], params["hostfile_path"],
-                      Reach(params["ssh_key"], params["master_addr"], params["connect_timeout"]))
+def options(args: CommandLine) -> SshOptions:
+    return SshOptions(args.hosts, args.hostfile_path, Reach(args.ssh_key, args.master_addr, args.connect_timeout))
 
 
 def hosts_from(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None) -> list[hostfile.Host]:
@@ -47,7 +46,7 @@ def hosts_from(spec: JobSpec, hosts_csv: str | None, hostfile_path: str | None) 
     return hosts[: spec.nodes]
 
 
-def run_on_hosts(spec: JobSpec, hosts: list[hostfile.Host], reach: Reach, python: str = sys.executable) -> int:
+def run_on_hosts(spec: JobSpec, hosts: list[hostfile.Host], reach: Reach) -> int:
     """Check every sshd, render the hostfile, start DeepSpeed on the hosts (even on one: it would run a
     single host's ranks here otherwise), from this working directory; shared with the cml backend, which
     checked the tools and the words (deepspeed_cmd.check_multi_node) already."""
@@ -59,7 +58,7 @@ def run_on_hosts(spec: JobSpec, hosts: list[hostfile.Host], reach: Reach, python
         fmt = "openmpi" if spec.ds_launcher == "openmpi" else "deepspeed"
         with open(path, "w") as f:
             f.write(hostfile.render(hosts, fmt))
-        argv = deepspeed_cmd.deepspeed_argv(spec, path, reach.master_addr or hosts[0].host, python, reach.ssh_key,
+        argv = deepspeed_cmd.deepspeed_argv(spec, path, reach.master_addr or hosts[0].host, ssh_key=reach.ssh_key,
                                             remote_cwd=cwd)
         env = deepspeed_cmd.ssh_env(reach.ssh_key)
         deepspeed_cmd.write_env_file(tmp, spec, env)
