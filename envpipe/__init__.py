@@ -5,7 +5,9 @@
 `envpipe.initialize` takes `deepspeed.initialize`'s arguments and returns its values (envpipe.runtime.entry).
 Subpackages: ``plan`` (pure planning and simulation), ``profile`` (stage profiles, frequency
 models), ``runtime`` (DeepSpeed integration), ``clock`` (clock sidecar and client),
-``energy`` (energy meters), ``search`` (configuration search).
+``energy`` (energy meters, NVML), ``search`` (configuration search), ``layerprof`` (the per-layer
+profiler the search reads), ``models`` (the GPT-2 and Llama pipelines of the examples and benchmarks),
+``simgpu`` (the simulated GPU of CPU runs: its hidden truth, clocks and energy).
 """
 
 import os

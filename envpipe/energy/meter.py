@@ -185,6 +185,17 @@ class SimMeter:
         return None
 
 
+def nvml_id(cuda_index: int) -> int | str:
+    """How NVML names CUDA device ``cuda_index`` of this process: its UUID. NVML numbers the host's GPUs in PCI order,
+    whatever CUDA_VISIBLE_DEVICES shows the process, so an index would meter (or lock) another job's GPU. Without
+    CUDA (CPU tests against a fake NVML) the index itself."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return cuda_index
+    return f"GPU-{torch.cuda.get_device_properties(cuda_index).uuid}"
+
+
 def nvml_handle(nvml: Any, gpu: int | str) -> Any:
     """The NVML handle of ``gpu``: a UUID ("GPU-..."), or NVML's own index (NVML numbers every GPU of the host in
     PCI order, whatever CUDA_VISIBLE_DEVICES shows a process: a CUDA index is not an NVML index)."""

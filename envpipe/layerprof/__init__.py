@@ -2,5 +2,5 @@
 the training job builds it, into an `envpipe.search.layers.LayerProfile`.
 
 Its own room, beside the runtime rather than in it: no runtime module imports it; it reads the GPU's NVML name
-from `envpipe.runtime.clocks` (`nvml_id`) and the energy counter from `envpipe.energy`.
+and the energy counter (`nvml_id`, `nvml_reader`) from `envpipe.energy`.
 """

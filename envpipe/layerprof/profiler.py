@@ -79,6 +79,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from envpipe.energy.meter import nvml_id, nvml_reader
 from envpipe.profile import FrequencyModel
 from envpipe.profile.gpus import GPU_FILTERS
 from envpipe.quiet import STDERR, STDOUT, native_output_silenced
@@ -655,9 +656,6 @@ class _PowerMeter:
         self._idle_w: float | None = None
         self._read: Callable[[], float] | None = None
         if device.type == "cuda":
-            from envpipe.energy.meter import nvml_reader
-            from envpipe.runtime.clocks import nvml_id
-
             self._read, self._close = nvml_reader(nvml_id(device.index or 0))
             e0, t0 = self._read(), time.perf_counter()
             time.sleep(idle_seconds)

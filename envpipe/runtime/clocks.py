@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_handle, nvml_reader, nvml_sm_clock
+from envpipe.energy.meter import EnergyMeter, PolledMeter, SimMeter, nvml_handle, nvml_id, nvml_reader, nvml_sm_clock
 from envpipe.runtime.config import EnvPipeConfig
 from envpipe.runtime.summary import Refusal
 from envpipe.simgpu import JobTruth, SimGpu
@@ -256,17 +256,6 @@ def sim_clock(device: Device, slowdown: float = 1.0, controls: bool = True) -> S
     gpu = SimGpu(JobTruth.embedded(device.stages), device.stage, device.replica, slowdown=slowdown,
                  cold=Cold.of_stage(device.stage, os.environ))
     return SimClock(gpu, controls)
-
-
-def nvml_id(cuda_index: int) -> int | str:
-    """How NVML names CUDA device ``cuda_index`` of this process: its UUID. NVML numbers the host's GPUs in PCI order,
-    whatever CUDA_VISIBLE_DEVICES shows the process, so an index would meter (or lock) another job's GPU. Without
-    CUDA (CPU tests against a fake NVML) the index itself."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return cuda_index
-    return f"GPU-{torch.cuda.get_device_properties(cuda_index).uuid}"
 
 
 def _gpu_identity(index: int) -> tuple[str, list[int]]:

@@ -138,8 +138,7 @@ def test_a_cuda_device_is_metered_by_its_uuid_not_its_index(monkeypatch: pytest.
 
     import torch
 
-    from envpipe.energy.meter import nvml_reader
-    from envpipe.runtime.clocks import nvml_id
+    from envpipe.energy.meter import nvml_id, nvml_reader
     from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
     ids = [uuid.UUID(int=i + 1) for i in range(4)]
