@@ -38,7 +38,7 @@ run() {  # name, processes, then train_gpt.py args
   local t0=$SECONDS
   RUNS+=("$name")
   rm -f "$OUT/$name.skipped" "$OUT/$name.failed"
-  if [ "$GPUS" -lt "$nproc" ]; then  # dp_table.py prints the reason in the run's row
+  if [ "$GPUS" -lt "$nproc" ]; then  # runtime_results.py dp-table prints the reason in the run's row
     echo "skipped: needs $nproc GPUs, $GPUS visible" | tee "$OUT/$name.skipped"
     return
   fi
@@ -57,5 +57,5 @@ run stock_dp2 4 --engine stock
 run envpipe_dp2 4
 run stock_dp2_zero1 4 --engine stock --zero-stage 1
 run envpipe_dp2_zero1 4 --zero-stage 1
-$PY benchmarks/dp_table.py "$OUT" "${RUNS[@]}" | tee "$OUT/table.md"
+$PY benchmarks/runtime_results.py dp-table "$OUT" "${RUNS[@]}" | tee "$OUT/table.md"
 exit $FAILED

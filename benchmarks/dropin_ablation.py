@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 benchmarks/dropin_ablation.py --out OUT --model llama-16x2048
     DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/dropin_ablation.py --out OUT --cpu
-    python benchmarks/dropin_ablation.py --render OUT [OUT ...]           # the table
+    python benchmarks/runtime_results.py ablation OUT [OUT ...]          # the table
 
 One EnvPipeEngine (envpipe.runtime.engine.engine.build: DeepSpeed's PipelineEngine with EnvPipe's instructions, no
 phases) trains the model. Each cycle runs every variant once, in an order shuffled per cycle (seeded), so the
@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +39,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.common import md_row, md_table, shown_path
 
 VARIANTS = ("deepspeed", "steady", "unit-events", "posted-p2p", "meter", "collective")
 MODELS = {  # the shapes of benchmarks/runtime_bench.py (sequence, micro-batch): the runs this explains
@@ -53,16 +51,13 @@ VOCAB, TINY_VOCAB = 50304, 128
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, help="a folder for ablation.json and machine.txt")
+    p.add_argument("--out", type=Path, required=True, help="a folder for ablation.json and machine.txt")
     p.add_argument("--model", default="llama-16x2048", choices=[m for m in MODELS if m != "tiny"])
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--cycles", type=int, default=12, help="iterations per variant")
     p.add_argument("--warmup", type=int, default=3, help="iterations before the cycles (not measured)")
     p.add_argument("--cpu", action="store_true", help="a tiny model on CPU processes (gloo): checks the script")
-    p.add_argument("--render", type=Path, nargs="+", metavar="OUT", help="render these folders' results")
     args = p.parse_args(argv)
-    if args.render is None and args.out is None:
-        p.error("give --out (run) or --render (the table)")
     if min(args.microbatches, args.cycles) < 1 or args.warmup < 0:
         p.error("--microbatches and --cycles must be >= 1, --warmup >= 0")
     return args
@@ -189,46 +184,8 @@ def run(args: argparse.Namespace) -> None:
     distributed.exit_process()
 
 
-def render(outs: list[Path]) -> str:
-    """The table: per variant, its median iteration and its cost over DeepSpeed's own path (median of the per-cycle
-    ratios, and their interquartile range)."""
-    lines = ["# Where the drop-in engine's time goes: an ablation in one job", "",
-             "Each part of the drop-in engine switched on alone on top of DeepSpeed's own steps, every variant once "
-             "per cycle in a shuffled order (benchmarks/dropin_ablation.py). Cost: per cycle, the variant's iteration "
-             "over DeepSpeed's own path's in the same cycle, less 1; median and interquartile range over the cycles. "
-             "Measured (wall clock, the slowest rank's iteration); clocks never changed.", ""]
-    for out in outs:
-        data = json.loads((out / "ablation.json").read_text())
-        machine = (out / "machine.txt").read_text().strip().splitlines() if (out / "machine.txt").is_file() else []
-        by = {v: {r["cycle"]: r["time_s"] for r in data["iterations"] if r["variant"] == v} for v in VARIANTS}
-        caveat = [] if data.get("meter_timed") == "polling only" else [
-            "This run's `meter` iterations also timed starting and stopping the meter (NVML's init and shutdown, the "
-            "thread's start and join: the script of that day created it inside the timer): an upper bound on the "
-            "polling's cost, not the cost itself.", ""]
-        lines += [f"## {data['model']}, {data['stages']} stages, M = {data['microbatches']}, {data['cycles']} cycles",
-                  "", f"Raw data: `{shown_path(out)}`. Command: `{data['command']}`. Machine:", "",
-                  *(f"    {x}" for x in machine), "", *caveat,
-                  *md_table("variant", "iteration (ms, median)", "cost over DeepSpeed's path (median)", "IQR")]
-        base = by["deepspeed"]
-        for v in VARIANTS:
-            costs = sorted(by[v][c] / base[c] - 1.0 for c in by[v] if c in base)
-            q1, _, q3 = statistics.quantiles(costs, n=4, method="inclusive") if len(costs) > 1 else (costs[0],) * 3
-            lines.append(md_row(v, f"{1e3 * statistics.median(by[v].values()):.1f}",
-                                f"{100 * statistics.median(costs):+.2f}%", f"{100 * q1:+.2f}% to {100 * q3:+.2f}%"))
-        lines.append("")
-    return "\n".join(lines) + f"Rendered by `python benchmarks/dropin_ablation.py --render " \
-        f"{' '.join(shown_path(o) for o in outs)}`.\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.render is not None:
-        missing = [o for o in args.render if not (o / "ablation.json").is_file()]
-        if missing:
-            print(f"dropin_ablation.py: error: {missing[0]}/ablation.json: no such file", file=sys.stderr)
-            return 2
-        sys.stdout.write(render(args.render))
-        return 0
     if args.cpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     run(args)

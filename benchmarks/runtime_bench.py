@@ -18,7 +18,7 @@ without envpipe-clockd the engine's clock is 'auto', which on a GPU leaves clock
 energy counter, so the drop-in engine's steady iterations run their order with every clock at its default, and
 its summary checks the energy model and the time prediction against the counter. Writes OUT/machine.txt,
 OUT/bench.json and each run's report folder (summary.json, iterations.rank*.jsonl, the log);
-benchmarks/dropin_results.py renders them.
+`benchmarks/runtime_results.py dropin` renders them.
 """
 
 from __future__ import annotations

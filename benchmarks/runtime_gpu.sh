@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stock DeepSpeed against EnvPipe's drop-in engine on the lent GPUs, each engine in processes of its own
-# (benchmarks/runtime_bench.py), then the table (benchmarks/dropin_results.py). Clocks are NEVER changed: the
+# (benchmarks/runtime_bench.py), then the table (benchmarks/runtime_results.py dropin). Clocks are NEVER changed: the
 # drop-in engine runs without envpipe-clockd (clock 'auto': default clocks, the NVML energy counter).
 #
 #   OUT=/tmp/rt bash benchmarks/runtime_gpu.sh                                  # 1 GPU, GPT-2 16 x 2048
@@ -24,6 +24,6 @@ if [ "${CPU:-0}" = 1 ]; then ARGS+=(--cpu); fi
 source benchmarks/deepspeed_whl.sh
 status=0
 $PY benchmarks/runtime_bench.py "${ARGS[@]}" || status=$?
-$PY benchmarks/dropin_results.py "$OUT" > "$OUT/dropin.md"
+$PY benchmarks/runtime_results.py dropin "$OUT" > "$OUT/dropin.md"
 echo "results: $OUT/dropin.md"
 exit $status

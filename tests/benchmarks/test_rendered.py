@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import rendered, runtime_results, search_results
+from benchmarks import rendered, search_results
 from benchmarks.common import RESULTS, ROOT, prediction_error
-from benchmarks.runtime_results import order_that_ran
+from benchmarks.runtime_study.rounds import order_that_ran, render_nov22
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.summary import RunSummary
 
@@ -106,8 +106,9 @@ def test_renderers_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
     cases = [
         (["benchmarks/search_results.py", str(not_archive)], "neither a directory nor a tar archive"),
         (["benchmarks/search_results.py", str(tmp_path / "missing")], "No such file"),
-        (["benchmarks/runtime_results.py", str(nov22)], "no machine.txt"),
-        (["benchmarks/runtime_results.py", str(empty)], "no */bench.json"),
+        (["benchmarks/runtime_results.py", "rounds", str(nov22)], "no machine.txt"),
+        (["benchmarks/runtime_results.py", "rounds", str(empty)], "no */bench.json"),
+        (["benchmarks/runtime_results.py", "dp-table", str(empty)], "give OUT and at least one RUN"),
         (["-m", "benchmarks.rendered", "nope.md"], "not a rendered results file: nope.md"),
     ]
     for args, message in cases:
@@ -132,7 +133,7 @@ def test_renderers_print_what_they_render(tmp_path: Path) -> None:
 
 def test_legacy_and_search_renderers_take_the_raw_paths_they_are_given() -> None:
     # one folder alone renders only its own section
-    text = runtime_results.render_nov22([RESULTS / "h200_runs" / "pp4_m8"])
+    text = render_nov22([RESULTS / "h200_runs" / "pp4_m8"])
     assert "| 4 | 8 | envpipe_order |" in text and "Interleaved rounds" not in text
     one = search_results.render([RESULTS / "h200_runs" / "search_llama_0550.tar.gz"])
     assert "Over 8 runs:" in one and "gpt2" not in one

@@ -1,6 +1,6 @@
 """The GPU benchmark scripts in their CPU mode (tiny model, gloo, simulated GPU), so that a run on a lent GPU
 cannot fail on a typo: benchmarks/runtime_gpu.sh -> runtime_bench.py (each engine under torchrun, in processes
-of its own) -> dropin_results.py."""
+of its own) -> runtime_results.py dropin."""
 
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ def test_runtime_benchmark_scripts_on_cpu(tmp_path: Path) -> None:
 
 
 def test_renderers_refuse_an_empty_directory(tmp_path: Path) -> None:
-    for script, message in (("runtime_results.py", "no */bench.json"), ("dropin_results.py", "bench.json: no such")):
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), str(tmp_path)],
+    for kind, message in (("rounds", "no */bench.json"), ("dropin", "bench.json: no such"),
+                          ("ablation", "ablation.json: no such")):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "runtime_results.py"), kind, str(tmp_path)],
                               capture_output=True, text=True)
         assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
 

@@ -297,7 +297,8 @@ def test_gpu_script_parses_and_its_table_reads_reports(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
         sample_summary(t, 50.0, 0.24).save(tmp_path / name / "summary.json")
     (tmp_path / "stock_dp2_zero1.skipped").write_text("skipped: needs 4 GPUs, 2 visible\n")  # as the script writes
-    table = subprocess.run([sys.executable, str(root / "benchmarks" / "dp_table.py"), str(tmp_path), "stock_dp2",
+    table = subprocess.run([sys.executable, str(root / "benchmarks" / "runtime_results.py"), "dp-table", str(tmp_path),
+                            "stock_dp2",
                             "envpipe_dp2", "envpipe_dp2_zero1", "stock_dp2_zero1"],
                            capture_output=True, text=True, check=True).stdout
     lines = table.splitlines()

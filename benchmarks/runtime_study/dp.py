@@ -1,7 +1,7 @@
 """Table of a data x pipeline benchmark: one row per run from each run's summary.json (benchmarks/dp_h200.sh).
 
-Usage: python benchmarks/dp_table.py OUT_DIR RUN...   (RUN: a report directory name under OUT_DIR)
-       python benchmarks/dp_table.py --render OUT_DIR...  (a results file: every folder's command, machine, table)
+Usage: python benchmarks/runtime_results.py dp-table OUT_DIR RUN...  (RUN: a report directory name under OUT_DIR)
+       python benchmarks/runtime_results.py dp OUT_DIR...  (a results file: every folder's command, machine, table)
 Prints Markdown: shape, iteration time and throughput (measured), job-wide energy per iteration summed
 over every GPU of every node and per node (label from the report), and per stage the gradient
 all-reduce and the tail (step end - last unit end) measured on each replica vs the calibrated tail the
@@ -11,11 +11,8 @@ that failed (OUT_DIR/RUN.failed) gets a row that says so.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from benchmarks.common import shown_path
 from envpipe.runtime.summary import RunSummary
@@ -82,20 +79,5 @@ def render(outs: list[Path]) -> str:
         machine = (out / "machine.txt").read_text().strip().splitlines()
         parts += [f"Raw data: `{shown_path(out)}`. Command: `{command}`. Machine:", "",
                   *(f"    {x}" for x in machine), "", table(out, [r for r in RUNS if (out / f"{r}.log").exists()]),
-                  f"Rendered by `python benchmarks/dp_table.py --render {shown_path(out)}`.", ""]
+                  f"Rendered by `python benchmarks/runtime_results.py dp {shown_path(out)}`.", ""]
     return "\n".join(parts)
-
-
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["--render"] and len(argv) > 1:
-        sys.stdout.write(render([Path(a) for a in argv[1:]]))
-        return 0
-    if len(argv) < 2:
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return 2
-    sys.stdout.write(table(Path(argv[0]), argv[1:]))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

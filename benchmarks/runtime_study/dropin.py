@@ -2,7 +2,7 @@
 peak memory, each engine in its own processes) and the drop-in engine's predictions against its measurements
 (iteration energy per stage and in total, iteration time).
 
-    python benchmarks/dropin_results.py OUT [OUT ...] > benchmarks/results/dropin_<gpu>.md
+    python benchmarks/runtime_results.py dropin OUT [OUT ...] > benchmarks/results/dropin_<gpu>.md
 
 Every number comes from the runs' own summaries (envpipe.runtime.summary.RunSummary) and OUT/machine.txt.
 Errors are (predicted - measured) / measured.
@@ -10,14 +10,10 @@ Errors are (predicted - measured) / measured.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from benchmarks.common import md_row, md_table, prediction_error, shown_path
 from benchmarks.runtime_bench import PLAN_ENGINE, REHEARSE_ENGINE
@@ -66,7 +62,7 @@ def render_all(outs: list[Path]) -> str:
     head = [title, "", *_summary(benches)] if len(outs) > 1 else [title]
     body = "\n".join([rest.lstrip("\n"), *(x.split("\n", 2)[2] for x in sections[1:])])
     return "\n".join(head) + "\n" + body + (
-        f"\nRendered by `python benchmarks/dropin_results.py {' '.join(shown_path(o) for o in outs)}`.\n")
+        f"\nRendered by `python benchmarks/runtime_results.py dropin {' '.join(shown_path(o) for o in outs)}`.\n")
 
 
 def _commit(out: Path) -> str:
@@ -362,20 +358,3 @@ def _memory(s: RunSummary) -> str:
         cells.append(f"{g.stage}: {_gib(predicted)} / {_gib(measured)}" + (
             f" ({_pct(prediction_error(predicted, measured))})" if predicted is not None and measured else ""))
     return ", ".join(cells)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("outs", type=Path, nargs="+", help="benchmarks/runtime_bench.py's output folders")
-    args = p.parse_args(argv)
-    for out in args.outs:
-        if not (out / "bench.json").is_file():
-            print(f"dropin_results.py: error: {out}/bench.json: no such file (run benchmarks/runtime_bench.py)",
-                  file=sys.stderr)
-            return 2
-    sys.stdout.write(render_all(args.outs))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
