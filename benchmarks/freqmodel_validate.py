@@ -37,7 +37,7 @@ from benchmarks.freqmodel_results import errors, render
 from envpipe.profile import FrequencyModel, Profile, load_profile
 from envpipe.profile.band import BAND_PATH
 from envpipe.profile.clockfit import fit_curve, profile_clocks
-from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
+from envpipe.profile.from_measured import StageUnits, profile_from_clocks, profile_from_measured
 
 # (name, path from the repository root, GPU): every real clock-swept profile in the repository
 PROFILES = (
@@ -68,8 +68,8 @@ def fit_from_clocks(profile: Profile, points: int) -> tuple[list[int], Profile, 
     """The profiled clocks, the profile predicted from them at every clock, and each unit's fitted cap."""
     profiled = profile_clocks([int(f) for f in profile.freqs], points)
     idx = [profile.freq_index(c) for c in profiled]
-    rows = [[{"F": float(profile.fwd_time[s, k]), "B": float(profile.bwd_time[s, k]),
-              "F_j": float(profile.fwd_energy[s, k]), "B_j": float(profile.bwd_energy[s, k])}
+    rows = [[StageUnits(float(profile.fwd_time[s, k]), float(profile.bwd_time[s, k]),
+                        float(profile.fwd_energy[s, k]), float(profile.bwd_energy[s, k]))
              for s in range(profile.num_stages)] for k in idx]
     predicted = profile_from_clocks(profiled, rows, "validation", predict_mhz=[int(f) for f in profile.freqs])
     caps = {}

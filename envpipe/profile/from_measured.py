@@ -23,7 +23,8 @@ entry per stage: a clock (both kinds), a (forward, backward) pair, or None (not 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,18 +32,31 @@ from envpipe.profile.clockfit import fit_curve
 from envpipe.profile.csv_profile import Profile
 from envpipe.profile.freqmodel import FrequencyModel
 
-_COLUMNS = ("F", "B", "F_j", "B_j")
 EffectiveClocks = Sequence[float | tuple[float | None, float | None] | None]
+
+
+@dataclass(frozen=True)
+class StageUnits:
+    """A stage's forward and backward unit at one clock: time (s) and energy (J; nan: not measured)."""
+
+    fwd_s: float
+    bwd_s: float
+    fwd_j: float = float("nan")
+    bwd_j: float = float("nan")
+
+
+_COLUMNS: tuple[Callable[[StageUnits], float], ...] = (
+    lambda u: u.fwd_s, lambda u: u.bwd_s, lambda u: u.fwd_j, lambda u: u.bwd_j)
 
 
 def profile_from_clocks(
     clocks_mhz: Sequence[int],
-    rows: Sequence[Sequence[dict[str, float]]],
+    rows: Sequence[Sequence[StageUnits]],
     source: str,
     predict_mhz: Sequence[int] | None = None,
     effective_mhz: EffectiveClocks | None = None,
 ) -> Profile:
-    """A Profile from ``rows[k][s]`` = stage s's numbers at ``clocks_mhz[k]`` (keys F, B seconds; F_j, B_j joules).
+    """A Profile from ``rows[k][s]`` = stage s's units at ``clocks_mhz[k]``.
 
     ``predict_mhz`` (e.g. every supported clock): add those inside the measured range, fitted from the measured
     clocks (at least two); ``effective_mhz``: per stage, NVML's clock under the units' load at the top clock.
@@ -55,12 +69,12 @@ def profile_from_clocks(
     if any(len(r) != S for r in rows):
         raise ValueError("every profiled clock needs the same stages")
 
-    def table(key: str) -> np.ndarray:
-        return np.array([[rows[k][s][key] for k in range(len(clocks_mhz))] for s in range(S)], float)
+    def table(column: Callable[[StageUnits], float]) -> np.ndarray:
+        return np.array([[column(rows[k][s]) for k in range(len(clocks_mhz))] for s in range(S)], float)
 
     order = np.argsort(-np.asarray(clocks_mhz))
     measured = np.asarray(clocks_mhz, dtype=np.int64)[order]
-    f_t, b_t, f_j, b_j = (table(key)[:, order] for key in _COLUMNS)
+    f_t, b_t, f_j, b_j = (table(column)[:, order] for column in _COLUMNS)
     if predict_mhz is None:
         return Profile(measured, f_t, b_t, f_j, b_j, source=source)
     if measured.size < 2:
@@ -69,16 +83,17 @@ def profile_from_clocks(
     clocks = np.array(sorted({int(c) for c in predict_mhz if lo <= int(c) <= hi} | set(measured.tolist()),
                              reverse=True), dtype=np.int64)
     eff = _effective(effective_mhz, S)
-    out = {key: np.empty((S, clocks.size)) for key in _COLUMNS}
+    fitted = [np.empty((S, clocks.size)) for _ in range(4)]  # forward time, backward time, their energies
     at_measured = np.searchsorted(-clocks, -measured)
     for s in range(S):
-        for kind, times, joules in (("F", f_t, f_j), ("B", b_t, b_j)):
-            curve = fit_curve(measured, times[s], joules[s], eff[s][kind == "B"])
+        for backward, times, joules in ((False, f_t, f_j), (True, b_t, b_j)):
+            curve = fit_curve(measured, times[s], joules[s], eff[s][backward])
             t, j = curve.time_s(clocks), curve.energy_j(clocks)
             t[at_measured], j[at_measured] = times[s], joules[s]  # measured numbers as measured, bit for bit
-            out[kind][s], out[f"{kind}_j"][s] = t, j
+            fitted[backward][s], fitted[2 + backward][s] = t, j
     listed = ", ".join(str(int(c)) for c in measured)
-    return Profile(clocks, out["F"], out["B"], out["F_j"], out["B_j"],
+    fwd_t, bwd_t, fwd_j, bwd_j = fitted
+    return Profile(clocks, fwd_t, bwd_t, fwd_j, bwd_j,
                    source=f"{source}: profiled at {listed} MHz, other clocks fitted (envpipe.profile.clockfit)")
 
 

@@ -14,6 +14,7 @@ from envpipe.plan.planfile import Plan
 from envpipe.plan.simulate import Overheads
 from envpipe.profile import Profile
 from envpipe.runtime import summary as S
+from envpipe.runtime.measure.replicas import StageStats
 from envpipe.runtime.measure.timing import SimInputs
 
 
@@ -22,7 +23,7 @@ class CalibrationResult:
     timing: SimInputs  # the simulator's inputs
     report: S.Calibration  # the same, with what else was measured, for the summary
     memory: list[S.MemoryUse]  # per stage
-    unit_energies: list[dict[str, float]]  # per stage, its slowest replica's F, B (s) and F_j, B_j (J; nan: none)
+    unit_energies: list[StageStats]  # per stage, its slowest replica's, with its units' mean energies
     straggler: int | None  # a replica slower than the others' median by the threshold
     idle_power_w: float | None  # the idle GPU's power
     blocking_power_w: list[float] | None  # per stage: power while waiting for a neighbour (measured)

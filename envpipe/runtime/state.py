@@ -47,8 +47,10 @@ from envpipe.limits import (
 )
 from envpipe.plan.planfile import Plan
 from envpipe.profile import Profile
+from envpipe.profile.from_measured import StageUnits
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Origin, plan_digest
+from envpipe.runtime.measure.replicas import StageStats
 from envpipe.runtime.measure.timing import SimInputs
 
 STATE_FILE = "envpipe_state.json"
@@ -238,8 +240,7 @@ def to_state(shape: JobShape, decided: Decided, pairs_done: int, verdict: S.Verd
 
 
 def from_state(state: RunState) -> Decided:
-    energies = [{k: math.nan if v is None else v for k, v in dataclasses.asdict(row).items()
-                 if v is not None or k in ("F_j", "B_j")} for row in state.unit_energies]
+    energies = [_stage_stats(row) for row in state.unit_energies]
     calibrated = CalibrationResult(SimInputs(**dataclasses.asdict(state.calibration)), state.calibration_report,
                             list(state.memory), energies, state.straggler, state.idle_power_w, state.blocking_power_w,
                             state.tail_power_w, state.waiting_power_w)
@@ -255,10 +256,17 @@ def from_state(state: RunState) -> Decided:
     return Decided(calibrated, decision, state.reconfiguration)
 
 
-def _unit_energies(row: dict[str, float]) -> UnitEnergies:
-    nan = math.nan
-    return UnitEnergies(row["F"], row["B"], _known(row["F_j"]), _known(row["B_j"]), _known(row.get("gap_s", nan)),
-                        _known(row.get("tail_s", nan)))
+def _unit_energies(stats: StageStats) -> UnitEnergies:
+    u = stats.units
+    return UnitEnergies(u.fwd_s, u.bwd_s, _known(u.fwd_j), _known(u.bwd_j), _known(stats.gap_s), _known(stats.tail_s))
+
+
+def _stage_stats(row: UnitEnergies) -> StageStats:
+    def number(value: float | None) -> float:
+        return math.nan if value is None else value
+
+    return StageStats(StageUnits(row.F, row.B, number(row.F_j), number(row.B_j)), number(row.gap_s),
+                      number(row.tail_s))
 
 
 def _known(value: float) -> float | None:

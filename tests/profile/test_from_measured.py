@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from envpipe.profile import FrequencyModel, Profile, fit_curve
-from envpipe.profile.from_measured import profile_from_clocks, profile_from_measured
+from envpipe.profile.from_measured import StageUnits, profile_from_clocks, profile_from_measured
 
 
-def rows_of(profile: Profile, clocks: list[int]) -> list[list[dict[str, float]]]:
+def rows_of(profile: Profile, clocks: list[int]) -> list[list[StageUnits]]:
     """What the runtime's profile phase hands over: per profiled clock, per stage, F/B seconds and joules."""
     out = []
     for c in clocks:
         k = profile.freq_index(c)
-        out.append([{"F": float(profile.fwd_time[s, k]), "B": float(profile.bwd_time[s, k]),
-                     "F_j": float(profile.fwd_energy[s, k]), "B_j": float(profile.bwd_energy[s, k])}
+        out.append([StageUnits(float(profile.fwd_time[s, k]), float(profile.bwd_time[s, k]),
+                                float(profile.fwd_energy[s, k]), float(profile.bwd_energy[s, k]))
                     for s in range(profile.num_stages)])
     return out
 
@@ -62,14 +62,14 @@ def test_effective_clocks_per_stage_and_kind_hold_the_units_flat(gpt3: Profile) 
     [([1300.0], "one entry per stage"), ([1300.0, -1.0], "positive number"), ([(1300.0,), None], "pair")],
 )
 def test_bad_effective_clocks_are_refused(effective, reason) -> None:
-    rows = [[{"F": 1.0, "B": 2.0, "F_j": 3.0, "B_j": 4.0}] * 2] * 2
+    rows = [[StageUnits(1.0, 2.0, 3.0, 4.0)] * 2] * 2
     with pytest.raises(ValueError, match=reason):
         profile_from_clocks([1410, 855], rows, "x", predict_mhz=[1410, 1200, 855], effective_mhz=effective)
 
 
 def test_one_profiled_clock_cannot_be_fitted() -> None:
     with pytest.raises(ValueError, match="at least two profiled clocks"):
-        profile_from_clocks([1410], [[{"F": 1.0, "B": 2.0, "F_j": 3.0, "B_j": 4.0}]], "x", predict_mhz=[1410, 855])
+        profile_from_clocks([1410], [[StageUnits(1.0, 2.0, 3.0, 4.0)]], "x", predict_mhz=[1410, 855])
 
 
 def test_one_clock_path_per_kind_effective_clocks(gpt3: Profile) -> None:

@@ -13,12 +13,14 @@ import pytest
 
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule, one_f_one_b
+from envpipe.profile.from_measured import StageUnits
 from envpipe.runtime import summary as S
 from envpipe.runtime.config import EnvPipeConfigError, parse
 from envpipe.runtime.decision import Decided, Decision, Origin
 from envpipe.runtime.measure import replicas
 from envpipe.runtime.measure.collective import Place, portable
 from envpipe.runtime.measure.iterations import BASELINE, PLAN
+from envpipe.runtime.measure.replicas import StageStats
 from envpipe.runtime.report.collect import RankRecord, job_summary
 from tests.support import netns_hosts
 from tests.support.pipelines import WORKER, assert_same_math, orders_json, run_pipeline
@@ -184,8 +186,8 @@ def _place(rank: int, stage: int, replica: int, node: int = 0) -> Place:
 
 
 def test_slowest_replica_per_stage_and_shortest_tail() -> None:
-    def stats(f: float, b: float, tail: float, end: float) -> dict[str, float]:
-        return {"F": f, "B": b, "F_j": f, "B_j": b, "tail_s": tail, "pipeline_s": end}
+    def stats(f: float, b: float, tail: float, end: float) -> StageStats:
+        return StageStats(StageUnits(f, b, f, b), 0.0, tail, end)
 
     entries = [
         (_place(0, 0, 0), stats(1.0, 2.0, 0.5, 10.0)),
@@ -194,8 +196,8 @@ def test_slowest_replica_per_stage_and_shortest_tail() -> None:
         (_place(3, 1, 1), stats(1.0, 1.0, 0.3, 13.0)),
     ]
     per_stage = replicas.slowest_per_stage(entries, 2)
-    assert [s["F"] for s in per_stage] == [1.5, 2.0]
-    assert [s["F"] for s in replicas.slowest_per_stage(entries, 2, exclude=(1,))] == [1.0, 2.0]
+    assert [s.units.fwd_s for s in per_stage] == [1.5, 2.0]
+    assert [s.units.fwd_s for s in replicas.slowest_per_stage(entries, 2, exclude=(1,))] == [1.0, 2.0]
     assert replicas.stage_tails(entries, 2) == [0.1, 0.3]
     assert replicas.replica_times(entries) == {0: 11.0, 1: 14.0}
     assert replicas.find_straggler({0: 11.0, 1: 14.0}, 0.05) == 1

@@ -322,8 +322,8 @@ def test_calibration_iterations_run_back_to_back(monkeypatch: pytest.MonkeyPatch
     assert (r.iterations, r.ran, r.settled, r.change) == (4, 6, True, 0.0)  # the first two warmed up
     assert (r.anchor_iterations, r.anchor_time_s, r.anchor_energy_j) == (3, 0.5, None)  # no counter here
     # the unit energies are the settled iterations' mean (2 to 5), not the last iteration's reading alone
-    assert calibrated.unit_energies[0]["F_j"] == pytest.approx(13.5)
-    assert calibrated.unit_energies[0]["B_j"] == pytest.approx(30.5)
+    assert calibrated.unit_energies[0].units.fwd_j == pytest.approx(13.5)
+    assert calibrated.unit_energies[0].units.bwd_j == pytest.approx(30.5)
 
 
 def test_calibration_runs_until_the_iteration_time_settles(monkeypatch: pytest.MonkeyPatch) -> None:

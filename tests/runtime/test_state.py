@@ -46,7 +46,7 @@ def test_round_trip_keeps_what_was_decided(tmp_path: Path, saved: dict[str, Any]
     assert again == replace(original, profile=again.profile) and again.info == original.info
     assert restored.reconfiguration is None
     assert again.profile is not None and np.array_equal(again.profile.fwd_time, original.profile.fwd_time)
-    assert calibrated.timing == sample_calibrated().timing and np.isnan(calibrated.unit_energies[0]["B_j"])
+    assert calibrated.timing == sample_calibrated().timing and np.isnan(calibrated.unit_energies[0].units.bwd_j)
     assert [calibrated.waiting_power_of(r) for r in range(4)] == [121.0, None, 126.0, 119.0]
     parse_json((tmp_path / state.STATE_FILE).read_text())  # no NaN in the file: an unmeasured energy is null
     assert saved["unit_energies"][0]["B_j"] is None

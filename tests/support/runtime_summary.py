@@ -12,8 +12,10 @@ import jsonschema
 from envpipe.plan.planfile import Plan
 from envpipe.plan.schedules import envpipe_schedule
 from envpipe.profile import embedded_profile_path, load_profile
+from envpipe.profile.from_measured import StageUnits
 from envpipe.runtime import summary as S
 from envpipe.runtime.decision import CalibrationResult, Decided, Decision, Origin
+from envpipe.runtime.measure.replicas import StageStats
 from envpipe.runtime.measure.timing import SimInputs
 from envpipe.runtime.summary import SCHEMA_PATH, RunSummary
 
@@ -57,7 +59,7 @@ def sample_calibrated(P: int = 2) -> CalibrationResult:
     report = S.Calibration(1, spread, cal.fwd_s, cal.bwd_s, cal.gap_s, cal.transfer_s, cal.tail_s, cal.head_s,
                            [None] * P, 80.0, [90.0] * P, [200.0] * P)
     memory = [S.MemoryUse(1024, 2048, None, None, None, P - s) for s in range(P)]
-    energies = [{"F": 0.01, "B": 0.02, "F_j": 2.0, "B_j": float("nan")} for _ in range(P)]
+    energies = [StageStats(StageUnits(0.01, 0.02, 2.0, float("nan")), 0.0, 0.0) for _ in range(P)]
     return CalibrationResult(cal, report, memory, energies, None, 80.0, [90.0] * P, [200.0] * P)
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from envpipe.plan.schedules import Unit
+from envpipe.profile.from_measured import StageUnits
 from envpipe.runtime.measure.collective import Place
 from envpipe.runtime.measure.timing import SimInputs, StageTiming, sim_inputs
 
@@ -50,31 +52,47 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-Entry = tuple[Place, Mapping[str, float]]
+@dataclass(frozen=True)
+class StageStats:
+    """One rank's stage, calibrated in its replica: its units (with their mean energies once metered), the gap
+    before its first unit, its tail, and when its units ended (from its own step start); nan: not measured."""
+
+    units: StageUnits
+    gap_s: float
+    tail_s: float
+    pipeline_s: float = float("nan")
+
+    @property
+    def unit_s(self) -> float:
+        """A forward and a backward unit: what makes a replica the slowest."""
+        return self.units.fwd_s + self.units.bwd_s
 
 
-def slowest_per_stage(entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()) -> list[dict[str, float]]:
-    """Per stage, the numbers of its slowest replica (largest F + B), leaving out replicas in `exclude`."""
+Entry = tuple[Place, StageStats]
+
+
+def slowest_per_stage(entries: Iterable[Entry], stages: int, exclude: Iterable[int] = ()) -> list[StageStats]:
+    """Per stage, the numbers of its slowest replica (largest forward + backward), leaving out those in `exclude`."""
     skip = set(exclude)
-    best: dict[int, Mapping[str, float]] = {}
+    best: dict[int, StageStats] = {}
     for where, stats in entries:
         if where.replica in skip:
             continue
         cur = best.get(where.stage)
-        if cur is None or stats["F"] + stats["B"] > cur["F"] + cur["B"]:
+        if cur is None or stats.unit_s > cur.unit_s:
             best[where.stage] = stats
     missing = [s for s in range(stages) if s not in best]
     if missing:
         raise ReplicaError(f"no measurements from stage(s) {missing}")
-    return [dict(best[s]) for s in range(stages)]
+    return [best[s] for s in range(stages)]
 
 
 UnitEnergies = tuple[float | None, float | None]  # one rank's mean F and B unit energy in one iteration (J)
 
 
 def slowest_with_energy(entries: Sequence[Entry], iterations: Sequence[Sequence[UnitEnergies | None]],
-                        stages: int) -> list[dict[str, float]]:
-    """`slowest_per_stage` of ``entries`` with each rank's F and B unit energy as F_j and B_j: its mean over
+                        stages: int) -> list[StageStats]:
+    """`slowest_per_stage` of ``entries`` with each rank's forward and backward unit energy: its mean over
     ``iterations`` (each a per-rank list in rank order, None where a rank has no meter; nan where none is known).
 
     Why the mean: one iteration's reading of the counter is off by a few percent either way (it updates every
@@ -87,15 +105,15 @@ def slowest_with_energy(entries: Sequence[Entry], iterations: Sequence[Sequence[
         fwd = [f for f, _ in known if f is not None]
         bwd = [b for _, b in known if b is not None]
         means.append((statistics.fmean(fwd) if fwd else nan, statistics.fmean(bwd) if bwd else nan))
-    return slowest_per_stage([(w, {**st, "F_j": f, "B_j": b}) for (w, st), (f, b) in zip(entries, means, strict=True)],
-                             stages)
+    return slowest_per_stage([(w, replace(st, units=replace(st.units, fwd_j=f, bwd_j=b)))
+                              for (w, st), (f, b) in zip(entries, means, strict=True)], stages)
 
 
 def stage_tails(entries: Iterable[Entry], stages: int) -> list[float]:
     """Per stage, the shortest measured tail over its replicas (the last to arrive does not wait)."""
     tails: dict[int, float] = {}
     for where, stats in entries:
-        tails[where.stage] = min(tails.get(where.stage, float("inf")), stats["tail_s"])
+        tails[where.stage] = min(tails.get(where.stage, float("inf")), stats.tail_s)
     return [tails[s] for s in range(stages)]
 
 
@@ -116,13 +134,12 @@ def calibrate_replicas(
     return {d: sim_inputs(orders, its) for d, its in sorted(per.items())}
 
 
-def stage_entries(cals: Mapping[int, SimInputs], last: Sequence[Measured]) -> list[tuple[Place, dict[str, float]]]:
+def stage_entries(cals: Mapping[int, SimInputs], last: Sequence[Measured]) -> list[Entry]:
     """Per rank: its stage's calibrated numbers in its replica, and when its units ended (`last` iteration)."""
-    entries: list[tuple[Place, dict[str, float]]] = []
+    entries: list[Entry] = []
     for where, t in last:
         c, s = cals[where.replica], where.stage
-        stats = {"F": c.fwd_s[s], "B": c.bwd_s[s], "gap_s": c.gap_s[s], "tail_s": c.tail_s[s]}
-        entries.append((where, {**stats, "pipeline_s": _units_end(t)}))
+        entries.append((where, StageStats(StageUnits(c.fwd_s[s], c.bwd_s[s]), c.gap_s[s], c.tail_s[s], _units_end(t))))
     return entries
 
 
@@ -140,9 +157,9 @@ def job_calibration(
     rows = slowest_per_stage(entries, stages, skip)
     kept = [c for d, c in cals.items() if d not in skip]
     return SimInputs(
-        [r["F"] for r in rows],
-        [r["B"] for r in rows],
-        [r["gap_s"] for r in rows],
+        [r.units.fwd_s for r in rows],
+        [r.units.bwd_s for r in rows],
+        [r.gap_s for r in rows],
         max(c.transfer_s for c in kept),
         stage_tails(entries, stages),
         max(c.head_s for c in kept),
@@ -165,7 +182,7 @@ def slowest_replica(iteration: Iterable[Measured]) -> int:
 
 def replica_times(entries: Iterable[Entry]) -> dict[int, float]:
     """Per replica, when its last stage finished its units (the latest `pipeline_s` over its stages)."""
-    return _latest_per_replica((where, stats["pipeline_s"]) for where, stats in entries)
+    return _latest_per_replica((where, stats.pipeline_s) for where, stats in entries)
 
 
 def find_straggler(times: Mapping[int, float], threshold: float) -> int | None:

@@ -36,11 +36,11 @@ def stage_profile(rig: Rig, calibrated: CalibrationResult) -> Phase[Profile | No
         raise ValueError(f"policy '{cfg.type}' needs a profile: no clock and no energy counter to measure one")
     if not rig.controls:
         u = calibrated.unit_energies
-        if any(np.isnan(x["F_j"]) or np.isnan(x["B_j"]) for x in u):
+        if any(np.isnan(x.units.fwd_j) or np.isnan(x.units.bwd_j) for x in u):
             raise ValueError("the energy counter gave no unit energies in calibration: nothing to plan from")
         progress("profile: clocks cannot be changed here; lower clocks from the frequency model (simulated)")
-        return profile_from_measured([x["F"] for x in u], [x["B"] for x in u], [x["F_j"] for x in u],
-                                     [x["B_j"] for x in u], clock.supported_mhz,
+        return profile_from_measured([x.units.fwd_s for x in u], [x.units.bwd_s for x in u],
+                                     [x.units.fwd_j for x in u], [x.units.bwd_j for x in u], clock.supported_mhz,
                                      effective_mhz=calibrated.report.effective_clock_mhz)
     clocks = profile_clocks(clock.supported_mhz, cfg.profile_points)
     progress(f"profile: one 1F1B iteration at each of {', '.join(map(str, clocks))} MHz")
@@ -54,6 +54,6 @@ def stage_profile(rig: Rig, calibrated: CalibrationResult) -> Phase[Profile | No
     for gathered in rig.gather_each([(t, EnergySplit.unit_means(x)) for t, x in zip(timings, splits, strict=True)]):
         its = [[(w, t) for w, (t, _) in gathered]]
         entries = replicas.stage_entries(replicas.calibrate_replicas(orders, its), its[-1])
-        rows.append(replicas.slowest_with_energy(entries, [[e for _, (_, e) in gathered]], rig.P))
+        rows.append([st.units for st in replicas.slowest_with_energy(entries, [[e for _, (_, e) in gathered]], rig.P)])
     return profile_from_clocks(clocks, rows, "online", predict_mhz=clock.supported_mhz,
                                effective_mhz=calibrated.report.effective_clock_mhz)

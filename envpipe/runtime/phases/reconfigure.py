@@ -116,9 +116,10 @@ def corrected_profile(profile: Profile, plan: Any, timings: list[list[tuple[coll
     tables = (profile.fwd_time, profile.bwd_time, profile.fwd_energy, profile.bwd_energy)
     f_t, b_t, f_j, b_j = (x.copy() for x in tables)
     for s, units in enumerate(plan.stages):
-        for kind, t, j in (("F", f_t, f_j), ("B", b_t, b_j)):
+        ran = measured[s].units
+        for kind, t, j, took in (("F", f_t, f_j, ran.fwd_s), ("B", b_t, b_j, ran.bwd_s)):
             predicted = statistics.fmean(t[s, profile.freq_index(u.freq_mhz)] for u in units if u.kind == kind)
-            scale = measured[s][kind] / predicted
+            scale = took / predicted
             t[s] *= scale
             j[s] *= scale
     return Profile(profile.freqs, f_t, b_t, f_j, b_j, source=f"{profile.source}, corrected by the units that ran")
