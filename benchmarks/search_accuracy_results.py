@@ -1003,6 +1003,7 @@ def render_call6() -> str:
     worse = sum(abs(e) > abs(f.row.time_err) for f, e in zip(found, scaled, strict=True))
     better = sum(abs(e) < abs(f.row.time_err) for f, e in zip(found, scaled, strict=True))
     matched = [k for k in (_matching_scale(held_run, f) for f in found) if k is not None]
+    chain_lines, inside, total = call6_chain_table()
     time_met = [f for f in found if f.time_met()]
     launch = [f for f in found if f.regime == "launch-bound"]
     device = [f for f in found if f.regime == "device-bound"]
@@ -1092,6 +1093,22 @@ def render_call6() -> str:
         "  deep GPT-2 (and the optimizer steps' tail), not only the host's speed: a band on the host scale cannot",
         "  hold them.",
         "",
+        "## After the runs: how steady the host's time is",
+        "",
+        f"**measured {machine_line(CALL6, 'chain')}**: `python benchmarks/layer_chain_check.py --blocks 8 --pairs 12 "
+        "--shapes benchmarks/results/search_accuracy/call6/shapes.json` (the held-out models; 12 pairs one after the",
+        "other in one process, about a minute), beside `python benchmarks/host_speed.py --seconds 8` (chain/). The",
+        "same blocks' host time, pair after pair:",
+        "",
+        *chain_lines,
+        "",
+        "The host took up to the max / min columns' times as long for the same work within a minute, in one",
+        f"process; the held-out profiles' block times lie inside the pairs' range in {inside} of {total}. A "
+        "launch-bound prediction is a draw from",
+        "this spread, and so is the profile's host time it starts from: on this host no band of +-8 % holds every",
+        "launch-bound run unless the prediction knows the host's speed at the run (or the profile measures its",
+        "own host spread and the band is read from it).",
+        "",
     ]
     return "\n".join(out)
 
@@ -1150,6 +1167,32 @@ def host_scale_table(run: Path, found: list[Banded]) -> list[str]:
         lines.append(f"| {f.row.model} | {f.row.b} | {f.regime} | {100 * f.row.time_err:+.1f} % | "
                      f"{'-' if k is None else f'{k:.2f}'} | {100 * scaled:+.1f} % |")
     return lines
+
+
+def call6_chain_table() -> tuple[list[str], int, int]:
+    """The chain check after the runs (call6/chain/chain.json): per held-out model and unit, the host's time per
+    block for the same 8 blocks, over the pairs (chain: issued as the engine issues a stage; profiled: as the
+    layer profiler times a block), against the block's host time in the held-out profile the search used; and how
+    many of those profile times lie within the pairs' range (either method's), of how many."""
+    data = _json(CALL6 / "chain" / "chain.json")
+    blocks, inside, total = data["blocks"], 0, 0
+    lines = ["| model | unit | chain, per block: median (min-max) (ms) | max / min | profiled, per block: median "
+             "(min-max) (ms) | max / min | the held-out profile's block, micro-batch 1 (ms) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, found in data["models"].items():
+        block = load_layer_profile(CALL6 / "run2" / "heldout" / name / "layers.json").layers[1].per_micro_batch[1]
+        for unit in ("forward", "backward"):
+            cells, low, high = [], float("inf"), 0.0
+            for key in (f"chain_{unit}_s", f"chained_{unit}_host_s"):
+                xs = [pair[key] / blocks for pair in found["pairs"]]  # both are sums over the blocks
+                cells += [f"{statistics.median(xs) * MS:.2f} ({min(xs) * MS:.2f}-{max(xs) * MS:.2f})",
+                          f"{max(xs) / min(xs):.2f}"]
+                low, high = min(low, *xs), max(high, *xs)
+            profiled = block.forward_host_s if unit == "forward" else block.backward_host_s
+            inside += low <= profiled <= high
+            total += 1
+            lines.append(f"| {name} | {unit} | {' | '.join(cells)} | {profiled * MS:.2f} |")
+    return lines, inside, total
 
 
 def _unit_span(run: Path, which: set[tuple[str, int]]) -> str:
