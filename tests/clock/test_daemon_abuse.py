@@ -45,7 +45,7 @@ def abuser(sock: str, gpu: str, *attack: str) -> Iterator[dict]:
     """The abuser, attacking from its own process until the block ends; then what it counted."""
     tally: dict = {}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.clockd_abuser", sock, "--gpu", gpu, *attack],
+        [sys.executable, "-m", "benchmarks.clockd_study.abuser", sock, "--gpu", gpu, *attack],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": ROOT},

@@ -4,7 +4,7 @@ lease expiry next to a hung GPU, and the reset after a daemon SIGKILL and restar
 Real daemon processes, real HTTP over the Unix socket, real client processes. GPUs are the `sim`
 backend, or tests/support/fake_pynvml.py behind the `nvml` backend where a driver call must hang or the GPUs'
 state must outlive the daemon. Comparisons are side by side in one run.
-Usage: python -m benchmarks.clockd_faults [OUT.md | --update]   (default: a new dated file beside
+Usage: python -m benchmarks.clockd_study.faults [OUT.md | --update]   (default: a new dated file beside
 benchmarks/results/clockd_faults.md; --update overwrites that one)
 """
 

@@ -2,7 +2,7 @@
 
 Measures p50/p99 latency of one client's sequential lock requests, then the sustained rate of 8
 concurrent client processes, each with its own lease and GPU, counting errors.
-Usage: python -m benchmarks.clockd_latency [OUT.md | --update]   (default: a new dated file beside
+Usage: python -m benchmarks.clockd_study.latency [OUT.md | --update]   (default: a new dated file beside
 benchmarks/results/clockd_latency.md; --update overwrites that one)
 """
 

@@ -2,7 +2,7 @@
 
 Real NVML reads (GPUs by UUID, supported clocks, current clock, energy counter); lock requests go
 through the whole daemon (lease, allow-list, snapping, audit) and are recorded, never applied.
-Usage: python -m benchmarks.clockd_readonly OUT.md
+Usage: python -m benchmarks.clockd_study.readonly OUT.md
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ alone, then beside benchmarks/clockd_abuser.py (its own lease, an attach flood o
 10,000 idle connections, a request flood claiming a new pod each time, bytes that are not HTTP). A
 well-behaved client must see 0 errors and keep its lease; its p99 is reported.
 
-    python -m benchmarks.clockd_fair [--seconds S] [--update | --out OUT.md]   run, write JSON and Markdown
-    python -m benchmarks.clockd_fair --render RAW.json                       print the Markdown of a run
+    python -m benchmarks.clockd_study.fair [--seconds S] [--update | --out OUT.md]   run, write JSON and Markdown
+    python -m benchmarks.clockd_study.fair --render RAW.json                       print the Markdown of a run
 
 The raw results (every request's latency) go to benchmarks/results/clockd_fair.json beside the Markdown.
 """
@@ -124,7 +124,7 @@ def phase(name: str, seconds: float, abuse: bool) -> dict[str, Any]:
         gpus = [g["uuid"] for g in list_gpus(sock)]
         if abuse:
             abuser = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.clockd_abuser", sock, "--gpu", gpus[-1], *ABUSE],
+                [sys.executable, "-m", "benchmarks.clockd_study.abuser", sock, "--gpu", gpus[-1], *ABUSE],
                 stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
             )
             assert abuser.stdout is not None
@@ -164,7 +164,7 @@ def phase(name: str, seconds: float, abuse: bool) -> dict[str, Any]:
 
 
 # ---- the Markdown, from the raw JSON alone -----------------------------------------------------------
-RENDER_COMMAND = "python -m benchmarks.clockd_fair --render benchmarks/results/clockd_fair.json"
+RENDER_COMMAND = "python -m benchmarks.clockd_study.fair --render benchmarks/results/clockd_fair.json"
 
 
 def pct(xs: list[int], q: float) -> float:
