@@ -1,4 +1,5 @@
-"""The envpipe-clockd study: the daemon measured as a service, one module per benchmark.
+"""The envpipe-clockd study: the daemon measured as a service, one module per benchmark;
+`benchmarks/clockd_results.py` is their one command line.
 
 - `fair`: fair service under abuse, 8 well-behaved clients beside `abuser` (raw JSON, rendered Markdown);
 - `abuser`: an abusive client process, for `fair` and tests/clock/test_daemon_abuse.py;
