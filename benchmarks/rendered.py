@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import (
-    clockd_fair,
     demo_results,
     dev_loop,
     freqmodel_results,
@@ -29,6 +28,7 @@ from benchmarks import (
     search_results,
     setup_time,
 )
+from benchmarks.clockd_study import fair as clockd_fair
 from benchmarks.common import RESULTS, ROOT
 from benchmarks.runtime_study import ablation, dp, dropin, rounds
 
@@ -67,8 +67,8 @@ RENDERED = (
     Rendered("demo.md", (demo_results.RAW,), lambda raws: demo_results.render(raws[0]),
              "python -m benchmarks.demo_results render"),
     Rendered("clockd_fair.md", (RESULTS / "clockd_fair.json",),
-             lambda raws: clockd_fair.render(json.loads(raws[0].read_text())) + "\n",
-             "python -m benchmarks.clockd_fair --render"),
+             lambda raws: clockd_fair.render(clockd_fair.load(raws[0])) + "\n",
+             "python benchmarks/clockd_results.py fair-render"),
     Rendered("dropin_h100.md", tuple(RAW_H100 / d for d in ("dropin_gpt2_0146", "dropin_llama_gpt2small_0150",
                                                            "dropin_gpt2small_0305", "dropin_llama_0309",
                                                            "dropin_llama_0445")),
@@ -121,9 +121,10 @@ RENDERED = (
 
 # Written by their benchmark in one step (no raw file kept), by the script that writes them.
 WRITTEN = {
-    "clockd_faults.md": "python -m benchmarks.clockd_faults --update",
-    "clockd_latency.md": "python -m benchmarks.clockd_latency --update",
-    "clockd_readonly_h200.md": "python -m benchmarks.clockd_readonly benchmarks/results/clockd_readonly_h200.md",
+    "clockd_faults.md": "python benchmarks/clockd_results.py faults --update",
+    "clockd_latency.md": "python benchmarks/clockd_results.py latency --update",
+    "clockd_readonly_h200.md":
+        "python benchmarks/clockd_results.py readonly benchmarks/results/clockd_readonly_h200.md",
     "launch.md": "PYTHONPATH=.:launcher python benchmarks/bench_launch.py --update",
     "optimal.md": "PYTHONPATH=$PWD python benchmarks/bench_optimal.py --update",
     "planner.md": "python -m benchmarks.bench_planner --update",

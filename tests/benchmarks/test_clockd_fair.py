@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.clockd_fair import render
+from benchmarks.clockd_study.fair import render
 from benchmarks.common import RESULTS
 
 

@@ -1,9 +1,9 @@
 """The attacks on envpipe-clockd of issue #26, each against a real daemon over its real socket, from another
-process (benchmarks/clockd_abuser.py): one lease with a flood of attach streams, slow request bodies, a
+process (benchmarks/clockd_study/abuser.py): one lease with a flood of attach streams, slow request bodies, a
 flood of idle connections, a request flood that claims a new pod each time, and bytes that are not HTTP
 (a newline in the path included). Each time, a trainer beside the abuser (the bundled ClockClient, its
 own lease) must see every request answered and keep its lease, and the kubelet's probe on the metrics port
-must answer. The fair-service benchmark (benchmarks/clockd_fair.py) runs them all at once, at full strength,
+must answer. The fair-service benchmark (`benchmarks/clockd_results.py fair`) runs them all at once, at full strength,
 for longer.
 
 Nothing here rests on the scheduler's luck: the trainer's TTL is derived from the scheduling delay measured
@@ -45,7 +45,7 @@ def abuser(sock: str, gpu: str, *attack: str) -> Iterator[dict]:
     """The abuser, attacking from its own process until the block ends; then what it counted."""
     tally: dict = {}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.clockd_abuser", sock, "--gpu", gpu, *attack],
+        [sys.executable, "-m", "benchmarks.clockd_study.abuser", sock, "--gpu", gpu, *attack],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": ROOT},

@@ -215,7 +215,7 @@ def test_a_restart_after_sigkill_resets_the_leased_gpus_first_and_no_others(tmp_
         gpus = {g.uuid: g for g in FakeNvml.from_store(store).gpus}
         assert gpus[A].sm_mhz == MAX and gpus[A].calls[-1] == ("reset",)  # reset before the ready line
         assert gpus[C].sm_mhz == 1200 and gpus[B].calls == [("reset",)]  # only the first start reset B
-        assert ready_after < 10.0  # generous here; benchmarks/clockd_faults.py measures it
+        assert ready_after < 10.0  # generous here; `benchmarks/clockd_results.py faults` measures it
         assert recorded(state) == {}
     finally:
         client.close()

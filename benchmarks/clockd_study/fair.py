@@ -3,12 +3,12 @@
 A real daemon process (sim backend, 9 GPUs) serves 8 client processes that each hold a lease through the
 bundled ClockClient (heartbeats, attach stream) and lock their GPU 50 times a second, alternating two
 clocks, while a prober polls /healthz on the metrics port as the kubelet does. The same load runs twice:
-alone, then beside benchmarks/clockd_abuser.py (its own lease, an attach flood on it, slow request bodies,
+alone, then beside benchmarks/clockd_study/abuser.py (its own lease, an attach flood on it, slow request bodies,
 10,000 idle connections, a request flood claiming a new pod each time, bytes that are not HTTP). A
 well-behaved client must see 0 errors and keep its lease; its p99 is reported.
 
-    python -m benchmarks.clockd_fair [--seconds S] [--update | --out OUT.md]   run, write JSON and Markdown
-    python -m benchmarks.clockd_fair --render RAW.json                       print the Markdown of a run
+    python benchmarks/clockd_results.py fair [--seconds S] [--update | --out OUT.md]   run, write JSON and Markdown
+    python benchmarks/clockd_results.py fair-render RAW.json                          print the Markdown of a run
 
 The raw results (every request's latency) go to benchmarks/results/clockd_fair.json beside the Markdown.
 """
@@ -124,7 +124,7 @@ def phase(name: str, seconds: float, abuse: bool) -> dict[str, Any]:
         gpus = [g["uuid"] for g in list_gpus(sock)]
         if abuse:
             abuser = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.clockd_abuser", sock, "--gpu", gpus[-1], *ABUSE],
+                [sys.executable, "-m", "benchmarks.clockd_study.abuser", sock, "--gpu", gpus[-1], *ABUSE],
                 stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
             )
             assert abuser.stdout is not None
@@ -164,7 +164,8 @@ def phase(name: str, seconds: float, abuse: bool) -> dict[str, Any]:
 
 
 # ---- the Markdown, from the raw JSON alone -----------------------------------------------------------
-RENDER_COMMAND = "python -m benchmarks.clockd_fair --render benchmarks/results/clockd_fair.json"
+RENDER_COMMAND = "python benchmarks/clockd_results.py fair-render benchmarks/results/clockd_fair.json"
+RAW_KEYS = ("date", "machine", "clients", "rate_hz", "seconds", "abuse", "phases")
 
 
 def pct(xs: list[int], q: float) -> float:
@@ -184,7 +185,7 @@ def render(raw: dict[str, Any]) -> str:
         f"heartbeats, attach stream) locking its GPU {raw['rate_hz']:g} times a second (1005 ↔ 1200 MHz) for "
         f"{raw['seconds']:g} s; a prober polls `/healthz` on the metrics port every 100 ms with a new "
         "connection (2 s timeout), as the kubelet does.",
-        f"Abusive (second phase): one process, `benchmarks/clockd_abuser.py {' '.join(raw['abuse'])}`: its own "
+        f"Abusive (second phase): one process, `benchmarks/clockd_study/abuser.py {' '.join(raw['abuse'])}`: its own "
         "lease with 256 attach streams asked on it, 300 request bodies that never finish, 10,000 idle "
         "connections, 4 connections sending requests back to back (a new claimed pod each), 2 sending bytes "
         "that are not HTTP; each reconnects as soon as the daemon closes it.",
@@ -232,15 +233,26 @@ def render(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=SECONDS)
-    ap.add_argument("--render", type=Path, help="print the Markdown of this raw JSON and exit")
-    add_output_options(ap, "clockd_fair.md")
-    args = ap.parse_args()
-    if args.render:
-        print(render(json.loads(args.render.read_text())))
-        return
+def load(path: Path) -> dict[str, Any]:
+    """A run's raw JSON as `main` writes it; ValueError, in one line, for a file that is not one."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    missing = [k for k in RAW_KEYS if not isinstance(raw, dict) or k not in raw]
+    if missing:
+        raise ValueError(f"{path}: not a fair-service run's raw results (no {', '.join(missing)})")
+    return dict(raw)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seconds", type=float, default=SECONDS, help=f"each phase's length (default {SECONDS:g})")
+    add_output_options(parser, "clockd_fair.md")
+
+
+def main(args: argparse.Namespace) -> None:
     raw = {
         "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "machine": machine_line(), "clients": CLIENTS,
         "rate_hz": RATE_HZ, "seconds": args.seconds, "abuse": list(ABUSE),
@@ -252,7 +264,3 @@ def main() -> None:
     raw_path.write_text(json.dumps(raw) + "\n")
     print(f"raw results written to {raw_path}")
     write_results(args, render(raw))
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ and bytes that are not HTTP (a newline in the path, garbage request lines). Each
 as the daemon closes its connection, so the pressure lasts. It stops on SIGTERM or after --seconds and
 prints one JSON line: what the daemon answered, per attack.
 
-    python -m benchmarks.clockd_abuser SOCKET --gpu UUID [--attach N] [--slow-bodies N] [--connections N]
+    python -m benchmarks.clockd_study.abuser SOCKET --gpu UUID [--attach N] [--slow-bodies N] [--connections N]
         [--flood N] [--bad-http N] [--seconds S]
 """
 

@@ -4,7 +4,7 @@ lease expiry next to a hung GPU, and the reset after a daemon SIGKILL and restar
 Real daemon processes, real HTTP over the Unix socket, real client processes. GPUs are the `sim`
 backend, or tests/support/fake_pynvml.py behind the `nvml` backend where a driver call must hang or the GPUs'
 state must outlive the daemon. Comparisons are side by side in one run.
-Usage: python -m benchmarks.clockd_faults [OUT.md | --update]   (default: a new dated file beside
+Usage: python benchmarks/clockd_results.py faults [OUT.md | --update]   (default: a new dated file beside
 benchmarks/results/clockd_faults.md; --update overwrites that one)
 """
 
@@ -255,10 +255,11 @@ def restart_after_daemon_kill(workdir: str) -> list[str]:
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_output_options(ap, "clockd_faults.md", positional=True)
-    args = ap.parse_args()
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_output_options(parser, "clockd_faults.md", positional=True)
+
+
+def main(args: argparse.Namespace) -> None:
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as workdir:
         rows = [
@@ -289,7 +290,3 @@ def main() -> None:
     )
     print(text)
     write_results(args, text)
-
-
-if __name__ == "__main__":
-    main()

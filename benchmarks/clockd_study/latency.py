@@ -2,7 +2,7 @@
 
 Measures p50/p99 latency of one client's sequential lock requests, then the sustained rate of 8
 concurrent client processes, each with its own lease and GPU, counting errors.
-Usage: python -m benchmarks.clockd_latency [OUT.md | --update]   (default: a new dated file beside
+Usage: python benchmarks/clockd_results.py latency [OUT.md | --update]   (default: a new dated file beside
 benchmarks/results/clockd_latency.md; --update overwrites that one)
 """
 
@@ -101,10 +101,11 @@ def concurrent(sock: str) -> tuple[int, int, list[float], float]:
     return sum(r[0] for r in results), sum(r[1] for r in results), [x for r in results for x in r[2]], wall
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_output_options(ap, "clockd_latency.md", positional=True)
-    args = ap.parse_args()
+def add_options(parser: argparse.ArgumentParser) -> None:
+    add_output_options(parser, "clockd_latency.md", positional=True)
+
+
+def main(args: argparse.Namespace) -> None:
     load = os.getloadavg()
     logs = tempfile.mkdtemp()
     quiet, quiet_sock = start_clockd(*DAEMON_ARGS, "--log-level", "warning", stderr=subprocess.DEVNULL)
@@ -151,7 +152,3 @@ def main() -> None:
     ]
     print("\n".join(lines))
     write_results(args, "\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

@@ -2,17 +2,17 @@
 
 Real NVML reads (GPUs by UUID, supported clocks, current clock, energy counter); lock requests go
 through the whole daemon (lease, allow-list, snapping, audit) and are recorded, never applied.
-Usage: python -m benchmarks.clockd_readonly OUT.md
+Usage: python benchmarks/clockd_results.py readonly OUT.md
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from datetime import UTC, datetime
@@ -21,7 +21,11 @@ from benchmarks.common import start_clockd
 from envpipe.clock.client import ClockClient
 
 
-def main(out: str) -> None:
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", metavar="OUT.md", help="where the report goes")
+
+
+def main(args: argparse.Namespace) -> None:
     daemon, sock = start_clockd("--backend", "readonly", "--metrics-port", "9464")
     lines = [
         f"# envpipe-clockd readonly backend on a real GPU (measured, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
@@ -91,7 +95,7 @@ def main(out: str) -> None:
         text=True,
     )
     lines += ["", "## nvidia-smi after the run (clocks untouched)", "", "```", smi.stdout.strip(), "```"]
-    with open(out, "w") as f:
+    with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -104,7 +108,3 @@ def list_gpus(sock: str) -> list[dict]:
         while chunk := s.recv(65536):
             data += chunk
     return list(json.loads(data.split(b"\r\n\r\n", 1)[1])["gpus"])
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
