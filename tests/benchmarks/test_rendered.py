@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import rendered, search_results
+from benchmarks import rendered
 from benchmarks.common import RESULTS, ROOT, prediction_error
 from benchmarks.runtime_study.rounds import order_that_ran, render_nov22
+from benchmarks.search_study import twogpu
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.summary import RunSummary
 
@@ -135,7 +136,7 @@ def test_legacy_and_search_renderers_take_the_raw_paths_they_are_given() -> None
     # one folder alone renders only its own section
     text = render_nov22([RESULTS / "h200_runs" / "pp4_m8"])
     assert "| 4 | 8 | envpipe_order |" in text and "Interleaved rounds" not in text
-    one = search_results.render([RESULTS / "h200_runs" / "search_llama_0550.tar.gz"])
+    one = twogpu.render([RESULTS / "h200_runs" / "search_llama_0550.tar.gz"])
     assert "Over 8 runs:" in one and "gpt2" not in one
 
 
