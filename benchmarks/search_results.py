@@ -1,34 +1,59 @@
-"""The accuracy table of `envpipe search`: predicted (simulated) against measured iteration time and peak
-memory per stage, from benchmarks/search_run.py's JSON files (OUT/<model>/runs/*.json).
+"""The search study's results, rendered from raw files as Markdown (one command, a subcommand per kind of raw
+folder or round; the renderers are in benchmarks/search_study/).
 
-    python benchmarks/search_results.py OUT [OUT...] [--command "CPU=1 bash benchmarks/search_h200.sh"] > search.md
+    python benchmarks/search_results.py two-gpu OUT [OUT ...] [--command "CPU=1 bash benchmarks/search_h200.sh"]
+    python benchmarks/search_results.py call1    > benchmarks/results/search_accuracy.md
+    python benchmarks/search_results.py call3    > benchmarks/results/search_accuracy_call3.md
+    python benchmarks/search_results.py call4    > benchmarks/results/search_accuracy_call4.md
+    python benchmarks/search_results.py call6    > benchmarks/results/search_accuracy_call6.md
 
-OUT is benchmarks/search_h200.sh's work directory or its search_runs.tar.gz (machine.txt, links.json, one folder
-per model with layers.json and runs/). The command that produced an OUT: --command, else its command.txt (for
-X.tar.gz: X.command.txt beside it). Error = (predicted - measured) / measured.
+two-gpu: benchmarks/search_h200.sh's work directories or their .tar.gz (search.md, search_h100x2.md); the command
+that produced an OUT is --command, else its command.txt (for X.tar.gz: X.command.txt beside it). callN: a round of
+the one-GPU held-out study (benchmarks/search_accuracy.py), read from its committed raw files under
+benchmarks/results/search_accuracy/; it takes no arguments. Bad input is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.search_study.twogpu import render
+from benchmarks.search_study import call1, call3, call4, call6, twogpu
+
+ROUNDS: dict[str, Callable[[], str]] = {"call1": call1.render, "call3": call3.render, "call4": call4.render,
+                                        "call6": call6.render}  # by the round's first call
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # one line, not argparse's usage and exit
+        raise ValueError(message)
+
+
+def _render(args: argparse.Namespace) -> str:
+    if args.kind == "two-gpu":
+        if not args.out:
+            raise ValueError("two-gpu: give at least one OUT (a work directory or its .tar.gz)")
+        return twogpu.render([Path(o) for o in args.out], args.command)
+    if args.out or args.command is not None:
+        raise ValueError(f"{args.kind}: takes no arguments (it reads benchmarks/results/search_accuracy/)")
+    return ROUNDS[args.kind]()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", nargs="+", type=Path)
-    p.add_argument("--command", default=None, help="the command that produced OUT (default: its command.txt)")
-    args = p.parse_args(argv)
+    p = _Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("kind", choices=["two-gpu", *ROUNDS], help="the kind of raw folder or round (see the usage above)")
+    p.add_argument("out", nargs="*", default=[], metavar="OUT", help="two-gpu: the work directories or archives")
+    p.add_argument("--command", default=None, help="two-gpu: the command that produced OUT (default: its command.txt)")
     try:
-        print(render(args.out, args.command), end="")
+        text = _render(p.parse_args(argv))
     except (OSError, ValueError, KeyError) as e:
-        print(f"search_results: {e}", file=sys.stderr)
+        print(f"search_results.py: error: {e}", file=sys.stderr)
         return 2
+    sys.stdout.write(text)
     return 0
 
 

@@ -65,7 +65,7 @@ def render() -> str:
     out = [
         "# `envpipe search` on one GPU: predicted against measured, held out",
         "",
-        "Rendered by `python benchmarks/search_accuracy_results.py` from the raw files in",
+        "Rendered by `python benchmarks/search_results.py call1` from the raw files in",
         "[search_accuracy/](search_accuracy/) (every run's JSON, the layer profiles, the search's outputs, logs,",
         "`nvidia-smi -q`); the runs: `python benchmarks/search_accuracy.py --out OUT --deadline-s 515` on the lent",
         f"GPU. **Measured {machine[0]} on one {machine[-1].split(',')[0]}**",

@@ -99,7 +99,7 @@ def render() -> str:
     out = [
         "# `envpipe search` on one GPU, second held-out run: predicted against measured",
         "",
-        "Rendered by `python benchmarks/search_accuracy_results.py call3` from the raw files in",
+        "Rendered by `python benchmarks/search_results.py call3` from the raw files in",
         "[search_accuracy/call3/](search_accuracy/call3/) (the declaration and engine model committed before the",
         "run, every run's JSON, the layer profiles, the search's outputs, logs, `nvidia-smi -q`, the diagnostics).",
         "The first held-out run and its analysis: [search_accuracy.md](search_accuracy.md), kept as it was.",

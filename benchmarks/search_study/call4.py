@@ -127,7 +127,7 @@ def render() -> str:
     out = [
         "# `envpipe search` on one GPU, third round: layer profile version 4 and a fitted engine model",
         "",
-        "Rendered by `python benchmarks/search_accuracy_results.py call4` from the raw files in",
+        "Rendered by `python benchmarks/search_results.py call4` from the raw files in",
         "[search_accuracy/call4/](search_accuracy/call4/) and [search_accuracy/call5/](search_accuracy/call5/)",
         "(declarations and engine models committed before each run, every run's JSON, the layer profiles, the",
         "search's outputs, logs, `nvidia-smi -q`, the host's speed beside every profile and run, the chain check).",

@@ -137,7 +137,7 @@ def render() -> str:
     out = [
         "# `envpipe search` on one GPU, fifth round: the host band, on an H200",
         "",
-        "Rendered by `python benchmarks/search_accuracy_results.py call6` from the raw files in",
+        "Rendered by `python benchmarks/search_results.py call6` from the raw files in",
         "[search_accuracy/call6/](search_accuracy/call6/) (the declaration and the engine model, each committed before",
         "the call that used it; every run's JSON with the search's predictions, the layer profiles, the search's",
         "outputs, logs, `nvidia-smi -q`, the host's speed beside every profile and run). Earlier rounds:",

@@ -171,6 +171,6 @@ def render(raws: list[Path], command: str | None = None) -> str:
             "iteration time per steady iteration = the slowest rank; peak memory = the allocator's peak per "
             "stage, from before the model is built, the plan's order run (benchmarks/search_run.py). Error = "
             "(predicted − measured) / measured.", ""]
-    tail = ["Rendered by `python benchmarks/search_results.py " + " ".join(shown_path(r) for r in raws) + "`."]
+    tail = ["Rendered by `python benchmarks/search_results.py two-gpu " + " ".join(shown_path(r) for r in raws) + "`."]
     return "\n".join(head + (summary(scored) if scored else []) + sections + tail) + "\n"
 

@@ -105,8 +105,11 @@ def test_renderers_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     cases = [
-        (["benchmarks/search_results.py", str(not_archive)], "neither a directory nor a tar archive"),
-        (["benchmarks/search_results.py", str(tmp_path / "missing")], "No such file"),
+        (["benchmarks/search_results.py", "two-gpu", str(not_archive)], "neither a directory nor a tar archive"),
+        (["benchmarks/search_results.py", "two-gpu", str(tmp_path / "missing")], "No such file"),
+        (["benchmarks/search_results.py", "two-gpu"], "give at least one OUT"),
+        (["benchmarks/search_results.py", "call3", str(empty)], "call3: takes no arguments"),
+        (["benchmarks/search_results.py", "call9"], "invalid choice: 'call9'"),
         (["benchmarks/runtime_results.py", "rounds", str(nov22)], "no machine.txt"),
         (["benchmarks/runtime_results.py", "rounds", str(empty)], "no */bench.json"),
         (["benchmarks/runtime_results.py", "dp-table", str(empty)], "give OUT and at least one RUN"),
