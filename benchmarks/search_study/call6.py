@@ -7,10 +7,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from benchmarks.common import prediction_error
-from benchmarks.search_fit import load_runs, predicted_iteration_s
+from benchmarks.search_fit import FitRun, load_runs, predicted_iteration_s
 from benchmarks.search_study.common import (
     GIB,
     MEMORY_TARGET,
@@ -29,7 +28,7 @@ from benchmarks.search_study.common import (
     span,
 )
 from benchmarks.search_study.per_unit import units
-from envpipe.search.engine_model import load_engine_model
+from envpipe.search.engine_model import EngineModel, load_engine_model
 from envpipe.search.layers import load_layer_profile
 
 CALL6 = RAW / "call6"
@@ -124,10 +123,12 @@ def render() -> str:
     fit_run, held_run = CALL6 / "run1", CALL6 / "run2"
     found = banded(held_run)
     engine = load_json(CALL6 / "engine.json")
-    scaled = _speed_scaled(held_run, found)
+    engine_model, runs, ratio = load_engine_model(CALL6 / "engine.json"), _fit_runs(held_run), _fit_speed_ratio()
+    scaled = _speed_scaled(held_run, found, runs, engine_model, ratio)
+    scales = [_matching_scale(f, runs[(f.row.model, f.row.b)], engine_model) for f in found]
     worse = sum(abs(e) > abs(f.row.time_err) for f, e in zip(found, scaled, strict=True))
     better = sum(abs(e) < abs(f.row.time_err) for f, e in zip(found, scaled, strict=True))
-    matched = [k for k in (_matching_scale(held_run, f) for f in found) if k is not None]
+    matched = [k for k in scales if k is not None]
     chain_lines, inside, total = call6_chain_table()
     time_met = [f for f in found if f.time_met()]
     launch = [f for f in found if f.regime == "launch-bound"]
@@ -204,9 +205,9 @@ def render() -> str:
         "  model, bisection; the engine model's is "
         f"{engine['host_scale']:.2f}), and the prediction with its host times scaled by the run's over its",
         "  profile's host-speed reading (over the fit set's median of that ratio, "
-        f"{_fit_speed_ratio():.2f}):",
+        f"{ratio:.2f}):",
         "",
-        *host_scale_table(held_run, found),
+        *host_scale_table(found, scaled, scales),
         "",
         "  The host-speed readings (the python workload in the benchmark's parent process, not in the training",
         f"  child) do not explain the errors: scaling by them moves {worse} of the {len(found)} predictions further",
@@ -250,13 +251,14 @@ def _speed(path: Path) -> float:
     return statistics.median(load_json(path)["window_medians_s"])
 
 
-def _fit_runs(run: Path) -> dict[tuple[str, int], Any]:
+def _fit_runs(run: Path) -> dict[tuple[str, int], FitRun]:
     return {(r.model, r.micro_batch): r for r in load_runs(run / "heldout")}
 
 
-def _speed_scaled(run: Path, found: list[Banded]) -> list[float]:
-    """Per run the error of its prediction with the host's times scaled by its host-speed readings (see above)."""
-    engine, ratio, runs = load_engine_model(CALL6 / "engine.json"), _fit_speed_ratio(), _fit_runs(run)
+def _speed_scaled(run: Path, found: list[Banded], runs: dict[tuple[str, int], FitRun], engine: EngineModel,
+                  ratio: float) -> list[float]:
+    """Per run the error of its prediction with the host's times scaled by its host-speed readings over the fit
+    set's ``ratio`` (see above)."""
     out = []
     for f in found:
         model = run / "heldout" / f.row.model
@@ -267,10 +269,9 @@ def _speed_scaled(run: Path, found: list[Banded]) -> list[float]:
     return out
 
 
-def _matching_scale(run: Path, f: Banded) -> float | None:
+def _matching_scale(f: Banded, fit_run: FitRun, engine: EngineModel) -> float | None:
     """The host scale at which the search's time model predicts the run's measured time (None: no scale in
     [0.3, 3] does: the host does not set its time)."""
-    engine, fit_run = load_engine_model(CALL6 / "engine.json"), _fit_runs(run)[(f.row.model, f.row.b)]
 
     def at(k: float) -> float:
         return predicted_iteration_s(fit_run, replace(engine, host_scale=k))
@@ -284,11 +285,10 @@ def _matching_scale(run: Path, f: Banded) -> float | None:
     return (low + high) / 2
 
 
-def host_scale_table(run: Path, found: list[Banded]) -> list[str]:
+def host_scale_table(found: list[Banded], scaled_errors: list[float], scales: list[float | None]) -> list[str]:
     lines = ["| model | b | regime | error | host scale that predicts the measured time | error scaled by the "
              "host-speed readings |", "|---|---|---|---|---|---|"]
-    for f, scaled in zip(found, _speed_scaled(run, found), strict=True):
-        k = _matching_scale(run, f)
+    for f, scaled, k in zip(found, scaled_errors, scales, strict=True):
         lines.append(f"| {f.row.model} | {f.row.b} | {f.regime} | {100 * f.row.time_err:+.1f} % | "
                      f"{'-' if k is None else f'{k:.2f}'} | {100 * scaled:+.1f} % |")
     return lines
