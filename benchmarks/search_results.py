@@ -19,6 +19,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -29,7 +30,7 @@ ROUNDS: dict[str, Callable[[], str]] = {"call1": call1.render, "call3": call3.re
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]  # one line, not argparse's usage and exit
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage and exit
         raise ValueError(message)
 
 
