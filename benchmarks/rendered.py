@@ -24,13 +24,12 @@ from benchmarks import (
     dev_loop,
     freqmodel_results,
     meter_probe,
-    search_accuracy_results,
-    search_results,
     setup_time,
 )
 from benchmarks.clockd_study import fair as clockd_fair
 from benchmarks.common import RESULTS, ROOT
 from benchmarks.runtime_study import ablation, dp, dropin, rounds
+from benchmarks.search_study import call1, call3, call4, call6, twogpu
 
 RAW = RESULTS / "h200_runs"
 RAW_H100 = RESULTS / "h100_runs"
@@ -101,18 +100,18 @@ RENDERED = (
     Rendered("runtime_h200_2026-11-23.md", (RAW / "runtime_llama_0454",),
              lambda raws: rounds.render(raws[0]), "python benchmarks/runtime_results.py rounds"),
     # their renderers read every raw file under benchmarks/results/search_accuracy/ themselves
-    Rendered("search_accuracy.md", (), lambda _: search_accuracy_results.render(),
-             "python benchmarks/search_accuracy_results.py"),
-    Rendered("search_accuracy_call3.md", (), lambda _: search_accuracy_results.render_call3(),
-             "python benchmarks/search_accuracy_results.py call3"),
-    Rendered("search_accuracy_call4.md", (), lambda _: search_accuracy_results.render_call4(),
-             "python benchmarks/search_accuracy_results.py call4"),
-    Rendered("search_accuracy_call6.md", (), lambda _: search_accuracy_results.render_call6(),
-             "python benchmarks/search_accuracy_results.py call6"),
+    Rendered("search_accuracy.md", (), lambda _: call1.render(),
+             "python benchmarks/search_results.py call1"),
+    Rendered("search_accuracy_call3.md", (), lambda _: call3.render(),
+             "python benchmarks/search_results.py call3"),
+    Rendered("search_accuracy_call4.md", (), lambda _: call4.render(),
+             "python benchmarks/search_results.py call4"),
+    Rendered("search_accuracy_call6.md", (), lambda _: call6.render(),
+             "python benchmarks/search_results.py call6"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
-             search_results.render, "python benchmarks/search_results.py"),
-    Rendered("search_h100x2.md", (RAW_H100X2 / "search_gpt2_28x1024_2053.tar.gz",), search_results.render,
-             "python benchmarks/search_results.py"),
+             twogpu.render, "python benchmarks/search_results.py two-gpu"),
+    Rendered("search_h100x2.md", (RAW_H100X2 / "search_gpt2_28x1024_2053.tar.gz",), twogpu.render,
+             "python benchmarks/search_results.py two-gpu"),
     Rendered("setup_time.md", tuple(RESULTS / "setup_runs" / d for d in ("pip_0431", "uv_0438", "uv_0444")),
              setup_time.render, "python -m benchmarks.setup_time render"),
     Rendered("dev_loop.md", (RESULTS / "dev_loop_runs" / "loop_1031",), dev_loop.render,

@@ -40,7 +40,7 @@ from scipy.optimize import nnls
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envpipe.search.band import DEVICE_BOUND, PROBE
+from envpipe.search.band import DEVICE_BOUND, PROBE, host_share
 from envpipe.search.cluster import Cluster
 from envpipe.search.cut import Cut
 from envpipe.search.engine_model import EngineModel
@@ -125,7 +125,7 @@ def spread_needed(run: FitRun, engine: EngineModel) -> float | None:
     def holds(spread: float) -> bool:
         return at(1 - spread) <= run.iteration_s <= at(1 + spread)
 
-    if (at(1 + PROBE) - at(1 - PROBE)) / (2 * PROBE * at(1.0)) < DEVICE_BOUND or not holds(MAX_SPREAD):
+    if host_share(at(1 - PROBE), at(1 + PROBE), at(1.0), PROBE) < DEVICE_BOUND or not holds(MAX_SPREAD):
         return None
     low, high = 0.0, MAX_SPREAD
     while high - low > 1e-4:

@@ -84,7 +84,7 @@ if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-0}" = 1 ]; then
     --profile-layers "$OUT/layers_gpt2_48.json" --profile-micro-batches 1,2,4,8 > "$WORK/profile48.log" 2>&1 || tail -20 "$WORK/profile48.log"
 fi
 cmd="${GPT2_ARGS:+GPT2_ARGS=\"$GPT2_ARGS\" }${LLAMA_ARGS:+LLAMA_ARGS=\"$LLAMA_ARGS\" }MODELS=\"$MODELS\" SIZES=$SIZES BATCH=$BATCH STEPS=$STEPS SHIFT=$SHIFT${CPU:+ CPU=$CPU} bash benchmarks/search_h200.sh"
-$PY benchmarks/search_results.py "$WORK" --command "$cmd" > "$OUT/search_h200.md"
+$PY benchmarks/search_results.py two-gpu "$WORK" --command "$cmd" > "$OUT/search_h200.md"
 tar -czf "$OUT/search_runs.tar.gz" -C "$WORK" .
 echo "$(date -u +%T) results: $OUT/search_h200.md"
 exit $FAILED

@@ -58,13 +58,19 @@ def host_band(inputs: SearchInputs, candidate: Candidate) -> HostBand:
     base_t, base_e = pipeline.baseline_time_s, pipeline.baseline_energy_j
     step = spread if spread > 0 else PROBE
     (t_lo, e_lo), (t_hi, e_hi) = (_baseline(inputs, pipeline, 1 + sign * step) for sign in (-1, 1))
-    share = (t_hi - t_lo) / (2 * step * base_t)
+    share = host_share(t_lo, t_hi, base_t, step)
     if spread == 0:
         t_lo = t_hi = base_t
         e_lo = e_hi = base_e
     time, energy = candidate.iteration_time_s, candidate.energy_j
     return HostBand((time * t_lo / base_t, time * t_hi / base_t), (energy * e_lo / base_e, energy * e_hi / base_e),
                     share)
+
+
+def host_share(low_s: float, high_s: float, time_s: float, step: float) -> float:
+    """d ln T / d ln k as a central difference: (T(1 + d) - T(1 - d)) / (2 d T), from the times at host scale
+    k (1 - ``step``), k (1 + ``step``) and k."""
+    return (high_s - low_s) / (2 * step * time_s)
 
 
 def _baseline(inputs: SearchInputs, pipeline: Pipeline, factor: float) -> tuple[float, float]:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import rendered, search_results
+from benchmarks import rendered
 from benchmarks.common import RESULTS, ROOT, prediction_error
 from benchmarks.runtime_study.rounds import order_that_ran, render_nov22
+from benchmarks.search_study import twogpu
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.summary import RunSummary
 
@@ -104,8 +105,11 @@ def test_renderers_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     cases = [
-        (["benchmarks/search_results.py", str(not_archive)], "neither a directory nor a tar archive"),
-        (["benchmarks/search_results.py", str(tmp_path / "missing")], "No such file"),
+        (["benchmarks/search_results.py", "two-gpu", str(not_archive)], "neither a directory nor a tar archive"),
+        (["benchmarks/search_results.py", "two-gpu", str(tmp_path / "missing")], "No such file"),
+        (["benchmarks/search_results.py", "two-gpu"], "give at least one OUT"),
+        (["benchmarks/search_results.py", "call3", str(empty)], "call3: takes no arguments"),
+        (["benchmarks/search_results.py", "call9"], "invalid choice: 'call9'"),
         (["benchmarks/runtime_results.py", "rounds", str(nov22)], "no machine.txt"),
         (["benchmarks/runtime_results.py", "rounds", str(empty)], "no */bench.json"),
         (["benchmarks/runtime_results.py", "dp-table", str(empty)], "give OUT and at least one RUN"),
@@ -135,7 +139,7 @@ def test_legacy_and_search_renderers_take_the_raw_paths_they_are_given() -> None
     # one folder alone renders only its own section
     text = render_nov22([RESULTS / "h200_runs" / "pp4_m8"])
     assert "| 4 | 8 | envpipe_order |" in text and "Interleaved rounds" not in text
-    one = search_results.render([RESULTS / "h200_runs" / "search_llama_0550.tar.gz"])
+    one = twogpu.render([RESULTS / "h200_runs" / "search_llama_0550.tar.gz"])
     assert "Over 8 runs:" in one and "gpt2" not in one
 
 

@@ -22,8 +22,13 @@ import torch
 from benchmarks import host_speed
 from benchmarks.layer_chain_check import check
 from benchmarks.search_accuracy import micro_batch_sizes, timed_iterations
-from benchmarks.search_accuracy_results import RAW, main, render, render_call3, render_call4, render_call6
 from benchmarks.search_fit import FitRun, fit, load_runs, predicted_iteration_s, spread_needed
+from benchmarks.search_results import main
+from benchmarks.search_study.call1 import render
+from benchmarks.search_study.call3 import render as render_call3
+from benchmarks.search_study.call4 import render as render_call4
+from benchmarks.search_study.call6 import render as render_call6
+from benchmarks.search_study.common import RAW
 from envpipe.search.engine_model import GPU, EngineModel, load_engine_model
 from envpipe.search.layers import NO_UNIT_CALLS, ModelShape, UnitCalls
 from tests.support.layer_profiles import layer_profile
@@ -49,7 +54,7 @@ def test_one_renderer_takes_every_round_by_name(capsys: pytest.CaptureFixture[st
     assert main(["call3"]) == 0
     assert capsys.readouterr().out == (ROOT / "benchmarks" / "results" / "search_accuracy_call3.md").read_text()
     assert main(["call9"]) == 2
-    assert "usage: search_accuracy_results.py [call1|call3|call4|call6]" in capsys.readouterr().err
+    assert "search_results.py: error: argument kind: invalid choice: 'call9'" in capsys.readouterr().err
 
 
 def test_the_fifth_rounds_renderer_reproduces_its_results() -> None:
