@@ -6,7 +6,7 @@ number is *simulated* on the measured profile (8 stages); interleaved 1F1B and D
 measured stage evenly over its chunks (docs/planner.md), so all schedules run the same model and the same
 total work, and energies compare across rows. Planner run times are measured.
 
-    PYTHONPATH=$PWD python benchmarks/bench_schedules.py [--microbatches 32] [--update | --out FILE]
+    python -m benchmarks.planner_study.schedules [--microbatches 32] [--update | --out FILE]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import add_output_options, header, write_results  # noqa: E402

@@ -8,7 +8,7 @@ profiles. A reference checkout (an older commit) is timed in the same run, case 
 this tree, each case in a fresh process, so both see the same load:
 
     git archive <old-commit> envpipe tests/plan | tar -x -C /tmp/planner_ref
-    PYTHONPATH=$PWD python benchmarks/bench_planner_scale.py --reference /tmp/planner_ref [--quick] [--update]
+    python -m benchmarks.planner_study.scale --reference /tmp/planner_ref [--quick] [--update]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPT3, W = "gpt3-175b+a100_sxm_bf16", 83.64
 # (label, what, stages, micro-batches, schedule): what is "plan" (one plan) or "frontier" (20 points)
 SPEED = [("S=8, M=96, one plan, 1F1B order", "plan", 8, 96, "1f1b"),
@@ -95,7 +95,7 @@ def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict
 
 def run_case(tree: Path, case: tuple[str, int, int, str], timeout_s: float) -> dict[str, float] | None:
     """The case in a fresh process on ``tree`` (None if it ran past ``timeout_s``)."""
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_planner_scale import worker; "
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.planner_study.scale import worker; "
             f"print(json.dumps(worker({str(tree)!r}, *{case!r})))")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
@@ -211,7 +211,7 @@ def scaling_table(lines: list[str]) -> None:
 
 def gaps(stages: int, micro: int) -> tuple[str, str]:
     """The plan's gap to the exact MILP (or why there is none) and to the LP bound, as table cells."""
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_planner_scale import "
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.planner_study.scale import "
             f"gap_worker; print(json.dumps(gap_worker({stages}, {micro}, {2 * stages * micro <= MILP_UNITS})))")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=MILP_TIMEOUT_S,
@@ -305,7 +305,7 @@ def savings_table(lines: list[str], reference: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_cases(Path(tmp))
         code = ("import json, sys; sys.path.insert(0, {tree!r}); sys.path.insert(1, {root!r}); "
-                "from benchmarks.bench_planner_scale import savings; print(json.dumps(savings({manifest!r})))")
+                "from benchmarks.planner_study.scale import savings; print(json.dumps(savings({manifest!r})))")
         results = []
         for tree in (reference, ROOT):
             out = subprocess.run([sys.executable, "-c", code.format(tree=str(tree), root=str(ROOT),

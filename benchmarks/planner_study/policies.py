@@ -2,8 +2,8 @@
 
 All times and energies here are SIMULATED on real measured stage profiles (Perseus artifact):
 the planner's simulator, not a GPU run. Planning wall time is measured on this machine.
-Run from the repository root: `python -m benchmarks.bench_planner [--update | --out FILE]` (writes a new dated
-file beside benchmarks/results/planner.md; `--update` overwrites that one).
+Run from the repository root: `python -m benchmarks.planner_study.policies [--update | --out FILE]` (writes a new
+dated file beside benchmarks/results/planner.md; `--update` overwrites that one).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ energy/time number is *simulated on the measured profile* (the plan is saved as 
 re-simulated with envpipe.plan.evaluate.evaluate_plan, which is what `envpipe simulate` runs); planner run times
 are *measured* on this machine.
 
-    PYTHONPATH=$PWD python benchmarks/bench_optimal.py [--quick] [--update | --out FILE]
+    python -m benchmarks.planner_study.optimal [--quick] [--update | --out FILE]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.common when run as a script
 
 from benchmarks.common import add_output_options, write_results  # noqa: E402
