@@ -1,5 +1,5 @@
 """The planner study: the planners on the shipped measured profiles (energies and times simulated, planning time
-measured), one module per results file:
+measured), one module per results file; `benchmarks/planner_results.py` is their one command line:
 
 - `policies`: EnvPipe's policies and their planning speed (results/planner.md);
 - `optimal`: the optimal planner against Perseus and EnvPipe, its gap to the exact MILP, speed and scaling
