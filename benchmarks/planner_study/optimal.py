@@ -26,6 +26,7 @@ from envpipe.plan.case import PipelineCase, Planned
 from envpipe.plan.evaluate import evaluate_plan
 from envpipe.plan.instances import (
     BLOCKING_POWER_W,
+    Case,
     cut_down,
     exact_energy,
     random_case,
@@ -178,19 +179,19 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
                          f"{100 * (1 - (res.bound_j or np.nan) / be):.2f} |")
     gaps, skipped, worse, compared, plan_s = [], 0, 0, 0, []
     for seed in range(random_cases):
-        case = random_case(seed)
+        drawn = random_case(seed)
         t0 = time.perf_counter()
-        res = optimal_plan(case.case, case.schedule, max_slowdown=case.slowdown)
+        res = optimal_plan(drawn.case, drawn.schedule, max_slowdown=drawn.slowdown)
         plan_s.append(time.perf_counter() - t0)
         assert res.budget_s is not None
         try:
-            exact = exact_energy(case.case, case.schedule, res.budget_s, node_limit=RANDOM_NODES)
+            exact = exact_energy(drawn.case, drawn.schedule, res.budget_s, node_limit=RANDOM_NODES)
         except MilpUnsolved:
             skipped += 1
             continue
-        gaps.append(gap(resimulated(res.plan, case.case)[1], exact, res.baseline.energy))
+        gaps.append(gap(resimulated(res.plan, drawn.case)[1], exact, res.baseline.energy))
         if seed < envpipe_cases:
-            worse += envpipe_losses(case)
+            worse += envpipe_losses(drawn)
             compared += len(POLICIES) * len(RECONFIGS)
     g = np.asarray(gaps)
     lines += ["", f"**Random cut-downs** (envpipe.plan.instances `random_case(seed)`, seeds 0-{random_cases - 1}: "
@@ -205,7 +206,7 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
               ""]
 
 
-def envpipe_losses(case) -> int:  # type: ignore[no-untyped-def]
+def envpipe_losses(case: Case) -> int:
     """How many EnvPipe policy variants beat the planner at their own iteration time (should be 0)."""
     losses = 0
     for policy in POLICIES:
