@@ -37,9 +37,11 @@ def machine_line() -> str:
     )
 
 
-def header(title: str) -> str:
+def header(title: str, command: str | None = None) -> str:
+    """A results file's title and where and when it ran; with `command`, the command line that wrote it."""
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f"# {title}\n\nRun {now} on {machine_line()}.\n"
+    written = f" Written by `{command}`." if command else ""
+    return f"# {title}\n\nRun {now} on {machine_line()}.{written}\n"
 
 
 def add_output_options(parser: argparse.ArgumentParser, name: str, *, positional: bool = False) -> None:

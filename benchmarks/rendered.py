@@ -125,10 +125,10 @@ WRITTEN = {
     "clockd_readonly_h200.md":
         "python benchmarks/clockd_results.py readonly benchmarks/results/clockd_readonly_h200.md",
     "launch.md": "PYTHONPATH=.:launcher python benchmarks/bench_launch.py --update",
-    "optimal.md": "PYTHONPATH=$PWD python benchmarks/bench_optimal.py --update",
-    "planner.md": "python -m benchmarks.bench_planner --update",
-    "planner_scale.md": "PYTHONPATH=$PWD python benchmarks/bench_planner_scale.py --reference REF --update",
-    "schedules.md": "PYTHONPATH=$PWD python benchmarks/bench_schedules.py --update",
+    "optimal.md": "python benchmarks/planner_results.py optimal --update",
+    "planner.md": "python benchmarks/planner_results.py policies --update",
+    "planner_scale.md": "python benchmarks/planner_results.py scale --reference REF --update",
+    "schedules.md": "python benchmarks/planner_results.py schedules --update",
     "search_cost.md": "python benchmarks/search_cost.py --layers LAYERS --memory-gib ... (twice, see the file)",
     "supervise.md": "PYTHONPATH=.:launcher python benchmarks/bench_supervise.py --update",
 }

@@ -1,7 +1,7 @@
 """The `envpipe plan --policy optimal` part of the CLI: options, output and the frontier.
 
 The optimal planner needs scipy, which takes longer to import than the rest of the CLI together: it is
-imported when a command runs the planner, not when the CLI starts (benchmarks/bench_planner_scale.py).
+imported when a command runs the planner, not when the CLI starts (benchmarks/planner_study/scale.py).
 """
 
 from __future__ import annotations

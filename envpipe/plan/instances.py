@@ -2,7 +2,7 @@
 
 Whole profiles, cut down to some stages and clocks, or drawn at random; each with Perseus's blocking power
 for its GPU. `exact_energy` is the exact MILP's least energy over every order the optimal planner considers:
-what its tests and benchmarks/bench_optimal.py check it against, on the same kind of instance.
+what its tests and benchmarks/planner_study/optimal.py check it against, on the same kind of instance.
 """
 
 from __future__ import annotations

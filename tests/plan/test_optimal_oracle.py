@@ -24,7 +24,7 @@ from envpipe.plan.reconfig import RECONFIGS, Reconfig
 from envpipe.plan.simulate import Overheads
 
 # seeds of random_case(): both schedules, all four profiles, 2-4 stages, M 4-8, 0-8% slowdown; each MILP
-# solves in well under a second (benchmarks/bench_optimal.py runs many more)
+# solves in well under a second (benchmarks/planner_study/optimal.py runs many more)
 SEEDS = [0, 3, 5, 9, 12, 13, 20, 21, 24, 30, 33, 36, 39]
 
 

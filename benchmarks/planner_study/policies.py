@@ -2,8 +2,8 @@
 
 All times and energies here are SIMULATED on real measured stage profiles (Perseus artifact):
 the planner's simulator, not a GPU run. Planning wall time is measured on this machine.
-Run from the repository root: `python -m benchmarks.bench_planner [--update | --out FILE]` (writes a new dated
-file beside benchmarks/results/planner.md; `--update` overwrites that one).
+`python benchmarks/planner_results.py policies [--update | --out FILE]` writes a new dated file beside
+benchmarks/results/planner.md (`--update` overwrites that one).
 """
 
 from __future__ import annotations
@@ -61,11 +61,13 @@ def speed_table() -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_output_options(ap, "planner.md")
-    args = ap.parse_args()
-    text = header("Planner benchmark: EnvPipe policies on real profiles (simulated) and planning speed (measured)")
+
+
+def run(args: argparse.Namespace) -> None:
+    text = header("Planner benchmark: EnvPipe policies on real profiles (simulated) and planning speed (measured)",
+                  args.command)
     text += ("\nEnergies and times are **simulated** by envpipe's simulator on the real measured profiles in "
              "envpipe/profile/data (Perseus artifact), with Perseus's blocking power (83.64 W A100, 70.38 W A40); "
              "candidate clocks: EnvPipe's A100 filter for GPT-3 (plus 1410 MHz), every clock for BLOOM/A40 "
@@ -78,7 +80,3 @@ def main() -> None:
              "S=64: one 90 MHz raise per round needs tens of thousands of rounds there).\n\n")
     text += speed_table() + "\n"
     write_results(args, text)
-
-
-if __name__ == "__main__":
-    main()

@@ -5,7 +5,7 @@ energy/time number is *simulated on the measured profile* (the plan is saved as 
 re-simulated with envpipe.plan.evaluate.evaluate_plan, which is what `envpipe simulate` runs); planner run times
 are *measured* on this machine.
 
-    PYTHONPATH=$PWD python benchmarks/bench_optimal.py [--quick] [--update | --out FILE]
+    python benchmarks/planner_results.py optimal [--quick] [--update | --out FILE]
 """
 
 from __future__ import annotations
@@ -15,38 +15,35 @@ import datetime
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks.common when run as a script
-
-from benchmarks.common import add_output_options, write_results  # noqa: E402
-from envpipe.plan.case import PipelineCase, Planned  # noqa: E402
-from envpipe.plan.evaluate import evaluate_plan  # noqa: E402
-from envpipe.plan.instances import (  # noqa: E402
+from benchmarks.common import add_output_options, write_results
+from envpipe.plan.case import PipelineCase, Planned
+from envpipe.plan.evaluate import evaluate_plan
+from envpipe.plan.instances import (
     BLOCKING_POWER_W,
+    Case,
     cut_down,
     exact_energy,
     random_case,
     real_profile,
     spread_clocks,
 )
-from envpipe.plan.optimal.fold import identity_fold  # noqa: E402
-from envpipe.plan.optimal.frontier import frontier  # noqa: E402
-from envpipe.plan.optimal.lp import InfeasibleBudget, solve_relaxation  # noqa: E402
-from envpipe.plan.optimal.milp import MilpUnsolved  # noqa: E402
-from envpipe.plan.optimal.orders import optimal_plan  # noqa: E402
-from envpipe.plan.optimal.problem import build_problem  # noqa: E402
-from envpipe.plan.planfile import Plan  # noqa: E402
-from envpipe.plan.planner import make_plan  # noqa: E402
-from envpipe.plan.policies import POLICIES  # noqa: E402
-from envpipe.plan.reconfig import RECONFIGS, Reconfig  # noqa: E402
-from envpipe.plan.simulate import Timeline  # noqa: E402
+from envpipe.plan.optimal.fold import identity_fold
+from envpipe.plan.optimal.frontier import frontier
+from envpipe.plan.optimal.lp import InfeasibleBudget, solve_relaxation
+from envpipe.plan.optimal.milp import MilpUnsolved
+from envpipe.plan.optimal.orders import optimal_plan
+from envpipe.plan.optimal.problem import build_problem
+from envpipe.plan.planfile import Plan
+from envpipe.plan.planner import make_plan
+from envpipe.plan.policies import POLICIES
+from envpipe.plan.reconfig import RECONFIGS, Reconfig
+from envpipe.plan.simulate import Timeline
 
 # the exact MILP's limits, in branch-and-bound nodes (a count: which cases it solves does not depend on the load)
 EXACT_NODES = 1_000_000
@@ -182,19 +179,19 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
                          f"{100 * (1 - (res.bound_j or np.nan) / be):.2f} |")
     gaps, skipped, worse, compared, plan_s = [], 0, 0, 0, []
     for seed in range(random_cases):
-        case = random_case(seed)
+        drawn = random_case(seed)
         t0 = time.perf_counter()
-        res = optimal_plan(case.case, case.schedule, max_slowdown=case.slowdown)
+        res = optimal_plan(drawn.case, drawn.schedule, max_slowdown=drawn.slowdown)
         plan_s.append(time.perf_counter() - t0)
         assert res.budget_s is not None
         try:
-            exact = exact_energy(case.case, case.schedule, res.budget_s, node_limit=RANDOM_NODES)
+            exact = exact_energy(drawn.case, drawn.schedule, res.budget_s, node_limit=RANDOM_NODES)
         except MilpUnsolved:
             skipped += 1
             continue
-        gaps.append(gap(resimulated(res.plan, case.case)[1], exact, res.baseline.energy))
+        gaps.append(gap(resimulated(res.plan, drawn.case)[1], exact, res.baseline.energy))
         if seed < envpipe_cases:
-            worse += envpipe_losses(case)
+            worse += envpipe_losses(drawn)
             compared += len(POLICIES) * len(RECONFIGS)
     g = np.asarray(gaps)
     lines += ["", f"**Random cut-downs** (envpipe.plan.instances `random_case(seed)`, seeds 0-{random_cases - 1}: "
@@ -209,7 +206,7 @@ def milp_table(lines: list[str], random_cases: int, envpipe_cases: int) -> None:
               ""]
 
 
-def envpipe_losses(case) -> int:  # type: ignore[no-untyped-def]
+def envpipe_losses(case: Case) -> int:
     """How many EnvPipe policy variants beat the planner at their own iteration time (should be 0)."""
     losses = 0
     for policy in POLICIES:
@@ -263,15 +260,16 @@ def speed_table(lines: list[str], quick: bool) -> None:
     lines.append("")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="skip the largest cases")
     add_output_options(ap, "optimal.md")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     uname = subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    lines = ["# Optimal planner benchmark", "",
+    lines = ["# Optimal planner benchmark", "", f"Written by `{args.command}`.", "",
              f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
              f"- machine: `{uname}`, nproc {nproc}, Python {platform.python_version()}",
              "- energies and iteration times: simulated on the measured profiles (envpipe/profile/data), "
@@ -280,11 +278,7 @@ def main() -> None:
     other_profiles_table(lines)
     milp_table(lines, 20 if args.quick else 100, 10 if args.quick else 40)
     speed_table(lines, args.quick)
-    lines.insert(5, f"- load average (1, 5, 15 min) at the start: {load_start}; at the end: "
+    lines.insert(7, f"- load average (1, 5, 15 min) at the start: {load_start}; at the end: "
                     f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share this machine's CPUs)")
     print("\n".join(lines))
     write_results(args, "\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,7 @@ profiles. A reference checkout (an older commit) is timed in the same run, case 
 this tree, each case in a fresh process, so both see the same load:
 
     git archive <old-commit> envpipe tests/plan | tar -x -C /tmp/planner_ref
-    PYTHONPATH=$PWD python benchmarks/bench_planner_scale.py --reference /tmp/planner_ref [--quick] [--update]
+    python benchmarks/planner_results.py scale --reference /tmp/planner_ref [--quick] [--update]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, add_output_options, header, write_results
+
 GPT3, W = "gpt3-175b+a100_sxm_bf16", 83.64
 # (label, what, stages, micro-batches, schedule): what is "plan" (one plan) or "frontier" (20 points)
 SPEED = [("S=8, M=96, one plan, 1F1B order", "plan", 8, 96, "1f1b"),
@@ -95,7 +96,7 @@ def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict
 
 def run_case(tree: Path, case: tuple[str, int, int, str], timeout_s: float) -> dict[str, float] | None:
     """The case in a fresh process on ``tree`` (None if it ran past ``timeout_s``)."""
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_planner_scale import worker; "
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.planner_study.scale import worker; "
             f"print(json.dumps(worker({str(tree)!r}, *{case!r})))")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
@@ -211,7 +212,7 @@ def scaling_table(lines: list[str]) -> None:
 
 def gaps(stages: int, micro: int) -> tuple[str, str]:
     """The plan's gap to the exact MILP (or why there is none) and to the LP bound, as table cells."""
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_planner_scale import "
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.planner_study.scale import "
             f"gap_worker; print(json.dumps(gap_worker({stages}, {micro}, {2 * stages * micro <= MILP_UNITS})))")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=MILP_TIMEOUT_S,
@@ -305,7 +306,7 @@ def savings_table(lines: list[str], reference: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_cases(Path(tmp))
         code = ("import json, sys; sys.path.insert(0, {tree!r}); sys.path.insert(1, {root!r}); "
-                "from benchmarks.bench_planner_scale import savings; print(json.dumps(savings({manifest!r})))")
+                "from benchmarks.planner_study.scale import savings; print(json.dumps(savings({manifest!r})))")
         results = []
         for tree in (reference, ROOT):
             out = subprocess.run([sys.executable, "-c", code.format(tree=str(tree), root=str(ROOT),
@@ -359,20 +360,35 @@ def savings(manifest: str) -> dict[str, float]:
     return out
 
 
-def main() -> None:
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.common import add_output_options, header, write_results
+def checkout(text: str) -> Path:
+    """--reference: a tree with an envpipe package in it (`git archive <old-commit> envpipe tests/plan`)."""
+    path = Path(text)
+    if not (path / "envpipe" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no envpipe package in it "
+                                         "(make one: git archive OLD-COMMIT envpipe tests/plan | tar -x -C REF)")
+    return path
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reference", type=Path, default=None, help="an older checkout to time side by side")
-    ap.add_argument("--reference-timeout", type=float, default=300.0, help="seconds before a reference case is cut")
+
+def seconds(text: str) -> float:
+    value = float(text)  # not a number: argparse's one-line error
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds above 0")
+    return value
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--reference", type=checkout, default=None, help="an older checkout to time side by side")
+    ap.add_argument("--reference-timeout", type=seconds, default=300.0,
+                    help="seconds before a reference case is cut")
     ap.add_argument("--quick", action="store_true",
                     help="skip the two largest cases, the scaling table and the limits")
     add_output_options(ap, "planner_scale.md")
-    args = ap.parse_args()
 
+
+def run(args: argparse.Namespace) -> None:
     cases = SPEED[:-2] if args.quick else SPEED
-    lines = [header("Optimal planner at scale").rstrip(), "", f"- load average (1, 5, 15 min) at the start: {load()}",
+    lines = [header("Optimal planner at scale", args.command).rstrip(), "",
+             f"- load average (1, 5, 15 min) at the start: {load()}",
              "- run times: measured here; energies: simulated on the measured profiles (envpipe/profile/data).", ""]
     profile_table(lines, cases)
     speed_table(lines, args.reference, cases, args.reference_timeout)
@@ -385,7 +401,3 @@ def main() -> None:
     lines.insert(4, f"- load average at the end: {load()} (other jobs share this machine's 2 CPUs)")
     print("\n".join(lines))
     write_results(args, "\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

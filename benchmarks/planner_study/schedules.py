@@ -6,31 +6,27 @@ number is *simulated* on the measured profile (8 stages); interleaved 1F1B and D
 measured stage evenly over its chunks (docs/planner.md), so all schedules run the same model and the same
 total work, and energies compare across rows. Planner run times are measured.
 
-    PYTHONPATH=$PWD python benchmarks/bench_schedules.py [--microbatches 32] [--update | --out FILE]
+    python benchmarks/planner_results.py schedules [--microbatches 32] [--update | --out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.common import add_output_options, header, write_results  # noqa: E402
-from envpipe.plan.case import PipelineCase  # noqa: E402
-from envpipe.plan.memory import peak_in_flight  # noqa: E402
-from envpipe.plan.optimal.orders import optimal_plan  # noqa: E402
-from envpipe.plan.optimal.problem import build_problem  # noqa: E402
-from envpipe.plan.planner import make_plan  # noqa: E402
-from envpipe.plan.schedules import schedule_layout  # noqa: E402
-from envpipe.profile import embedded_profile_path, load_profile  # noqa: E402
+from benchmarks.common import add_output_options, header, write_results
+from envpipe.plan.case import PipelineCase
+from envpipe.plan.memory import peak_in_flight
+from envpipe.plan.optimal.orders import optimal_plan
+from envpipe.plan.optimal.problem import build_problem
+from envpipe.plan.planner import make_plan
+from envpipe.plan.schedules import schedule_layout
+from envpipe.profile import embedded_profile_path, load_profile
 
 PROFILES = {"gpt3-175b+a100_sxm_bf16": 83.64, "bloom+a40_bf16": 70.38}  # Perseus's blocking power, W
 # (row label, schedule, chunks): EnvPipe's order is the planner's best of EnvPipe's warm-up counts and 1F1B
@@ -78,18 +74,25 @@ def table(name: str, watts: float, M: int) -> list[str]:
     return [*lines, ""]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--microbatches", type=int, default=32, help="M (a multiple of P, at least 2P)")
+def microbatches(text: str) -> int:
+    """--microbatches: a multiple of every profile's stage count P (interleaving's), at least 2P (DualPipeV's)."""
+    micro = int(text)  # not a number: argparse's one-line error
+    stages = [load_profile(embedded_profile_path(name)).num_stages for name in PROFILES]
+    if micro % math.lcm(*stages) or micro < 2 * max(stages):
+        raise argparse.ArgumentTypeError(f"{micro}: give a multiple of {math.lcm(*stages)} (the profiles' stages), "
+                                         f"at least {2 * max(stages)}")
+    return micro
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--microbatches", type=microbatches, default=32, help="M (a multiple of P, at least 2P)")
     add_output_options(ap, "schedules.md")
-    args = ap.parse_args()
-    lines = [header("Pipeline schedules: time, bubble, memory, energy (simulated)").rstrip(), "",
+
+
+def run(args: argparse.Namespace) -> None:
+    lines = [header("Pipeline schedules: time, bubble, memory, energy (simulated)", args.command).rstrip(), "",
              f"- load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", ""]
     for name, watts in PROFILES.items():
         lines += table(name, watts, args.microbatches)
     print("\n".join(lines))
     write_results(args, "\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,80 @@
+"""The planner study's one command, benchmarks/planner_results.py (issue #39): a subcommand per results file with
+its benchmark's options, usage errors in one line, and a run whose file names the command line that wrote it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import planner_results
+from benchmarks.common import ROOT
+from benchmarks.planner_study import schedules
+
+SCRIPT = ROOT / "benchmarks" / "planner_results.py"
+OPTIONS = {"policies": ["--update", "--out"], "optimal": ["--quick", "--update", "--out"],
+           "scale": ["--reference", "--reference-timeout", "--quick", "--update", "--out"],
+           "schedules": ["--microbatches", "--update", "--out"]}
+
+
+def run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it: a script path, from outside the checkout, no PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_help_lists_the_four_subcommands(tmp_path: Path) -> None:
+    proc = run_script("--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "{policies,optimal,scale,schedules}" in proc.stdout
+    assert list(planner_results.SUBCOMMANDS) == list(OPTIONS)
+
+
+@pytest.mark.parametrize("kind", OPTIONS)
+def test_each_subcommand_keeps_its_benchmarks_options(kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        planner_results.main([kind, "--help"])
+    assert exc.value.code == 0
+    shown = capsys.readouterr().out
+    assert all(option in shown for option in OPTIONS[kind]), shown
+
+
+def test_an_unknown_subcommand_is_one_line(tmp_path: Path) -> None:
+    proc = run_script("nope", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("planner_results.py: error: argument {policies,optimal,scale,schedules}: "
+                                  "invalid choice: 'nope'")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "the following arguments are required"),
+    (["schedules", "--bogus"], "unrecognized arguments: --bogus"),
+    (["schedules", "--microbatches", "12"], "12: give a multiple of 8 (the profiles' stages), at least 16"),
+    (["schedules", "--update", "--out", "x.md"], "not allowed with argument --update"),
+    (["scale", "--reference", "/nonexistent"], "/nonexistent: no envpipe package in it"),
+    (["scale", "--reference-timeout", "0"], "0: give a number of seconds above 0"),
+])
+def test_bad_values_are_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        planner_results.main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_run_writes_its_file_and_names_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(schedules, "PROFILES", {"bloom+a40_bf16": 70.38})  # one profile, one schedule: a second
+    monkeypatch.setattr(schedules, "ROWS", [("1F1B", "1f1b", None)])
+    out = tmp_path / "schedules.md"
+    assert planner_results.main(["schedules", "--microbatches", "16", "--out", str(out)]) == 0
+    head = out.read_text().splitlines()[:3]
+    assert head[0] == "# Pipeline schedules: time, bubble, memory, energy (simulated)"
+    assert head[2].endswith(f"Written by `python benchmarks/planner_results.py schedules --microbatches 16 --out "
+                            f"{out}`."), head
+    assert "## bloom+a40_bf16, P = 8, M = 16" in out.read_text() and "\n| 1F1B | " in out.read_text()
+    assert f"results written to {out}" in capsys.readouterr().out
