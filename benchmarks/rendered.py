@@ -128,6 +128,7 @@ WRITTEN = {
     "optimal.md": "python benchmarks/planner_results.py optimal --update",
     "planner.md": "python benchmarks/planner_results.py policies --update",
     "planner_scale.md": "python benchmarks/planner_results.py scale --reference REF --update",
+    "planner_scale_2026-11-29.md": "python benchmarks/planner_results.py scale",
     "schedules.md": "python benchmarks/planner_results.py schedules --update",
     "search_cost.md": "python benchmarks/search_cost.py --layers LAYERS --memory-gib ... (twice, see the file)",
     "supervise.md": "PYTHONPATH=.:launcher python benchmarks/bench_supervise.py --update",
