@@ -99,8 +99,11 @@ demo-plan: $(DEMO_STAMP) $(EXT_STAMP)
 # `make test-all` both. pytest exits 5 when it collects nothing: not a failure of the code under test.
 PYTEST = rc=0; $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(1) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+# The fast tier runs in TEST_WORKERS processes (pytest-xdist; `make test TEST_WORKERS=0` runs it in one), at most
+# 4: its tests take no wall-clock bound, so they share the CPU safely. The slow tier's real-time tests run alone.
+TEST_WORKERS ?= auto
 test: $(STAMP) $(EXT_STAMP) test-deps
-	@$(call PYTEST,-m "not slow")
+	@$(call PYTEST,-m "not slow" -n $(TEST_WORKERS) --maxprocesses 4)
 test-slow: $(STAMP) $(EXT_STAMP) test-deps
 	@$(call PYTEST,-m slow)
 test-all: test test-slow

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,3 +37,14 @@ def gpt3() -> Profile:
 @pytest.fixture(scope="session")
 def bloom() -> Profile:
     return load_profile(embedded_profile_path("bloom+a40_bf16"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport() -> Iterator[None]:
+    """Captured output with the hostile words' undecodable bytes (lone surrogates) escaped, so that a report can
+    travel between processes (`make test`'s pytest-xdist workers send theirs as UTF-8: a worker died on
+    tests/launch/test_words.py's DeepSpeed log line otherwise)."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    report.sections = [(title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+                       for title, text in report.sections]
