@@ -114,7 +114,7 @@ RENDERED = (
              "python benchmarks/search_results.py two-gpu"),
     Rendered("setup_time.md", tuple(RESULTS / "setup_runs" / d for d in ("pip_0431", "uv_0438", "uv_0444")),
              setup_time.render, "python -m benchmarks.setup_time render"),
-    Rendered("dev_loop.md", (RESULTS / "dev_loop_runs" / "loop_1031",), dev_loop.render,
+    Rendered("dev_loop.md", tuple(RESULTS / "dev_loop_runs" / d for d in ("loop_1031", "loop_0605")), dev_loop.render,
              "python -m benchmarks.dev_loop render"),
 )  # fmt: skip
 
