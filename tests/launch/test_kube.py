@@ -184,6 +184,9 @@ def test_a_sigkilled_launcher_leaves_nothing_the_cluster_does_not_clean(api: Fak
 
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_queued_job_waits_for_kueue_then_runs(api: FakeKubeAPI, capsys, workload: str) -> None:
+    # the nodes run 2 s, not the fake's 20 ms: node 0 must not end before the launcher, back from waiting for
+    # Kueue, lists the pods (it did once in CI under pytest-xdist, 2026-11-29: "pod t-0 ended early (Succeeded)")
+    api.run_s = 2
     assert _launch(api, workload=workload, batch=Batch(workload, queue="team-a")) == 0
     err = capsys.readouterr().err
     assert "queued in Kueue LocalQueue team-a: waiting to be admitted" in err and "admitted by Kueue after" in err
