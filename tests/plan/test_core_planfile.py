@@ -36,6 +36,20 @@ def test_plan_json_has_exactly_the_designed_keys_and_round_trips(small, tmp_path
     assert [list(u) for u in data["critical_path"]] == [list(tl.dag.unit(i)) for i in tl.critical_path()]
 
 
+def test_a_saved_plan_has_a_unit_per_line(small, tmp_path):
+    """The file is the plan's JSON, written a unit (and a critical-path unit) per line by json's C encoder."""
+    _, result = small
+    plan = replace(result.plan, peak_memory_bytes=(3, 2, 1), profile_digest="sha256:" + "0" * 64)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    text = path.read_text()
+    assert json.loads(text) == plan.to_json() and text.endswith("}\n")
+    units = [line.strip().rstrip(",") for line in text.splitlines() if '"kind"' in line]
+    assert [json.loads(u) for u in units] == [u for stage in plan.to_json()["stages"] for u in stage]
+    path_lines = [line.strip().rstrip(",") for line in text.splitlines() if line.startswith("  [") and '"' in line]
+    assert [json.loads(u) for u in path_lines] == plan.to_json()["critical_path"]
+
+
 def test_hand_written_plan_is_simulated(gpt3):
     profile = gpt3.with_stages(2)
     stages = [[PlannedUnit("F", 0, 1410), PlannedUnit("B", 0, 1005)],
