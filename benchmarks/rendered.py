@@ -23,6 +23,7 @@ from benchmarks import (
     demo_results,
     dev_loop,
     freqmodel_results,
+    graphed_units,
     meter_probe,
     setup_time,
 )
@@ -108,6 +109,8 @@ RENDERED = (
              "python benchmarks/search_results.py call4"),
     Rendered("search_accuracy_call6.md", (), lambda _: call6.render(),
              "python benchmarks/search_results.py call6"),
+    Rendered("graphed_units_h200.md", (RESULTS / "graphed_units" / "h200_0916" / "graphed.json",),
+             graphed_units.render, "python benchmarks/graphed_units.py render"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              twogpu.render, "python benchmarks/search_results.py two-gpu"),
     Rendered("search_h100x2.md", (RAW_H100X2 / "search_gpt2_28x1024_2053.tar.gz",), twogpu.render,
