@@ -169,5 +169,5 @@ def test_a_lease_ends_when_its_owner_dies_even_if_forked_children_live(tmp_path,
             assert waited < 2.0  # the TTL is 5 s
         finally:
             owner.kill()
+            os.kill(child, signal.SIGKILL)  # first: the forked child holds the owner's stdout until it ends
             owner.communicate()
-            os.kill(child, signal.SIGKILL)

@@ -382,13 +382,13 @@ def test_tail_power_and_per_stage_blocking_power_reach_the_simulation(tmp_path):
     assert res.exit_code != 0 and "2 tail powers given for 8 stages" in res.output
 
 
-@pytest.mark.slow  # about 18 s: the MILP polish runs to its time limit at this budget
+@pytest.mark.slow  # a new interpreter that plans with HiGHS (about 2 s)
 def test_the_solvers_own_output_stays_off_stdout(tmp_path):
-    """HiGHS prints `HighsMipSolverData::...` from C++ during the MILP polish (this budget made it print twice
-    before the CLI held it back): only the plan reaches stdout."""
-    profile = str(embedded_profile_path("gpt3-175b+a100_sxm_bf16"))
+    """HiGHS prints `HighsMipSolverData::...` from C++ during the MILP polish (this small case made it print 3
+    times where nothing held it back): only the plan reaches stdout."""
+    profile = str(embedded_profile_path("bloom+a100_sxm_bf16"))
     envpipe = str(Path(sys.executable).with_name("envpipe"))
-    done = subprocess.run([envpipe, "plan", "--profile", profile, "-m", "8", "--gpu", "a100", "--max-slowdown", "0.16"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)  # 2 min on a slow VM
+    done = subprocess.run([envpipe, "plan", "--profile", profile, "-m", "2", "--gpu", "a100", "--max-slowdown", "0.08"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "Highs" not in done.stdout and "energy saving" in done.stdout

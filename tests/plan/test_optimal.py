@@ -194,17 +194,18 @@ SOLVER_CHILD = """
 from envpipe.plan import instances
 from envpipe.plan.case import PipelineCase
 from envpipe.plan.optimal.orders import optimal_plan
-name = "gpt3-175b+a100_sxm_bf16"
-case = PipelineCase.of(instances.real_profile(name), 8, instances.BLOCKING_POWER_W[name])
-optimal_plan(case, "envpipe", max_slowdown=0.16)
+name = "bloom+a100_sxm_bf16"
+case = PipelineCase.of(instances.real_profile(name), 2, instances.BLOCKING_POWER_W[name])
+optimal_plan(case, "envpipe", max_slowdown=0.08)
 print("planned")
 """
 
 
-@pytest.mark.slow  # about 18 s: the MILP polish runs to its time limit at this budget
+@pytest.mark.slow  # a new interpreter that plans with HiGHS (about 2 s)
 def test_the_solver_prints_nothing_on_stdout_whoever_calls_it():
-    """HiGHS prints `HighsMipSolverData::...` from C++ during the MILP polish (twice at this budget): held back
-    where the solver runs, not by each caller (the runtime's rank 0 printed it into the training log)."""
+    """HiGHS prints `HighsMipSolverData::...` from C++ during the MILP polish (3 times for this small case where
+    nothing held it back; its node limits are counts, so on any machine): held back where the solver runs, not
+    by each caller (the runtime's rank 0 printed it into the training log)."""
     done = subprocess.run([sys.executable, "-c", SOLVER_CHILD], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "planned\n"
