@@ -3,9 +3,6 @@ its benchmark's options, usage errors in one line, and a run whose file names th
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from benchmarks import planner_results
 from benchmarks.common import ROOT
 from benchmarks.planner_study import schedules
+from tests.support.commands import run_script
 
 SCRIPT = ROOT / "benchmarks" / "planner_results.py"
 OPTIONS = {"policies": ["--update", "--out"], "optimal": ["--quick", "--update", "--out"],
@@ -20,15 +18,8 @@ OPTIONS = {"policies": ["--update", "--out"], "optimal": ["--quick", "--update",
            "schedules": ["--microbatches", "--update", "--out"]}
 
 
-def run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The command as a user runs it: a script path, from outside the checkout, no PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=60)
-
-
 def test_help_lists_the_four_subcommands(tmp_path: Path) -> None:
-    proc = run_script("--help", cwd=tmp_path)
+    proc = run_script(SCRIPT, "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "{policies,optimal,scale,schedules}" in proc.stdout
     assert list(planner_results.SUBCOMMANDS) == list(OPTIONS)
@@ -44,7 +35,7 @@ def test_each_subcommand_keeps_its_benchmarks_options(kind: str, capsys: pytest.
 
 
 def test_an_unknown_subcommand_is_one_line(tmp_path: Path) -> None:
-    proc = run_script("nope", cwd=tmp_path)
+    proc = run_script(SCRIPT, "nope", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("planner_results.py: error: argument {policies,optimal,scale,schedules}: "
