@@ -69,3 +69,17 @@ def test_a_run_writes_its_file_and_names_the_command(tmp_path: Path, monkeypatch
                             f"{out}`."), head
     assert "## bloom+a40_bf16, P = 8, M = 16" in out.read_text() and "\n| 1F1B | " in out.read_text()
     assert f"results written to {out}" in capsys.readouterr().out
+
+
+def test_a_schedule_slower_than_1f1b_at_all_max_plans_at_its_fastest_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-3's GPipe at M = 16: its fastest time is an ulp above 1F1B all-max's, the budget at no slowdown, which
+    the planner refuses (InfeasibleBudget); the row plans at its own fastest time and says so."""
+    gpt3 = "gpt3-175b+a100_sxm_bf16"
+    monkeypatch.setattr(schedules, "PROFILES", {gpt3: 83.64})
+    monkeypatch.setattr(schedules, "ROWS", [("GPipe", "gpipe", None)])
+    out = tmp_path / "schedules.md"
+    assert planner_results.main(["schedules", "--microbatches", "16", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"## {gpt3}, P = 8, M = 16" in text and "\n| GPipe | 3.448 | " in text
+    assert "GPipe: planned at its fastest time, 3.44807831256 s, 8.9e-16 s above the budget at no slowdown" in text
