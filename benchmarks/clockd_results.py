@@ -18,18 +18,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from benchmarks.clockd_study import fair, faults, latency, readonly
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with its errors in one line (no usage above them)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from benchmarks.common import OneLineErrors
 
 
 def _raw_run(path: str) -> dict[str, Any]:
@@ -67,7 +61,7 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description=__doc__.split("\n\n")[0])
+    p = OneLineErrors(description=__doc__.split("\n\n")[0])
     kinds = p.add_subparsers(dest="kind", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, sub in SUBCOMMANDS.items():
         sub.add_options(kinds.add_parser(name, help=sub.help, description=sub.help))

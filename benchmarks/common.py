@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -42,6 +42,14 @@ def header(title: str, command: str | None = None) -> str:
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     written = f" Written by `{command}`." if command else ""
     return f"# {title}\n\nRun {now} on {machine_line()}.{written}\n"
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse with its usage errors as one line on stderr and exit status 2 (no usage above them; --help still
+    prints the usage). Its subparsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def add_output_options(parser: argparse.ArgumentParser, name: str, *, positional: bool = False) -> None:

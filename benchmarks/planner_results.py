@@ -16,10 +16,11 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks.common import OneLineErrors
 from benchmarks.planner_study import optimal, policies, scale, schedules
 
 
@@ -35,13 +36,6 @@ class Benchmark(Protocol):
 
 SUBCOMMANDS: dict[str, Benchmark] = {"policies": policies, "optimal": optimal, "scale": scale,
                                      "schedules": schedules}
-
-
-class OneLineErrors(argparse.ArgumentParser):
-    """Usage errors as one line on stderr and exit status 2 (--help still prints the usage)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -19,19 +19,14 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks.common import OneLineErrors
 from benchmarks.search_study import call1, call3, call4, call6, twogpu
 
 ROUNDS: dict[str, Callable[[], str]] = {"call1": call1.render, "call3": call3.render, "call4": call4.render,
                                         "call6": call6.render}  # by the round's first call
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage and exit
-        raise ValueError(message)
 
 
 def _render(args: argparse.Namespace) -> str:
@@ -45,12 +40,13 @@ def _render(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(description=__doc__.split("\n\n")[0])
+    p = OneLineErrors(prog="search_results.py", description=__doc__.split("\n\n")[0])
     p.add_argument("kind", choices=["two-gpu", *ROUNDS], help="the kind of raw folder or round (see the usage above)")
     p.add_argument("out", nargs="*", default=[], metavar="OUT", help="two-gpu: the work directories or archives")
     p.add_argument("--command", default=None, help="two-gpu: the command that produced OUT (default: its command.txt)")
+    args = p.parse_args(argv)
     try:
-        text = _render(p.parse_args(argv))
+        text = _render(args)
     except (OSError, ValueError, KeyError) as e:
         print(f"search_results.py: error: {e}", file=sys.stderr)
         return 2

@@ -5,5 +5,7 @@
 - `abuser`: an abusive client process, for `fair` and tests/clock/test_daemon_abuse.py;
 - `faults`: lock latency with slow connections, resets after client and daemon deaths, a hung GPU;
 - `latency`: lock-request round trips and the sustained rate of concurrent clients;
-- `readonly`: the `readonly` backend on a real GPU machine.
+- `readonly`: the `readonly` backend on a real GPU machine;
+- `harness` and `fake_pynvml`: daemon processes on the sim backend or on a fake pynvml (a driver call that hangs,
+  clocks that outlive the daemon), and HTTP to them, for `faults` and the daemon's tests.
 """

@@ -2,7 +2,7 @@
 lease expiry next to a hung GPU, and the reset after a daemon SIGKILL and restart.
 
 Real daemon processes, real HTTP over the Unix socket, real client processes. GPUs are the `sim`
-backend, or tests/support/fake_pynvml.py behind the `nvml` backend where a driver call must hang or the GPUs'
+backend, or benchmarks/clockd_study/fake_pynvml.py behind the `nvml` backend where a driver call must hang or the GPUs'
 state must outlive the daemon. Comparisons are side by side in one run.
 Usage: python benchmarks/clockd_results.py faults [OUT.md | --update]   (default: a new dated file beside
 benchmarks/results/clockd_faults.md; --update overwrites that one)
@@ -24,15 +24,15 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from benchmarks.common import add_output_options, header, write_results
-from tests.support.clockd_helpers import ROOT, UnixHTTPConnection, call, daemon_process
-from tests.support.fake_pynvml import FakeGpu, FakeNvml
+from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
+from benchmarks.clockd_study.harness import UnixHTTPConnection, call, daemon_process
+from benchmarks.common import ROOT, add_output_options, header, write_results
 
 LOCKS, SLOW, KILLS, EXPIRIES, RESTARTS = 2000, 100, 20, 30, 5
 JSON = {"Content-Type": "application/json"}
 HALF_REQUEST = b"POST /v1/leases HTTP/1.1\r\nHost: clockd\r\nContent-Type: application/json\r\n"
 DESCRIPTOR_LIMIT = ("sh", "-c", 'ulimit -n 64 && exec "$@"', "sh")
-ENV = {**os.environ, "PYTHONPATH": ROOT}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 A_UUID, B_UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 
 
@@ -275,7 +275,7 @@ def main(args: argparse.Namespace) -> None:
             f"Load average before the run: {' '.join(f'{x:.1f}' for x in load)} (CPUs shared with other jobs; "
             "compare runs by it). Daemons are real processes (`python -m envpipe.clock.daemon`), clients talk "
             "HTTP/1.1 over the real Unix socket, killed clients are real processes. GPUs: the `sim` backend for "
-            "the first two groups; `nvml` on tests/support/fake_pynvml.py (a driver call that hangs; clocks "
+            "the first two groups; `nvml` on benchmarks/clockd_study/fake_pynvml.py (a driver call that hangs; clocks "
             "that outlive the daemon) for the last two. Slow connections each hold a half-sent request head.",
             "",
             "| measurement | value |",

@@ -8,17 +8,15 @@ Usage: python benchmarks/clockd_results.py readonly OUT.md
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import socket
 import subprocess
 import time
 import urllib.request
 from datetime import UTC, datetime
 
 from benchmarks.common import start_clockd
-from envpipe.clock.client import ClockClient
+from envpipe.clock.client import ClockClient, list_gpus
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -99,12 +97,3 @@ def main(args: argparse.Namespace) -> None:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
-
-def list_gpus(sock: str) -> list[dict]:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(sock)
-        s.sendall(b"GET /v1/gpus HTTP/1.0\r\nHost: x\r\n\r\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return list(json.loads(data.split(b"\r\n\r\n", 1)[1])["gpus"])

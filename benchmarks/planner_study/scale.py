@@ -74,9 +74,9 @@ def planners(watts: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
             lambda p, M, schedule, points: [x.plan for x in frontier(PipelineCase.of(p, M, watts), schedule, points)])
 
 
-def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict[str, float]:
-    """One case in this process, on the planner of ``tree``: wall seconds (imports excluded) and saving %."""
-    sys.path.insert(0, tree)
+def worker(what: str, stages: int, micro: int, schedule: str) -> dict[str, float]:
+    """One case in this process (run through in_child), on the planner of sys.path[0]'s tree: wall seconds (imports
+    excluded) and saving %."""
     from envpipe.profile import embedded_profile_path, load_profile
 
     plan, sweep = planners(W)
@@ -94,16 +94,23 @@ def worker(tree: str, what: str, stages: int, micro: int, schedule: str) -> dict
             "load_after": os.getloadavg()[0]}
 
 
+def in_child(function: str, *args: object, tree: Path = ROOT, timeout_s: float | None = None) -> Any:
+    """``function(*args)``, a function of this module, in a fresh Python process whose ``envpipe`` is ``tree``'s
+    (this checkout's benchmarks after it on sys.path): what it returned, printed as JSON. Past ``timeout_s``:
+    subprocess.TimeoutExpired."""
+    code = (f"import json, sys; sys.path[:0] = [{str(tree)!r}, {str(ROOT)!r}]; "
+            f"from benchmarks.planner_study.scale import {function}; print(json.dumps({function}(*{args!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True,
+                         cwd=tree).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def run_case(tree: Path, case: tuple[str, int, int, str], timeout_s: float) -> dict[str, float] | None:
     """The case in a fresh process on ``tree`` (None if it ran past ``timeout_s``)."""
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.planner_study.scale import worker; "
-            f"print(json.dumps(worker({str(tree)!r}, *{case!r})))")
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
-                             check=True, cwd=tree).stdout
+        return dict(in_child("worker", *case, tree=tree, timeout_s=timeout_s))
     except subprocess.TimeoutExpired:
         return None
-    return dict(json.loads(out.strip().splitlines()[-1]))
 
 
 def load() -> str:
@@ -212,14 +219,10 @@ def scaling_table(lines: list[str]) -> None:
 
 def gaps(stages: int, micro: int) -> tuple[str, str]:
     """The plan's gap to the exact MILP (or why there is none) and to the LP bound, as table cells."""
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.planner_study.scale import "
-            f"gap_worker; print(json.dumps(gap_worker({stages}, {micro}, {2 * stages * micro <= MILP_UNITS})))")
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=MILP_TIMEOUT_S,
-                             check=True, cwd=ROOT).stdout
+        found = in_child("gap_worker", stages, micro, 2 * stages * micro <= MILP_UNITS, timeout_s=MILP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"not finished in {MILP_TIMEOUT_S:.0f} s", ""
-    found = json.loads(out.strip().splitlines()[-1])
     return str(found["milp"]), str(found["lp"])
 
 
@@ -305,15 +308,7 @@ def savings_table(lines: list[str], reference: Path) -> None:
     tree, so a reference from before envpipe.plan.instances plans the same cases)."""
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_cases(Path(tmp))
-        code = ("import json, sys; sys.path.insert(0, {tree!r}); sys.path.insert(1, {root!r}); "
-                "from benchmarks.planner_study.scale import savings; print(json.dumps(savings({manifest!r})))")
-        results = []
-        for tree in (reference, ROOT):
-            out = subprocess.run([sys.executable, "-c", code.format(tree=str(tree), root=str(ROOT),
-                                                                   manifest=str(manifest))],
-                                 capture_output=True, text=True, check=True, cwd=tree).stdout
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    before, after = results
+        before, after = (in_child("savings", str(manifest), tree=tree) for tree in (reference, ROOT))
     diffs = {k: after[k] - before[k] for k in before}
     worst = min(diffs, key=lambda k: diffs[k])
     lines += ["## Savings unchanged (simulated)", "",
@@ -341,7 +336,7 @@ def write_cases(folder: Path) -> Path:
 
 
 def savings(manifest: str) -> dict[str, float]:
-    """Savings of the planner on sys.path[0]'s tree (run through savings_table) on the cases in ``manifest``."""
+    """Savings of the planner on sys.path[0]'s tree (run through in_child) on the cases in ``manifest``."""
     from envpipe.profile import load_profile
 
     out = {}

@@ -3,28 +3,19 @@ rendered from its raw JSON. Nothing here runs a benchmark."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.clockd_results import SUBCOMMANDS
 from benchmarks.common import RESULTS, ROOT
+from tests.support.commands import run_script
 
 SCRIPT = ROOT / "benchmarks" / "clockd_results.py"
 
 
-def clockd_results(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The script as a developer runs it from a checkout: by its path, without PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=60)
-
-
 def test_help_lists_every_subcommand(tmp_path: Path) -> None:
-    proc = clockd_results("--help", cwd=tmp_path)
+    proc = run_script(SCRIPT, "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert list(SUBCOMMANDS) == ["fair", "fair-render", "faults", "latency", "readonly"]
     for name in SUBCOMMANDS:
@@ -44,13 +35,13 @@ def test_help_lists_every_subcommand(tmp_path: Path) -> None:
         "not-a-fair-run"])
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "bad.json").write_text("{not json")
-    proc = clockd_results(*args, cwd=tmp_path)
+    proc = run_script(SCRIPT, *args, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_fair_render_reproduces_the_committed_markdown(tmp_path: Path) -> None:
-    proc = clockd_results("fair-render", str(RESULTS / "clockd_fair.json"), cwd=tmp_path)
+    proc = run_script(SCRIPT, "fair-render", str(RESULTS / "clockd_fair.json"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (RESULTS / "clockd_fair.md").read_text()

@@ -3,9 +3,6 @@ its benchmark's options, usage errors in one line, and a run whose file names th
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from benchmarks import planner_results
 from benchmarks.common import ROOT
 from benchmarks.planner_study import schedules
+from tests.support.commands import run_script
 
 SCRIPT = ROOT / "benchmarks" / "planner_results.py"
 OPTIONS = {"policies": ["--update", "--out"], "optimal": ["--quick", "--update", "--out"],
@@ -20,15 +18,8 @@ OPTIONS = {"policies": ["--update", "--out"], "optimal": ["--quick", "--update",
            "schedules": ["--microbatches", "--update", "--out"]}
 
 
-def run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The command as a user runs it: a script path, from outside the checkout, no PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=60)
-
-
 def test_help_lists_the_four_subcommands(tmp_path: Path) -> None:
-    proc = run_script("--help", cwd=tmp_path)
+    proc = run_script(SCRIPT, "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "{policies,optimal,scale,schedules}" in proc.stdout
     assert list(planner_results.SUBCOMMANDS) == list(OPTIONS)
@@ -44,7 +35,7 @@ def test_each_subcommand_keeps_its_benchmarks_options(kind: str, capsys: pytest.
 
 
 def test_an_unknown_subcommand_is_one_line(tmp_path: Path) -> None:
-    proc = run_script("nope", cwd=tmp_path)
+    proc = run_script(SCRIPT, "nope", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("planner_results.py: error: argument {policies,optimal,scale,schedules}: "
@@ -78,3 +69,17 @@ def test_a_run_writes_its_file_and_names_the_command(tmp_path: Path, monkeypatch
                             f"{out}`."), head
     assert "## bloom+a40_bf16, P = 8, M = 16" in out.read_text() and "\n| 1F1B | " in out.read_text()
     assert f"results written to {out}" in capsys.readouterr().out
+
+
+def test_a_schedule_slower_than_1f1b_at_all_max_plans_at_its_fastest_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-3's GPipe at M = 16: its fastest time is an ulp above 1F1B all-max's, the budget at no slowdown, which
+    the planner refuses (InfeasibleBudget); the row plans at its own fastest time and says so."""
+    gpt3 = "gpt3-175b+a100_sxm_bf16"
+    monkeypatch.setattr(schedules, "PROFILES", {gpt3: 83.64})
+    monkeypatch.setattr(schedules, "ROWS", [("GPipe", "gpipe", None)])
+    out = tmp_path / "schedules.md"
+    assert planner_results.main(["schedules", "--microbatches", "16", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"## {gpt3}, P = 8, M = 16" in text and "\n| GPipe | 3.448 | " in text
+    assert "GPipe: planned at its fastest time, 3.44807831256 s, 8.9e-16 s above the budget at no slowdown" in text

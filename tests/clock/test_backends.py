@@ -5,15 +5,15 @@ from __future__ import annotations
 import pynvml
 import pytest
 
+from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
 from envpipe.clock.backends import NvmlBackend, ReadonlyBackend, SimBackend, make_backend
 from envpipe.clock.errors import BackendFailure, ClockError, NoPermission, NotSupported, UnknownGpu
-from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 A, B = "GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 
 
 def test_fake_errors_are_real_pynvml_errors() -> None:
-    from tests.support import fake_pynvml
+    from benchmarks.clockd_study import fake_pynvml
 
     exc = fake_pynvml.NVMLError_NoPermission()
     assert isinstance(exc, pynvml.NVMLError_NoPermission) and exc.value == pynvml.NVML_ERROR_NO_PERMISSION

@@ -12,9 +12,10 @@ import time
 
 import pytest
 
+from benchmarks.clockd_study.harness import call, daemon_process
 from envpipe.clock.client import ClockClient, ClockDaemonUnavailable, ClockRequestError
 from envpipe.clock.service import ServiceConfig
-from tests.support.clockd_helpers import ROOT, call, daemon_process, daemon_thread, wait_for
+from tests.support.clockd_helpers import ROOT, daemon_thread, wait_for
 from tests.support.scheduling import bound_s
 
 

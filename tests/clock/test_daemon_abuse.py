@@ -31,8 +31,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.clockd_study.harness import call
 from envpipe.clock.client import ClockClient
-from tests.support.clockd_helpers import ROOT, call, daemon_thread, metric, one_metric, wait_for
+from tests.support.clockd_helpers import ROOT, daemon_thread, metric, one_metric, wait_for
 from tests.support.ports import free_port
 from tests.support.scheduling import bound_s, scheduling_delay_s
 

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
+from benchmarks.clockd_study.harness import call
 from envpipe.clock.backends import SimBackend
 from envpipe.clock.metrics import envpipe_version
 from envpipe.clock.service import ServiceConfig
-from tests.support.clockd_helpers import call, daemon_thread, one_metric
+from tests.support.clockd_helpers import daemon_thread, one_metric
 from tests.support.scheduling import bound_s
 
 LOW, HIGH = 900, 1410  # allow-list used below; the sim A100 supports 1410 MHz down to 210 MHz
@@ -231,8 +232,8 @@ def test_concurrent_lease_requests_with_a_slow_ownership_check_cannot_both_win()
 
 def test_nvml_and_readonly_backends_through_the_daemon(tmp_path) -> None:
     """NVML answers reach the client as HTTP statuses; readonly records locks and never applies them."""
+    from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
     from envpipe.clock.backends import NvmlBackend, ReadonlyBackend
-    from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
     denied = FakeGpu("GPU-denied-0001")
     sock = str(tmp_path / "nvml.sock")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.clockd_study.harness import call, daemon_process
 from envpipe.clock.daemon import main
-from tests.support.clockd_helpers import call, daemon_process
 from tests.support.ports import free_port
 
 
@@ -106,7 +106,7 @@ A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 @pytest.fixture()
 def nvml(monkeypatch):
     """The fake pynvml as the process's pynvml, with a GPU locked low that no failed start may touch."""
-    from tests.support.fake_pynvml import FakeGpu, FakeNvml
+    from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
 
     fake = FakeNvml([FakeGpu(A, sm_mhz=1005)])
     monkeypatch.setitem(sys.modules, "pynvml", fake)

@@ -1,5 +1,5 @@
 """Faults: a stuck or failing driver call on one GPU, a daemon killed and restarted, a second daemon on
-a live socket, uninstall with a dead daemon. The nvml backend runs on tests/support/fake_pynvml.py (hangs,
+a live socket, uninstall with a dead daemon. The nvml backend runs on benchmarks/clockd_study/fake_pynvml.py (hangs,
 failures, and a store that outlives a daemon process, as a GPU's clocks outlive its driver client)."""
 
 from __future__ import annotations
@@ -15,19 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
+from benchmarks.clockd_study.harness import call, daemon_argv, daemon_process
 from envpipe.clock.backends import NvmlBackend
 from envpipe.clock.client import ClockClient
 from envpipe.clock.service import ServiceConfig
-from tests.support.clockd_helpers import (
-    ROOT,
-    call,
-    daemon_argv,
-    daemon_process,
-    daemon_thread,
-    one_metric,
-    wait_for,
-)
-from tests.support.fake_pynvml import FakeGpu, FakeNvml
+from tests.support.clockd_helpers import ROOT, daemon_thread, one_metric, wait_for
 from tests.support.scheduling import bound_s
 
 A, B, C = (f"GPU-{c * 8}-0000-0000-0000-00000000000{i}" for i, c in enumerate("abc"))

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.clockd_study.harness import call
 from envpipe.clock.service import ServiceConfig
-from tests.support.clockd_helpers import call, daemon_thread
+from tests.support.clockd_helpers import daemon_thread
 
 TRIED = {"n": 0}
 json_values = st.recursive(

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from tests.support.clockd_helpers import ROOT, call, daemon_process, daemon_thread, one_metric
+from benchmarks.clockd_study.harness import call, daemon_process
+from tests.support.clockd_helpers import ROOT, daemon_thread, one_metric
 from tests.support.ports import free_port
 
 HALF_REQUEST = b"POST /v1/leases HTTP/1.1\r\nHost: clockd\r\nContent-Type: application/json\r\n"

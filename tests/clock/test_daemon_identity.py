@@ -15,9 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from benchmarks.clockd_study.harness import call, daemon_process
 from envpipe.clock.client import ClockClient
 from envpipe.clock.identity import Peer, pod_of_cgroup, resolve
-from tests.support.clockd_helpers import ROOT, call, daemon_process, daemon_thread, wait_for
+from tests.support.clockd_helpers import ROOT, daemon_thread, wait_for
 
 POD_UID = "1f2e3d4c-5b6a-4789-8abc-def012345678"
 CONTAINER = "a" * 64

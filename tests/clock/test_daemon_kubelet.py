@@ -8,12 +8,13 @@ from concurrent import futures
 import grpc
 import pytest
 
+from benchmarks.clockd_study.harness import call
 from envpipe.clock.backends import SimBackend
 from envpipe.clock.errors import BackendFailure, BadRequest, NotOwned
 from envpipe.clock.kubelet import KubeletPolicy
 from envpipe.clock.ownership import Peer, PodRef
 from envpipe.clock.podresources import api_pb2, api_pb2_grpc
-from tests.support.clockd_helpers import call, daemon_thread, metric
+from tests.support.clockd_helpers import daemon_thread, metric
 
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):

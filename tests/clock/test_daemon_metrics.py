@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 
+from benchmarks.clockd_study.harness import call
 from envpipe.clock.metrics import LeaseEnergy
-from tests.support.clockd_helpers import call, daemon_thread, metric, one_metric
+from tests.support.clockd_helpers import daemon_thread, metric, one_metric
 
 POD = {"namespace": "team", "name": "trainer-0"}
 

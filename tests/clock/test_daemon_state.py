@@ -4,7 +4,7 @@ runs, whatever interleaves (a lease ending while the next one locks, a daemon ki
 lock answers `applied` only once the GPU has that clock. A state file that is a FIFO, or that stops being
 writable, is refused or reported (readyz), never a hang.
 
-The GPUs are tests/support/fake_pynvml.py backed by a store file: their clocks outlive a daemon, as real
+The GPUs are benchmarks/clockd_study/fake_pynvml.py backed by a store file: their clocks outlive a daemon, as real
 ones outlive their driver client. Its calls take a few milliseconds here, so that operations overlap.
 """
 
@@ -23,14 +23,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
+from benchmarks.clockd_study.harness import call, daemon_argv
 from envpipe.clock.backends import NvmlBackend
 from envpipe.clock.errors import ClockError
 from envpipe.clock.identity import Peer
 from envpipe.clock.ownership import LocalPolicy
 from envpipe.clock.service import ClockService, ServiceConfig
 from envpipe.clock.state import StateError, StateFile
-from tests.support.clockd_helpers import ROOT, call, daemon_argv, daemon_thread, wait_for
-from tests.support.fake_pynvml import FakeGpu, FakeNvml
+from tests.support.clockd_helpers import ROOT, daemon_thread, wait_for
 
 UUIDS = [f"GPU-{c * 8}-0000-0000-0000-00000000000{i}" for i, c in enumerate("abc")]
 MAX = 1980  # the fake's default SM clock

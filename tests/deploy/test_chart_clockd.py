@@ -347,7 +347,8 @@ def test_the_grafana_dashboard_ships_with_the_chart(helm: Path) -> None:
 
 
 def test_the_dashboard_asks_only_for_series_the_daemon_exports(tmp_path: Path) -> None:
-    from tests.support.clockd_helpers import call, daemon_thread, metric
+    from benchmarks.clockd_study.harness import call
+    from tests.support.clockd_helpers import daemon_thread, metric
 
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]

@@ -32,11 +32,11 @@ from envpipe_launch.backends.kube import PodRequest, pod_settings
 from envpipe_launch.job import JobSpec
 from envpipe_launch.kube_manifests import KubeJob
 
+from benchmarks.clockd_study.harness import call
 from envpipe.runtime.summary import RunSummary
 from tests.e2e import images as image_build
 from tests.e2e.node import Node
 from tests.e2e.podman import Podman, Stopwatch, unavailable
-from tests.support.clockd_helpers import call
 from tests.support.fakes.kube_controllers import pod_for_index
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,6 @@
 """Energy meters: interpolation at unit boundaries, a polled counter whose values the test controls,
-the NVML reader (against tests/support/fake_pynvml.py, a fake at the pynvml module API) and the sim counter."""
+the NVML reader (against benchmarks/clockd_study/fake_pynvml.py, a fake at the pynvml module API) and the sim
+counter."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
 from envpipe.energy.accounting import account
 from envpipe.energy.meter import CounterTrace, PolledMeter, SimMeter, nvml_reader
 from envpipe.simgpu import JobTruth, SimGpu, unit_s
-from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 
 def test_trace_interpolates_between_knots() -> None:

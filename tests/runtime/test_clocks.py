@@ -70,7 +70,7 @@ def test_environment_chooses_the_clock() -> None:
 
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch):
-    from tests.support.fake_pynvml import FakeGpu, FakeNvml
+    from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
 
     gpus = [FakeGpu(uuid="GPU-aaaa")]
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus))  # what `import pynvml` in the runtime gets
@@ -138,8 +138,8 @@ def test_a_cuda_device_is_metered_by_its_uuid_not_its_index(monkeypatch: pytest.
 
     import torch
 
+    from benchmarks.clockd_study.fake_pynvml import FakeGpu, FakeNvml
     from envpipe.energy.meter import nvml_id, nvml_reader
-    from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
     ids = [uuid.UUID(int=i + 1) for i in range(4)]
     nvml = FakeNvml([FakeGpu(f"GPU-{u}", energy_mj=10**9 * (i + 1)) for i, u in enumerate(ids)])

@@ -1,5 +1,5 @@
 """`import pynvml` for a test process that must believe it has NVIDIA GPUs (put this folder first on
-PYTHONPATH): tests/support/fake_pynvml.py's FakeNvml at the module level, with an energy counter that grows
+PYTHONPATH): benchmarks/clockd_study/fake_pynvml.py's FakeNvml at the module level, with an energy counter that grows
 at a constant power over wall time and an SM clock held below the maximum, as a power-capped H200's is
 under load (measured: 1455-1470 of 1980 MHz). Count, power and clock come from the environment:
 FAKE_NVML_GPUS (2), FAKE_NVML_POWER_W (300), FAKE_NVML_SM_MHZ (1455)."""
@@ -13,13 +13,13 @@ from typing import Any
 
 
 def _with_the_real_pynvml() -> Any:
-    """tests/support/fake_pynvml.py, imported while `pynvml` is the real module (it takes its constants and error
-    classes from there); afterwards `import pynvml` gives this module again."""
+    """benchmarks/clockd_study/fake_pynvml.py, imported while `pynvml` is the real module (it takes its constants
+    and error classes from there); afterwards `import pynvml` gives this module again."""
     me, here = sys.modules.pop(__name__), os.path.dirname(os.path.abspath(__file__))
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     try:
-        from tests.support import fake_pynvml
+        from benchmarks.clockd_study import fake_pynvml
 
         return fake_pynvml
     finally:
