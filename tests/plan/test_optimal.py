@@ -209,3 +209,16 @@ def test_the_solver_prints_nothing_on_stdout_whoever_calls_it():
     done = subprocess.run([sys.executable, "-c", SOLVER_CHILD], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "planned\n"
+
+
+def test_gpipe_an_ulp_slower_than_1f1b_plans_at_its_own_all_max_time_by_default(gpt3):
+    """GPT-3/A100, 8 stages, M = 16: GPipe's all-max time sums the same units in another order and ends 8.9e-16 s
+    after 1F1B's. With no budget given, the plan takes GPipe's own all-max time (and says so); a budget the
+    user gives is kept as given."""
+    case = PipelineCase.of(gpt3.with_stages(8), 16, 83.64)
+    planned = optimal_plan(case, "gpipe")
+    assert planned.budget_s > planned.baseline.iteration_time
+    assert planned.timeline.iteration_time <= planned.budget_s
+    assert any(note.startswith("planned at the order's all-max time") for note in planned.notes)
+    with pytest.raises(InfeasibleBudget):
+        optimal_plan(case, "gpipe", max_slowdown=0.0)

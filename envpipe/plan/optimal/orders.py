@@ -127,7 +127,8 @@ class OrderSearch:
 def optimal_plan(case: PipelineCase, schedule: str = "1f1b", time_budget_s: float | None = None,
                  max_slowdown: float | None = None, time_limit_s: float | None = None) -> Planned:
     """Least-energy plan of ``case`` within the budget (default: the baseline's time, i.e. no slowdown: 1F1B
-    all-max; for interleaved 1F1B and DualPipeV, that schedule's all-max time), in ``schedule``'s order (for
+    all-max, or the order's own all-max time where that is later; for interleaved 1F1B and DualPipeV, that
+    schedule's all-max time), in ``schedule``'s order (for
     EnvPipe's: the best of its warm-up counts and plain 1F1B, ``candidate_orders``).
 
     More budget never gives a dearer plan: the plan is the least-energy one on a ladder of budgets up to the
@@ -140,11 +141,19 @@ def optimal_plan(case: PipelineCase, schedule: str = "1f1b", time_budget_s: floa
     baseline, problems = order_problems(case, schedule)
     budget = resolve_budget(baseline.iteration_time, time_budget_s, max_slowdown)
     search = OrderSearch(baseline, problems, limit)
+    notes: tuple[str, ...] = ()
+    if time_budget_s is None and max_slowdown is None and search.ladder.fastest_s > budget:
+        # no budget given: no slowdown where the order can match the baseline; GPipe's all-max time can be
+        # an ulp above 1F1B's (another order of the same sums), and then its own all-max time is the budget
+        notes += (f"planned at the order's all-max time, {search.ladder.fastest_s:.12g} s "
+                  f"({search.ladder.fastest_s - budget:.3g} s above the baseline's)",)
+        budget = search.ladder.fastest_s
     found = search.within(budget)
     sol, problem = found.solution, found.problem
     plan = replace(plan_from_timeline(sol.timeline, problem.freqs_mhz(sol.option), schedule, "optimal", baseline),
                    peak_memory_bytes=problem.peak_memory_bytes)
-    notes: tuple[str, ...] = () if sol.lp_energy is None else (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
+    if sol.lp_energy is not None:
+        notes += (f"LP lower bound for this order: {sol.lp_energy:.1f} J",)
     if found.budget_s < budget:
         notes += (f"planned for {found.budget_s:.6f} s: the least-energy rung of the budget ladder within the budget "
                   "(so more budget never gives a dearer plan)",)
