@@ -200,7 +200,8 @@ def expiry_next_to_a_hung_gpu(workdir: str) -> list[str]:
         for i, hang in enumerate(({}, {"nvmlDeviceGetClockInfo": 30.0})):
             store, sock = os.path.join(workdir, f"hung{i}.json"), os.path.join(workdir, f"hung{i}.sock")
             fake = FakeNvml([FakeGpu(A_UUID), FakeGpu(B_UUID, hang=hang)], store=store)
-            daemons.append(daemon_process(sock, "--log-level", "warning", nvml_store=store))
+            daemons.append(daemon_process(sock, "--log-level", "warning", "--state-file",
+                                          os.path.join(workdir, f"hung{i}.state.json"), nvml_store=store))
             setups.append((sock, fake, []))
         jitter = random.Random(15)
         for _ in range(EXPIRIES):
