@@ -117,7 +117,7 @@ def render(paths: list[Path]) -> str:
     raw = paths[0].relative_to(ROOT) if paths[0].is_relative_to(ROOT) else paths[0]
     lines = ["# Units captured as CUDA graphs: does the host's pace leave the unit's time? (issue #38)", "",
              f"Measured {data['started']} on one {data['device']} (torch {data['torch']}); "
-             f"rendered by `python benchmarks/graphed_units.py render` from `{raw}`.", "",
+             f"rendered by `python benchmarks/graphed_units.py render {raw}`.", "",
              f"{data['blocks']} transformer blocks of each held-out model of search_accuracy/call6 (bf16), forward "
              "and backward() as one unit: eager (every kernel issued by the host, as DeepSpeed's engine runs a "
              "unit) and graphed (torch.cuda.make_graphed_callables), one step of each after the other, "
