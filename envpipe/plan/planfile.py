@@ -303,4 +303,3 @@ def _lines(items: list[str], indent: str) -> str:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, allow_nan=False)
-
