@@ -131,16 +131,21 @@ def _train(spec: dict[str, Any]) -> None:
     assert cfg.plan is not None, "a found configuration carries its plan"
     engine.set_unit_orders(Plan.load(cfg.plan).orders())
     engine.time_units(True)  # CUDA events around every unit, as the runtime's iterations have them
+    if spec.get("graphs"):  # units replayed as CUDA graphs (benchmarks/graphed_runtime.py)
+        from envpipe.runtime.engine.graphs import CudaGraphs
+
+        engine.run_units_as_graphs(CudaGraphs())
     data = counting(shape, job["micro_batch"], engine.device)
-    times, units = [], []
+    times, units, losses = [], [], []
     for i in range(spec["warmup"] + spec["iterations"]):
         t0 = time.perf_counter()
-        engine.train_batch(data)
+        loss = engine.train_batch(data)
         if on_gpu:
             torch.cuda.synchronize(device)
         if i >= spec["warmup"]:
             times.append(time.perf_counter() - t0)
             units.append([[u.kind, u.mb, u.start_s, u.end_s] for u in engine.units])
+        losses.append(float(loss))
     memory = None
     if on_gpu:
         stats = torch.cuda.memory_stats(device)
@@ -158,6 +163,7 @@ def _train(spec: dict[str, Any]) -> None:
               "predicted": found["predicted"], "predicted_label": found["label"],
               "measured": {"device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
                            "iteration_s": times, "units_per_iteration": units, "memory": memory,
+                           "losses": losses, "graphs": engine.graphs.recorded if engine.graphs else None,
                            "label": "measured: wall time per iteration, the device synchronized after each; units "
                                     "by CUDA events; memory by torch.cuda's allocator counters and cudaMemGetInfo"}}
     Path(spec["out"]).write_text(json.dumps(result, indent=1) + "\n")

@@ -57,6 +57,9 @@ class EnvPipeConfig(BaseModel):
     # frequency model predicts at its planned clock (envpipe.runtime.phases.rehearse), interleaved with 1F1B all-max
     # iterations, so the plan's timing is measured before any clock daemon exists
     rehearse: bool = False
+    # replay each stage's forwards and backwards as CUDA graphs, one per micro-batch in flight (GPUs only): a
+    # unit that the host's issuing sets the pace of then takes the device's time (envpipe.runtime.engine.graphs)
+    cuda_graphs: bool = False
     gpu: Text | None = None  # EnvPipe's clock candidate rule (its policies)
     plan: Text | None = None  # skip profiling and planning: run this plan file
     profile: Text | None = None  # skip profiling: plan from this profile CSV

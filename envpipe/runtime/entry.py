@@ -39,6 +39,7 @@ from envpipe.limits import MAX_CONFIG_BYTES, parse_json, read_text
 from envpipe.runtime import config as envpipe_config
 from envpipe.runtime.clocks import Device, make_clock
 from envpipe.runtime.engine.engine import EnvPipeEngine, engine_class
+from envpipe.runtime.engine.graphs import CudaGraphs, GraphError
 from envpipe.runtime.measure.replicas import sim_slowdown
 from envpipe.runtime.run import EnvPipeRun
 
@@ -81,6 +82,11 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
                 mesh_param=mesh_param)
         assert isinstance(engine, EnvPipeEngine)
         _check_plan_fits(cfg, engine.num_stages, engine.micro_batches)
+        if cfg.cuda_graphs:
+            try:
+                engine.run_units_as_graphs(CudaGraphs())
+            except GraphError as exc:
+                raise EnvPipeSetupError(str(exc)) from None
         run = engine.envpipe = EnvPipeRun(engine, cfg, clock)
     except BaseException:
         if clock is not None:

@@ -5,7 +5,8 @@ launcher may add --local_rank=N, which is ignored). SPEC is JSON, or @FILE holdi
 {"stages": P, "runs": [{"name": str, "engine": "stock"|"envpipe"|"runtime", "M": int,
   "steps": int | "as:NAME" (as many iterations as run NAME trained), "orders": [[["F",0],...],...] | null,
   "zero": 0|1, "bf16": bool (optional), "envpipe": {envpipe block} (runtime only: envpipe.initialize, the
-  report in OUT_DIR/NAME)}]}. "stock": deepspeed.initialize; "envpipe": a bare EnvPipeEngine running "orders";
+  report in OUT_DIR/NAME), "graphs": bool (optional: units replayed as recordings of the CPU recorder,
+  tests/support/fakes/graphs.py)}]}. "stock": deepspeed.initialize; "envpipe": a bare EnvPipeEngine running "orders";
 "runtime": envpipe.initialize, the runtime's phases inside the same plain loop of train_batch() calls.
 With ENVPIPE_TEST_DEVICE=fake-gpu the runtime chooses its clock as on a GPU node (tests/support/fakes/nvml_module
 first on PYTHONPATH makes NVML the fake's).
@@ -29,6 +30,7 @@ from deepspeed.pipe import PipelineModule
 import envpipe
 from envpipe.runtime import distributed
 from envpipe.runtime.engine.engine import build
+from tests.support.fakes.graphs import CpuGraphs
 
 HIDDEN, MICRO = 8, 2
 
@@ -90,9 +92,14 @@ def main() -> None:
                              block)
         if run.get("orders") is not None:
             engine.set_unit_orders([[tuple(u) for u in o] for o in run["orders"]])
+        recorder = CpuGraphs()
+        if run.get("graphs"):
+            engine.run_units_as_graphs(recorder)
         losses = train(engine, run)
         params = {n: p.detach().flatten().tolist() for n, p in engine.module.named_parameters()}
-        results[run["name"]] = {"losses": losses, "params": params, "engine": type(engine).__name__}
+        results[run["name"]] = {"losses": losses, "params": params, "engine": type(engine).__name__,
+                                "recorded": engine.graphs.recorded if run.get("graphs") else 0,
+                                "replays": [recorder.forward_replays, recorder.backward_replays]}
     with open(out / f"rank{os.environ['RANK']}.json", "w") as fh:
         json.dump(results, fh)
 

@@ -28,6 +28,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock, simulated_gpu
+from envpipe.runtime.engine.graphs import GraphError, Recorder, StageGraphs
 from envpipe.runtime.engine.schedule import (
     IRecvActivation,
     IRecvGrad,
@@ -106,6 +107,7 @@ class EnvPipeEngine(PipelineEngine):
         self.iteration_host_t0 = 0.0  # host time (time.perf_counter) of the last iteration's start
         self.clocks_requested: list[int] = []  # the clocks this iteration asked for, in order
         self.envpipe: EngineRun | None = None  # the phases, attached by envpipe.initialize
+        self.graphs: StageGraphs | None = None  # the stage's units replayed as recorded graphs (run_units_as_graphs)
 
     # --- what the user's script calls: DeepSpeed's API, with EnvPipe's phases inside ---------------------
     def train_batch(self, data_iter: Any = None) -> Any:
@@ -197,6 +199,20 @@ class EnvPipeEngine(PipelineEngine):
         self._sim = simulated_gpu(clock)
         self._timing = timing or (clock is not None and clock.needs_unit_times)
 
+    def run_units_as_graphs(self, recorder: Recorder) -> None:
+        """Replay this stage's training forwards and backwards as recorded graphs (envpipe.runtime.engine.graphs),
+        recorded at their first use; GraphError (one line) where the stage cannot be recorded."""
+        why = recorder.unavailable(self.device)
+        if why is not None:
+            raise GraphError(f"cuda_graphs: {why}")
+        if self.module.activation_checkpoint_interval > 0:
+            raise GraphError("cuda_graphs: activation checkpointing recomputes the forward inside the backward, "
+                             "which a recording cannot; set the PipelineModule's activation_checkpoint_interval=0")
+        if self.module.seed_layers:
+            raise GraphError("cuda_graphs: seed_layers reseeds the host's generator at every layer, which a "
+                             "recording would do only once")
+        self.graphs = StageGraphs(self.module, recorder)
+
     def has_run(self, orders: Sequence[Sequence[Unit]]) -> bool:
         """These per-stage orders were set for an iteration before (each order is checked once, when first set)."""
         return tuple(tuple(o) for o in orders) in self._valid_orders
@@ -225,6 +241,8 @@ class EnvPipeEngine(PipelineEngine):
         self._t0 = self._now()
         if self._on_gpu:
             self._t0_event = self._event()
+        if self.graphs is not None:
+            self.graphs.new_iteration()
         super()._exec_schedule(pipe_schedule)
         self._wait_sends()  # every posted send is waited on and its tensor released each iteration
         if self._sim is not None and self._tail_marks:  # the optimizer step after the all-reduce
@@ -375,6 +393,18 @@ class EnvPipeEngine(PipelineEngine):
             end = time.perf_counter()
         self.units.append(UnitRecord(kind, mb, self._unit_start - self._t0, end - self._t0, self._current_mhz))
 
+    def _exec_forward_pass(self, buffer_id: int) -> None:
+        if self.graphs is None:
+            return super()._exec_forward_pass(buffer_id)
+        self.graphs.eager = self.saved_meter is not None  # metering counts what autograd saves: run it eagerly
+        with self.graphs.forward_slot(buffer_id):
+            super()._exec_forward_pass(buffer_id)
+
+    def _exec_backward_pass(self, buffer_id: int) -> None:
+        super()._exec_backward_pass(buffer_id)
+        if self.graphs is not None:
+            self.graphs.backward_done(buffer_id)
+
     def _exec_stretch(self, seconds: float) -> None:
         """The unit just run, longer by ``seconds``: a GPU spins on its timer after the unit's kernels, on the unit's
         stream (so its sends and the next unit wait for it); a simulated GPU ends the unit later."""
@@ -441,6 +471,8 @@ class EnvPipeEngine(PipelineEngine):
 
     _INSTRUCTION_MAP: ClassVar[dict[type, Any]] = {
         **PipelineEngine._INSTRUCTION_MAP,  # DeepSpeed's own p2p for its own 1F1B steps (Stock1F1BSchedule)
+        ds.ForwardPass: _exec_forward_pass,
+        ds.BackwardPass: _exec_backward_pass,
         ds.SendActivation: _exec_send_activations,
         ds.SendGrad: _exec_send_grads,
         ds.RecvActivation: _exec_recv_activations,

@@ -1,0 +1,177 @@
+"""The runtime's units replayed as CUDA graphs (envpipe.runtime.engine.graphs) against eager units, on found
+configurations trained before (issue #38): iteration time and its spread, unit times, peak device memory and
+the losses, eager and graphed side by side in one call.
+
+    python benchmarks/graphed_runtime.py run --out OUT [--deadline-s 500] CONFIG...    # on a GPU
+    python benchmarks/graphed_runtime.py render RAW                                      # the results file
+
+run: first the recorder against eager autograd on this GPU (``check.json``: two transformer blocks, three
+micro-batches in flight, every gradient compared); then per found configuration (CONFIG: a found.json of
+`envpipe search`, e.g. call6's held-out ones), one training run eager and one graphed, each in a child process of
+its own (benchmarks/search_accuracy.py's runs: a bare EnvPipe engine running the plan's order, units timed by
+CUDA events, the device synchronized after every iteration, the same warm-up and timed iterations both ways,
+the declared ones of call6). Writes OUT/<model>/b<b>_{eager,graphed}.json as each run ends. No run starts after
+``--deadline-s``. Clocks and power limits are never changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.search_accuracy import Children, timed_iterations  # noqa: E402
+
+ITERATIONS = {"warmup": 2, "iterations": 4, "min_timed_s": 4.0, "max_iterations": 12}  # call6's declaration
+MODES = ("eager", "graphed")
+
+
+def check(out: Path) -> None:
+    """The CUDA recorder's replays against eager autograd on two GPT-2 blocks (bf16): outputs, the inputs' and
+    the parameters' gradients, three micro-batches in flight in 1F1B's pattern."""
+    import torch
+
+    from envpipe.models.gpt import layer_specs
+    from envpipe.runtime.engine.graphs import CudaGraphs, StageGraphs
+    from envpipe.search.layers import ModelShape
+
+    shape = ModelShape("gpt2", 2, 256, 4, 128, 512)
+    order = [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    results = []
+    for graphed in (False, True):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            stage = torch.nn.Sequential(*(s.build() for s in layer_specs(shape)[1:3])).to(torch.bfloat16)
+        graphs = StageGraphs(stage, CudaGraphs()) if graphed else None
+        g = torch.Generator(device="cuda").manual_seed(1)
+        xs = [torch.randn(2, shape.seq, shape.hidden, device="cuda", generator=g, dtype=torch.bfloat16)
+              .requires_grad_() for _ in range(4)]
+        outs, seen = {}, []
+        for kind, mb in order:
+            if kind == "F":
+                if graphs is None:
+                    outs[mb] = stage(xs[mb])
+                else:
+                    with graphs.forward_slot(mb):
+                        outs[mb] = stage(xs[mb])
+                seen.append(outs[mb].detach().float().clone())
+            else:
+                outs[mb].backward(torch.full_like(outs[mb], 0.01 * (mb + 1)))
+                if graphs is not None:
+                    graphs.backward_done(mb)
+        torch.cuda.synchronize()
+        results.append(seen + [x.grad.float() for x in xs] + [p.grad.float() for p in stage.parameters()])
+    diffs = [float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in zip(*results, strict=True)]
+    out.write_text(json.dumps({"tensors": len(diffs), "max_relative_difference": max(diffs),
+                               "identical": sum(d == 0 for d in diffs)}) + "\n")
+
+
+def run(args: argparse.Namespace) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    # in a process of its own: the runs are forked from this one, which must not hold a CUDA context
+    subprocess.run([sys.executable, __file__, "check", str(args.out / "check.json")], check=True)
+    print(f"check: {(args.out / 'check.json').read_text().strip()}", flush=True)
+    import deepspeed  # noqa: F401  (the heavy imports once, before the runs are forked)
+
+    import envpipe.models.gpt  # noqa: F401
+    deadline = time.monotonic() + args.deadline_s
+    children, port = Children(), 29700
+    for config in args.configs:
+        found = json.loads(config.read_text())["envpipe_search"]
+        m = found["model"]
+        here = args.out / f"{m['family']}_{m['layers']}x{m['hidden']}_s{m['seq']}"  # call6's names
+        here.mkdir(exist_ok=True)
+        for mode in MODES:
+            if time.monotonic() > deadline:
+                print(f"{config}: {mode} not run, the call's deadline is near", flush=True)
+                continue
+            port += 1
+            stem = f"b{found['micro_batch']}_{mode}"
+            spec = {"kind": "train", "config": str(config.resolve()), "out": str(here / f"{stem}.json"), "port": port,
+                    "allocator": found.get("allocator", ""), "graphs": mode == "graphed",
+                    **timed_iterations(ITERATIONS, found["predicted"]["baseline_iteration_time_s"])}
+            t0 = time.monotonic()
+            ok = children.run(spec, here / f"{stem}.log")
+            print(f"{here.name} {stem}: {'done' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def _units(run: dict[str, Any], kind: str) -> float:
+    return statistics.median(end - start for iteration in run["measured"]["units_per_iteration"]
+                             for k, _, start, end in iteration if k == kind)
+
+
+def render(raw: Path) -> str:
+    check_ = json.loads((raw / "check.json").read_text())
+    machine = (raw / "machine.txt").read_text().strip().splitlines() if (raw / "machine.txt").exists() else []
+    lines = ["# Units replayed as CUDA graphs in the runtime, against eager units (one GPU)", "",
+             f"Rendered by `python benchmarks/graphed_runtime.py render {raw.relative_to(ROOT)}` from the raw files "
+             "there (each run's JSON and log, `machine.txt`, `nvidia-smi -q -d PERFORMANCE` after). Measured: "
+             + "; ".join(machine[:1] + [m for m in machine if m.startswith(("NVIDIA", "torch", "commit"))]) + ". "
+             "Clocks and power limits were never changed.", "",
+             "Each configuration is one that `envpipe search` found and that was trained eagerly before "
+             "(search_accuracy_call6.md's held-out set; P = 1, D = 1, bf16, global batch 16), trained here twice, "
+             "one run after the other: eager, and with `cuda_graphs` (envpipe.runtime.engine.graphs: each stage's "
+             "forward and backward recorded at its first use and replayed). Same warm-up and timed iterations both "
+             "ways; the device synchronized after every iteration; units timed by CUDA events.", "",
+             f"Check of the recorder on this GPU before the runs (two GPT-2 blocks, bf16, three micro-batches in "
+             f"flight): {check_['identical']} of {check_['tensors']} outputs and gradients identical to eager "
+             f"autograd, largest relative difference {check_['max_relative_difference']:.2g}.", "",
+             "| model | b | M | iteration eager: median (min-max) ms | graphed | graphed / eager | forward unit "
+             "eager / graphed (ms) | backward unit eager / graphed (ms) | device peak eager / graphed (GiB) | "
+             "largest loss difference | search's prediction (ms) and its error: eager, graphed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for here in sorted(p for p in raw.iterdir() if p.is_dir()):
+        for eager_file in sorted(here.glob("b*_eager.json"), key=lambda p: int(p.name[1:].split("_")[0])):
+            graphed_file = eager_file.with_name(eager_file.name.replace("eager", "graphed"))
+            runs = [json.loads(f.read_text()) for f in (eager_file, graphed_file) if f.exists()]
+            if len(runs) < 2:
+                lines.append(f"| {here.name} | {eager_file.name[1:].split('_')[0]} | | graphed run missing "
+                             "| | | | | | | |")
+                continue
+            eager, graphed = runs
+            t = [[1e3 * s for s in r["measured"]["iteration_s"]] for r in runs]
+            med = [statistics.median(x) for x in t]
+            peak = [f"{r['measured']['memory']['device_peak_bytes'] / 2**30:.2f}" if r["measured"]["memory"] else "-"
+                    for r in runs]
+            loss = max(abs(a - b) / abs(a) for a, b in zip(eager["measured"]["losses"], graphed["measured"]["losses"],
+                                                         strict=True))
+            predicted = 1e3 * eager["predicted"]["baseline_iteration_time_s"]
+            lines.append(
+                f"| {here.name} | {eager['micro_batch']} | {eager['microbatches']} | {med[0]:.1f} ({min(t[0]):.0f}-"
+                f"{max(t[0]):.0f}) | {med[1]:.1f} ({min(t[1]):.0f}-{max(t[1]):.0f}) | {med[1] / med[0]:.2f} | "
+                f"{1e3 * _units(eager, 'F'):.1f} / {1e3 * _units(graphed, 'F'):.1f} | {1e3 * _units(eager, 'B'):.1f} / "
+                f"{1e3 * _units(graphed, 'B'):.1f} | {peak[0]} / {peak[1]} | {loss:.1e} | {predicted:.1f}: "
+                f"{100 * (predicted - med[0]) / med[0]:+.1f} %, {100 * (predicted - med[1]) / med[1]:+.1f} % |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--deadline-s", type=float, default=500.0)
+    r.add_argument("configs", type=Path, nargs="+")
+    d = sub.add_parser("render")
+    d.add_argument("raw", type=Path)
+    c = sub.add_parser("check")
+    c.add_argument("out", type=Path)
+    args = p.parse_args()
+    if args.command == "run":
+        run(args)
+    elif args.command == "check":
+        check(args.out)
+    else:
+        sys.stdout.write(render(args.raw.resolve()))
+
+
+if __name__ == "__main__":
+    main()
