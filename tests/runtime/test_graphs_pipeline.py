@@ -25,11 +25,17 @@ def test_graphed_units_train_as_stock_deepspeed_does(stages: int, tmp_path: Path
     runs.append({"name": "runtime", "engine": "runtime", "M": M, "steps": 12, "graphs": True,
                  "envpipe": {"calibration_iterations": 3, "compare_iterations": 2, "profile_points": 2}})
     runs.append({"name": "runtime_stock", "engine": "stock", "M": M, "steps": "as:runtime", "orders": None})
+    # ZeRO-1 writes the updated parameters back into their storage, which the recordings read
+    runs.append({"name": "zero1_stock", "engine": "stock", "M": M, "steps": STEPS, "orders": None, "zero": 1})
+    runs.append({"name": "zero1", "engine": "envpipe", "M": M, "steps": STEPS, "orders": orders_json(orders["1f1b"]),
+                 "zero": 1, "graphs": True})
     results = run_pipeline(stages, runs, tmp_path)
     last = results[-1]
     for name in orders:
         assert last[name]["losses"] == pytest.approx(last["stock"]["losses"], rel=1e-6, abs=1e-7), name
     assert last["runtime"]["losses"] == pytest.approx(last["runtime_stock"]["losses"], rel=1e-6, abs=1e-7)
+    assert last["zero1"]["losses"] == pytest.approx(last["zero1_stock"]["losses"], rel=1e-6, abs=1e-7)
+    assert last["zero1"]["losses"][0] != last["zero1"]["losses"][-1]  # it trains
     for stage, rank in enumerate(results):
         for name, order in orders.items():
             for pname, values in rank["stock"]["params"].items():

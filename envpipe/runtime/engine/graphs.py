@@ -25,7 +25,7 @@ tensors).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,41 +59,53 @@ class Recorder(Protocol):
         """Why stages on ``device`` cannot be recorded, or None."""
         ...
 
-    def record(self, forward: Callable[..., Any], params: Tensors, sample: Tensors) -> Recording:
-        """Record ``forward`` on tensors like ``sample``, differentiated by the inputs of ``sample`` that require
-        grad and by ``params``."""
+    def record(self, forward: StageCall, params: Mapping[str, torch.Tensor], sample: Tensors) -> Recording:
+        """Record ``forward(leaves, *inputs)`` on inputs like ``sample``, differentiated by the inputs that require
+        grad and by ``leaves``: per parameter a new leaf on the parameter's storage (``leaves_of``)."""
         ...
 
 
+StageCall = Callable[..., Any]  # (parameters by name, *inputs) -> the stage's output
+
+
+def leaves_of(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A new autograd leaf per parameter, on the parameter's storage: it reads the values the optimizer writes
+    in place, and its autograd node is the recording's own. Differentiating the parameters themselves would join
+    their accumulation nodes to the recording, and those live on the stream where they were made (the default
+    stream, where the engine's replays and DeepSpeed's hooks made them), which a capture cannot wait on."""
+    return {name: p.detach().requires_grad_(p.requires_grad) for name, p in params.items()}
+
+
 class CudaGraphs:
-    """Recordings as CUDA graphs: torch's recipe for a training step (warm-up on a side stream, then the forward
-    and the backward recorded into one private memory pool)."""
+    """Recordings as CUDA graphs, torch's recipe for a training step: warm-up passes, then the forward and the
+    backward recorded into one private memory pool, all on one side stream."""
 
     def unavailable(self, device: torch.device) -> str | None:
         return None if device.type == "cuda" else f"CUDA graphs need a CUDA device; this stage runs on {device.type}"
 
-    def record(self, forward: Callable[..., Any], params: Tensors, sample: Tensors) -> Recording:
-        inputs = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in sample)
-        wrt = _differentiable(inputs, params)
+    def record(self, forward: StageCall, params: Mapping[str, torch.Tensor], sample: Tensors) -> Recording:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
+            inputs = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in sample)
+            leaves = leaves_of(params)
+            wrt = tuple(t for t in inputs if t.requires_grad) + tuple(leaves.values())
             for _ in range(WARMUP_ITERATIONS):
-                outputs = _flat(forward(*inputs))
+                outputs = _flat(forward(leaves, *inputs))
                 trained = [o for o in outputs if o.requires_grad]
                 torch.autograd.grad(trained, wrt, [torch.ones_like(o) for o in trained], allow_unused=True)
             del outputs, trained
+            pool = torch.cuda.graph_pool_handle()
+            forward_graph, backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            # thread-local: the process group's watchdog thread may query events while this thread records
+            with torch.cuda.graph(forward_graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+                returned = forward(leaves, *inputs)
+            outputs = _flat(returned)
+            grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in outputs)
+            with torch.cuda.graph(backward_graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+                grads = torch.autograd.grad([o for o in outputs if o.requires_grad], wrt,
+                                            [g for g in grad_outputs if g is not None], allow_unused=True)
         torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        forward_graph, backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        # thread-local: the process group's watchdog thread may query events while this thread records
-        with torch.cuda.graph(forward_graph, pool=pool, capture_error_mode="thread_local"):
-            returned = forward(*inputs)
-        outputs = _flat(returned)
-        grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in outputs)
-        with torch.cuda.graph(backward_graph, pool=pool, capture_error_mode="thread_local"):
-            grads = torch.autograd.grad([o for o in outputs if o.requires_grad], wrt,
-                                        [g for g in grad_outputs if g is not None], allow_unused=True)
         return Recording(inputs, tuple(o.detach() for o in outputs), grad_outputs, tuple(grads),
                          isinstance(returned, torch.Tensor), forward_graph.replay, backward_graph.replay)
 
@@ -112,7 +124,9 @@ class StageGraphs:
                              "only once")
         self._stage, self._recorder = stage, recorder
         self._forward = stage.forward  # the module's own
-        self._params = tuple(p for p in stage.parameters() if p.requires_grad)
+        self._view = _Own(stage, self._forward)
+        self._names = {f"stage.{name}": p for name, p in stage.named_parameters() if p.requires_grad}
+        self._params = tuple(self._names.values())
         self._recordings: list[tuple[Recording, tuple[Any, ...]]] = []  # per slot, with its inputs' signature
         self._busy: dict[int, int] = {}  # buffer id -> slot of the micro-batch in flight there
         self._slot: int | None = None  # the slot of the forward being run
@@ -142,8 +156,10 @@ class StageGraphs:
         args: Tensors = forward_input if packed else (forward_input,)
         signature = tuple((t.shape, t.dtype, t.requires_grad) for t in args)
         if self._slot == len(self._recordings):
-            forward = (lambda *a: self._forward(a)) if packed else self._forward
-            self._recordings.append((self._recorder.record(forward, self._params, args), signature))
+            def forward(leaves: dict[str, torch.Tensor], *inputs: torch.Tensor) -> Any:
+                return torch.func.functional_call(self._view, leaves, (inputs if packed else inputs[0],))
+
+            self._recordings.append((self._recorder.record(forward, self._names, args), signature))
         recording, recorded = self._recordings[self._slot]
         if signature != recorded:
             raise GraphError(f"cuda_graphs: a forward's inputs ({_describe(signature)}) differ from the recorded "
@@ -157,6 +173,19 @@ class StageGraphs:
 
     def _release(self) -> None:
         self._slot = None
+
+
+class _Own(torch.nn.Module):
+    """The stage's own forward, without the stage's hooks (they run around the replay, at every call), as a
+    module whose parameters are the stage's, under the name ``stage.``, for torch.func.functional_call."""
+
+    def __init__(self, stage: torch.nn.Module, forward: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.stage = stage
+        self._forward = forward
+
+    def forward(self, forward_input: Any) -> Any:
+        return self._forward(forward_input)
 
 
 class _Slot:
@@ -193,10 +222,6 @@ class _Replay(torch.autograd.Function):
         given = iter(g.clone() if g is not None else None for g in recording.grad_inputs)
         inputs = tuple(next(given) if t.requires_grad else None for t in recording.inputs)
         return (None, *inputs, *given)
-
-
-def _differentiable(inputs: Tensors, params: Tensors) -> Tensors:
-    return tuple(t for t in inputs if t.requires_grad) + params
 
 
 def _flat(outputs: Any) -> Tensors:

@@ -11,12 +11,12 @@ this recorder raises: a forward replayed while its last backward is still due, a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from envpipe.runtime.engine.graphs import Recording, Tensors
+from envpipe.runtime.engine.graphs import Recording, StageCall, Tensors, leaves_of
 
 
 class RecordingOverrun(AssertionError):
@@ -31,11 +31,12 @@ class CpuGraphs:
     def unavailable(self, device: torch.device) -> str | None:
         return None
 
-    def record(self, forward: Callable[..., Any], params: Tensors, sample: Tensors) -> Recording:
+    def record(self, forward: StageCall, params: Mapping[str, torch.Tensor], sample: Tensors) -> Recording:
         inputs = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in sample)
-        wrt = [t for t in inputs if t.requires_grad] + list(params)
+        leaves = leaves_of(params)
+        wrt = [t for t in inputs if t.requires_grad] + list(leaves.values())
         with torch.enable_grad():
-            returned = forward(*inputs)  # the warm-up, which also gives the static tensors their shapes
+            returned = forward(leaves, *inputs)  # the warm-up, which also gives the static tensors their shapes
         outputs = (returned,) if isinstance(returned, torch.Tensor) else tuple(returned)
         trained = [o for o in outputs if o.requires_grad]
         grads = torch.autograd.grad(trained, wrt, [torch.ones_like(o) for o in trained], allow_unused=True)
@@ -50,11 +51,11 @@ class CpuGraphs:
             self.forward_replays += 1
             with torch.enable_grad():
                 live = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
-                got = forward(*live)
+                got = forward(leaves, *live)
             got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
             for static, new in zip(static_out, got, strict=True):
                 static.copy_(new.detach())
-            pool["saved"] = ([t for t in live if t.requires_grad] + list(params), got)
+            pool["saved"] = ([t for t in live if t.requires_grad] + list(leaves.values()), got)
 
         def replay_backward() -> None:
             if not pool:
