@@ -122,49 +122,71 @@ def _units(run: dict[str, Any], kind: str) -> float:
                              for k, _, start, end in iteration if k == kind)
 
 
-def render(raw: Path) -> str:
+def render(paths: list[Path]) -> str:
+    """The results file from one call's raw folder (``paths[0]``)."""
+    raw = paths[0].resolve()
     check_ = json.loads((raw / "check.json").read_text())
-    machine = (raw / "machine.txt").read_text().strip().splitlines() if (raw / "machine.txt").exists() else []
-    lines = ["# Units replayed as CUDA graphs in the runtime, against eager units (one GPU)", "",
-             f"Rendered by `python benchmarks/graphed_runtime.py render {raw.relative_to(ROOT)}` from the raw files "
-             "there (each run's JSON and log, `machine.txt`, `nvidia-smi -q -d PERFORMANCE` after). Measured: "
-             + "; ".join(machine[:1] + [m for m in machine if m.startswith(("NVIDIA", "torch", "commit"))]) + ". "
-             "Clocks and power limits were never changed.", "",
-             "Each configuration is one that `envpipe search` found and that was trained eagerly before "
-             "(search_accuracy_call6.md's held-out set; P = 1, D = 1, bf16, global batch 16), trained here twice, "
-             "one run after the other: eager, and with `cuda_graphs` (envpipe.runtime.engine.graphs: each stage's "
-             "forward and backward recorded at its first use and replayed). Same warm-up and timed iterations both "
-             "ways; the device synchronized after every iteration; units timed by CUDA events.", "",
-             f"Check of the recorder on this GPU before the runs (two GPT-2 blocks without dropout, {check_['dtype']}, "
-             f"three micro-batches in flight, 1F1B's pattern): of {check_['tensors']} outputs and gradients, "
-             f"{check_['identical']} identical to eager autograd's, the largest difference "
-             f"{check_['max_relative_difference']:.2g} of the tensor's largest value.", "",
-             "| model | b | M | iteration eager: median (min-max) ms | graphed | graphed / eager | forward unit "
-             "eager / graphed (ms) | backward unit eager / graphed (ms) | device peak eager / graphed (GiB) | "
-             "largest loss difference | search's prediction (ms) and its error: eager, graphed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    machine = (raw / "machine.txt").read_text().strip().splitlines()
+    rows, table = [], []
     for here in sorted(p for p in raw.iterdir() if p.is_dir()):
         for eager_file in sorted(here.glob("b*_eager.json"), key=lambda p: int(p.name[1:].split("_")[0])):
-            graphed_file = eager_file.with_name(eager_file.name.replace("eager", "graphed"))
-            runs = [json.loads(f.read_text()) for f in (eager_file, graphed_file) if f.exists()]
-            if len(runs) < 2:
-                lines.append(f"| {here.name} | {eager_file.name[1:].split('_')[0]} | | graphed run missing "
-                             "| | | | | | | |")
-                continue
-            eager, graphed = runs
-            t = [[1e3 * s for s in r["measured"]["iteration_s"]] for r in runs]
+            eager, graphed = (json.loads(f.read_text()) for f in (eager_file, Path(str(eager_file).replace(
+                "_eager", "_graphed"))))
+            t = [[1e3 * s for s in r["measured"]["iteration_s"]] for r in (eager, graphed)]
             med = [statistics.median(x) for x in t]
-            peak = [f"{r['measured']['memory']['device_peak_bytes'] / 2**30:.2f}" if r["measured"]["memory"] else "-"
-                    for r in runs]
+            spread = [100 * (max(x) / min(x) - 1) for x in t]
+            peak = [r["measured"]["memory"]["device_peak_bytes"] / 2**30 for r in (eager, graphed)]
             loss = max(abs(a - b) / abs(a) for a, b in zip(eager["measured"]["losses"], graphed["measured"]["losses"],
                                                          strict=True))
             predicted = 1e3 * eager["predicted"]["baseline_iteration_time_s"]
-            lines.append(
+            rows.append((here.name, eager["micro_batch"], med, spread, peak))
+            units = [f"{1e3 * _units(eager, kind):.1f} / {1e3 * _units(graphed, kind):.1f}" for kind in "FB"]
+            table.append(
                 f"| {here.name} | {eager['micro_batch']} | {eager['microbatches']} | {med[0]:.1f} ({min(t[0]):.0f}-"
-                f"{max(t[0]):.0f}) | {med[1]:.1f} ({min(t[1]):.0f}-{max(t[1]):.0f}) | {med[1] / med[0]:.2f} | "
-                f"{1e3 * _units(eager, 'F'):.1f} / {1e3 * _units(graphed, 'F'):.1f} | {1e3 * _units(eager, 'B'):.1f} / "
-                f"{1e3 * _units(graphed, 'B'):.1f} | {peak[0]} / {peak[1]} | {loss:.1e} | {predicted:.1f}: "
-                f"{100 * (predicted - med[0]) / med[0]:+.1f} %, {100 * (predicted - med[1]) / med[1]:+.1f} % |")
+                f"{max(t[0]):.0f}, {spread[0]:.0f} %) | {med[1]:.1f} ({min(t[1]):.0f}-{max(t[1]):.0f}, "
+                f"{spread[1]:.0f} %) | {med[0] / med[1]:.2f} | {units[0]} | {units[1]} | {peak[0]:.2f} / "
+                f"{peak[1]:.2f} | {loss:.1e} | {predicted:.1f}: {100 * (predicted - med[0]) / med[0]:+.1f} %, "
+                f"{100 * (predicted - med[1]) / med[1]:+.1f} % |")
+    faster = [r for r in rows if r[2][0] / r[2][1] >= 1.1]
+    level = [r for r in rows if r not in faster]
+    lines = ["# Units replayed as CUDA graphs in the runtime, against eager units (one GPU)", "",
+             f"Rendered by `python benchmarks/graphed_runtime.py render {raw.relative_to(ROOT)}` from the raw files "
+             "there (each run's JSON and log, `machine.txt`, `nvidia-smi -q` before and `-d PERFORMANCE` after, "
+             "`run.log`). **Measured** " + machine[0] + " on one " + machine[-1].split(",")[0] + f" ({machine[6]}, "
+             f"code at {machine[5].removeprefix('commit ')}), by `benchmarks/graphed_runtime_gpu.sh`. Clocks and power "
+             "limits were never changed.", "",
+             "Each configuration is one that `envpipe search` found and that was trained eagerly before "
+             "([search_accuracy_call6.md](search_accuracy_call6.md)'s held-out set; P = 1, D = 1, bf16, global batch "
+             "16), trained here twice, one run after the other: eager, and with the runtime's `cuda_graphs` "
+             "(envpipe.runtime.engine.graphs: the stage's forward and backward recorded at their first use and "
+             "replayed). Both ways run the same warm-up and timed iterations, the device synchronized after every "
+             "iteration, units timed by CUDA events.", "",
+             f"Before the runs, the recorder against eager autograd on this GPU (two GPT-2 blocks without dropout, "
+             f"{check_['dtype']}, three micro-batches in flight in 1F1B's pattern): {check_['identical']} of "
+             f"{check_['tensors']} outputs and gradients identical, the largest difference "
+             f"{check_['max_relative_difference']:.2g} of the tensor's largest value.", "",
+             "| model | b | M | iteration eager: median (min-max, spread) ms | graphed | eager / graphed | "
+             "forward unit eager / graphed (ms) | backward unit eager / graphed (ms) | "
+             "device peak eager / graphed (GiB) | largest loss difference | the search's (eager) prediction (ms) "
+             "and its error: eager, graphed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|", *table, "", "## What the runs show", "",
+             f"- Graphed iterations were at least 10 % faster on {len(faster)} of {len(rows)} configurations: "
+             + ", ".join(f"{m} b = {b} ({e / g:.2f}x)" for m, b, (e, g), _, _ in faster) + ". Elsewhere the two "
+             "agree within " + f"{max(abs(g / e - 1) for _, _, (e, g), _, _ in level) * 100:.1f} %" + " (the device "
+             "sets the pace there).",
+             f"- Spread of the timed iterations (slowest over fastest) where graphs were faster: eager "
+             f"{min(r[3][0] for r in faster):.0f}-{max(r[3][0] for r in faster):.0f} %, graphed "
+             f"{min(r[3][1] for r in faster):.0f}-{max(r[3][1] for r in faster):.0f} %.",
+             f"- Device peak, graphed against eager: {min(r[4][1] - r[4][0] for r in rows):+.2f} to "
+             f"{max(r[4][1] - r[4][0] for r in rows):+.2f} GiB (each recording keeps its own memory pool).",
+             "- Losses: GPT-2's blocks drop out 10 % (transformers' default), so the two runs draw different masks "
+             "and their losses agree only as far as that allows; Llama's have no dropout, and their losses differ "
+             "only by bf16's rounding.",
+             "- A graphed backward still runs per parameter, eagerly: the gradient's copy out of the recording, its "
+             "accumulation and DeepSpeed's BF16_Optimizer hook. Where the backward unit stays well above twice the "
+             "forward (GPT-2 at b = 1), that host work is what is left of the host's pace.",
+             "- The search's predictions are still the eager time model's: they do not yet know graphed units "
+             "(issue #38's next step: a time model for them, then a declared held-out round).", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -185,7 +207,7 @@ def main() -> None:
     elif args.command == "check":
         check(args.out)
     else:
-        sys.stdout.write(render(args.raw.resolve()))
+        sys.stdout.write(render([args.raw]))
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ def parser() -> argparse.ArgumentParser:
     ep.add_argument("--clock", choices=get_args(ClockKind), help=f"[clock] default {_default('clock')}")
     ep.add_argument("--rehearse", action="store_true", default=None, help="[rehearse] where clocks cannot be set: "
                     "stretch each unit by its planned clock's extra time and measure the plan against 1F1B")
+    ep.add_argument("--cuda-graphs", action="store_true", default=None, help="[cuda_graphs] replay each stage's "
+                    "forwards and backwards as CUDA graphs (GPUs): units the host's issuing sets the pace of take the "
+                    "device's time")
     ep.add_argument("--plan", help="[plan] run this plan file (no profiling, no planning)")
     ep.add_argument("--max-slowdown", type=_slowdown, help="[max_slowdown] budget: this run's 1F1B all-max "
                     "iteration x (1 + this); a fraction or a percent: 0.05 or 5%%")
@@ -166,7 +169,7 @@ BLOCK_FLAGS = {"policy": "type", "clock": "clock", "plan": "plan", "max_slowdown
                "time_budget": "time_budget_s", "calibration_steps": "calibration_iterations",
                "profile_points": "profile_points", "reconfigure_rounds": "reconfigure_rounds",
                "compare_iterations": "compare_iterations", "report_dir": "report_dir", "log_interval": "log_interval",
-               "rehearse": "rehearse"}
+               "rehearse": "rehearse", "cuda_graphs": "cuda_graphs"}
 
 
 def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:

@@ -191,6 +191,18 @@ def test_clock_control_asked_for_and_unreachable_is_one_line(tmp_path: Path) -> 
     assert ours and all("clock control was asked for (envpipe clock 'daemon')" in x for x in ours), proc.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_cuda_graphs_without_a_cuda_device_is_one_line(tmp_path: Path) -> None:
+    proc = _torchrun(["--cuda-graphs", "--steps", "2", "--report-dir", "rep"], {}, tmp_path)
+    assert proc.returncode != 0
+    ours = [x for x in proc.stderr.splitlines() if x.startswith("train_gpt.py: error:")]
+    assert ours and all(x == "train_gpt.py: error: cuda_graphs: CUDA graphs need a CUDA device; this stage runs on "
+                        "cpu" for x in ours), proc.stderr[-3000:]
+    frames = [x for x in proc.stderr.splitlines() if x.strip().startswith('File "')]
+    assert not [x for x in frames if "envpipe" in x or "train_gpt" in x], frames
+    assert not (tmp_path / "rep" / "iterations.rank0.jsonl").exists()
+
+
 # units of tens of milliseconds on CPU, so that simulated clocks and waits are larger than CPU noise
 SMALL = ("--layers", "2", "--hidden", "128", "--heads", "2", "--seq", "64", "--vocab", "512", "--micro-batch", "4")
 
