@@ -123,3 +123,24 @@ def test_hooks_of_layers_are_refused_and_cuda_graphs_need_cuda() -> None:
         StageGraphs(module, CpuGraphs())
     assert CudaGraphs().unavailable(torch.device("cpu")) == "CUDA graphs need a CUDA device; this stage runs on cpu"
     assert CudaGraphs().unavailable(torch.device("cuda", 0)) is None
+
+
+def test_parameters_given_new_storage_are_recorded_again_at_the_next_iteration() -> None:
+    """A recording reads the parameters' storage: after ``param.data = ...`` (a checkpoint loaded that way) the
+    next iteration records again instead of training on the old values."""
+    module, reference = stage(), stage()
+    graphs = StageGraphs(module, CpuGraphs())
+    x = torch.randn(2, 6)
+    for step in range(2):
+        if step == 1:
+            for p, q in zip(module.parameters(), reference.parameters(), strict=True):
+                p.data = torch.full_like(p, 0.5)  # new storage
+                q.data = torch.full_like(q, 0.5)
+        graphs.new_iteration()
+        with graphs.forward_slot(0):
+            out = module(x)
+        assert torch.equal(out, reference(x).detach())
+        out.sum().backward()
+        graphs.backward_done(0)
+    recorder = graphs._recorder
+    assert isinstance(recorder, CpuGraphs) and graphs.recorded == 1

@@ -130,6 +130,7 @@ class StageGraphs:
         self._recordings: list[tuple[Recording, tuple[Any, ...]]] = []  # per slot, with its inputs' signature
         self._busy: dict[int, int] = {}  # buffer id -> slot of the micro-batch in flight there
         self._slot: int | None = None  # the slot of the forward being run
+        self._recorded_on: tuple[int, ...] = ()  # the parameters' storage the recordings read
         self.eager = False  # run training forwards eagerly (activation metering)
         stage.forward = self._dispatch
 
@@ -146,8 +147,13 @@ class StageGraphs:
         self._busy.pop(buffer_id, None)
 
     def new_iteration(self) -> None:
-        """Every micro-batch of the last iteration is done (an iteration that failed may have left some)."""
+        """Every micro-batch of the last iteration is done (an iteration that failed may have left some). A
+        parameter given new storage since the recordings (``param.data = ...``: a checkpoint loaded that way, an
+        optimizer that swaps tensors) would leave them reading the old one: they are dropped, and recorded again
+        at their next use."""
         self._busy.clear()
+        if self._recordings and self._storage() != self._recorded_on:
+            self._recordings.clear()
 
     def _dispatch(self, forward_input: Any) -> Any:
         if self._slot is None or self.eager or not (self._stage.training and torch.is_grad_enabled()):
@@ -156,6 +162,8 @@ class StageGraphs:
         args: Tensors = forward_input if packed else (forward_input,)
         signature = tuple((t.shape, t.dtype, t.requires_grad) for t in args)
         if self._slot == len(self._recordings):
+            self._recorded_on = self._storage()
+
             def forward(leaves: dict[str, torch.Tensor], *inputs: torch.Tensor) -> Any:
                 return torch.func.functional_call(self._view, leaves, (inputs if packed else inputs[0],))
 
@@ -166,6 +174,9 @@ class StageGraphs:
                              f"({_describe(recorded)}): graphs need the same shapes every micro-batch")
         outputs = _Replay.apply(recording, *args, *self._params)
         return outputs[0] if recording.single else outputs
+
+    def _storage(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in self._params)
 
     def _take(self, buffer_id: int) -> None:
         busy = set(self._busy.values())
