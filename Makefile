@@ -131,7 +131,7 @@ endif
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy envpipe examples launcher
+	$(VENV)/bin/mypy envpipe examples launcher benchmarks
 
 clean:
 	rm -rf $(VENV) $(OUTDIR) .pytest_cache .ruff_cache .mypy_cache

@@ -103,8 +103,8 @@ def main() -> None:
         }
         Path(args.out).write_text(json.dumps(links, indent=1) + "\n")
         print(json.dumps(links))
-        print(f"envpipe search options (gigabits per second): --intra-node-gbps {8 * links['p2p_gbps']:.3g} "
-              f"--allreduce-gbps {8 * links['allreduce_bus_gbps']:.3g} --latency-us {links['p2p_latency_us']:.3g}")
+        print(f"envpipe search options (gigabits per second): --intra-node-gbps {8 * bandwidth / 1e9:.3g} "
+              f"--allreduce-gbps {8 * allreduce / 1e9:.3g} --latency-us {latency * 1e6:.3g}")
     tdist.barrier()
 
 

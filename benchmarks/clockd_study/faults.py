@@ -195,7 +195,9 @@ def expiry_next_to_a_hung_gpu(workdir: str) -> list[str]:
     """Two daemons side by side, GPU B healthy in one and its driver read hung (30 s) in the other;
     their trials take turns."""
     names = ("GPU B healthy", "GPU B's driver read hung (30 s)")
-    setups, daemons, readers = [], [], []
+    setups: list[tuple[str, FakeNvml, list[float]]] = []
+    readers: list[socket.socket] = []
+    daemons = []
     try:
         for i, hang in enumerate(({}, {"nvmlDeviceGetClockInfo": 30.0})):
             store, sock = os.path.join(workdir, f"hung{i}.json"), os.path.join(workdir, f"hung{i}.sock")

@@ -19,15 +19,16 @@ class UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float = 5.0) -> None:
         super().__init__("clockd", timeout=timeout)
         self.path = path
+        self.wait_s = timeout  # HTTPConnection's own timeout may be None
 
     def connect(self) -> None:
         """Connect, waiting (up to the timeout) while the daemon's listen queue is full: a Unix socket refuses at
         once with EAGAIN then, where TCP would wait; a daemon short of CPU under a connection flood is slow to
         accept, not gone."""
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.wait_s
         while True:
             self.sock = socket.socket(socket.AF_UNIX)
-            self.sock.settimeout(self.timeout)
+            self.sock.settimeout(self.wait_s)
             try:
                 self.sock.connect(self.path)
                 return
