@@ -114,6 +114,8 @@ RENDERED = (
              graphed_units.render, "python benchmarks/graphed_units.py render"),
     Rendered("graphed_runtime_h200.md", (RESULTS / "graphed_runtime" / "h200_1236",), graphed_runtime.render,
              "python benchmarks/graphed_runtime.py render"),
+    Rendered("graphed_dropin_h200.md", (RESULTS / "graphed_runtime" / "dropin_h200_1301",),
+             graphed_runtime.render_dropin, "python benchmarks/graphed_runtime.py render-dropin"),
     Rendered("search.md", (RAW / "search_gpt2_0544.tar.gz", RAW / "search_llama_0550.tar.gz"),
              twogpu.render, "python benchmarks/search_results.py two-gpu"),
     Rendered("search_h100x2.md", (RAW_H100X2 / "search_gpt2_28x1024_2053.tar.gz",), twogpu.render,
