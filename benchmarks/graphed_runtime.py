@@ -195,42 +195,61 @@ def render(paths: list[Path]) -> str:
 
 def render_dropin(paths: list[Path]) -> str:
     """The results file of examples/train_gpt.py run on the runtime (envpipe.initialize, every phase) eager and with
-    --cuda-graphs, one after the other: each run's report (``paths[0]``/{eager,graphed}/summary.json)."""
-    raw = paths[0].resolve()
+    --cuda-graphs, one after the other, one section per call (``paths``: each call's folder, with
+    {eager,graphed}/summary.json, the runs' reports, and call.txt)."""
+    roots = [p.resolve() for p in paths]
+    lines = ["# `cuda_graphs` on the runtime: examples/train_gpt.py eager and graphed", "",
+             "Rendered by `python benchmarks/graphed_runtime.py render-dropin "
+             + " ".join(str(r.relative_to(ROOT)) for r in roots) + "` from the raw files there (each run's report "
+             "folder and log, `nvsmi_after.txt`, `call.txt`: the call's command, written after it from the session's "
+             "record). **Measured**; no clock daemon ran: the runtime read the NVML energy counter and never "
+             "changed a clock.", "",
+             "The user's path, not a bare engine: `examples/train_gpt.py` on `envpipe.initialize` with every phase "
+             "(calibration, profiling at the one clock it has, the plan decided and the no-harm rule, steady "
+             "iterations; the numbers are the runtime's own report's), GPT-2 with 8 blocks of 768, sequence 1,024, "
+             "micro-batch 2, 8 micro-batches, 40 steps; once as it is and once with `--cuda-graphs`, one after the "
+             "other.", ""]
+    for raw in roots:
+        lines += _dropin_call(raw)
+    return "\n".join(lines) + "\n"
+
+
+def _dropin_call(raw: Path) -> list[str]:
     runs = {m: json.loads((raw / m / "summary.json").read_text()) for m in MODES}
     first = json.loads((raw / "eager" / "iterations.rank0.jsonl").read_text().splitlines()[0])["wall_time"]
     when = datetime.fromtimestamp(first, UTC).strftime("%Y-%m-%d %H:%M UTC")
     commit = re.search(r"commit (\w+)", (raw / "call.txt").read_text())
+    stages = runs["eager"]["stages"]
     rows = []
     for mode, r in runs.items():
         t, e = r["steady"]["time_s"], r["steady"]["energy_j"]
-        rows.append(f"| {mode} | {1e3 * t['median']:.1f} ({1e3 * t['q1']:.1f}-{1e3 * t['q3']:.1f}, n = {t['n']}) | "
-                    f"{r['steady']['throughput_samples_per_s']:.1f} | {e['median']:.2f} | "
+        order = r["plan"]["order"] if r.get("verdict") is None or r["verdict"]["kept"] else "1f1b (no harm)"
+        peaks = " / ".join(f"{g['peak_memory_bytes'] / 2**20:.0f}" for g in r["gpus"])
+        rows.append(f"| {mode} | {order} | {1e3 * t['median']:.1f} ({1e3 * t['q1']:.1f}-{1e3 * t['q3']:.1f}, "
+                    f"n = {t['n']}) | {r['steady']['throughput_samples_per_s']:.1f} | {e['median']:.2f} | "
                     f"{1e3 * r['predicted_iteration_time_s']:.1f} ({100 * r['time_error']:+.1f} %) | "
                     f"{100 * r['energy']['error']:+.1f} % | {'held' if r['trust']['trusted'] else 'not trusted'} | "
-                    f"{r['gpus'][0]['peak_memory_bytes'] / 2**20:.0f} |")
+                    f"{peaks} |")
     eager, graphed = (runs[m]["steady"] for m in MODES)
     saving = 1 - graphed["energy_j"]["median"] / eager["energy_j"]["median"]
     speedup = eager["time_s"]["median"] / graphed["time_s"]["median"]
-    return "\n".join([
-        "# `cuda_graphs` on the runtime: examples/train_gpt.py eager and graphed (one GPU)", "",
-        f"Rendered by `python benchmarks/graphed_runtime.py render-dropin {raw.relative_to(ROOT)}` from the raw files "
-        "there (each run's report folder and log, `nvsmi_after.txt`, `call.txt`). **Measured** on one NVIDIA H200, "
-        f"first iteration {when}, code at {commit.group(1) if commit else 'unknown'}. `call.txt` has the call's "
-        "command (written after the call from the session's record). No clock daemon: the runtime read the NVML "
-        "energy counter and never changed a clock.", "",
-        "The user's path, not a bare engine: `examples/train_gpt.py` on `envpipe.initialize` with every phase "
-        "(calibration, profiling at the one clock it has, the plan decided, steady iterations; the report's own "
-        "numbers), GPT-2 with 8 blocks of 768, sequence 1,024, micro-batch 2, 8 micro-batches, 40 steps, one "
-        "process; once as it is and once with `--cuda-graphs`, one after the other.", "",
-        "| run | steady iteration: median (IQR) ms | samples/s | energy per iteration, median (J, NVML counter) | "
-        "the runtime's predicted iteration (ms) and its error | energy model's error | the report's predictions | "
-        "peak memory (MiB) |", "|---|---|---|---|---|---|---|---|", *rows, "",
-        f"- Graphed against eager, both measured in this call: iteration {speedup:.2f}x faster, energy per "
-        f"iteration {100 * saving:.1f} % lower.",
-        "- Eager, the host set this small model's pace and the runtime's own prediction (its simulator, anchored "
-        "on calibration) missed by more than its band, so the report did not trust its predictions; graphed, the "
-        "same prediction held.", ""]) + "\n"
+    lines = [f"## {stages} pipeline stage{'s' if stages > 1 else ''} on {len(runs['eager']['gpus'])} NVIDIA H200 "
+             f"({raw.name}: first iteration {when}, code at {commit.group(1) if commit else 'unknown'})", "",
+             "| run | order that ran | steady iteration: median (IQR) ms | samples/s | energy per iteration, median "
+             "(J, NVML counter) | the runtime's predicted iteration (ms) and its error | energy model's error | "
+             "the report's predictions | peak memory per GPU (MiB) |", "|---|---|---|---|---|---|---|---|---|", *rows,
+             "", f"- Graphed against eager, both measured in this call: iteration {speedup:.2f}x faster, energy per "
+             f"iteration {100 * saving:.1f} % lower.",
+             f"- The runtime's own predicted iteration: {100 * runs['eager']['time_error']:+.1f} % off eager "
+             f"({'held' if runs['eager']['trust']['trusted'] else 'not trusted'}), "
+             f"{100 * runs['graphed']['time_error']:+.1f} % graphed "
+             f"({'held' if runs['graphed']['trust']['trusted'] else 'not trusted'})."]
+    verdict = runs["graphed"].get("verdict")
+    if verdict is not None:
+        lines.append(f"- Graphed, the planner chose {verdict['what']}; the no-harm rule measured it "
+                     f"{100 * verdict['slowdown']:+.1f} % in time and {-100 * verdict['energy_saving']:+.1f} % in "
+                     f"energy against the run's 1F1B iterations and {'kept it' if verdict['kept'] else 'ran 1F1B'}.")
+    return [*lines, ""]
 
 
 def main() -> None:
@@ -243,7 +262,7 @@ def main() -> None:
     d = sub.add_parser("render")
     d.add_argument("raw", type=Path)
     dd = sub.add_parser("render-dropin")
-    dd.add_argument("raw", type=Path)
+    dd.add_argument("raw", type=Path, nargs="+")
     c = sub.add_parser("check")
     c.add_argument("out", type=Path)
     args = p.parse_args()
@@ -252,7 +271,7 @@ def main() -> None:
     elif args.command == "check":
         check(args.out)
     elif args.command == "render-dropin":
-        sys.stdout.write(render_dropin([args.raw]))
+        sys.stdout.write(render_dropin(args.raw))
     else:
         sys.stdout.write(render([args.raw]))
 
