@@ -42,6 +42,8 @@ def test_graphed_units_train_as_stock_deepspeed_does(stages: int, tmp_path: Path
                 assert rank[name]["params"][pname] == pytest.approx(values, rel=1e-5, abs=1e-6), (name, pname)
             assert rank[name]["recorded"] == peak_in_flight([order[stage]])[0], (name, stage)
             assert rank[name]["replays"] == [M * STEPS, M * STEPS], (name, stage)
+            assert rank[name]["recordings_made"] == rank[name]["recorded"], (name, stage)  # none made again
+        assert rank["zero1"]["recordings_made"] == rank["zero1"]["recorded"] >= 1  # ZeRO-1 keeps the storage
         assert rank["runtime"]["recorded"] >= 1
         forwards, backwards = rank["runtime"]["replays"]
         assert forwards == backwards and 0 < forwards < M * 12  # the metering iteration runs eagerly

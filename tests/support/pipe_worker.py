@@ -99,7 +99,8 @@ def main() -> None:
         params = {n: p.detach().flatten().tolist() for n, p in engine.module.named_parameters()}
         results[run["name"]] = {"losses": losses, "params": params, "engine": type(engine).__name__,
                                 "recorded": engine.graphs.recorded if run.get("graphs") else 0,
-                                "replays": [recorder.forward_replays, recorder.backward_replays]}
+                                "replays": [recorder.forward_replays, recorder.backward_replays],
+                                "recordings_made": recorder.recordings}
     with open(out / f"rank{os.environ['RANK']}.json", "w") as fh:
         json.dump(results, fh)
 

@@ -25,6 +25,7 @@ class RecordingOverrun(AssertionError):
 
 class CpuGraphs:
     def __init__(self) -> None:
+        self.recordings = 0  # made, including any made again
         self.forward_replays = 0
         self.backward_replays = 0
 
@@ -32,6 +33,7 @@ class CpuGraphs:
         return None
 
     def record(self, forward: StageCall, params: Mapping[str, torch.Tensor], sample: Tensors) -> Recording:
+        self.recordings += 1
         inputs = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in sample)
         leaves = leaves_of(params)
         wrt = [t for t in inputs if t.requires_grad] + list(leaves.values())
