@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.search_accuracy import Children, timed_iterations  # noqa: E402
 
-ITERATIONS = {"warmup": 2, "iterations": 4, "min_timed_s": 4.0, "max_iterations": 12}  # call6's declaration
+DECLARED = ROOT / "benchmarks" / "results" / "search_accuracy" / "call6" / "shapes.json"  # its iterations
 MODES = ("eager", "graphed")
 
 
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> None:
     import envpipe.models.gpt  # noqa: F401
     deadline = time.monotonic() + args.deadline_s
     children, port = Children(), 29700
+    iterations = json.loads(DECLARED.read_text())["iterations"]
     for config in args.configs:
         found = json.loads(config.read_text())["envpipe_search"]
         m = found["model"]
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> None:
             stem = f"b{found['micro_batch']}_{mode}"
             spec = {"kind": "train", "config": str(config.resolve()), "out": str(here / f"{stem}.json"), "port": port,
                     "allocator": found.get("allocator", ""), "graphs": mode == "graphed",
-                    **timed_iterations(ITERATIONS, found["predicted"]["baseline_iteration_time_s"])}
+                    **timed_iterations(iterations, found["predicted"]["baseline_iteration_time_s"])}
             t0 = time.monotonic()
             ok = children.run(spec, here / f"{stem}.log")
             print(f"{here.name} {stem}: {'done' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s", flush=True)
@@ -163,7 +164,8 @@ def render(paths: list[Path]) -> str:
              "16), trained here twice, one run after the other: eager, and with the runtime's `cuda_graphs` "
              "(envpipe.runtime.engine.graphs: the stage's forward and backward recorded at their first use and "
              "replayed). Both ways run the same warm-up and timed iterations, the device synchronized after every "
-             "iteration, units timed by CUDA events.", "",
+             "iteration, units timed by CUDA events. Time and memory only: a bare engine has no energy meter, so "
+             "no energy was measured and the search's energy predictions are not scored here.", "",
              f"Before the runs, the recorder against eager autograd on this GPU (two GPT-2 blocks without dropout, "
              f"{check_['dtype']}, three micro-batches in flight in 1F1B's pattern): {check_['identical']} of "
              f"{check_['tensors']} outputs and gradients identical, the largest difference "

@@ -12,22 +12,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}
 PY=${PYTHON:-python3}
 . benchmarks/deepspeed_whl.sh
+. benchmarks/machine_info.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 RAW=${RAW:-/tmp/graphed_runtime}
 mkdir -p "$RAW" "$OUT"
-{
-  date
-  uname -r
-  echo "cpus: $(nproc)"
-  uptime
-  lscpu | grep 'Model name'
-  echo "commit ${COMMIT:-unknown}"
-  $PY -c 'from importlib.metadata import version as v; print(*(f"{n} {v(n)}" for n in ("torch", "deepspeed",
-"transformers")))' 2>/dev/null
-  nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.sm,clocks.max.sm,clocks.applications.graphics \
-    --format=csv
-} > "$RAW/machine.txt"
-nvidia-smi -q > "$RAW/nvidia-smi-q.txt"
+machine_info "$RAW"
 timeout "${LIMIT:-540}" $PY benchmarks/graphed_runtime.py run --out "$RAW" "$@" 2>&1 | tee "$RAW/run.log"
 status=${PIPESTATUS[0]}
 nvidia-smi -q -d PERFORMANCE > "$RAW/nvidia-smi-after.txt"

@@ -14,22 +14,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}
 PY=${PYTHON:-python3}
 . benchmarks/deepspeed_whl.sh
+. benchmarks/machine_info.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT/raw"
-{
-  date
-  uname -r
-  echo "cpus: $(nproc)"
-  uptime
-  lscpu | grep 'Model name'
-  echo "commit ${COMMIT:-unknown}"
-  $PY -c 'from importlib.metadata import version as v; print(*(f"{n} {v(n)}" for n in ("torch", "deepspeed",
-"transformers")))' 2>/dev/null
-  nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.sm,clocks.max.sm,clocks.applications.graphics \
-    --format=csv
-} > "$OUT/raw/machine.txt"
-nvidia-smi -q > "$OUT/raw/nvidia-smi-q.txt"
+machine_info "$OUT/raw"
 $PY benchmarks/search_accuracy.py --out "$OUT/raw" --archive "$OUT" "$@" 2>&1 | tee "$OUT/raw/run.log"
 status=$?
 nvidia-smi -q -d PERFORMANCE > "$OUT/raw/nvidia-smi-after.txt"

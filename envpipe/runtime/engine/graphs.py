@@ -25,7 +25,8 @@ tensors).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,9 +140,15 @@ class StageGraphs:
         """How many recordings the stage holds (the most micro-batches it has had in flight)."""
         return len(self._recordings)
 
-    def forward_slot(self, buffer_id: int) -> _Slot:
-        """The slot for the forward of the micro-batch in pipeline buffer ``buffer_id`` (a context)."""
-        return _Slot(self, buffer_id)
+    @contextlib.contextmanager
+    def forward_slot(self, buffer_id: int) -> Iterator[None]:
+        """The slot for the forward of the micro-batch in pipeline buffer ``buffer_id``, held while it runs."""
+        busy = set(self._busy.values())
+        self._slot = self._busy[buffer_id] = next(s for s in range(len(busy) + 1) if s not in busy)
+        try:
+            yield
+        finally:
+            self._slot = None
 
     def backward_done(self, buffer_id: int) -> None:
         self._busy.pop(buffer_id, None)
@@ -178,13 +185,6 @@ class StageGraphs:
     def _storage(self) -> tuple[int, ...]:
         return tuple(p.data_ptr() for p in self._params)
 
-    def _take(self, buffer_id: int) -> None:
-        busy = set(self._busy.values())
-        self._slot = self._busy[buffer_id] = next(s for s in range(len(busy) + 1) if s not in busy)
-
-    def _release(self) -> None:
-        self._slot = None
-
 
 class _Own(torch.nn.Module):
     """The stage's own forward, without the stage's hooks (they run around the replay, at every call), as a
@@ -197,17 +197,6 @@ class _Own(torch.nn.Module):
 
     def forward(self, forward_input: Any) -> Any:
         return self._forward(forward_input)
-
-
-class _Slot:
-    def __init__(self, graphs: StageGraphs, buffer_id: int) -> None:
-        self._graphs, self._buffer_id = graphs, buffer_id
-
-    def __enter__(self) -> None:
-        self._graphs._take(self._buffer_id)
-
-    def __exit__(self, *exc: object) -> None:
-        self._graphs._release()
 
 
 class _Replay(torch.autograd.Function):
