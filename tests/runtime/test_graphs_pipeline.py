@@ -29,6 +29,10 @@ def test_graphed_units_train_as_stock_deepspeed_does(stages: int, tmp_path: Path
     runs.append({"name": "zero1_stock", "engine": "stock", "M": M, "steps": STEPS, "orders": None, "zero": 1})
     runs.append({"name": "zero1", "engine": "envpipe", "M": M, "steps": STEPS, "orders": orders_json(orders["1f1b"]),
                  "zero": 1, "graphs": True})
+    # bf16: DeepSpeed's BF16_Optimizer, its hand-off to the fp32 accumulators batched (envpipe.runtime.engine.hp_grads)
+    runs.append({"name": "bf16_stock", "engine": "stock", "M": M, "steps": STEPS, "orders": None, "bf16": True})
+    runs.append({"name": "bf16", "engine": "envpipe", "M": M, "steps": STEPS, "orders": orders_json(orders["1f1b"]),
+                 "bf16": True, "graphs": True})
     results = run_pipeline(stages, runs, tmp_path)
     last = results[-1]
     for name in orders:
@@ -36,6 +40,7 @@ def test_graphed_units_train_as_stock_deepspeed_does(stages: int, tmp_path: Path
     assert last["runtime"]["losses"] == pytest.approx(last["runtime_stock"]["losses"], rel=1e-6, abs=1e-7)
     assert last["zero1"]["losses"] == pytest.approx(last["zero1_stock"]["losses"], rel=1e-6, abs=1e-7)
     assert last["zero1"]["losses"][0] != last["zero1"]["losses"][-1]  # it trains
+    assert last["bf16"]["losses"] == last["bf16_stock"]["losses"]  # the same fp32 sums, bit for bit
     for stage, rank in enumerate(results):
         for name, order in orders.items():
             for pname, values in rank["stock"]["params"].items():
@@ -44,6 +49,8 @@ def test_graphed_units_train_as_stock_deepspeed_does(stages: int, tmp_path: Path
             assert rank[name]["replays"] == [M * STEPS, M * STEPS], (name, stage)
             assert rank[name]["recordings_made"] == rank[name]["recorded"], (name, stage)  # none made again
         assert rank["zero1"]["recordings_made"] == rank["zero1"]["recorded"] >= 1  # ZeRO-1 keeps the storage
+        assert rank["bf16"]["hp_grads_batched"] and not rank["bf16_stock"]["hp_grads_batched"]
+        assert rank["bf16"]["params"] == rank["bf16_stock"]["params"]
         assert rank["runtime"]["recorded"] >= 1
         forwards, backwards = rank["runtime"]["replays"]
         assert forwards == backwards and 0 < forwards < M * 12  # the metering iteration runs eagerly

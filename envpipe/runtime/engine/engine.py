@@ -29,6 +29,7 @@ from envpipe.plan.dag import engine_order_dag
 from envpipe.plan.schedules import one_f_one_b
 from envpipe.runtime.clocks import Clock, simulated_gpu
 from envpipe.runtime.engine.graphs import GraphError, Recorder, StageGraphs
+from envpipe.runtime.engine.hp_grads import batch_hp_grads
 from envpipe.runtime.engine.schedule import (
     IRecvActivation,
     IRecvGrad,
@@ -212,6 +213,8 @@ class EnvPipeEngine(PipelineEngine):
             raise GraphError("cuda_graphs: seed_layers reseeds the host's generator at every layer, which a "
                              "recording would do only once")
         self.graphs = StageGraphs(self.module, recorder)
+        if self.using_bf16_optimizer:  # the per-parameter loop would set the host's pace again
+            batch_hp_grads(self.optimizer)
 
     def has_run(self, orders: Sequence[Sequence[Unit]]) -> bool:
         """These per-stage orders were set for an iteration before (each order is checked once, when first set)."""

@@ -18,7 +18,10 @@ pool keeps its forward's and backward's transient memory as well.
 Gradients leave a replay as copies (``_Replay.backward``): a returned tensor may become a parameter's or an
 input's ``.grad`` as it is (autograd takes an unshared gradient instead of copying it), and the next replay
 would then write over a gradient still being accumulated or sent (torch.cuda.make_graphed_callables returns
-its static buffers: pytorch/pytorch#181723). Forwards without gradients (evaluation, no_grad) run eagerly, as
+its static buffers: pytorch/pytorch#181723), made by one multi-tensor multiply by 1 (exact) rather than a clone
+per parameter, the host's work per parameter being what is left to set a graphed backward's pace (with
+DeepSpeed's BF16_Optimizer, the run batches its hand-off to the fp32 accumulators too:
+envpipe.runtime.engine.hp_grads). Forwards without gradients (evaluation, no_grad) run eagerly, as
 does a forward while ``eager`` is set (the runtime's activation metering, which needs autograd's saved
 tensors).
 """
@@ -201,7 +204,7 @@ class _Own(torch.nn.Module):
 
 class _Replay(torch.autograd.Function):
     """A recording's forward and backward as one autograd node: the forward copies the arguments in and replays,
-    the backward copies the outputs' gradients in, replays, and returns copies of the gradients."""
+    the backward copies the outputs' gradients in, replays, and returns copies of the gradients (x * 1.0, exact)."""
 
     @staticmethod
     def forward(ctx: Any, recording: Recording, *args: torch.Tensor) -> Tensors:  # type: ignore[override]
@@ -219,7 +222,9 @@ class _Replay(torch.autograd.Function):
             if static is not None and grad is not None and static.data_ptr() != grad.data_ptr():
                 static.copy_(grad)
         recording.replay_backward()
-        given = iter(g.clone() if g is not None else None for g in recording.grad_inputs)
+        computed = [g for g in recording.grad_inputs if g is not None]
+        copies = iter(torch._foreach_mul(computed, 1.0) if computed else [])  # one launch, not a clone each
+        given = iter(next(copies) if g is not None else None for g in recording.grad_inputs)
         inputs = tuple(next(given) if t.requires_grad else None for t in recording.inputs)
         return (None, *inputs, *given)
 
