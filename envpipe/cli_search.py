@@ -106,6 +106,9 @@ def _shell_words(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--engine-model", "engine_path", type=click.Path(dir_okay=False), default=None,
               help="what the pipeline engine adds to the layers' time and memory on your GPU hosts, fitted by "
               "benchmarks/search_fit.py (default: the fit committed with envpipe, measured on an H100)")
+@click.option("--cuda-graphs", "graphed", is_flag=True,
+              help="predict the units replayed as CUDA graphs (the found config sets the runtime's cuda_graphs): "
+              "the layers' device times, not the host's launches, set their pace")
 @click.option("--out-dir", type=click.Path(file_okay=False), default="found", show_default=True,
               help="where search.json, found.json, found.plan.json, top/ and frontier.png go")
 @click.option("--launch-args", default="", callback=_shell_words,
@@ -114,7 +117,7 @@ def _shell_words(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batch: int, memory_gib: float | None,
                    memory_margin_gib: float, objective: str, min_throughput: float | None, max_slowdown: float | None,
                    top_k: int, intra_node_gbps: float, inter_node_gbps: float, allreduce_gbps: float | None,
-                   latency_us: float, max_plan_units: int, engine_path: str | None, out_dir: str,
+                   latency_us: float, max_plan_units: int, engine_path: str | None, graphed: bool, out_dir: str,
                    launch_args: str) -> None:
     """Search stages, stage cut, replicas, micro-batch size and count, order and clocks (Aceso-style).
 
@@ -131,6 +134,9 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
         engine = load_engine_model(engine_path) if engine_path else engine_model(layers)
     except (LayerProfileError, EngineModelError) as exc:
         raise click.ClickException(str(exc)) from None
+    if graphed and layers.device == "cpu":
+        raise click.BadParameter(f"CUDA graphs need a CUDA device; {layers_path} was measured on the CPU",
+                                 param_hint="'--cuda-graphs'")
     memory = _memory_bytes(memory_gib, layers)
     margin = round(memory_margin_gib * GIB)
     if margin >= memory:
@@ -141,7 +147,7 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     click.echo(_assumptions(cluster, layers, memory_gib is None))
     click.echo(f"engine model: {engine.label}")
     try:
-        result = search(SearchInputs(layers, cluster, engine), global_batch,
+        result = search(SearchInputs(layers, cluster, engine, graphed), global_batch,
                         Objective(objective, min_throughput, max_slowdown),
                         SearchOptions(top_k, max_plan_units or MAX_UNITS, _Progress()))
     except SearchError as exc:
@@ -155,12 +161,13 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
     click.echo(f"predictions simulated on {layers_path} ({layers.device}, {layers.dtype}, {layers.date}):")
     click.echo(table(result))
     best = result.candidates[0]
-    config = with_band(found_config(best, layers, cluster, "found.plan.json", engine), result.bands[0])
+    config = with_band(found_config(best, layers, cluster, "found.plan.json", engine, graphed), result.bands[0])
     files: dict[str, Any] = {"found.plan.json": best.plan, "found.json": config,
                              "search.json": result_json(result, layers, cluster, global_batch)}
     for rank, (other, band) in enumerate(zip(result.candidates[1:], result.bands[1:], strict=True), 2):
         files[f"top/{rank}.plan.json"] = other.plan  # the runners-up, to train or benchmark too
-        files[f"top/{rank}.json"] = with_band(found_config(other, layers, cluster, f"{rank}.plan.json", engine), band)
+        files[f"top/{rank}.json"] = with_band(found_config(other, layers, cluster, f"{rank}.plan.json", engine,
+                                                                  graphed), band)
     _write_all(out, anchor, files, lambda path: draw_frontier(result, path))
     ds_block = {k: v for k, v in config.items() if k != "envpipe_search"}
     click.echo(f"chosen: #1 {best.shape.label()}, stage layers {list(best.pipeline.cut.counts)}, order {best.order}")

@@ -77,7 +77,7 @@ def _baseline(inputs: SearchInputs, pipeline: Pipeline, factor: float) -> tuple[
     """The 1F1B all-max (time, energy of one pipeline) with the host's times ``factor`` times the engine model's."""
     engine = replace(inputs.engine, host_scale=inputs.engine.host_scale * factor)
     shape = pipeline.shape
-    tables = MemoryTables(inputs.layers, shape.micro_batch, shape.replicas, shape.microbatches)
+    tables = MemoryTables(inputs.layers, shape.micro_batch, shape.replicas, shape.microbatches, inputs.graphed)
     moved = build_pipeline(replace(inputs, engine=engine), shape, pipeline.cut, tables)
     return moved.baseline_time_s, moved.baseline_energy_j
 

@@ -1,15 +1,21 @@
 """What DeepSpeed's pipeline engine adds, on a GPU, to the layers' own time and memory that the layer profile
 measures one layer at a time.
 
-Time: the engine's host work before each forward's layers beyond the micro-batch's load (its
-instructions, the synchronization before the forward: envpipe.search.timing), once per iteration its work
-around the units and the optimizer step (the loss's aggregation, the end of the schedule), and how the
-host's time for a layer inside the engine's stage loop compares with the profile's (``host_scale``). Since
-version 3 the profile measures what the engine does once per micro-batch and the profiler once per layer
-(``UnitCalls``), and the micro-batch's load, so that these are 0, 0 and 1 unless a fit says otherwise.
-How much the host's speed wanders on the machine (``host_spread``): the fraction by which a run's host times
-may be above or below the fitted ones (the host's clock, other processes, the hypervisor), so that a
+Time: the engine's host work before each forward's layers beyond the micro-batch's load (its instructions, the
+synchronization before the forward: envpipe.search.timing), once per iteration its work around the units and the
+optimizer step (the loss's aggregation, the end of the schedule), and how the host's time for a layer inside the
+engine's stage loop compares with the profile's (``host_scale``). Since version 3 the profile measures what the
+engine does once per micro-batch and the profiler once per layer (``UnitCalls``), and the micro-batch's load, so
+that these are 0, 0 and 1 unless a fit says otherwise. The optimizer step, where a fit gives it
+(``step_per_parameter_s``): DeepSpeed's optimizer steps one flat partition of the stage's weights, so its time is
+per parameter, with the engine's work per iteration (``iteration_s``) beside it; the profile's per-layer step
+times, each layer stepped on its own, add one layer's fixed costs per layer (on one H200, 2026-11-29, they summed
+to well above the measured step of a model of many narrow layers and below that of one of few wide ones: the runs
+of benchmarks/results/search_accuracy_call6.md). Without it (files fitted before it existed) the search sums the
+profile's. How much the host's speed wanders on the machine (``host_spread``): the fraction by which a run's host
+times may be above or below the fitted ones (the host's clock, other processes, the hypervisor), so that a
 configuration the host sets the pace of has a band of times rather than one (envpipe.search.band).
+
 Memory: the caching allocator's fragmentation, the memory it holds that it can neither reuse for a new
 block nor give back (split blocks partly in use, torch's `inactive_split_bytes`), over its allocated peak,
 with the allocator setting the found configuration trains with (``allocator``: PYTORCH_CUDA_ALLOC_CONF);
@@ -41,7 +47,8 @@ ENGINE_MODEL_VERSION = 1
 EXPANDABLE = "expandable_segments:True"
 _BOUNDS = {"unit_host_s": (0.0, 1.0), "iteration_s": (0.0, 60.0), "host_scale": (0.0, 10.0),
            "fragmentation": (0.0, 10.0), "outside_allocator_bytes": (0, 2**40)}
-_OPTIONAL = {"host_spread": (0.0, 0.9)}  # absent in files fitted before it existed: 0, no band
+_OPTIONAL = {"host_spread": (0.0, 0.9),  # absent in files fitted before it existed: 0, no band
+             "step_per_parameter_s": (0.0, 1e-6)}  # absent: the profile's per-layer optimizer step times
 
 
 class EngineModelError(ValueError):
@@ -58,9 +65,10 @@ class EngineModel:
     allocator: str  # the PYTORCH_CUDA_ALLOC_CONF the numbers hold for ("" = torch's default)
     label: str
     host_spread: float = 0.0  # the host's times may be this fraction above or below the fitted ones
+    step_per_parameter_s: float | None = None  # the optimizer step per parameter (None: the profile's step times)
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": ENGINE_MODEL_VERSION, **asdict(self)}
+        return {"version": ENGINE_MODEL_VERSION, **{k: v for k, v in asdict(self).items() if v is not None}}
 
 
 SIMULATED_GPU = EngineModel(0.0, 0.0, 1.0, 0.0, 0, "", "none: the CPU's simulated GPU (virtual time, torch's CPU "

@@ -83,7 +83,7 @@ def build_pipeline(inputs: SearchInputs, shape: Shape, cut: Cut, tables: MemoryT
     calls = layers.unit_calls
     # the first stage loads the micro-batch's inputs, the last its labels (DeepSpeed's LoadMicroBatch)
     fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine, calls.backward_s,
-                                                  calls.load(b) if s in (0, len(costs) - 1) else 0.0)
+                                                  calls.load(b) if s in (0, len(costs) - 1) else 0.0, inputs.graphed)
                                        for s, stage in enumerate(costs)), strict=True))
     watts = layers.busy_power_w
     profile = profile_from_measured(fwd, bwd, [t * watts for t in fwd], [t * watts for t in bwd],
@@ -99,12 +99,14 @@ def build_pipeline(inputs: SearchInputs, shape: Shape, cut: Cut, tables: MemoryT
 def _tail_s(inputs: SearchInputs, replicas: int, stage: int, lo: int, hi: int) -> float:
     """After a stage's last unit: its optimizer step, the gradient all-reduce, (bf16) the weights' all-gather.
     bf16: DeepSpeed's BF16_Optimizer steps only the replica's partition of the fp32 master weights (the
-    profile times the whole layer's step), then all-gathers the weights."""
-    layers, cluster = inputs.layers, inputs.cluster
+    profile times the whole layer's step), then all-gathers the weights. The step: the engine model's per
+    parameter where fitted, else the profile's per layer (envpipe.search.engine_model)."""
+    layers, cluster, per_parameter = inputs.layers, inputs.cluster, inputs.engine.step_per_parameter_s
     own = layers.layers[lo:hi]
     weights = sum(layer.param_bytes for layer in own)
     crosses = cluster.group_crosses_nodes(replicas, stage)
-    step = sum(layer.optimizer_step_s for layer in own)
+    step = (sum(layer.optimizer_step_s for layer in own) if per_parameter is None
+            else per_parameter * sum(layer.parameters for layer in own))
     tail = cluster.allreduce_s(weights, replicas, crosses)
     if layers.dtype == "bf16":
         return tail + step / replicas + cluster.allgather_s(weights, replicas, crosses)
@@ -162,11 +164,11 @@ def order_time_s(pipeline: Pipeline, plan: Plan) -> float:
 
 def stage_memory(pipeline: Pipeline, capacity: int) -> StageMemory:
     """The planner's memory model of the pipeline: per stage, the bytes one in-flight micro-batch holds and the
-    bytes left for them after the static memory, the kept outputs and the largest unit workspace, within the
-    allocated peak that keeps the device's peak within ``capacity`` bytes."""
+    bytes left for them after the rest the stage holds at its peak (StageBytes.per_in_flight, room_taken), within
+    the allocated peak that keeps the device's peak within ``capacity`` bytes."""
     allocatable = pipeline.overhead.allocatable(capacity)
-    return StageMemory(tuple(m.per_microbatch for m in pipeline.memory),
-                       tuple(max(0, allocatable - m.static - m.kept_units - m.transient) for m in pipeline.memory))
+    return StageMemory(tuple(m.per_in_flight for m in pipeline.memory),
+                       tuple(max(0, allocatable - m.room_taken) for m in pipeline.memory))
 
 
 def peaks(pipeline: Pipeline, plan: Plan) -> tuple[int, ...]:

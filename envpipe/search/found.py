@@ -39,9 +39,10 @@ def simulated_label(layers: LayerProfile) -> str:
 
 
 def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, plan_file: str,
-                 engine: EngineModel) -> dict[str, Any]:
+                 engine: EngineModel, graphed: bool = False) -> dict[str, Any]:
     """The DeepSpeed config (with both blocks) that trains ``candidate``; ``plan_file`` relative to it.
-    ``engine``: the engine model the predictions used; its allocator setting is the one to train with."""
+    ``engine``: the engine model the predictions used; its allocator setting is the one to train with.
+    ``graphed``: predicted with the units replayed as CUDA graphs, which the config switches on."""
     shape = candidate.shape
     config: dict[str, Any] = {
         "train_batch_size": shape.global_batch,
@@ -52,6 +53,8 @@ def found_config(candidate: Candidate, layers: LayerProfile, cluster: Cluster, p
         config["bf16"] = {"enabled": True}
     config["zero_optimization"] = {"stage": 0}  # what the search's memory model counts (envpipe.search.memory)
     config["envpipe"] = {"pipeline_stages": shape.stages, "plan": plan_file}
+    if graphed:
+        config["envpipe"]["cuda_graphs"] = True
     config["envpipe_search"] = {
         "version": FOUND_VERSION,
         "model": layers.model.to_json(),

@@ -24,7 +24,11 @@ A stage holding layers a..b-1 at micro-batch size m needs
   two buffers, so one more logits tensor than the one in flight during the units, and two during the step.
 
 allocated peak = max(static + kept + in-flight x per micro-batch + transient, static + kept at the step +
-step workspace). The in-flight count is the order's (envpipe.plan.memory.peak_in_flight: 1F1B keeps
+step workspace). With the units replayed as CUDA graphs (envpipe.runtime.engine.graphs) each micro-batch in flight
+has a recording whose private memory pool holds its activations and its units' workspace, all iteration
+(the optimizer step included): in-flight x (per micro-batch + transient) + static + the larger of kept and
+kept at the step + step workspace; the first iteration, before the recordings, is the eager peak, so the
+peak is the larger of the two. The in-flight count is the order's (envpipe.plan.memory.peak_in_flight: 1F1B keeps
 min(M, P-s) on stage s, EnvPipe's order r_s more). The planner gets the per-micro-batch bytes and what is
 left for them (envpipe.search.evaluate.stage_memory).
 
@@ -61,11 +65,25 @@ class StageBytes:
     step_transient: int
     kept_units: int = 0  # outputs the engine keeps beyond the in-flight ones, during the units
     kept_step: int = 0  # and during the optimizer step
+    graphed: bool = False  # units replayed as CUDA graphs: each micro-batch in flight holds a recording's pool
 
     def peak(self, in_flight: int) -> int:
         """The allocator's peak with ``in_flight`` micro-batches in flight."""
-        return max(self.static + self.kept_units + in_flight * self.per_microbatch + self.transient,
-                   self.static + self.kept_step + self.step_transient)
+        eager = max(self.static + self.kept_units + in_flight * self.per_microbatch + self.transient,
+                    self.static + self.kept_step + self.step_transient)
+        return max(eager, self.room_taken + in_flight * self.per_in_flight) if self.graphed else eager
+
+    @property
+    def per_in_flight(self) -> int:
+        """What each micro-batch in flight adds (graphed: its recording's pool, workspace included)."""
+        return self.per_microbatch + self.transient if self.graphed else self.per_microbatch
+
+    @property
+    def room_taken(self) -> int:
+        """What the stage holds besides its micro-batches in flight, at its peak."""
+        if self.graphed:
+            return self.static + max(self.kept_units, self.kept_step + self.step_transient)
+        return self.static + self.kept_units + self.transient
 
 
 @dataclass(frozen=True)
@@ -100,7 +118,9 @@ class MemoryTables:
     """Per-segment memory of one (profile, micro-batch size, replicas, micro-batches): the parts of StageBytes
     for every contiguous range of layers [a, b), as (L+1, L+1) tables, so that a cut search reads them in O(1)."""
 
-    def __init__(self, profile: LayerProfile, micro_batch: int, replicas: int, microbatches: int) -> None:
+    def __init__(self, profile: LayerProfile, micro_batch: int, replicas: int, microbatches: int,
+                 graphed: bool = False) -> None:
+        self.graphed = graphed
         costs = [layer.per_micro_batch[micro_batch] for layer in profile.layers]
         act = np.array([c.activation_bytes for c in costs], dtype=float)
         out = np.array([c.output_bytes for c in costs], dtype=float)
@@ -133,11 +153,16 @@ class MemoryTables:
         return np.where(self.valid, table, 0.0)
 
     def stage(self, a: int, b: int) -> StageBytes:
-        return StageBytes(*(int(t[a, b]) for t in (self.static, self.per_microbatch, self.transient, self.step,
-                                                    self.kept_units, self.kept_step)))
+        static, per, transient, step, kept_units, kept_step = (int(t[a, b]) for t in (
+            self.static, self.per_microbatch, self.transient, self.step, self.kept_units, self.kept_step))
+        return StageBytes(static, per, transient, step, kept_units, kept_step, self.graphed)
 
     def peak(self, in_flight: int) -> np.ndarray:
-        """(L+1, L+1) allocated peak of every segment with ``in_flight`` micro-batches (inf: empty segments)."""
+        """(L+1, L+1) allocated peak of every segment with ``in_flight`` micro-batches (inf: empty segments), as
+        StageBytes.peak."""
         peak = np.maximum(self.static + self.kept_units + in_flight * self.per_microbatch + self.transient,
                           self.static + self.kept_step + self.step)
+        if self.graphed:
+            pools = in_flight * (self.per_microbatch + self.transient)
+            peak = np.maximum(peak, self.static + np.maximum(self.kept_units, self.kept_step + self.step) + pools)
         return np.where(self.valid, peak, np.inf)

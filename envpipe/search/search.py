@@ -143,7 +143,7 @@ def _feasible_pipelines(inputs: SearchInputs, candidates: list[Shape], progress:
     """The pipelines of the shapes that fit, each with its time-balanced feasible cut; and for an error
     message the least device memory any shape needs (its min-max-memory cut)."""
     layers = inputs.layers
-    unit = np.array([[layer_weight(layer.per_micro_batch[b]) for layer in layers.layers]
+    unit = np.array([[layer_weight(layer.per_micro_batch[b], inputs.graphed) for layer in layers.layers]
                      for b in layers.micro_batch_sizes])
     time_tables = {b: segment_sums(unit[i]) for i, b in enumerate(layers.micro_batch_sizes)}
     overhead = device_overhead(layers, inputs.engine)
@@ -151,7 +151,7 @@ def _feasible_pipelines(inputs: SearchInputs, candidates: list[Shape], progress:
     pipelines: list[Pipeline] = []
     closest: tuple[float, Shape] = (np.inf, candidates[0])
     for i, shape in enumerate(candidates):
-        tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches)
+        tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches, inputs.graphed)
         flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
         peaks = np.stack([tables.peak(w) for w in flight])  # (P, L+1, L+1)
         fits = peaks <= allocatable

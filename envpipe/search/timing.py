@@ -33,6 +33,14 @@ from there until the backward is done. The host's times are the profile's scaled
 ``EngineModel.host_scale`` (1 unless fitted otherwise: how the host's time for a layer in the engine's stage
 loop compares with the profiler's). On the CPU's simulated GPU host times, calls and the engine's host work
 are 0, and unit times are plain sums.
+
+Units replayed as CUDA graphs (``graphed``: envpipe.runtime.engine.graphs) are issued by one launch each: the
+device runs the layers back to back at its own pace, so a forward unit takes the micro-batch's load, the
+engine's host work and its layers' device times, and a backward unit its layers' device times, or the host's
+calls it still makes (``stage_calls_s``: the ``backward()`` call, the gradients' hand-off) if they take longer.
+On one H200 (benchmarks/results/graphed_runtime_h200.md) graphed forward and backward units of two models at
+micro-batches 1 to 16 took their layers' summed device times to within 5 % wherever the host's work per
+parameter did not set the pace.
 """
 
 from __future__ import annotations
@@ -54,13 +62,16 @@ def issue(host_s: Sequence[float], device_s: Sequence[float], host_t: float = 0.
     return host_t, device_t
 
 
-def unit_times(costs: Sequence[LayerCost], engine: EngineModel, stage_calls_s: float = 0.0, load_s: float = 0.0
-               ) -> tuple[float, float]:
+def unit_times(costs: Sequence[LayerCost], engine: EngineModel, stage_calls_s: float = 0.0, load_s: float = 0.0,
+               graphed: bool = False) -> tuple[float, float]:
     """(forward, backward) unit time of a stage whose layers have ``costs`` (in pipeline order), with
     ``stage_calls_s`` the host's calls the engine's backward pays once (``UnitCalls.backward_s``), ``load_s``
     the micro-batch's load before each forward (0 on a stage that reads no data); the host's times as the
-    engine's stage loop takes them (``EngineModel.host_scale``)."""
+    engine's stage loop takes them (``EngineModel.host_scale``); ``graphed``: replayed as CUDA graphs."""
     k = engine.host_scale
+    if graphed:
+        return (load_s + engine.unit_host_s + sum(c.forward_s for c in costs),
+                max(sum(c.backward_s for c in costs), k * stage_calls_s))
     host = [k * c.forward_host_s for c in costs]
     issued, done = issue(host, _device(host, [c.forward_s for c in costs], [c.forward_repeat_s for c in costs]),
                          load_s + engine.unit_host_s)
@@ -76,8 +87,11 @@ def _device(host_s: Sequence[float], device_s: Sequence[float], repeat_s: Sequen
     return [g + max(0.0, r - max(c, g)) for c, g, r in zip(host_s, device_s, repeat_s, strict=True)]
 
 
-def layer_weight(cost: LayerCost) -> float:
+def layer_weight(cost: LayerCost, graphed: bool = False) -> float:
     """One layer's share of a stage's forward and backward time, for choosing cuts: additive, so that the
-    dynamic program can sum it, and launch-aware (per unit the slowest of host, device and back to back)."""
+    dynamic program can sum it, and launch-aware (per unit the slowest of host, device and back to back;
+    ``graphed``: the device's)."""
+    if graphed:
+        return cost.forward_s + cost.backward_s
     return (max(cost.forward_s, cost.forward_host_s, cost.forward_repeat_s)
             + max(cost.backward_s, cost.backward_host_s, cost.backward_repeat_s))

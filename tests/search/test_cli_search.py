@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -87,6 +88,30 @@ def test_search_says_which_ranks_the_hosts_speed_could_swap(tmp_path: Path) -> N
     (low1, high1), (low2, _) = (c["predicted"]["time_band_s"] for c in result["configurations"])
     assert low1 < low2 <= high1  # P=1 D=2 then P=2 D=1, 12 % apart: within the first's band of about +-10 %
     assert result["undecided"] == [2] and "undecided: the time bands of #2 overlap #1's" in text
+
+
+def test_cuda_graphs_predicts_device_times_and_switches_them_on(tmp_path: Path) -> None:
+    """A launch-bound profile (host 20 ms a layer, device 0.1 ms): eager, the host sets the pace; with --cuda-graphs
+    the units take their layers' device times, and the found config sets the runtime's cuda_graphs."""
+    path = tmp_path / "layers.json"
+    layer_profile([0.1] * 4, host_ms=[20.0] * 4, sizes=(1,)).save(path)
+    times = {}
+    for flag in ([], ["--cuda-graphs"]):
+        out = tmp_path / ("graphed" if flag else "eager")
+        code, text = _search("--layers", str(path), "--gpus-per-node", "1", "--global-batch", "4", "--memory-gib",
+                             "4", "--out-dir", str(out), *flag)
+        assert code == 0, text
+        config = json.loads((out / "found.json").read_text())
+        assert config["envpipe"].get("cuda_graphs", False) is bool(flag)
+        times[bool(flag)] = config["envpipe_search"]["predicted"]["baseline_iteration_time_s"]
+    assert times[False] > 20 * times[True]
+    cpu = tmp_path / "cpu.json"
+    profile = load_layer_profile(path)
+    replace(profile, device="cpu", cpu_threads=2, measured_mhz=None).save(cpu)
+    code, text = _search("--layers", str(cpu), "--gpus-per-node", "1", "--global-batch", "4", "--memory-gib", "4",
+                         "--cuda-graphs", "--out-dir", str(tmp_path / "no"))
+    assert code == 2 and "Invalid value for '--cuda-graphs': CUDA graphs need a CUDA device" in text
+    assert "Traceback" not in text and not (tmp_path / "no").exists()
 
 
 def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> None:

@@ -24,6 +24,10 @@ def test_round_trip_and_the_default_per_device(tmp_path: Path) -> None:
     del older["host_spread"]  # a file fitted before the spread existed: no band
     path.write_text(json.dumps(older))
     assert load_engine_model(path) == replace(GPU, host_spread=0.0)
+    fitted = replace(GPU, step_per_parameter_s=3.3e-11)  # a fit with the optimizer step per parameter
+    path.write_text(json.dumps(fitted.to_json()))
+    assert load_engine_model(path) == fitted
+    assert "step_per_parameter_s" not in GPU.to_json()  # none: the profile's step times
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -34,6 +38,8 @@ def test_round_trip_and_the_default_per_device(tmp_path: Path) -> None:
     (lambda d: d.pop("allocator"), "'allocator' must be a string"),
     (lambda d: d.update(host_spread=1.5), "'host_spread' must be a number in [0.0, 0.9], got 1.5"),
     (lambda d: d.update(host_spread="0.1"), "'host_spread' must be a number in [0.0, 0.9], got '0.1'"),
+    (lambda d: d.update(step_per_parameter_s=-1e-9), "'step_per_parameter_s' must be a number in [0.0, 1e-06]"),
+    (lambda d: d.update(step_per_parameter_s=None), "'step_per_parameter_s' must be a number in [0.0, 1e-06], got"),
 ])
 def test_bad_engine_model_is_one_line(tmp_path: Path, edit, message: str) -> None:
     data = GPU.to_json()

@@ -79,6 +79,25 @@ def test_planner_memory_model() -> None:
         assert memory.available_bytes[s] == hw.memory_bytes - stage.static - stage.kept_units - stage.transient
 
 
+def test_graphed_stages_hold_a_recordings_pool_per_micro_batch_in_flight() -> None:
+    """Units replayed as CUDA graphs: each micro-batch in flight has a recording whose pool keeps its activations
+    and its units' workspace all iteration, the optimizer step included; the first, eager iteration's peak stays
+    a floor; the planner charges a micro-batch its pool."""
+    profile = layer_profile([1.0, 1.0, 1.0], act_mib=[4.0, 4.0, 4.0], params=[1_000_000] * 3)
+    eager, graphed = MemoryTables(profile, 2, 1, 8).stage(1, 3), MemoryTables(profile, 2, 1, 8, True).stage(1, 3)
+    assert graphed.graphed and not eager.graphed
+    pool = eager.per_microbatch + eager.transient
+    rest = eager.static + max(eager.kept_units, eager.kept_step + eager.step_transient)
+    for in_flight in (1, 3):
+        assert graphed.peak(in_flight) == max(eager.peak(in_flight), rest + in_flight * pool)
+    assert graphed.peak(3) > eager.peak(3)
+    assert (graphed.per_in_flight, graphed.room_taken) == (pool, rest)
+    assert (eager.per_in_flight, eager.room_taken) == (eager.per_microbatch,
+                                                       eager.static + eager.kept_units + eager.transient)
+    tables = MemoryTables(profile, 2, 1, 8, True)
+    assert tables.peak(3)[1, 3] == graphed.peak(3)  # the cut search's table says the same
+
+
 def test_the_search_refuses_what_does_not_fit_with_the_margin(tmp_path) -> None:
     """A GPU profile knows its device's memory; the margin decides: the configuration fits with a margin 1 MiB
     below what the device has left over its predicted peak, and is refused, in one line, with one 1 MiB above."""

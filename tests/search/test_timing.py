@@ -158,3 +158,32 @@ def test_a_pipeline_loads_on_its_first_and_last_stage_and_pays_the_calls_per_sta
     backward = pipeline.profile.bwd_time[:, 0]
     assert forward == pytest.approx([2.5 * MS, 2.0 * MS, 2.5 * MS])
     assert backward == pytest.approx([5.0 * MS] * 3)
+
+
+def test_graphed_units_take_their_layers_device_times() -> None:
+    """Replayed as CUDA graphs, launch-bound layers (host 2 + 4 ms, device 1 + 2 ms) take their device times: the
+    forward the load (0.7 ms), the engine's host work (0.1 ms) and 3 x 1 ms; the backward 3 x 2 ms, the repeat
+    times' lost overlap gone with the launches."""
+    layers = [cost(1.0, 2.0, 2.0, 4.0, forward_repeat=2.5, backward_repeat=4.5)] * 3
+    engine = replace(SIMULATED_GPU, unit_host_s=0.1 * MS)
+    forward, backward = unit_times(layers, engine, stage_calls_s=0.5 * MS, load_s=0.7 * MS, graphed=True)
+    assert forward == pytest.approx(3.8 * MS) and backward == pytest.approx(6 * MS)
+    assert layer_weight(layers[0], graphed=True) == pytest.approx(3 * MS)
+
+
+def test_a_graphed_backward_waits_for_the_host_calls_that_take_longer() -> None:
+    """The calls a graphed backward still makes on the host (8 ms at host scale 2) outlast its layers' 6 ms."""
+    layers = [cost(1.0, 2.0, 2.0, 4.0)] * 3
+    _, backward = unit_times(layers, replace(SIMULATED_GPU, host_scale=2.0), stage_calls_s=4 * MS, graphed=True)
+    assert backward == pytest.approx(8 * MS)
+
+
+def test_a_fitted_step_per_parameter_replaces_the_profiles_step_times() -> None:
+    """The engine model's step per parameter (2 ns) times the stage's 3 M parameters: 6 ms for the profile's
+    3 x 1 ms (test_one_stage_iteration_adds_units_steps_and_engine_work's pipeline)."""
+    profile = layer_profile([3.0, 3.0, 3.0], host_ms=[6.0, 6.0, 6.0], params=[1_000_000] * 3)
+    cluster = Cluster(1, 1, 1 << 34, 1e11, 1e10, 1e-5, 1e11)
+    engine = replace(SIMULATED_GPU, step_per_parameter_s=2e-9)
+    iteration = build_pipeline(SearchInputs.of(profile, cluster, engine), Shape(1, 1, 1, 4), Cut((3,), 0.0),
+                               MemoryTables(profile, 1, 1, 4)).baseline_time_s
+    assert iteration == pytest.approx(4 * 18 * MS + 6 * MS)
