@@ -7,6 +7,9 @@ iteration time and peak device memory against training runs, on declared models.
 
 The models, global batch, micro-batch sizes and iteration counts are declared in a shapes file committed
 before the runs (``--shapes``; default: the latest, benchmarks/results/search_accuracy/call4/shapes.json).
+A declaration with ``"cuda_graphs": true`` searches with `envpipe search --cuda-graphs` (on GPUs), whose found
+configurations train with their units replayed as CUDA graphs; with ``"fit_step_per_parameter": true`` the fit
+gives the optimizer step per parameter (benchmarks/search_fit.py).
 A set with models runs: the fit set first, then its engine model is fitted (benchmarks/search_fit.py) and
 written beside its runs; then the held-out set is searched with that engine model (`envpipe search
 --engine-model`; without a fit set run here, ``--engine-model`` or the search's default) and trained. A
@@ -24,8 +27,12 @@ model may declare its own micro-batch sizes. Per model:
    needs to fill it, up to ``max_iterations`` (short, launch-bound iterations are noisy on a shared host).
    Peak memory: the caching allocator's allocated and reserved peaks from before the model is
    built, and what the process holds outside the allocator at the end (cudaMemGetInfo; the process is alone
-   on its GPU). The device peak is reserved + outside. The model is built on its GPU (a torch.device context
-   around `envpipe.models.gpt.pipeline`), not on the CPU and moved: the same tensors, minutes sooner.
+   on its GPU). The device peak is reserved + outside. A graphed run's recordings are made in its first
+   iteration: its peaks are the larger of the warm-up's and the timed iterations' (the counters reset between),
+   and it also records the timed iterations' allocated peak and the bytes of the recordings' private pools
+   (``graph_pool_bytes``: memory no tensor the allocator counts as allocated owns, held all the time).
+   The model is built on its GPU (a torch.device context around `envpipe.models.gpt.pipeline`), not on the CPU
+   and moved: the same tensors, minutes sooner.
 
 Children are forked from a parent that imported torch, DeepSpeed and transformers without touching CUDA
 (PYTORCH_NVML_BASED_CUDA_CHECK), so that a run does not pay the imports; if a forked child cannot use CUDA,
@@ -131,13 +138,18 @@ def _train(spec: dict[str, Any]) -> None:
     assert cfg.plan is not None, "a found configuration carries its plan"
     engine.set_unit_orders(Plan.load(cfg.plan).orders())
     engine.time_units(True)  # CUDA events around every unit, as the runtime's iterations have them
-    if spec.get("graphs"):  # units replayed as CUDA graphs (benchmarks/graphed_runtime.py)
+    graphed = bool(spec.get("graphs") or cfg.cuda_graphs)  # benchmarks/graphed_runtime.py's, or the found config's
+    if graphed:
         from envpipe.runtime.engine.graphs import CudaGraphs
 
         engine.run_units_as_graphs(CudaGraphs())
     data = counting(shape, job["micro_batch"], engine.device)
     times, units, losses = [], [], []
+    warm_peaks: dict[str, int] = {}
     for i in range(spec["warmup"] + spec["iterations"]):
+        if graphed and on_gpu and i == spec["warmup"]:  # recorded: the peaks from here are the steady state's
+            warm_peaks = _peaks(device)
+            torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         loss = engine.train_batch(data)
         if on_gpu:
@@ -149,14 +161,17 @@ def _train(spec: dict[str, Any]) -> None:
     memory = None
     if on_gpu:
         stats = torch.cuda.memory_stats(device)
+        steady = _peaks(device)
+        peaks = {k: max(v, warm_peaks.get(k, 0)) for k, v in steady.items()}
         free, total = torch.cuda.mem_get_info(device)
         reserved_now = torch.cuda.memory_reserved(device)
-        memory = {"allocated_peak_bytes": stats["allocated_bytes.all.peak"],
-                  "reserved_peak_bytes": stats["reserved_bytes.all.peak"],
-                  "outside_allocator_bytes": total - free - reserved_now, "device_total_bytes": total,
-                  "device_peak_bytes": stats["reserved_bytes.all.peak"] + total - free - reserved_now,
-                  "inactive_split_peak_bytes": stats["inactive_split_bytes.all.peak"],
+        memory = {**peaks, "outside_allocator_bytes": total - free - reserved_now, "device_total_bytes": total,
+                  "device_peak_bytes": peaks["reserved_peak_bytes"] + total - free - reserved_now,
                   "alloc_retries": stats["num_alloc_retries"], "ooms": stats["num_ooms"]}
+        if graphed:  # the recordings' private pools hold memory no tensor the allocator counts owns
+            memory["steady_allocated_peak_bytes"] = steady["allocated_peak_bytes"]
+            memory["graph_pool_bytes"] = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                                             if tuple(seg["segment_pool_id"]) != (0, 0))
     result = {"config": Path(spec["config"]).name, "micro_batch": job["micro_batch"],
               "microbatches": job["microbatches"],
               "allocator": spec.get("allocator") or "default",
@@ -168,6 +183,16 @@ def _train(spec: dict[str, Any]) -> None:
                                     "by CUDA events; memory by torch.cuda's allocator counters and cudaMemGetInfo"}}
     Path(spec["out"]).write_text(json.dumps(result, indent=1) + "\n")
     distributed.exit_process()
+
+
+def _peaks(device: Any) -> dict[str, int]:
+    """The caching allocator's peaks since its counters were last reset."""
+    import torch
+
+    stats = torch.cuda.memory_stats(device)
+    return {"allocated_peak_bytes": stats["allocated_bytes.all.peak"],
+            "reserved_peak_bytes": stats["reserved_bytes.all.peak"],
+            "inactive_split_peak_bytes": stats["inactive_split_bytes.all.peak"]}
 
 
 def _child(spec: dict[str, Any]) -> None:
@@ -236,13 +261,17 @@ class Children:
 
 # --- the parent -----------------------------------------------------------------------------------------------
 
-def search_configs(layers: Path, out: Path, global_batch: int, log: Path, engine: Path | None) -> list[Path]:
-    """`envpipe search` for one GPU: the found configurations of every micro-batch size that fits, by size."""
+def search_configs(layers: Path, out: Path, global_batch: int, log: Path, engine: Path | None,
+                   graphed: bool = False) -> list[Path]:
+    """`envpipe search` for one GPU (``graphed``: --cuda-graphs): the found configurations of every micro-batch size
+    that fits, by size."""
     cmd = [sys.executable, "-c", "import sys; from envpipe.cli import main; sys.exit(main())", "search",
            "--layers", str(layers), "--gpus-per-node", "1", "--global-batch", str(global_batch), "--top-k", "100",
            "--out-dir", str(out)]
     if engine is not None:
         cmd += ["--engine-model", str(engine)]
+    if graphed:
+        cmd.append("--cuda-graphs")
     if json.loads(layers.read_text())["device"] == "cpu":  # the CPU check: no device memory in the profile
         cmd += ["--memory-gib", "4", "--memory-margin-gib", "0"]
     with log.open("w") as fh:
@@ -284,7 +313,8 @@ class Bench:
         if not self.children.run(profile, here / "profile.log"):
             print(f"  profile failed: {here / 'profile.log'}", flush=True)
             return
-        configs = search_configs(layers, here / "configs", self.declared["global_batch"], here / "search.log", engine)
+        configs = search_configs(layers, here / "configs", self.declared["global_batch"], here / "search.log", engine,
+                                 bool(self.declared.get("cuda_graphs")) and _profiled_on_gpu(layers))
         sizes_fit = [json.loads(c.read_text())["envpipe_search"]["micro_batch"] for c in configs]
         print(f"  {len(configs)} configurations fit: micro-batch {', '.join(map(str, sizes_fit))}", flush=True)
         for config in configs:
@@ -302,6 +332,11 @@ class Bench:
             print(f"{datetime.now(UTC):%H:%M:%S} {kind} {name} {stem}: {'done' if ok else 'FAILED'} in "
                   f"{time.monotonic() - t0:.0f} s", flush=True)
             pack(self.out, self.archive)
+
+
+def _profiled_on_gpu(layers: Path) -> bool:
+    """Graphs need a GPU: the CPU check (--tiny on CPU) searches its profile without them."""
+    return bool(json.loads(layers.read_text())["device"] != "cpu")
 
 
 def micro_batch_sizes(declared_set: dict[str, Any], entry: dict[str, Any]) -> list[int]:
@@ -366,7 +401,8 @@ def main() -> None:
             if not runs:
                 print("no GPU runs to fit (the CPU check): the held-out set keeps the default engine model")
                 continue
-            fitted, details = fit(runs, datetime.now(UTC).strftime("%Y-%m-%d"))
+            fitted, details = fit(runs, datetime.now(UTC).strftime("%Y-%m-%d"),
+                                  bool(declared.get("fit_step_per_parameter")))
             engine = args.out / "fit" / "engine.json"
             engine.write_text(json.dumps(fitted.to_json(), indent=1) + "\n")
             (args.out / "fit" / "details.json").write_text(json.dumps(details, indent=1) + "\n")

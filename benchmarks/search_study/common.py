@@ -75,13 +75,21 @@ def rows(call: Path, kind: str, engine: dict[str, Any]) -> list[Row]:
             # the search's allocated peak is the tensors'; the measured one holds the workspaces too
             alloc_pred = pred["peak_allocated_bytes_per_stage"][0] + device_memory["workspace_bytes"]
             time_pred = fitted[(model.name, run["micro_batch"])] if kind == "fit" else pred["baseline_iteration_time_s"]
+            allocated = allocated_peak(memory)
             out.append(Row(kind, model.name, run["micro_batch"], run["microbatches"], time_pred,
-                           run["measured"]["iteration_s"], alloc_pred, memory["allocated_peak_bytes"],
-                           alloc_pred + outside_pred,
-                           memory["allocated_peak_bytes"] + memory["outside_allocator_bytes"],
+                           run["measured"]["iteration_s"], alloc_pred, allocated, alloc_pred + outside_pred,
+                           allocated + memory["outside_allocator_bytes"],
                            memory["reserved_peak_bytes"], pred["peak_memory_bytes_per_stage"][0],
                            memory["inactive_split_peak_bytes"]))
     return out
+
+
+def allocated_peak(memory: dict[str, Any]) -> int:
+    """A run's allocated peak; a graphed run's timed iterations hold their recordings' pools besides
+    (benchmarks/search_accuracy.py)."""
+    if "graph_pool_bytes" in memory:
+        return max(memory["allocated_peak_bytes"], memory["steady_allocated_peak_bytes"] + memory["graph_pool_bytes"])
+    return int(memory["allocated_peak_bytes"])
 
 
 def summary(found: list[Row]) -> str:

@@ -231,6 +231,28 @@ def test_the_fit_recovers_time_terms_from_profiles_with_unit_calls() -> None:
     assert "time not fitted" not in engine.label
 
 
+def test_graphed_runs_give_the_step_per_parameter_and_the_work_per_unit() -> None:
+    """Graphed runs made by a known engine (0.5 ms per forward unit, 2 ms per iteration, 30 ps per parameter) on two
+    models of 4 and 8 M parameters whose tails are that engine's (2 ms + parameters x 30 ps): the fit finds the step
+    per parameter and t from the tails, h from the iterations, and leaves the host's scale at 1."""
+    calls = UnitCalls(1e-4, 2e-5, {1: 3e-4, 2: 3e-4}, "test")
+    truth = EngineModel(0.5e-3, 2e-3, 1.0, 0.0, 0, "x", "truth", step_per_parameter_s=3e-11)
+    runs = []
+    for params in (1_000_000, 2_000_000):
+        profile = replace(layer_profile([2.0] * 4, host_ms=[6.0] * 4, sizes=(1, 2), params=[params] * 4),
+                          unit_calls=calls)
+        for b, M in ((1, 8), (2, 4)):
+            run = replace(_run(profile, b, M, truth), graphed=True, tail_s=2e-3 + 4 * params * 3e-11)
+            runs.append(replace(run, iteration_s=predicted_iteration_s(run, truth)))
+    engine, details = fit(runs, "2026-11-29", step_per_parameter=True)
+    assert engine.step_per_parameter_s == pytest.approx(3e-11, rel=1e-3)
+    assert engine.iteration_s == pytest.approx(2e-3, abs=1e-6) and engine.unit_host_s == pytest.approx(0.5e-3, abs=1e-7)
+    assert engine.host_scale == 1.0 and engine.host_spread == 0.0  # graphed units: no host band
+    assert all(r["graphed"] for r in details["runs"])
+    eager = replace(runs[0], graphed=False)  # the same run predicted eagerly: the host's launches set its pace
+    assert predicted_iteration_s(eager, truth) > 2 * predicted_iteration_s(runs[0], truth)
+
+
 def test_the_host_spread_is_the_least_that_holds_every_run_the_host_can_explain() -> None:
     """A launch-bound run measured as if its host were 6 % slower needs a spread of 6 %, one 3 % faster 3 %; a
     device-bound run 5 % off needs more than any spread gives (the host does not set its time): left out. The fit
