@@ -24,11 +24,19 @@ A stage holding layers a..b-1 at micro-batch size m needs
   two buffers, so one more logits tensor than the one in flight during the units, and two during the step.
 
 allocated peak = max(static + kept + in-flight x per micro-batch + transient, static + kept at the step +
-step workspace). With the units replayed as CUDA graphs (envpipe.runtime.engine.graphs) each micro-batch in flight
-has a recording whose private memory pool holds its activations and its units' workspace, all iteration
-(the optimizer step included): in-flight x (per micro-batch + transient) + static + the larger of kept and
-kept at the step + step workspace; the first iteration, before the recordings, is the eager peak, so the
-peak is the larger of the two. The in-flight count is the order's (envpipe.plan.memory.peak_in_flight: 1F1B keeps
+step workspace).
+
+With the units replayed as CUDA graphs (envpipe.runtime.engine.graphs) each micro-batch in flight has a recording
+whose private memory pool is held all iteration, the optimizer step included: the larger of its activations and
+its static gradients (the stage's weights', with the unit's workspace), as the recorded backward frees the one
+and makes the other. Outside the pools the stage holds its static bytes and one more gradients' worth (the
+replays' gradient copies on their way to the optimizer's), and, during the units, its kept outputs and the loss,
+computed outside the recordings (``LOSS_LOGITS`` logits tensors at its peak), or, at the step, what the step
+holds. The first iteration, before the recordings, is the eager peak, so the peak is the larger of the two. On
+one H200 (call7's fit set, benchmarks/results/search_accuracy_call7.md) this put two models' graphed allocated
+peaks at micro-batches 1 to 16 within -0.4 to +5.7 % of the measured.
+
+The in-flight count is the order's (envpipe.plan.memory.peak_in_flight: 1F1B keeps
 min(M, P-s) on stage s, EnvPipe's order r_s more). The planner gets the per-micro-batch bytes and what is
 left for them (envpipe.search.evaluate.stage_memory).
 
@@ -53,6 +61,9 @@ from envpipe.search.cut import segment_max, segment_sums
 from envpipe.search.layers import LayerProfile
 
 KEPT_OUTPUT_BUFFERS = 2  # DeepSpeed TrainSchedule.num_pipe_buffers() on the last stage: max(2, min(P - s, M))
+# a graphed last stage's loss outside its recordings, in logits tensors (the training dtype's) at its peak: fitted
+# on call7's fit set (cross-entropy on the logits cast to fp32: the cast, its log-softmax and their gradients)
+LOSS_LOGITS = 7
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,8 @@ class StageBytes:
     step_transient: int
     kept_units: int = 0  # outputs the engine keeps beyond the in-flight ones, during the units
     kept_step: int = 0  # and during the optimizer step
+    gradients: int = 0  # the weights' gradients
+    loss: int = 0  # graphed: the last stage's loss outside its recordings
     graphed: bool = False  # units replayed as CUDA graphs: each micro-batch in flight holds a recording's pool
 
     def peak(self, in_flight: int) -> int:
@@ -75,14 +88,16 @@ class StageBytes:
 
     @property
     def per_in_flight(self) -> int:
-        """What each micro-batch in flight adds (graphed: its recording's pool, workspace included)."""
-        return self.per_microbatch + self.transient if self.graphed else self.per_microbatch
+        """What each micro-batch in flight adds (graphed: its recording's pool)."""
+        if self.graphed:
+            return max(self.per_microbatch, self.gradients + self.transient)
+        return self.per_microbatch
 
     @property
     def room_taken(self) -> int:
         """What the stage holds besides its micro-batches in flight, at its peak."""
         if self.graphed:
-            return self.static + max(self.kept_units, self.kept_step + self.step_transient)
+            return self.static + self.gradients + max(self.kept_units + self.loss, self.kept_step + self.step_transient)
         return self.static + self.kept_units + self.transient
 
 
@@ -142,6 +157,8 @@ class MemoryTables:
         logits = float(out[-1])
         self.kept_units = self._valid(np.where(ends_last, (kept - 1) * logits, 0.0))
         self.kept_step = self._valid(np.where(ends_last, kept * logits, 0.0))
+        self.gradients = self._valid(segment_sums(np.array([layer.param_bytes for layer in profile.layers], float)))
+        self.loss = self._valid(np.where(ends_last, LOSS_LOGITS * logits, 0.0))
         if profile.dtype == "bf16":  # BF16_Optimizer steps one flat fp32 partition: its layers' workspaces add up
             self.step = self._valid(segment_sums(step) / replicas)
         elif profile.device == "cpu":  # torch AdamW's per-tensor loop on CPU: one layer's workspace at a time
@@ -153,9 +170,10 @@ class MemoryTables:
         return np.where(self.valid, table, 0.0)
 
     def stage(self, a: int, b: int) -> StageBytes:
-        static, per, transient, step, kept_units, kept_step = (int(t[a, b]) for t in (
-            self.static, self.per_microbatch, self.transient, self.step, self.kept_units, self.kept_step))
-        return StageBytes(static, per, transient, step, kept_units, kept_step, self.graphed)
+        static, per, transient, step, kept_units, kept_step, gradients, loss = (int(t[a, b]) for t in (
+            self.static, self.per_microbatch, self.transient, self.step, self.kept_units, self.kept_step,
+            self.gradients, self.loss))
+        return StageBytes(static, per, transient, step, kept_units, kept_step, gradients, loss, self.graphed)
 
     def peak(self, in_flight: int) -> np.ndarray:
         """(L+1, L+1) allocated peak of every segment with ``in_flight`` micro-batches (inf: empty segments), as
@@ -163,6 +181,7 @@ class MemoryTables:
         peak = np.maximum(self.static + self.kept_units + in_flight * self.per_microbatch + self.transient,
                           self.static + self.kept_step + self.step)
         if self.graphed:
-            pools = in_flight * (self.per_microbatch + self.transient)
-            peak = np.maximum(peak, self.static + np.maximum(self.kept_units, self.kept_step + self.step) + pools)
+            pools = in_flight * np.maximum(self.per_microbatch, self.gradients + self.transient)
+            rest = self.static + self.gradients + np.maximum(self.kept_units + self.loss, self.kept_step + self.step)
+            peak = np.maximum(peak, rest + pools)
         return np.where(self.valid, peak, np.inf)

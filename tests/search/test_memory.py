@@ -86,8 +86,10 @@ def test_graphed_stages_hold_a_recordings_pool_per_micro_batch_in_flight() -> No
     profile = layer_profile([1.0, 1.0, 1.0], act_mib=[4.0, 4.0, 4.0], params=[1_000_000] * 3)
     eager, graphed = MemoryTables(profile, 2, 1, 8).stage(1, 3), MemoryTables(profile, 2, 1, 8, True).stage(1, 3)
     assert graphed.graphed and not eager.graphed
-    pool = eager.per_microbatch + eager.transient
-    rest = eager.static + max(eager.kept_units, eager.kept_step + eager.step_transient)
+    weights = 2 * 4_000_000  # layers 1 and 2, 4 MB of fp32 weights each: their gradients
+    assert graphed.gradients == weights and graphed.loss == 7 * 6 * MIB  # seven logits tensors at b = 2
+    pool = max(eager.per_microbatch, weights + eager.transient)
+    rest = eager.static + weights + max(eager.kept_units + graphed.loss, eager.kept_step + eager.step_transient)
     for in_flight in (1, 3):
         assert graphed.peak(in_flight) == max(eager.peak(in_flight), rest + in_flight * pool)
     assert graphed.peak(3) > eager.peak(3)
