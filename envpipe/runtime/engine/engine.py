@@ -109,6 +109,8 @@ class EnvPipeEngine(PipelineEngine):
         self.clocks_requested: list[int] = []  # the clocks this iteration asked for, in order
         self.envpipe: EngineRun | None = None  # the phases, attached by envpipe.initialize
         self.graphs: StageGraphs | None = None  # the stage's units replayed as recorded graphs (run_units_as_graphs)
+        if self.using_bf16_optimizer:  # its gradients' hand-off in one multi-tensor add, not a loop per parameter
+            batch_hp_grads(self.optimizer)
 
     # --- what the user's script calls: DeepSpeed's API, with EnvPipe's phases inside ---------------------
     def train_batch(self, data_iter: Any = None) -> Any:
@@ -213,8 +215,6 @@ class EnvPipeEngine(PipelineEngine):
             raise GraphError("cuda_graphs: seed_layers reseeds the host's generator at every layer, which a "
                              "recording would do only once")
         self.graphs = StageGraphs(self.module, recorder)
-        if self.using_bf16_optimizer:  # the per-parameter loop would set the host's pace again
-            batch_hp_grads(self.optimizer)
 
     def has_run(self, orders: Sequence[Sequence[Unit]]) -> bool:
         """These per-stage orders were set for an iteration before (each order is checked once, when first set)."""

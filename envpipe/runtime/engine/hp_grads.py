@@ -1,15 +1,17 @@
-"""DeepSpeed's BF16_Optimizer hand-off of a micro-batch's gradients to its fp32 accumulators, in one multi-tensor
-add instead of a Python loop over the parameters.
+"""DeepSpeed's BF16_Optimizer hand-off of a micro-batch's gradients to its accumulators, in one multi-tensor add
+instead of a Python loop over the parameters; every EnvPipe engine with that optimizer uses it.
 
 After every backward the pipeline engine calls ``BF16_Optimizer.update_hp_grads``, which adds each bf16
-parameter's gradient to its fp32 accumulator one parameter at a time: a few tens of microseconds of Python and
-two kernel launches per parameter tensor. With the stage's units replayed as CUDA graphs
-(envpipe.runtime.engine.graphs) that loop is most of what the host still does in a backward: measured on one
-H200 (2026-11-29, benchmarks/results/graphed_runtime_h200.md), a 32-block GPT-2 at micro-batch 1 took 23.4 ms
-per graphed backward unit against 12.5 ms of its layers' device time, and the host's speed, which wanders on
-the lent machines, set the pace. ``batch_hp_grads`` gives the optimizer an ``update_hp_grads`` with the same
-effect (the same fp32 sums, bit for bit: each accumulator plus its gradient, promoted to fp32; the same
-bookkeeping, ``_hp_grad`` and ``fp32_groups_has_gradients``) from one ``torch._foreach_add_``.
+parameter's gradient to its accumulator one parameter at a time: a few tens of microseconds of Python and
+a few kernel launches per parameter tensor. With the stage's units replayed as CUDA graphs
+(envpipe.runtime.engine.graphs) that loop was most of what the host still did in a backward: on one H200
+(2026-11-29) a 32-block GPT-2's graphed backward unit at micro-batch 1 took 23.4 ms with it
+(benchmarks/results/graphed_runtime_h200.md) and 11.2 ms with the batched add
+(benchmarks/results/search_accuracy_call7.md), against 12.5 ms of its layers' device time in the profile, which
+now times its accumulation the same way (envpipe.layerprof.profiler). ``batch_hp_grads`` gives the optimizer an
+``update_hp_grads`` with the same effect (the same sums, bit for bit: each accumulator plus its gradient,
+promoted to the accumulator's dtype; the same bookkeeping, ``_hp_grad`` and ``fp32_groups_has_gradients``) from
+one ``torch._foreach_add_``.
 
 It leaves DeepSpeed's own where that does more than the add: ``immediate_grad_update`` (its hooks add as the
 backward runs) and expert folding across tensor-parallel ranks (``autoep_folding_tp_group``).
