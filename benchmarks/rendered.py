@@ -31,7 +31,7 @@ from benchmarks import (
 from benchmarks.clockd_study import fair as clockd_fair
 from benchmarks.common import RESULTS, ROOT
 from benchmarks.runtime_study import ablation, dp, dropin, rounds
-from benchmarks.search_study import call1, call3, call4, call6, twogpu
+from benchmarks.search_study import call1, call3, call4, call6, graphed, twogpu
 
 RAW = RESULTS / "h200_runs"
 RAW_H100 = RESULTS / "h100_runs"
@@ -110,6 +110,10 @@ RENDERED = (
              "python benchmarks/search_results.py call4"),
     Rendered("search_accuracy_call6.md", (), lambda _: call6.render(),
              "python benchmarks/search_results.py call6"),
+    Rendered("search_accuracy_call7.md", (), lambda _: graphed.render_call7(),
+             "python benchmarks/search_results.py call7"),
+    Rendered("search_accuracy_call8.md", (), lambda _: graphed.render_call8(),
+             "python benchmarks/search_results.py call8"),
     Rendered("graphed_units_h200.md", (RESULTS / "graphed_units" / "h200_0916" / "graphed.json",),
              graphed_units.render, "python benchmarks/graphed_units.py render"),
     Rendered("graphed_runtime_h200.md", (RESULTS / "graphed_runtime" / "h200_1236",), graphed_runtime.render,

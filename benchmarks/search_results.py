@@ -6,6 +6,8 @@ folder or round; the renderers are in benchmarks/search_study/).
     python benchmarks/search_results.py call3    > benchmarks/results/search_accuracy_call3.md
     python benchmarks/search_results.py call4    > benchmarks/results/search_accuracy_call4.md
     python benchmarks/search_results.py call6    > benchmarks/results/search_accuracy_call6.md
+    python benchmarks/search_results.py call7    > benchmarks/results/search_accuracy_call7.md
+    python benchmarks/search_results.py call8    > benchmarks/results/search_accuracy_call8.md
 
 two-gpu: benchmarks/search_h200.sh's work directories or their .tar.gz (search.md, search_h100x2.md); the command
 that produced an OUT is --command, else its command.txt (for X.tar.gz: X.command.txt beside it). callN: a round of
@@ -23,10 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from benchmarks.common import OneLineErrors
-from benchmarks.search_study import call1, call3, call4, call6, twogpu
+from benchmarks.search_study import call1, call3, call4, call6, graphed, twogpu
 
 ROUNDS: dict[str, Callable[[], str]] = {"call1": call1.render, "call3": call3.render, "call4": call4.render,
-                                        "call6": call6.render}  # by the round's first call
+                                        "call6": call6.render, "call7": graphed.render_call7,
+                                        "call8": graphed.render_call8}  # by the round's first call
 
 
 def _render(args: argparse.Namespace) -> str:

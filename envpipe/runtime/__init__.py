@@ -5,7 +5,8 @@
   timed and metered alike, for comparisons);
 - `engine/`: `engine` (PipelineEngine subclass: unit orders, clocks, unit timing, a simulated GPU's virtual
   time; train_batch / checkpoints hand over to the run), `schedule` (the instruction streams), `spin` (a delay on
-  the GPU: a rehearsal's stretch), `graphs` (a stage's units replayed as CUDA graphs: `cuda_graphs`);
+  the GPU: a rehearsal's stretch), `graphs` (a stage's units replayed as CUDA graphs: `cuda_graphs`), `hp_grads`
+  (BF16_Optimizer's gradient hand-off in one multi-tensor add);
 - the run: `run` (EnvPipeRun: the phases inside train_batch, the report, checkpoints), `rig` (what the phases
   work on, and the `Step` they yield), `decision` (the plain types the phases hand on: `CalibrationResult`, `Decision`,
   `Decided`), `state` (what a checkpoint carries);

@@ -81,6 +81,27 @@ def test_the_fifth_rounds_held_out_predictions_came_before_its_runs() -> None:
             assert {"time_band_s", "regime", "host_share"} <= set(run["predicted"])
 
 
+@pytest.mark.parametrize(("call", "run"), [("call7", "run2"), ("call8", "run1")])
+def test_the_graphed_rounds_held_out_predictions_came_before_their_runs(call: str, run: str) -> None:
+    """call7 and call8: every declared held-out model and size ran graphed, its predictions its found configuration's,
+    searched with --cuda-graphs and call7/engine.json; that file is the fit of call7's fit set (graphed runs too)."""
+    engine = load_engine_model(RAW / "call7" / "engine.json")
+    fit_runs = load_runs(RAW / "call7" / "run1" / "fit")
+    assert all(r.graphed for r in fit_runs) and fit(fit_runs, "2026-11-29", step_per_parameter=True)[0] == engine
+    ran = set()
+    for path in (RAW / call / run / "heldout").glob("*/runs/b*[0-9].json"):
+        result = json.loads(path.read_text())
+        configs = path.parents[1] / "configs"
+        config = json.loads((configs / ("found.json" if result["config"] == "found.json" else
+                                        f"top/{result['config']}")).read_text())
+        assert result["predicted"] == config["envpipe_search"]["predicted"]
+        assert config["envpipe_search"]["engine_model"] == engine.label and config["envpipe"]["cuda_graphs"] is True
+        assert result["measured"]["graphs"] == 1 and result["measured"]["memory"]["graph_pool_bytes"] > 0
+        ran.add((path.parents[1].name, result["micro_batch"]))
+    declared = json.loads((RAW / call / "shapes.json").read_text())["heldout"]["models"]
+    assert ran == {(m["name"], b) for m in declared for b in m["micro_batch_sizes"]}
+
+
 @pytest.mark.parametrize(("call", "engine"), [("call4", "call3"), ("call5", "call5")])
 def test_the_third_rounds_predictions_came_before_its_runs(call: str, engine: str) -> None:
     """Each run's predictions are its found configuration's, searched with the declared engine model on a version 4
