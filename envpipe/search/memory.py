@@ -27,14 +27,14 @@ allocated peak = max(static + kept + in-flight x per micro-batch + transient, st
 step workspace).
 
 With the units replayed as CUDA graphs (envpipe.runtime.engine.graphs) each micro-batch in flight has a recording
-whose private memory pool is held all iteration, the optimizer step included: the larger of its activations and
-its static gradients (the stage's weights', with the unit's workspace), as the recorded backward frees the one
-and makes the other. Outside the pools the stage holds its static bytes and one more gradients' worth (the
-replays' gradient copies on their way to the optimizer's), and, during the units, its kept outputs and the loss,
-computed outside the recordings (``LOSS_LOGITS`` logits tensors at its peak), or, at the step, what the step
-holds. The first iteration, before the recordings, is the eager peak, so the peak is the larger of the two. On
-one H200 (call7's fit set, benchmarks/results/search_accuracy_call7.md) this put two models' graphed allocated
-peaks at micro-batches 1 to 16 within -0.4 to +5.7 % of the measured.
+whose private memory pool is held all iteration, the optimizer step included: the larger of its activations and its
+static gradients (the stage's weights', with the unit's workspace), as the recorded backward frees the one and
+makes the other. Outside the pools the stage holds its static bytes and one more gradients' worth (as the fit set's
+runs held; the replays' gradient copies are such a set on their way to the optimizer's), and, during the units, its
+kept outputs and the loss, computed outside the recordings (``LOSS_LOGITS`` logits tensors at its peak), or, at the
+step, what the step holds. The first iteration, before the recordings, is the eager peak, so the peak is the larger
+of the two. On one H200 (call7's fit set, benchmarks/results/search_accuracy_call7.md) this put two models' graphed
+allocated peaks at micro-batches 1 to 16 within -0.4 to +5.7 % of the measured.
 
 The in-flight count is the order's (envpipe.plan.memory.peak_in_flight: 1F1B keeps
 min(M, P-s) on stage s, EnvPipe's order r_s more). The planner gets the per-micro-batch bytes and what is

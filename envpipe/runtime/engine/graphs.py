@@ -15,15 +15,14 @@ stage s of 1F1B, more in EnvPipe's orders), each with its own pool: recordings t
 in the order they were recorded, which the forwards and backwards of a pipeline schedule do not. Every slot's
 pool keeps its forward's and backward's transient memory as well.
 
-Gradients leave a replay as copies (``_Replay.backward``): a returned tensor may become a parameter's or an
-input's ``.grad`` as it is (autograd takes an unshared gradient instead of copying it), and the next replay
-would then write over a gradient still being accumulated or sent (torch.cuda.make_graphed_callables returns
-its static buffers: pytorch/pytorch#181723), made by one multi-tensor multiply by 1 (exact) rather than a clone
-per parameter, the host's work per parameter being what is left to set a graphed backward's pace (with
-DeepSpeed's BF16_Optimizer, the run batches its hand-off to the fp32 accumulators too:
-envpipe.runtime.engine.hp_grads). Forwards without gradients (evaluation, no_grad) run eagerly, as
-does a forward while ``eager`` is set (the runtime's activation metering, which needs autograd's saved
-tensors).
+Gradients leave a replay as copies (``_Replay.backward``): a returned tensor may become a parameter's or an input's
+``.grad`` as it is (autograd takes an unshared gradient instead of copying it), and the next replay would then
+write over a gradient still being accumulated or sent (torch.cuda.make_graphed_callables returns its static
+buffers: pytorch/pytorch#181723), made by one multi-tensor multiply by 1 (exact) rather than a clone per parameter,
+the host's work per parameter being what is left to set a graphed backward's pace (the engine batches DeepSpeed's
+BF16_Optimizer's hand-off to its accumulators too: envpipe.runtime.engine.hp_grads). Forwards without gradients
+(evaluation, no_grad) run eagerly, as does a forward while ``eager`` is set (the runtime's activation metering,
+which needs autograd's saved tensors).
 """
 
 from __future__ import annotations
