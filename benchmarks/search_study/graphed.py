@@ -181,7 +181,7 @@ def render_call7() -> str:
         "DeepSpeed's hand-off of its gradients one parameter at a time) is longer than the recorded backward of",
         "the whole stage with the engine's batched hand-off, by most at the small micro-batches where its many",
         "small kernels weigh most. The next round (search_accuracy_call8.md) times the batched hand-off in the",
-        "profile.", "",
+        "profile, to see whether the hand-off is the difference.", "",
     ])
 
 
@@ -207,5 +207,7 @@ def render_call8() -> str:
         "and at micro-batch 1 its iterations spread widely (the min-max column): the host's work per tensor left in",
         "a graphed iteration sets its pace there, and the search's graphed model, which has no host term, calls it",
         "device-bound. The engine model would need a host term per parameter tensor, which the layer profile does",
-        "not yet count.", "",
+        "not yet count. Timing the batched hand-off in the profile did not remove GPT-2's long backward units (the",
+        "per-unit table, micro-batch 2 to 16): a layer's own backward() takes longer than its share of a stage's",
+        "recorded backward for some other reason as well, which these runs do not isolate.", "",
     ])
