@@ -263,17 +263,17 @@ class Children:
 
 def search_configs(layers: Path, out: Path, global_batch: int, log: Path, engine: Path | None,
                    graphed: bool = False) -> list[Path]:
-    """`envpipe search` for one GPU (``graphed``: --cuda-graphs): the found configurations of every micro-batch size
-    that fits, by size."""
+    """`envpipe search` for one GPU (``graphed``: --cuda-graphs, on a GPU's profile: the CPU check searches its
+    profile without graphs): the found configurations of every micro-batch size that fits, by size."""
     cmd = [sys.executable, "-c", "import sys; from envpipe.cli import main; sys.exit(main())", "search",
            "--layers", str(layers), "--gpus-per-node", "1", "--global-batch", str(global_batch), "--top-k", "100",
            "--out-dir", str(out)]
     if engine is not None:
         cmd += ["--engine-model", str(engine)]
-    if graphed:
-        cmd.append("--cuda-graphs")
     if json.loads(layers.read_text())["device"] == "cpu":  # the CPU check: no device memory in the profile
         cmd += ["--memory-gib", "4", "--memory-margin-gib", "0"]
+    elif graphed:
+        cmd.append("--cuda-graphs")
     with log.open("w") as fh:
         subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
     configs = [out / "found.json", *sorted((out / "top").glob("*[0-9].json"))]
@@ -314,7 +314,7 @@ class Bench:
             print(f"  profile failed: {here / 'profile.log'}", flush=True)
             return
         configs = search_configs(layers, here / "configs", self.declared["global_batch"], here / "search.log", engine,
-                                 bool(self.declared.get("cuda_graphs")) and _profiled_on_gpu(layers))
+                                 bool(self.declared.get("cuda_graphs")))
         sizes_fit = [json.loads(c.read_text())["envpipe_search"]["micro_batch"] for c in configs]
         print(f"  {len(configs)} configurations fit: micro-batch {', '.join(map(str, sizes_fit))}", flush=True)
         for config in configs:
@@ -332,11 +332,6 @@ class Bench:
             print(f"{datetime.now(UTC):%H:%M:%S} {kind} {name} {stem}: {'done' if ok else 'FAILED'} in "
                   f"{time.monotonic() - t0:.0f} s", flush=True)
             pack(self.out, self.archive)
-
-
-def _profiled_on_gpu(layers: Path) -> bool:
-    """Graphs need a GPU: the CPU check (--tiny on CPU) searches its profile without them."""
-    return bool(json.loads(layers.read_text())["device"] != "cpu")
 
 
 def micro_batch_sizes(declared_set: dict[str, Any], entry: dict[str, Any]) -> list[int]:

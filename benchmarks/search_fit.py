@@ -94,11 +94,11 @@ def load_runs(fit_dir: Path) -> list[FitRun]:
                                run.get("allocator", "default"), statistics.median(measured["iteration_s"]),
                                memory["allocated_peak_bytes"], memory["reserved_peak_bytes"],
                                memory["inactive_split_peak_bytes"], memory["outside_allocator_bytes"],
-                               measured["device"], bool(measured.get("graphs")), _tail_s(measured)))
+                               measured["device"], bool(measured.get("graphs")), tail_s(measured)))
     return runs
 
 
-def _tail_s(measured: dict[str, Any]) -> float:
+def tail_s(measured: dict[str, Any]) -> float:
     """Median over the timed iterations of the time outside the units (units' times from the iteration's start)."""
     return statistics.median(t - (max(u[3] for u in units) - min(u[2] for u in units))
                              for t, units in zip(measured["iteration_s"], measured["units_per_iteration"], strict=True))
@@ -134,13 +134,13 @@ def fit_time(runs: list[FitRun], allocator: str, step: tuple[float, float] | Non
         if step is not None:
             base = replace(base, iteration_s=step[0], step_per_parameter_s=step[1])
         core = np.array([predicted_iteration_s(r, base) for r in runs])
-        # relative error (core + M h [+ t] - measured) / measured, least squares with h, t >= 0
-        columns = [per_unit / measured] + ([1.0 / measured] if step is None else [])
-        solved, _ = nnls(np.c_[tuple(columns)], 1.0 - core / measured)
-        h, t = float(solved[0]), float(solved[1]) if step is None else step[0]
-        error = float(np.sum(((core + per_unit * h + (t if step is None else 0.0)) - measured) ** 2 / measured**2))
+        # relative error (core + M h [+ t] - measured) / measured, least squares with h, t >= 0 (t in core with step)
+        columns = [per_unit] if step is not None else [per_unit, np.ones(len(runs))]
+        solved, _ = nnls(np.c_[tuple(c / measured for c in columns)], 1.0 - core / measured)
+        fitted = core + sum(x * c for x, c in zip(solved, columns, strict=True))
+        error = float(np.sum((fitted - measured) ** 2 / measured**2))
         if best is None or error < best[0]:
-            best = (error, float(k), h, t)
+            best = (error, float(k), float(solved[0]), step[0] if step is not None else float(solved[1]))
     assert best is not None
     return best[1], best[2], best[3]
 

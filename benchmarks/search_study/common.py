@@ -148,13 +148,17 @@ def held_table(found: list[Row], call: Path, runs: tuple[str, ...]) -> list[str]
 
 
 def declared(call: Path) -> list[str]:
-    shapes = load_json(call / "shapes.json")
-    return [shapes["about"], "",
-            "| model | family | blocks | hidden | heads | seq | vocab | micro-batch sizes |",
+    return [load_json(call / "shapes.json")["about"], "", *models_table(call, "heldout")]
+
+
+def models_table(call: Path, kind: str) -> list[str]:
+    """The models a round's declaration gives its ``kind`` set (fit or heldout)."""
+    return ["| model | family | blocks | hidden | heads | seq | vocab | micro-batch sizes |",
             "|---|---|---|---|---|---|---|---|",
             *[f"| {m['name']} | {m['model']['family']} | {m['model']['layers']} | {m['model']['hidden']} | "
               f"{m['model']['heads']} | {m['model']['seq']} | {m['model']['vocab']} | "
-              f"{', '.join(map(str, m['micro_batch_sizes']))} |" for m in shapes["heldout"]["models"]]]
+              f"{', '.join(map(str, m['micro_batch_sizes']))} |"
+              for m in load_json(call / "shapes.json")[kind]["models"]]]
 
 
 def machine_line(call: Path, run: str) -> str:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 from benchmarks.common import prediction_error
+from benchmarks.search_fit import tail_s
 from benchmarks.search_study.common import (
     GIB,
     MEMORY_TARGET,
@@ -19,6 +21,7 @@ from benchmarks.search_study.common import (
     engine_line,
     load_json,
     machine_line,
+    models_table,
     rows,
     smi_excerpt,
 )
@@ -36,15 +39,6 @@ def _met(r: Row) -> tuple[bool, bool]:
     """(time, memory) targets of issue #38: time within 5 % (no run here is launch-bound: no band); device need
     within 10 %, never under by more than 3 %."""
     return abs(r.time_err) <= TIME_TARGET, abs(r.need_err) <= MEMORY_TARGET and r.need_err >= SHORT_LIMIT
-
-
-def _models(call: Path, kind: str) -> list[str]:
-    shapes = load_json(call / "shapes.json")
-    return ["| model | family | blocks | hidden | heads | seq | vocab | micro-batch sizes |",
-            "|---|---|---|---|---|---|---|---|",
-            *[f"| {m['name']} | {m['model']['family']} | {m['model']['layers']} | {m['model']['hidden']} | "
-              f"{m['model']['heads']} | {m['model']['seq']} | {m['model']['vocab']} | "
-              f"{', '.join(map(str, m['micro_batch_sizes']))} |" for m in shapes[kind]["models"]]]
 
 
 def held_out(call: Path, run: str) -> tuple[list[str], list[Row]]:
@@ -76,11 +70,19 @@ def held_out(call: Path, run: str) -> tuple[list[str], list[Row]]:
     return lines, found
 
 
-def unit_errors(folder: Path, engine: EngineModel) -> list[tuple[str, int, tuple[float, float], tuple[float, float],
-                                                                 tuple[float, float]]]:
-    """Per run (model, b, and per forward unit, backward unit and tail: (predicted, measured median)): the search's
-    graphed units (envpipe.search.timing) and tail (the engine's work per iteration and the optimizer step) against
-    the units' CUDA events and the iteration's time outside them."""
+class UnitRun(NamedTuple):
+    """One run's units and tail, each (predicted, measured median) in seconds (unit_errors)."""
+
+    model: str
+    b: int
+    forward: tuple[float, float]
+    backward: tuple[float, float]
+    tail: tuple[float, float]
+
+
+def unit_errors(folder: Path, engine: EngineModel) -> list[UnitRun]:
+    """Per run the search's graphed units (envpipe.search.timing) and tail (the engine's work per iteration and
+    the optimizer step) against the units' CUDA events and the iteration's time outside them."""
     out = []
     for model in sorted(d for d in folder.iterdir() if (d / "layers.json").exists()):
         profile = load_layer_profile(model / "layers.json")
@@ -95,33 +97,32 @@ def unit_errors(folder: Path, engine: EngineModel) -> list[tuple[str, int, tuple
             spans = measured["units_per_iteration"]
             f = statistics.median(u[3] - u[2] for it in spans for u in it if u[0] == "F")
             bwd = statistics.median(u[3] - u[2] for it in spans for u in it if u[0] == "B")
-            tail = statistics.median(t - (max(u[3] for u in it) - min(u[2] for u in it))
-                                     for t, it in zip(measured["iteration_s"], spans, strict=True))
-            out.append((model.name, b, (forward, f), (backward, bwd), (tail_pred, tail)))
+            out.append(UnitRun(model.name, b, (forward, f), (backward, bwd), (tail_pred, tail_s(measured))))
     return out
 
 
 def units_table(folder: Path, engine: EngineModel) -> list[str]:
     lines = ["| model | b | forward unit predicted / measured (ms) | error | backward unit predicted / measured (ms) | "
              "error | tail predicted / measured (ms) | error |", "|---|---|---|---|---|---|---|---|"]
-    for model, b, *pairs in unit_errors(folder, engine):
-        cells = [f"{p * MS:.{2 if i < 2 else 1}f} / {m * MS:.{2 if i < 2 else 1}f} | "
-                 f"{100 * prediction_error(p, m):+.1f} %" for i, (p, m) in enumerate(pairs)]
-        lines.append(f"| {model} | {b} | {' | '.join(cells)} |")
+    for run in unit_errors(folder, engine):
+        cells = [f"{p * MS:.{digits}f} / {m * MS:.{digits}f} | {100 * prediction_error(p, m):+.1f} %"
+                 for (p, m), digits in ((run.forward, 2), (run.backward, 2), (run.tail, 1))]
+        lines.append(f"| {run.model} | {run.b} | {' | '.join(cells)} |")
     return lines
 
 
 def findings(folder: Path, engine: EngineModel) -> list[str]:
     """Per model the range of its units' and tails' errors (unit_errors)."""
-    errors: dict[str, list[tuple[float, float, float]]] = {}
-    for model, _, *pairs in unit_errors(folder, engine):
-        errors.setdefault(model, []).append(tuple(prediction_error(p, m) for p, m in pairs))  # type: ignore[arg-type]
-    return [f"- {model}: forward units {_range(e, 0)}, backward units {_range(e, 1)}, tails {_range(e, 2)}."
-            for model, e in errors.items()]
+    runs: dict[str, list[UnitRun]] = {}
+    for run in unit_errors(folder, engine):
+        runs.setdefault(run.model, []).append(run)
+    return [f"- {model}: forward units {_range([r.forward for r in rs])}, backward units "
+            f"{_range([r.backward for r in rs])}, tails {_range([r.tail for r in rs])}." for model, rs in runs.items()]
 
 
-def _range(errors: list[tuple[float, float, float]], k: int) -> str:
-    return f"{100 * min(e[k] for e in errors):+.1f} to {100 * max(e[k] for e in errors):+.1f} %"
+def _range(pairs: list[tuple[float, float]]) -> str:
+    errors = [prediction_error(p, m) for p, m in pairs]
+    return f"{100 * min(errors):+.1f} to {100 * max(errors):+.1f} %"
 
 
 def fit_table() -> list[str]:
@@ -144,6 +145,8 @@ def _head(call: Path, title: str, command: str, earlier: str) -> list[str]:
             f"[search_accuracy/{call.name}/](search_accuracy/{call.name}/) (the declaration, committed before the "
             "calls; every run's JSON with the search's predictions, the layer profiles, the search's outputs, logs, "
             f"`nvidia-smi -q`). {earlier}", "", command, "",
+            "Time and memory only: the runs train on a bare engine, which has no energy meter, so no energy was "
+            "measured and the search's energy predictions are not scored here.", "",
             "**Clocks and power limits were never changed** (the GPU's clock event counters after each call):", ""]
 
 
@@ -162,7 +165,7 @@ def render_call7() -> str:
                "The eager rounds before: [search_accuracy_call6.md](search_accuracy_call6.md) and those it links."),
         "```text", *smi_excerpt(CALL7 / "run1"), "held-out call: " + smi_excerpt(CALL7 / "run2")[-1], "```", "",
         "## The declaration", "", load_json(CALL7 / "shapes.json")["about"], "", "Fit set:", "",
-        *_models(CALL7, "fit"), "", "Held out:", "", *_models(CALL7, "heldout"), "",
+        *models_table(CALL7, "fit"), "", "Held out:", "", *models_table(CALL7, "heldout"), "",
         "## The fit set: this host's engine model", "",
         "call7/engine.json, fitted on the fit set's runs and committed before the held-out call: "
         f"{engine_line(CALL7 / 'engine.json')}; "
@@ -195,7 +198,7 @@ def render_call8() -> str:
         *_head(CALL8, "seventh round: graphed, the profile timing the batched hand-off, on an H200", command,
                "The round before: [search_accuracy_call7.md](search_accuracy_call7.md)."),
         "```text", *smi_excerpt(CALL8 / "run1"), "```", "",
-        "## The declaration", "", load_json(CALL8 / "shapes.json")["about"], "", *_models(CALL8, "heldout"), "",
+        "## The declaration", "", load_json(CALL8 / "shapes.json")["about"], "", *models_table(CALL8, "heldout"), "",
         "## Held out: two models never used before, searched with call7/engine.json", "",
         *held, "", "Per unit:", "", *units_table(CALL8 / "run1" / "heldout", engine), "",
         "## What the runs show", "",
