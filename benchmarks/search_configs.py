@@ -5,8 +5,10 @@ examples/train_gpt.py.
 
     python benchmarks/search_configs.py --layers layers.json --gpus 2 --global-batch 16 --memory-gib 1 \
         --links links.json --out configs/
+    python benchmarks/search_configs.py ... --cuda-graphs --engine-model engine.json   # as `envpipe search` takes them
 
-Writes OUT/<name>.json and OUT/<name>.plan.json per configuration and OUT/configs.txt (one name a line).
+Writes OUT/<name>.json and OUT/<name>.plan.json per configuration, OUT/configs.txt (one name a line) and
+OUT/declared.json (when the predictions were made, by which code and engine model: before any run of them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,11 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 from envpipe.search.cluster import GIB, Cluster  # noqa: E402
 from envpipe.search.cut import Cut  # noqa: E402
-from envpipe.search.engine_model import engine_model  # noqa: E402
+from envpipe.search.engine_model import engine_model, load_engine_model  # noqa: E402
 from envpipe.search.evaluate import Candidate, build_pipeline, plan_pipeline  # noqa: E402
 from envpipe.search.found import found_config  # noqa: E402
 from envpipe.search.inputs import SearchInputs  # noqa: E402
-from envpipe.search.layers import LayerProfile, load_layer_profile  # noqa: E402
+from envpipe.search.layers import load_layer_profile  # noqa: E402
 from envpipe.search.memory import MemoryTables  # noqa: E402
 from envpipe.search.search import Objective, SearchOptions, search  # noqa: E402
 
@@ -38,12 +41,12 @@ def cluster_from(links_path: str, gpus: int, memory_gib: float) -> Cluster:
                    links["allreduce_bus_gbps"] * 1e9)
 
 
-def shifted(candidate: Candidate, layers: LayerProfile, cluster: Cluster, shift: int) -> list[Candidate]:
+def shifted(candidate: Candidate, inputs: SearchInputs, shift: int) -> list[Candidate]:
     """The candidate with its first cut moved ``shift`` layers either way, where that still fits."""
     counts = candidate.pipeline.cut.counts
     shape = candidate.shape
-    tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches)
-    inputs = SearchInputs.of(layers, cluster)
+    tables = MemoryTables(inputs.layers, shape.micro_batch, shape.replicas, shape.microbatches, inputs.graphed)
+    cluster = inputs.cluster
     out = []
     for delta in (-shift, shift):
         moved = (counts[0] + delta, counts[1] - delta, *counts[2:])
@@ -68,26 +71,32 @@ def main() -> None:
     p.add_argument("--memory-gib", type=float, required=True)
     p.add_argument("--links", required=True, help="benchmarks/search_links.py's JSON")
     p.add_argument("--shift", type=int, default=2, help="layers to move the fastest multi-stage shape's first cut")
+    p.add_argument("--cuda-graphs", action="store_true", help="predict the units replayed as CUDA graphs")
+    p.add_argument("--engine-model", help="an engine model file (benchmarks/search_fit.py's; default: the search's)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     layers = load_layer_profile(args.layers)
     cluster = cluster_from(args.links, args.gpus, args.memory_gib)
-    result = search(SearchInputs.of(layers, cluster), args.global_batch, Objective("throughput"),
-                    SearchOptions(top_k=1000))
+    engine = load_engine_model(args.engine_model) if args.engine_model else engine_model(layers)
+    inputs = SearchInputs(layers, cluster, engine, args.cuda_graphs)
+    result = search(inputs, args.global_batch, Objective("throughput"), SearchOptions(top_k=1000))
     chosen = list(result.candidates)
     multi = [c for c in result.candidates if c.shape.stages > 1]  # fastest first
     if multi and args.shift:
-        chosen += shifted(multi[0], layers, cluster, args.shift)
+        chosen += shifted(multi[0], inputs, args.shift)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = []
     for c in chosen:
         n = name(c)
         c.plan.save(out / f"{n}.plan.json")
-        (out / f"{n}.json").write_text(json.dumps(found_config(c, layers, cluster, f"{n}.plan.json",
-                                                               engine_model(layers)), indent=1) + "\n")
+        config = found_config(c, layers, cluster, f"{n}.plan.json", engine, args.cuda_graphs)
+        (out / f"{n}.json").write_text(json.dumps(config, indent=1) + "\n")
         names.append(n)
     (out / "configs.txt").write_text("".join(f"{n}\n" for n in names))
+    (out / "declared.json").write_text(json.dumps({
+        "at": datetime.now(UTC).isoformat(timespec="seconds"), "configs": names, "cuda_graphs": args.cuda_graphs,
+        "engine_model": engine.label}, indent=1) + "\n")
     print(f"{len(names)} configurations ({result.stats.shapes} shapes, {result.stats.infeasible} do not fit): "
           + ", ".join(names))
 

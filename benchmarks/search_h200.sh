@@ -9,6 +9,8 @@
 #   MODELS=llama OUT=/tmp/sr bash benchmarks/search_h200.sh     # one model (8 runs of about 40 s each)
 #   MODELS=gpt2 GPT2_ARGS="--model gpt2 --layers 28 --hidden 1024 --heads 16 --seq 512 --vocab 50304" ...  # another shape
 #   MODELS= PROFILE_48=1 OUT=/tmp/sr bash benchmarks/search_h200.sh  # only the 48-layer GPT-2 XL profile
+#   GRAPHS=1 ENGINE_MODEL=benchmarks/results/search_accuracy/call7/engine.json ...  # searched with --cuda-graphs
+#       and that engine model, trained graphed (GPUs only: the search refuses a CPU profile graphed)
 #   CPU=1 OUT=/tmp/sr bash benchmarks/search_h200.sh            # small models on 2 CPU processes (gloo, sim clock)
 #   CPU=1 TINY=1 MODELS=gpt2 SIZES=2 SHIFT=0 ...                 # the tests' quick check of the script's logic
 #
@@ -24,6 +26,9 @@ WORK=${WORK:-$(mktemp -d /tmp/search-bench.XXXXXX)}
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-8}
 SHIFT=${SHIFT:-2}
+SEARCH_ARGS=()  # what both the search and search_configs.py are given
+if [ "${GRAPHS:-0}" = 1 ]; then SEARCH_ARGS+=(--cuda-graphs); fi
+if [ -n "${ENGINE_MODEL:-}" ]; then SEARCH_ARGS+=(--engine-model "$ENGINE_MODEL"); fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 declare -A ARGS
 if [ "${CPU:-0}" = 1 ]; then
@@ -35,6 +40,7 @@ if [ "${CPU:-0}" = 1 ]; then
   SIZES=${SIZES:-1,2,4}; BATCH=${BATCH:-16}; MEMORY_GIB=${MEMORY_GIB:-4}
 else
   unset ENVPIPE_CLOCKD_SOCKET 2>/dev/null || true
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off
   MODELS=${MODELS-"gpt2 llama"}
   ARGS[gpt2]=${GPT2_ARGS:-"--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 50304"}
   ARGS[llama]=${LLAMA_ARGS:-"--model llama --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 32000"}
@@ -66,10 +72,11 @@ for model in $MODELS; do
   echo "$(date -u +%T) $model: search"
   # shellcheck disable=SC2086
   $PY -c 'import sys; from envpipe.cli import main; sys.exit(main())' search --layers "$dir/layers.json" \
-    --gpus-per-node 2 --global-batch "$BATCH" --memory-gib "$MEMORY_GIB" $LINKS --top-k 10 --out-dir "$dir/search" \
+    --gpus-per-node 2 --global-batch "$BATCH" --memory-gib "$MEMORY_GIB" $LINKS --top-k 10 "${SEARCH_ARGS[@]}" --out-dir "$dir/search" \
     > "$dir/search.log" 2>&1 || { tail -30 "$dir/search.log"; exit 1; }
   $PY benchmarks/search_configs.py --layers "$dir/layers.json" --gpus 2 --global-batch "$BATCH" \
-    --memory-gib "$MEMORY_GIB" --links "$WORK/links.json" --shift "$SHIFT" --out "$dir/configs" | tee "$dir/configs.log"
+    --memory-gib "$MEMORY_GIB" --links "$WORK/links.json" --shift "$SHIFT" "${SEARCH_ARGS[@]}" --out "$dir/configs" \
+    | tee "$dir/configs.log"
   while read -r name; do
     echo "$(date -u +%T) $model: train $name"
     if ! torchrun 2 benchmarks/search_run.py --out "$dir/runs/$name.json" -- --config "$dir/configs/$name.json" \
@@ -83,7 +90,7 @@ if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-0}" = 1 ]; then
   $PY examples/train_gpt.py --model gpt2 --layers 48 --hidden 1600 --heads 25 --seq 1024 --vocab 50304 \
     --profile-layers "$OUT/layers_gpt2_48.json" --profile-micro-batches 1,2,4,8 > "$WORK/profile48.log" 2>&1 || tail -20 "$WORK/profile48.log"
 fi
-cmd="${GPT2_ARGS:+GPT2_ARGS=\"$GPT2_ARGS\" }${LLAMA_ARGS:+LLAMA_ARGS=\"$LLAMA_ARGS\" }MODELS=\"$MODELS\" SIZES=$SIZES BATCH=$BATCH STEPS=$STEPS SHIFT=$SHIFT${CPU:+ CPU=$CPU} bash benchmarks/search_h200.sh"
+cmd="${GPT2_ARGS:+GPT2_ARGS=\"$GPT2_ARGS\" }${LLAMA_ARGS:+LLAMA_ARGS=\"$LLAMA_ARGS\" }MODELS=\"$MODELS\" SIZES=$SIZES BATCH=$BATCH STEPS=$STEPS SHIFT=$SHIFT${CPU:+ CPU=$CPU}${GRAPHS:+ GRAPHS=$GRAPHS}${ENGINE_MODEL:+ ENGINE_MODEL=$ENGINE_MODEL} bash benchmarks/search_h200.sh"
 $PY benchmarks/search_results.py two-gpu "$WORK" --command "$cmd" > "$OUT/search_h200.md"
 tar -czf "$OUT/search_runs.tar.gz" -C "$WORK" .
 echo "$(date -u +%T) results: $OUT/search_h200.md"

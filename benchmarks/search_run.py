@@ -6,10 +6,13 @@ search predicted (rank 0: ``--out``, JSON). Run under torchrun with the configur
 
 The job is built as examples/train_gpt.py builds it from a found configuration: its model (envpipe.models.gpt,
 the shape and stage cut of the configuration's `envpipe_search` block) on `envpipe.initialize`, the found
-plan run by the EnvPipe runtime (calibration, then the plan; no comparison iterations). Peak memory: the
-allocator's peak from before the model is built to the end of the run, whose steady iterations run the plan's
-order (torch.cuda's counters on GPUs, torch's CPU allocator through the profiler's memory events on CPU:
-envpipe.layerprof.profiler.AllocationWindows), per stage the largest over its replicas. Iteration time: the
+plan run by the EnvPipe runtime (calibration, then the plan; no comparison iterations); on GPUs the model is
+built on its device (the same job, minutes sooner). Peak memory: the allocator's peak from before the model is
+built to the end of the run, whose steady iterations run the plan's order (torch.cuda's counters on GPUs, torch's
+CPU allocator through the profiler's memory events on CPU: envpipe.layerprof.profiler.AllocationWindows), per
+stage the largest over its replicas; on GPUs also the device need, what must fit (the allocator's reserved peak
+plus what the process holds outside the allocator at the end, cudaMemGetInfo: each rank alone on its GPU), and
+the bytes of a graphed run's recordings' private pools, which its allocated peak does not count. Iteration time: the
 runtime's summary (per steady iteration the slowest rank, median and least). Clocks: a simulated GPU on CPU runs
 the plan with its clocks; on GPUs without envpipe-clockd the runtime runs the plan's order at default clocks
 (``ran``: "order"), to be compared with the search's prediction at the top clock. This script never changes
@@ -65,13 +68,14 @@ def main() -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(1234)
     with AllocationWindows(device) as probe, probe.window("train"):
-        model = pipeline(shape, len(found["stage_layers"]), found["stage_layers"])
+        with torch.device(device):  # built on its device: the same tensors, minutes sooner
+            model = pipeline(shape, len(found["stage_layers"]), found["stage_layers"])
         engine = envpipe.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4),
                                     config=config)[0]
         data = counting(shape, found["micro_batch"], engine.device, seed=engine.grid.get_data_parallel_id())
         for _ in range(args.steps):
             engine.train_batch(data)
-    peaks = collective.gather((engine.stage_id, probe.peak("train")))
+    peaks = collective.gather((engine.stage_id, probe.peak("train"), *_device_need(device)))
     summary = engine.envpipe_report()
     if summary is None:
         return
@@ -95,18 +99,39 @@ def main() -> None:
             "iteration_time_s": summary.steady.time_s.median,
             "iteration_time_least_s": summary.steady.time_s.min,
             "iterations": summary.steady.time_s.n,
-            "peak_memory_bytes_per_stage": [max(b for s, b in peaks if s == stage) for stage in range(stages)],
+            "peak_memory_bytes_per_stage": _per_stage(peaks, 1, stages),
             "memory_probe": "torch.cuda allocator peak" if on_gpu else "torch CPU allocator peak (profiler "
                             "memory events)",
             "runtime_predicted_iteration_time_s": summary.predicted_iteration_time_s,
         },
     }
+    if on_gpu:
+        result["measured"] |= {"device_need_bytes_per_stage": _per_stage(peaks, 2, stages),
+                               "graph_pool_bytes_per_stage": _per_stage(peaks, 3, stages),
+                               "cuda_graphs": bool(config["envpipe"].get("cuda_graphs"))}
     Path(bench.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"ran": ran, "predicted_s": block["predicted"]["iteration_time_s" if ran == "plan" else
                                                                    "baseline_iteration_time_s"],
                       "measured_s": summary.steady.time_s.median,
                       "peaks": result["measured"]["peak_memory_bytes_per_stage"],
                       "predicted_peaks": block["predicted"]["peak_memory_bytes_per_stage"]}))
+
+
+def _device_need(device: torch.device) -> tuple[int, int]:
+    """On a GPU: the allocator's reserved peak plus what the process holds outside the allocator now (what must
+    fit), and the bytes of the recordings' private pools; on CPU (0, 0)."""
+    if device.type != "cuda":
+        return 0, 0
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)
+    pools = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot() if tuple(seg["segment_pool_id"]) != (0, 0))
+    return torch.cuda.memory_stats(device)["reserved_bytes.all.peak"] + outside, pools
+
+
+def _per_stage(rows: list[tuple[int, ...]], column: int, stages: int) -> list[int]:
+    """Per stage, the largest of a gathered column over the stage's replicas."""
+    return [max(row[column] for row in rows if row[0] == stage) for stage in range(stages)]
 
 
 if __name__ == "__main__":

@@ -89,6 +89,10 @@ def test_accuracy_benchmark_cpu_path(tmp_path: Path) -> None:
     rows = [ln for ln in table.splitlines() if ln.startswith("| P")]
     assert [r.split(" | ")[0] for r in rows] == ["| P1_D2_b2_cut6", "| P2_D1_b2_cut3-3"]
     assert "Over 2 runs: iteration time |error| median" in table
+    declared = json.loads((work / "gpt2" / "configs" / "declared.json").read_text())  # before the runs
+    assert sorted(declared["configs"]) == ["P1_D2_b2_cut6", "P2_D1_b2_cut3-3"] and declared["cuda_graphs"] is False
+    assert f"Predictions written at {declared['at']} (before the runs), eager" in table
+    assert all(r.endswith("| allocator's peak |") for r in rows)  # on CPU: no device need to measure
     for name in ("P1_D2_b2_cut6", "P2_D1_b2_cut3-3"):
         run_json = json.loads((work / "gpt2" / "runs" / f"{name}.json").read_text())
         assert all(b > 0 for b in run_json["measured"]["peak_memory_bytes_per_stage"])
