@@ -13,6 +13,11 @@
 #       and that engine model, trained graphed (GPUs only: the search refuses a CPU profile graphed)
 #   CPU=1 OUT=/tmp/sr bash benchmarks/search_h200.sh            # small models on 2 CPU processes (gloo, sim clock)
 #   CPU=1 TINY=1 MODELS=gpt2 SIZES=2 SHIFT=0 ...                 # the tests' quick check of the script's logic
+#   RETRAIN=earlier/search_runs.tar.gz NAMES="P1_D2_b8_cut38 ..." OUT=/tmp/sr bash benchmarks/search_h200.sh
+#       # an earlier call's configurations trained again (all, or NAMES) with this code: its links, layer profiles
+#       # and predictions as that call wrote them, nothing measured or searched again
+#
+# DEADLINE_S: no training run starts later than this many seconds after the script did (default: no limit).
 #
 # OUT gets few files (the device tool brings back at most 8): search_h200.md (the results), layers_<model>.json
 # (the layer profiles), layers_gpt2_48.json (PROFILE_48=1, GPU only: a 48-layer GPT-2 XL profile for the
@@ -55,15 +60,44 @@ source benchmarks/deepspeed_whl.sh
   $PY -c 'import torch, deepspeed, transformers; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "transformers", transformers.__version__)'
 } > "$WORK/machine.txt" 2>&1
 torchrun() { $PY -m torch.distributed.run --standalone --nproc-per-node "$1" "${@:2}"; }
+FAILED=0
+train() {  # train MODEL_DIR NAME: one found configuration, trained by the EnvPipe runtime on 2 processes
+  local dir=$1 name=$2
+  if [ -n "${DEADLINE_S:-}" ] && [ "$SECONDS" -ge "$DEADLINE_S" ]; then
+    echo "$(date -u +%T) $(basename "$dir"): $name not trained (past DEADLINE_S=$DEADLINE_S)"; return
+  fi
+  echo "$(date -u +%T) $(basename "$dir"): train $name"
+  mkdir -p "$dir/runs"
+  if ! torchrun 2 benchmarks/search_run.py --out "$dir/runs/$name.json" -- --config "$dir/configs/$name.json" \
+      --steps "$STEPS" --calibration-steps 2 --report-dir "$dir/report_$name" > "$dir/runs/$name.log" 2>&1; then
+    echo "exit status $?, log runs/$name.log" > "$dir/runs/$name.failed"; tail -20 "$dir/runs/$name.log"; FAILED=1
+  fi
+}
+render() {  # render COMMAND: the results and the work directory into OUT
+  $PY benchmarks/search_results.py two-gpu "$WORK" --command "$1" > "$OUT/search_h200.md"
+  tar -czf "$OUT/search_runs.tar.gz" -C "$WORK" .
+  echo "$(date -u +%T) results: $OUT/search_h200.md"
+}
+
+if [ -n "${RETRAIN:-}" ]; then
+  tar -xzf "$RETRAIN" -C "$WORK" --wildcards ./links.json './*/layers.json' './*/configs/*'
+  for dir in "$WORK"/*/; do
+    dir=${dir%/}
+    for name in ${NAMES:-$(cat "$dir/configs/configs.txt")}; do
+      if [ -f "$dir/configs/$name.json" ]; then train "$dir" "$name"; fi
+    done
+  done
+  render "RETRAIN=$RETRAIN${NAMES:+ NAMES=\"$NAMES\"} STEPS=$STEPS${CPU:+ CPU=$CPU} bash benchmarks/search_h200.sh"
+  exit $FAILED
+fi
 
 echo "$(date -u +%T) links"
 torchrun 2 benchmarks/search_links.py --out "$WORK/links.json" > "$WORK/links.log" 2>&1 || { tail -30 "$WORK/links.log"; exit 1; }
 LINKS=$($PY -c 'import json, sys; l = json.load(open(sys.argv[1]))
 print("--intra-node-gbps %.6g --allreduce-gbps %.6g --latency-us %.6g" % (8 * l["p2p_gbps"], 8 * l["allreduce_bus_gbps"], l["p2p_latency_us"]))' "$WORK/links.json")  # GB/s -> Gb/s
-FAILED=0
 for model in $MODELS; do
   dir="$WORK/$model"
-  mkdir -p "$dir/runs"
+  mkdir -p "$dir"
   echo "$(date -u +%T) $model: profile layers"
   # shellcheck disable=SC2086
   $PY examples/train_gpt.py ${ARGS[$model]} --profile-layers "$dir/layers.json" --profile-micro-batches "$SIZES" \
@@ -77,13 +111,7 @@ for model in $MODELS; do
   $PY benchmarks/search_configs.py --layers "$dir/layers.json" --gpus 2 --global-batch "$BATCH" \
     --memory-gib "$MEMORY_GIB" --links "$WORK/links.json" --shift "$SHIFT" "${SEARCH_ARGS[@]}" --out "$dir/configs" \
     | tee "$dir/configs.log"
-  while read -r name; do
-    echo "$(date -u +%T) $model: train $name"
-    if ! torchrun 2 benchmarks/search_run.py --out "$dir/runs/$name.json" -- --config "$dir/configs/$name.json" \
-        --steps "$STEPS" --calibration-steps 2 --report-dir "$dir/report_$name" > "$dir/runs/$name.log" 2>&1; then
-      echo "exit status $?, log runs/$name.log" > "$dir/runs/$name.failed"; tail -20 "$dir/runs/$name.log"; FAILED=1
-    fi
-  done < "$dir/configs/configs.txt"
+  for name in $(cat "$dir/configs/configs.txt"); do train "$dir" "$name"; done
 done
 if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-0}" = 1 ]; then
   echo "$(date -u +%T) 48-layer GPT-2 XL profile (for the search-cost benchmark)"
@@ -91,7 +119,5 @@ if [ "${CPU:-0}" != 1 ] && [ "${PROFILE_48:-0}" = 1 ]; then
     --profile-layers "$OUT/layers_gpt2_48.json" --profile-micro-batches 1,2,4,8 > "$WORK/profile48.log" 2>&1 || tail -20 "$WORK/profile48.log"
 fi
 cmd="${GPT2_ARGS:+GPT2_ARGS=\"$GPT2_ARGS\" }${LLAMA_ARGS:+LLAMA_ARGS=\"$LLAMA_ARGS\" }MODELS=\"$MODELS\" SIZES=$SIZES BATCH=$BATCH STEPS=$STEPS SHIFT=$SHIFT${CPU:+ CPU=$CPU}${GRAPHS:+ GRAPHS=$GRAPHS}${ENGINE_MODEL:+ ENGINE_MODEL=$ENGINE_MODEL} bash benchmarks/search_h200.sh"
-$PY benchmarks/search_results.py two-gpu "$WORK" --command "$cmd" > "$OUT/search_h200.md"
-tar -czf "$OUT/search_runs.tar.gz" -C "$WORK" .
-echo "$(date -u +%T) results: $OUT/search_h200.md"
+render "$cmd"
 exit $FAILED

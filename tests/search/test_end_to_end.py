@@ -93,6 +93,20 @@ def test_accuracy_benchmark_cpu_path(tmp_path: Path) -> None:
     assert sorted(declared["configs"]) == ["P1_D2_b2_cut6", "P2_D1_b2_cut3-3"] and declared["cuda_graphs"] is False
     assert f"Predictions written at {declared['at']} (before the runs), eager" in table
     assert all(r.endswith("| allocator's peak |") for r in rows)  # on CPU: no device need to measure
+    # the same declared configuration trained again from the archive: its predictions as written, nothing searched
+    again, work2 = tmp_path / "again", tmp_path / "work2"
+    env |= {"RETRAIN": str(out / "search_runs.tar.gz"), "NAMES": "P2_D1_b2_cut3-3 P9_D9_b9_cut9", "OUT": str(again),
+            "WORK": str(work2)}
+    run = subprocess.run(["bash", "benchmarks/search_h200.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in (work2 / "gpt2").iterdir()) == ["configs", "layers.json", "report_P2_D1_b2_cut3-3",
+                                                                  "runs"]
+    again_rows = [ln for ln in (again / "search_h200.md").read_text().splitlines() if ln.startswith("| P")]
+    assert [r.split(" | ")[0] for r in again_rows] == ["| P2_D1_b2_cut3-3"]
+    first, second = (json.loads((w / "gpt2" / "runs" / "P2_D1_b2_cut3-3.json").read_text()) for w in (work, work2))
+    assert second["predicted"] == first["predicted"]
+    assert f"Predictions written at {declared['at']} (before the runs)" in (again / "search_h200.md").read_text()
     for name in ("P1_D2_b2_cut6", "P2_D1_b2_cut3-3"):
         run_json = json.loads((work / "gpt2" / "runs" / f"{name}.json").read_text())
         assert all(b > 0 for b in run_json["measured"]["peak_memory_bytes_per_stage"])
