@@ -1,6 +1,7 @@
-"""benchmarks/search_configs.py, the 2-GPU accuracy benchmark's predictions: searched as `envpipe search` is given
-(graphed, another engine model), every configuration trains what was predicted, and when the predictions were
-made is written beside them, before any run."""
+"""The 2-GPU accuracy benchmark of `envpipe search`: its predictions (benchmarks/search_configs.py) are searched as
+`envpipe search` is given (graphed, another engine model), every configuration trains what was predicted, and
+when the predictions were made is written beside them; the committed rounds' predictions came before their runs,
+and a round trained again kept the predictions it was declared with."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from benchmarks.search_study.twogpu import opened
 from envpipe.search.engine_model import load_engine_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "benchmarks" / "results" / "search_layers_gpt2_h200.json"  # measured on an H200
 ENGINE = ROOT / "benchmarks" / "results" / "search_accuracy" / "call7" / "engine.json"
+RAW = ROOT / "benchmarks" / "results" / "h200x2_runs"
+CALL9 = {"gpt2": ("search_gpt2_36x1152_1825", "search_gpt2_36x1152_retrain_1845"),
+         "llama": ("search_llama_24x1792_1833", "search_llama_24x1792_retrain_1848")}
 LINKS = {"p2p_gbps": 300.0, "allreduce_bus_gbps": 150.0, "p2p_latency_us": 20.0}
 
 
@@ -52,3 +59,21 @@ def test_graphed_configurations_with_an_engine_model_are_declared_before_their_r
         shape = (config["envpipe"]["pipeline_stages"], config["envpipe_search"]["micro_batch"])
         assert config["envpipe_search"]["predicted"]["peak_memory_bytes_per_stage"] != \
             eager_by_shape[shape]["peak_memory_bytes_per_stage"], shape
+
+
+@pytest.mark.parametrize("model", sorted(CALL9))
+def test_call9s_predictions_came_before_its_runs_and_the_retrained_runs_kept_them(model: str) -> None:
+    declared_at, predicted = None, {}
+    for archive in CALL9[model]:
+        with opened(RAW / f"{archive}.tar.gz") as out:
+            declared = json.loads((out / model / "configs" / "declared.json").read_text())
+            at = datetime.fromisoformat(declared["at"]).timestamp()
+            assert declared_at in (None, at)  # the retrained runs: the same declaration
+            declared_at = at
+            runs = sorted((out / model / "runs").glob("*.json"))
+            assert runs and {r.stem for r in runs} <= set(declared["configs"])
+            for run in runs:
+                first = json.loads((out / model / f"report_{run.stem}" / "iterations.rank0.jsonl").open().readline())
+                assert first["wall_time"] > at, (archive, run.stem)
+                p = json.loads(run.read_text())["predicted"]
+                assert predicted.setdefault(run.stem, p) == p, (archive, run.stem)
