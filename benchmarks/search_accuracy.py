@@ -112,6 +112,7 @@ def _train(spec: dict[str, Any]) -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = spec["allocator"]
     import torch
 
+    from benchmarks.gpu_memory import graph_pool_bytes, outside_allocator_bytes
     from envpipe.models.gpt import counting, pipeline
     from envpipe.plan.planfile import Plan
     from envpipe.runtime import distributed
@@ -163,15 +164,14 @@ def _train(spec: dict[str, Any]) -> None:
         stats = torch.cuda.memory_stats(device)
         steady = _peaks(device)
         peaks = {k: max(v, warm_peaks.get(k, 0)) for k, v in steady.items()}
-        free, total = torch.cuda.mem_get_info(device)
-        reserved_now = torch.cuda.memory_reserved(device)
-        memory = {**peaks, "outside_allocator_bytes": total - free - reserved_now, "device_total_bytes": total,
-                  "device_peak_bytes": peaks["reserved_peak_bytes"] + total - free - reserved_now,
+        outside = outside_allocator_bytes(device)
+        memory = {**peaks, "outside_allocator_bytes": outside,
+                  "device_total_bytes": torch.cuda.mem_get_info(device)[1],
+                  "device_peak_bytes": peaks["reserved_peak_bytes"] + outside,
                   "alloc_retries": stats["num_alloc_retries"], "ooms": stats["num_ooms"]}
         if graphed:  # the recordings' private pools hold memory no tensor the allocator counts owns
             memory["steady_allocated_peak_bytes"] = steady["allocated_peak_bytes"]
-            memory["graph_pool_bytes"] = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
-                                             if tuple(seg["segment_pool_id"]) != (0, 0))
+            memory["graph_pool_bytes"] = graph_pool_bytes()
     result = {"config": Path(spec["config"]).name, "micro_batch": job["micro_batch"],
               "microbatches": job["microbatches"],
               "allocator": spec.get("allocator") or "default",

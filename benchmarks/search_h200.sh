@@ -14,8 +14,8 @@
 #   CPU=1 OUT=/tmp/sr bash benchmarks/search_h200.sh            # small models on 2 CPU processes (gloo, sim clock)
 #   CPU=1 TINY=1 MODELS=gpt2 SIZES=2 SHIFT=0 ...                 # the tests' quick check of the script's logic
 #   RETRAIN=earlier/search_runs.tar.gz NAMES="P1_D2_b8_cut38 ..." OUT=/tmp/sr bash benchmarks/search_h200.sh
-#       # an earlier call's configurations trained again (all, or NAMES) with this code: its links, layer profiles
-#       # and predictions as that call wrote them, nothing measured or searched again
+#       an earlier call's configurations trained again (all, or NAMES) with this code: its links, layer profiles
+#       and predictions as that call wrote them, nothing measured or searched again
 #
 # DEADLINE_S: no training run starts later than this many seconds after the script did (default: no limit).
 #

@@ -11,8 +11,9 @@ built on its device (the same job, minutes sooner). Peak memory: the allocator's
 built to the end of the run, whose steady iterations run the plan's order (torch.cuda's counters on GPUs, torch's
 CPU allocator through the profiler's memory events on CPU: envpipe.layerprof.profiler.AllocationWindows), per
 stage the largest over its replicas; on GPUs also the device need, what must fit (the allocator's reserved peak
-plus what the process holds outside the allocator at the end, cudaMemGetInfo: each rank alone on its GPU), and
-the bytes of a graphed run's recordings' private pools, which its allocated peak does not count. Iteration time: the
+plus what the process holds outside the allocator at the end, cudaMemGetInfo: each rank alone on its GPU; that
+part too), and the bytes of a graphed run's recordings' private pools, which its allocated peak does not count
+(benchmarks/gpu_memory.py). Iteration time: the
 runtime's summary (per steady iteration the slowest rank, median and least). Clocks: a simulated GPU on CPU runs
 the plan with its clocks; on GPUs without envpipe-clockd the runtime runs the plan's order at default clocks
 (``ran``: "order"), to be compared with the search's prediction at the top clock. This script never changes
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 import envpipe
+from benchmarks.gpu_memory import graph_pool_bytes, outside_allocator_bytes
 from envpipe.layerprof.profiler import AllocationWindows
 from envpipe.models.gpt import counting, pipeline
 from envpipe.runtime import distributed
@@ -108,6 +110,7 @@ def main() -> None:
     if on_gpu:
         result["measured"] |= {"device_need_bytes_per_stage": _per_stage(peaks, 2, stages),
                                "graph_pool_bytes_per_stage": _per_stage(peaks, 3, stages),
+                               "outside_allocator_bytes_per_stage": _per_stage(peaks, 4, stages),
                                "cuda_graphs": bool(config["envpipe"].get("cuda_graphs"))}
     Path(bench.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"ran": ran, "predicted_s": block["predicted"]["iteration_time_s" if ran == "plan" else
@@ -117,16 +120,14 @@ def main() -> None:
                       "predicted_peaks": block["predicted"]["peak_memory_bytes_per_stage"]}))
 
 
-def _device_need(device: torch.device) -> tuple[int, int]:
+def _device_need(device: torch.device) -> tuple[int, int, int]:
     """On a GPU: the allocator's reserved peak plus what the process holds outside the allocator now (what must
-    fit), and the bytes of the recordings' private pools; on CPU (0, 0)."""
+    fit), the bytes of the recordings' private pools, and what is outside the allocator; on CPU zeros."""
     if device.type != "cuda":
-        return 0, 0
+        return 0, 0, 0
     torch.cuda.synchronize(device)
-    free, total = torch.cuda.mem_get_info(device)
-    outside = total - free - torch.cuda.memory_reserved(device)
-    pools = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot() if tuple(seg["segment_pool_id"]) != (0, 0))
-    return torch.cuda.memory_stats(device)["reserved_bytes.all.peak"] + outside, pools
+    outside = outside_allocator_bytes(device)
+    return torch.cuda.memory_stats(device)["reserved_bytes.all.peak"] + outside, graph_pool_bytes(), outside
 
 
 def _per_stage(rows: list[tuple[int, ...]], column: int, stages: int) -> list[int]:
