@@ -116,11 +116,8 @@ class EnvPipeRun:
         saved = None
         if engine.saved_meter is not None:
             saved, engine.saved_meter = engine.saved_meter.per_unit, None
-            if engine.graphs is not None and rig.on_gpu:
-                # the metering iteration ran eagerly (its forwards keep what autograd saves); the recordings'
-                # private pools never reuse the blocks it leaves cached, which would stay reserved beside them:
-                # a micro-batch's activations or more held for nothing (2 x H200, 2026-11-29, call9)
-                torch.cuda.empty_cache()
+            if engine.graphs is not None:  # the metering iteration ran eagerly
+                engine.graphs.eager_done()
         value = float(loss.mean()) if isinstance(loss, torch.Tensor) else None
         h = engine.iteration_host_t0
         timing = StageTiming(engine.stage_id, t0, t1, [(u.kind, u.mb, h + u.start_s, h + u.end_s)

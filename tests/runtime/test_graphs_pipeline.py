@@ -52,5 +52,7 @@ def test_graphed_units_train_as_stock_deepspeed_does(stages: int, tmp_path: Path
         assert rank["bf16"]["hp_grads_batched"] and not rank["bf16_stock"]["hp_grads_batched"]
         assert rank["bf16"]["params"] == rank["bf16_stock"]["params"]
         assert rank["runtime"]["recorded"] >= 1
+        assert rank["runtime"]["released_after"] == [0]  # the metering iteration's cache, before any recording
+        assert all(rank[name]["released_after"] == [] for name in orders)  # nothing eager: nothing given back
         forwards, backwards = rank["runtime"]["replays"]
         assert forwards == backwards and 0 < forwards < M * 12  # the metering iteration runs eagerly

@@ -101,6 +101,7 @@ def main() -> None:
                                 "recorded": engine.graphs.recorded if run.get("graphs") else 0,
                                 "replays": [recorder.forward_replays, recorder.backward_replays],
                                 "recordings_made": recorder.recordings,
+                                "released_after": recorder.released_after,
                                 # BF16_Optimizer's gradient hand-off batched (envpipe.runtime.engine.hp_grads)
                                 "hp_grads_batched": "update_hp_grads" in vars(engine.optimizer)}
     with open(out / f"rank{os.environ['RANK']}.json", "w") as fh:

@@ -67,6 +67,10 @@ class Recorder(Protocol):
         grad and by ``leaves``: per parameter a new leaf on the parameter's storage (``leaves_of``)."""
         ...
 
+    def release_cached(self) -> None:
+        """Give the device back what the allocator holds cached and no tensor or recording uses."""
+        ...
+
 
 StageCall = Callable[..., Any]  # (parameters by name, *inputs) -> the stage's output
 
@@ -112,6 +116,9 @@ class CudaGraphs:
         return Recording(inputs, tuple(o.detach() for o in outputs), grad_outputs, tuple(grads),
                          isinstance(returned, torch.Tensor), forward_graph.replay, backward_graph.replay)
 
+    def release_cached(self) -> None:
+        torch.cuda.empty_cache()  # the recordings' private pools keep their blocks
+
 
 class StageGraphs:
     """A stage module whose training forwards (and so their backwards) replay recordings, one per micro-batch in
@@ -154,6 +161,12 @@ class StageGraphs:
 
     def backward_done(self, buffer_id: int) -> None:
         self._busy.pop(buffer_id, None)
+
+    def eager_done(self) -> None:
+        """Forwards ran eagerly (``eager``): the blocks they left cached are ones the recordings' private pools
+        never reuse, which would stay reserved beside them (on 2 x H200 a stage held 8-28 % more than the
+        search predicted for it, 2026-11-29): given back."""
+        self._recorder.release_cached()
 
     def new_iteration(self) -> None:
         """Every micro-batch of the last iteration is done (an iteration that failed may have left some). A

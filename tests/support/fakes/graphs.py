@@ -28,6 +28,10 @@ class CpuGraphs:
         self.recordings = 0  # made, including any made again
         self.forward_replays = 0
         self.backward_replays = 0
+        self.released_after: list[int] = []  # per release_cached, the recordings made before it
+
+    def release_cached(self) -> None:
+        self.released_after.append(self.recordings)
 
     def unavailable(self, device: torch.device) -> str | None:
         return None
