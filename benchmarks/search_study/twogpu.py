@@ -41,6 +41,7 @@ class Scored:
     time: float
     memory: float
     memory_ok: bool
+    energy: float | None  # where the run measured its energy and the search predicted what ran
 
 
 def _memory(pred: dict, meas: dict) -> tuple[list[int], list[int], bool]:
@@ -81,7 +82,7 @@ def model_section(model_dir: Path) -> tuple[list[str], list[Scored]]:
              *md_table("configuration", "P", "D", "b", "M", "stage layers", "order that ran",
                        "iteration predicted (ms)", "measured median (ms)", "error", "measured least (ms)",
                        "error vs least", "peak memory per stage predicted (MiB)", "measured (MiB)", "worst error",
-                       "memory measured")]
+                       "memory measured", "energy per iteration predicted (J)", "measured median (J)", "error")]
     scored = []
     for path in sorted((model_dir / "runs").glob("*.json")):
         run = json.loads(path.read_text())
@@ -101,17 +102,35 @@ def model_section(model_dir: Path) -> tuple[list[str], list[Scored]]:
         m_errs = [prediction_error(p, m) for m, p in zip(meas_peaks, pred_peaks, strict=True)]
         worst = max(m_errs, key=abs)
         ok = abs(worst) <= MEMORY_TARGET and (not need or min(m_errs) >= -UNDER_TARGET)
-        scored.append(Scored(s["micro_batch"], t_err, worst, ok))
+        energy = _energy(model_dir / f"report_{path.stem}" / "summary.json", meas["ran"], pred)
+        e_err = None if energy is None else prediction_error(*energy)
+        scored.append(Scored(s["micro_batch"], t_err, worst, ok, e_err))
         lines.append(md_row(
             path.stem, s["stages"], s["replicas"], s["micro_batch"], s["microbatches"],
             ",".join(map(str, s["stage_layers"])), order, f"{predicted_s * 1e3:.1f}",
             f"{meas['iteration_time_s'] * 1e3:.1f}", f"{100 * t_err:+.1f}%",
             f"{meas['iteration_time_least_s'] * 1e3:.1f}", f"{100 * least_err:+.1f}%",
             _mib(pred_peaks), _mib(meas_peaks), f"{100 * worst:+.1f}%",
-            "device need" if need else "allocator's peak"))
+            "device need" if need else "allocator's peak",
+            *(("-", "-", "-") if energy is None or e_err is None else
+              (f"{energy[0]:.1f}", f"{energy[1]:.1f}", f"{100 * e_err:+.1f}%"))))
     for failed in sorted((model_dir / "runs").glob("*.failed")):
         lines.append(md_row(failed.stem, f"failed: {failed.read_text().strip()}"))
     return lines, scored
+
+
+def _energy(summary_path: Path, ran: str, pred: dict) -> tuple[float, float] | None:
+    """Predicted and measured energy per iteration of the job, where both are of what ran: the run's steady
+    iterations measured (the runtime's report; not a simulated GPU's) and the search's prediction of that order at
+    those clocks (1F1B at the top clock, or the plan with its clocks; the plan's order at default clocks has
+    none)."""
+    if not summary_path.exists() or ran == "order":
+        return None
+    summary = json.loads(summary_path.read_text())
+    measured = (summary["steady"] or {}).get("energy_j")
+    if measured is None or not summary["clock"]["energy"].startswith("measured"):
+        return None
+    return pred["energy_per_iteration_j" if ran == "plan" else "baseline_energy_per_iteration_j"], measured["median"]
 
 
 def _declared(path: Path) -> list[str]:
@@ -174,6 +193,11 @@ def summary(scored: list[Scored]) -> list[str]:
     lines.append(f"Over {len(scored)} runs: iteration time |error| median {100 * statistics.median(t):.1f}%, "
                  f"max {100 * max(t):.1f}%; peak memory |error| median {100 * statistics.median(m):.1f}%, "
                  f"max {100 * max(m):.1f}%.")
+    e = [r.energy for r in scored if r.energy is not None]
+    lines.append("" if not e else
+                 f"Energy per iteration, on the {len(e)} runs whose energy was measured and whose order the search "
+                 f"predicted at the clocks it ran: error {100 * min(e):+.1f} to {100 * max(e):+.1f}%, |error| median "
+                 f"{100 * statistics.median(map(abs, e)):.1f}% (no target; the job's energy, all its GPUs).")
     return [*lines, ""]
 
 
