@@ -77,7 +77,8 @@ def main() -> None:
         data = counting(shape, found["micro_batch"], engine.device, seed=engine.grid.get_data_parallel_id())
         for _ in range(args.steps):
             engine.train_batch(data)
-    peaks = collective.gather((engine.stage_id, probe.peak("train"), *_device_need(device)))
+    peaks = collective.gather((engine.stage_id, {"peak_memory_bytes_per_stage": probe.peak("train"),
+                                                  **_device_memory(device)}))
     summary = engine.envpipe_report()
     if summary is None:
         return
@@ -101,17 +102,16 @@ def main() -> None:
             "iteration_time_s": summary.steady.time_s.median,
             "iteration_time_least_s": summary.steady.time_s.min,
             "iterations": summary.steady.time_s.n,
-            "peak_memory_bytes_per_stage": _per_stage(peaks, 1, stages),
+            "peak_memory_bytes_per_stage": _per_stage(peaks, "peak_memory_bytes_per_stage", stages),
             "memory_probe": "torch.cuda allocator peak" if on_gpu else "torch CPU allocator peak (profiler "
                             "memory events)",
             "runtime_predicted_iteration_time_s": summary.predicted_iteration_time_s,
         },
     }
     if on_gpu:
-        result["measured"] |= {"device_need_bytes_per_stage": _per_stage(peaks, 2, stages),
-                               "graph_pool_bytes_per_stage": _per_stage(peaks, 3, stages),
-                               "outside_allocator_bytes_per_stage": _per_stage(peaks, 4, stages),
-                               "cuda_graphs": bool(config["envpipe"].get("cuda_graphs"))}
+        keys = ("device_need_bytes_per_stage", "graph_pool_bytes_per_stage", "outside_allocator_bytes_per_stage")
+        result["measured"] |= {key: _per_stage(peaks, key, stages) for key in keys}
+        result["measured"]["cuda_graphs"] = bool(config["envpipe"].get("cuda_graphs"))
     Path(bench.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"ran": ran, "predicted_s": block["predicted"]["iteration_time_s" if ran == "plan" else
                                                                    "baseline_iteration_time_s"],
@@ -120,19 +120,20 @@ def main() -> None:
                       "predicted_peaks": block["predicted"]["peak_memory_bytes_per_stage"]}))
 
 
-def _device_need(device: torch.device) -> tuple[int, int, int]:
+def _device_memory(device: torch.device) -> dict[str, int]:
     """On a GPU: the allocator's reserved peak plus what the process holds outside the allocator now (what must
-    fit), the bytes of the recordings' private pools, and what is outside the allocator; on CPU zeros."""
+    fit), the bytes of the recordings' private pools, and what is outside the allocator; on CPU nothing."""
     if device.type != "cuda":
-        return 0, 0, 0
+        return {}
     torch.cuda.synchronize(device)
     outside = outside_allocator_bytes(device)
-    return torch.cuda.memory_stats(device)["reserved_bytes.all.peak"] + outside, graph_pool_bytes(), outside
+    return {"device_need_bytes_per_stage": torch.cuda.memory_stats(device)["reserved_bytes.all.peak"] + outside,
+            "graph_pool_bytes_per_stage": graph_pool_bytes(), "outside_allocator_bytes_per_stage": outside}
 
 
-def _per_stage(rows: list[tuple[int, ...]], column: int, stages: int) -> list[int]:
-    """Per stage, the largest of a gathered column over the stage's replicas."""
-    return [max(row[column] for row in rows if row[0] == stage) for stage in range(stages)]
+def _per_stage(rows: list[tuple[int, dict[str, int]]], key: str, stages: int) -> list[int]:
+    """Per stage, the largest of one rank's measure over the stage's replicas."""
+    return [max(row[key] for stage_of, row in rows if stage_of == stage) for stage in range(stages)]
 
 
 if __name__ == "__main__":
