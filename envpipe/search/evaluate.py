@@ -1,11 +1,12 @@
 """One configuration (a shape and its stage cut) as the planner sees it, and its optimal clock plan.
 
 From the layer profile: per stage the forward and backward unit time (its layers' host and device times
-as the engine runs them, envpipe.search.timing) and energy (time x the profile's busy power), measured at
-the top clock, the other clocks simulated by the frequency model (envpipe.profile.from_measured); the p2p
-transfer of the boundary activation (the slowest link: the simulator takes one transfer time); per stage a
-tail (its layers' optimizer step, the gradient all-reduce over the replicas and, bf16, the weights'
-all-gather, and the engine's work per iteration); per stage its memory (envpipe.search.memory). Then
+as the engine runs them, envpipe.search.timing) and energy (time x the profile's busy power at the micro-batch
+size), measured at the top clock, the other clocks simulated by the frequency model
+(envpipe.profile.from_measured); the p2p transfer of the boundary activation (the slowest link: the simulator
+takes one transfer time); per stage a tail (its layers' optimizer step, the gradient all-reduce over the
+replicas and, bf16, the weights' all-gather, and the engine's work per iteration); per stage its memory
+(envpipe.search.memory). Then
 the simulator's 1F1B all-max baseline, and the optimal planner (envpipe.plan.optimal) in EnvPipe's
 schedule with the stages' memory in bytes (envpipe.plan.memory.StageMemory): it tries EnvPipe's extra
 warm-up forwards where they fit and plain 1F1B, and keeps the order and clocks of least energy within the
@@ -85,7 +86,7 @@ def build_pipeline(inputs: SearchInputs, shape: Shape, cut: Cut, tables: MemoryT
     fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine, calls.backward_s,
                                                   calls.load(b) if s in (0, len(costs) - 1) else 0.0, inputs.graphed)
                                        for s, stage in enumerate(costs)), strict=True))
-    watts = layers.busy_power_w
+    watts = layers.busy_power_at(b)
     profile = profile_from_measured(fwd, bwd, [t * watts for t in fwd], [t * watts for t in bwd],
                                     clock_candidates(layers))
     transfer = max((cluster.p2p_s(stage[-1].output_bytes, cluster.link_crosses_nodes(D, s))

@@ -5,7 +5,8 @@ Written by the layer profiler (envpipe.layerprof.profiler, torch) and read by th
     {"version": 4, "kind": "envpipe-layer-profile",
      "device": "NVIDIA H200", "cpu_threads": null, "dtype": "bf16", "date": "2026-11-23T10:00:00Z",
      "clocks": {"gpu": "h200", "measured_mhz": 1980, "model": "sim-a100", "label": "..."},
-     "power": {"busy_w": 650.0, "idle_w": 123.0, "label": "measured ..."},
+     "power": {"busy_w": 650.0, "idle_w": 123.0, "busy_w_by_micro_batch": {"1": 480.0, ...},
+               "label": "measured ..."},
      "device_memory": {"total_bytes": 150083813376, "outside_allocator_bytes": 553648128,
                        "workspace_bytes": 75497472, "label": "measured ..."},
      "unit_calls": {"backward_call_s": 0.0002, "grad_zero_call_s": 0.00002, "load_s": {"1": 0.0004, ...},
@@ -207,6 +208,16 @@ class LayerProfile:
     device_memory: DeviceMemory = NO_DEVICE_MEMORY
     unit_calls: UnitCalls = NO_UNIT_CALLS
     source: str = "<memory>"
+    # the device's power running the layers' units at each micro-batch size (profiles before 2026-11-29 21:00 UTC
+    # have none: one busy power, over the whole profiling, its idle gaps included)
+    busy_power_by_micro_batch_w: dict[int, float] | None = None
+
+    def busy_power_at(self, micro_batch: int) -> float:
+        """The device's power while it runs the units of ``micro_batch`` (the profile's one where it has no
+        power per size)."""
+        if self.busy_power_by_micro_batch_w is None:
+            return self.busy_power_w
+        return self.busy_power_by_micro_batch_w[micro_batch]
 
     @property
     def micro_batch_sizes(self) -> tuple[int, ...]:
@@ -226,7 +237,9 @@ class LayerProfile:
             "date": self.date,
             "clocks": {"gpu": self.gpu, "measured_mhz": self.measured_mhz, "model": self.clock_model,
                        "label": self.clock_label},
-            "power": {"busy_w": self.busy_power_w, "idle_w": self.idle_power_w, "label": self.power_label},
+            "power": {"busy_w": self.busy_power_w, "idle_w": self.idle_power_w, "label": self.power_label,
+                      **({} if self.busy_power_by_micro_batch_w is None else {"busy_w_by_micro_batch": {
+                          str(b): w for b, w in sorted(self.busy_power_by_micro_batch_w.items())}})},
             "device_memory": self.device_memory.to_json(),
             "unit_calls": self.unit_calls.to_json(self.micro_batch_sizes),
             "model": self.model.to_json(),
@@ -308,7 +321,18 @@ def _from_json(data: Any, source: str) -> LayerProfile:
         idle_power_w=_number(power, "idle_w", "'power.idle_w'", MAX_POWER_W),
         power_label=_string(power, "label", "'power.label'"), model=shape, layers=layers,
         device_memory=_device_memory(top) if version >= 2 else NO_DEVICE_MEMORY,
-        unit_calls=calls, source=source)
+        unit_calls=calls, source=source, busy_power_by_micro_batch_w=_power_by_size(power, sorted(sizes)))
+
+
+def _power_by_size(power: dict[str, Any], sizes: list[int]) -> dict[int, float] | None:
+    """The optional busy power per micro-batch size: one positive number for each of the profile's sizes."""
+    if "busy_w_by_micro_batch" not in power:
+        return None
+    raw = _object(power["busy_w_by_micro_batch"], "'power.busy_w_by_micro_batch'")
+    if sorted(raw) != sorted(str(b) for b in sizes):
+        raise LayerProfileError("'power.busy_w_by_micro_batch' must have one entry per micro-batch size, "
+                                f"{', '.join(map(str, sizes))}")
+    return {b: _number(raw, str(b), f"'power.busy_w_by_micro_batch.{b}'", MAX_POWER_W, positive=True) for b in sizes}
 
 
 def _device_memory(top: dict[str, Any]) -> DeviceMemory:

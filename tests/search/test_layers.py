@@ -9,8 +9,14 @@ from typing import Any
 
 import pytest
 
+from envpipe.search.cut import Cut
+from envpipe.search.engine_model import SIMULATED_GPU
+from envpipe.search.evaluate import build_pipeline
+from envpipe.search.inputs import SearchInputs
 from envpipe.search.layers import NO_UNIT_CALLS, LayerProfileError, UnitCalls, load_layer_profile
-from tests.support.layer_profiles import layer_profile
+from envpipe.search.memory import MemoryTables
+from envpipe.search.space import Shape
+from tests.support.layer_profiles import cluster, layer_profile
 
 CALLS = UnitCalls(2e-4, 3e-5, {1: 4e-4, 2: 4.5e-4, 4: 5e-4}, "measured here")
 
@@ -23,6 +29,26 @@ def test_round_trip(tmp_path: Path) -> None:
     assert again.layers == profile.layers and again.model == profile.model and again.dtype == "bf16"
     assert again.micro_batch_sizes == (1, 2, 4) and again.source == str(path)
     assert again.unit_calls == CALLS and again.unit_calls.backward_s == pytest.approx(2.3e-4)
+
+
+def test_busy_power_per_micro_batch_round_trips_and_prices_the_units(tmp_path: Path) -> None:
+    """A profile with a busy power per size reads it back, and the search's energy of a configuration at a size is
+    its time at that size's power; a profile without (before 2026-11-29) prices every size at its one power."""
+    profile = replace(layer_profile([1.0, 2.0, 3.0, 4.0]), busy_power_by_micro_batch_w={1: 200.0, 2: 400.0, 4: 600.0})
+    path = tmp_path / "layers.json"
+    profile.save(path)
+    again = load_layer_profile(path)
+    assert again.busy_power_by_micro_batch_w == {1: 200.0, 2: 400.0, 4: 600.0}
+    assert [again.busy_power_at(b) for b in (1, 2, 4)] == [200.0, 400.0, 600.0]
+    assert layer_profile([1.0, 2.0, 3.0]).busy_power_at(4) == 300.0  # the profile's one busy power
+    assert "busy_w_by_micro_batch" not in layer_profile([1.0, 2.0, 3.0]).to_json()["power"]
+    hw = cluster(1, 1, 1 << 14)
+    for b, watts in ((1, 200.0), (4, 600.0)):
+        tables = MemoryTables(again, b, 1, 2)
+        pipeline = build_pipeline(SearchInputs.of(again, hw, SIMULATED_GPU), Shape(1, 1, b, 2), Cut((4,), 0.0),
+                                  tables)
+        for kind in ("F", "B"):  # at the top clock: the measured time at the size's measured power
+            assert pipeline.profile.energy(kind, 0, 0) == pytest.approx(pipeline.profile.time(kind, 0, 0) * watts)
 
 
 def test_a_profile_without_unit_calls_writes_zeros(tmp_path: Path) -> None:
@@ -61,6 +87,10 @@ def _edit(data: dict[str, Any], change: str) -> None:
             del data["unit_calls"]["load_s"]["2"]
         case "call time":
             data["unit_calls"]["backward_call_s"] = -1e-4
+        case "power size":
+            data["power"]["busy_w_by_micro_batch"] = {"1": 300.0, "2": 300.0}
+        case "power per size":
+            data["power"]["busy_w_by_micro_batch"] = {"1": 300.0, "2": -5, "4": 300.0}
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -76,6 +106,8 @@ def _edit(data: dict[str, Any], change: str) -> None:
     ("unit calls", "'unit_calls' must be a JSON object"),
     ("load size", "'unit_calls.load_s' has sizes ['1', '4'], expected [1, 2, 4] (micro_batch_sizes)"),
     ("call time", "'unit_calls.backward_call_s' must be in [0, 3600], got -0.0001"),
+    ("power size", "'power.busy_w_by_micro_batch' must have one entry per micro-batch size, 1, 2, 4"),
+    ("power per size", "'power.busy_w_by_micro_batch.2' must be in (0, 10000], got -5"),
 ])
 def test_malformed_profile_one_line(tmp_path: Path, change: str, message: str) -> None:
     data = layer_profile([1.0, 2.0, 3.0, 4.0]).to_json()
