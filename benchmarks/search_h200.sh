@@ -93,8 +93,8 @@ fi
 
 echo "$(date -u +%T) links"
 torchrun 2 benchmarks/search_links.py --out "$WORK/links.json" > "$WORK/links.log" 2>&1 || { tail -30 "$WORK/links.log"; exit 1; }
-LINKS=$($PY -c 'import json, sys; l = json.load(open(sys.argv[1]))
-print("--intra-node-gbps %.6g --allreduce-gbps %.6g --latency-us %.6g" % (8 * l["p2p_gbps"], 8 * l["allreduce_bus_gbps"], l["p2p_latency_us"]))' "$WORK/links.json")  # GB/s -> Gb/s
+LINKS=$($PY -c 'import json, sys; from benchmarks.search_links import search_options
+print(search_options(json.load(open(sys.argv[1]))))' "$WORK/links.json")
 for model in $MODELS; do
   dir="$WORK/$model"
   mkdir -p "$dir"

@@ -1,4 +1,5 @@
-"""Measure the links `envpipe search` models: p2p latency and bandwidth, all-reduce bus bandwidth.
+"""Measure the links `envpipe search` models: p2p latency and bandwidth, all-reduce bus bandwidth, and what one
+NCCL communicator holds on the device.
 
 Run under torchrun with 2 processes (on GPUs: 2 GPUs of one node, NCCL; on CPU: gloo), the backend the
 training job uses. Rank 0 writes ``--out`` (JSON) and prints the `envpipe search` options that use it:
@@ -7,8 +8,14 @@ training job uses. Rank 0 writes ``--out`` (JSON) and prints the `envpipe search
     DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 benchmarks/search_links.py --out links.json
 
 p2p: ping-pong of a small and a large tensor (one way = half the round trip); latency and bandwidth from
-the two sizes. All-reduce: bus bandwidth 2 (D-1)/D x bytes / time at a gradient-sized tensor. Medians of
-``--reps``. Nothing but tensors moves; clocks are never touched. On CPU the job's p2p link is the simulated
+the two sizes. All-reduce: bus bandwidth 2 (D-1)/D x bytes / time between two gradient-sized tensors (256 MiB and
+1 GiB: the time a gradient's bytes add, past the sizes where a collective has not reached its speed; on 2 x H200,
+2026-11-29, 16 MiB ran at 149.5 GB/s and a training run's 1.26 GB gradients at about 257), the time of each size
+beside it. Medians of ``--reps``. Communicators (GPUs): the device memory outside the caching allocator that a new
+two-rank group's first all-reduce adds (a collective communicator), and a new group's first send and receive (a
+point-to-point one): the most over the ranks, each rank alone on its GPU (cudaMemGetInfo); `envpipe search` counts
+the communicators of a stage (envpipe.search.cluster.communicators). Nothing but tensors moves; clocks are never
+touched. On CPU the job's p2p link is the simulated
 GPU's (its activations travel in virtual time over envpipe.runtime.clocks.SimClock's link), so that link is
 reported (simulated); the all-reduce is real work there too and is measured.
 """
@@ -23,16 +30,20 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as tdist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gpu_memory import outside_allocator_bytes
 from envpipe.runtime import distributed
 from envpipe.simgpu import LINK
 
+MIB = 1 << 20
 SMALL, LARGE = 4 << 10, 16 << 20  # bytes
+ALLREDUCE_SIZES = (16 << 20, 256 << 20, 1 << 30)  # bytes; the bandwidth from the last two
 
 
 def _sync(device: torch.device) -> None:
@@ -68,10 +79,49 @@ def one_way_s(nbytes: int, device: torch.device, reps: int) -> float:
     return median_s(round_trip, device, reps) / 2
 
 
-def allreduce_bus_bytes_per_s(nbytes: int, device: torch.device, reps: int) -> float:
+def allreduce_s(nbytes: int, device: torch.device, reps: int) -> float:
     x = torch.zeros(nbytes // 4, device=device)
+    return median_s(lambda: tdist.all_reduce(x), device, reps)
+
+
+def bus_bytes(nbytes: int) -> float:
+    """What a ring all-reduce of ``nbytes`` moves over each rank's link (bus bandwidth x time)."""
     D = tdist.get_world_size()
-    return 2 * (D - 1) / D * nbytes / median_s(lambda: tdist.all_reduce(x), device, reps)
+    return 2 * (D - 1) / D * nbytes
+
+
+def communicator_bytes(device: torch.device) -> dict[str, int]:
+    """Device memory a new two-rank group's collective and point-to-point communicators add outside the allocator
+    (the most over the ranks)."""
+    x = torch.zeros(LARGE // 4, device=device)
+    peer = 1 - tdist.get_rank()
+
+    def p2p(group: Any) -> None:
+        if peer == 1:
+            tdist.send(x, 1, group=group)
+            tdist.recv(x, 1, group=group)
+        else:
+            tdist.recv(x, 0, group=group)
+            tdist.send(x, 0, group=group)
+
+    added = {}
+    for kind, use in (("collective", lambda g: tdist.all_reduce(x, group=g)), ("p2p", p2p)):
+        group = tdist.new_group([0, 1])
+        torch.cuda.synchronize(device)
+        before = outside_allocator_bytes(device)
+        use(group)
+        torch.cuda.synchronize(device)
+        added[kind] = torch.tensor(outside_allocator_bytes(device) - before, device=device)
+        tdist.all_reduce(added[kind], op=tdist.ReduceOp.MAX)
+    return {kind: int(value.item()) for kind, value in added.items()}
+
+
+def search_options(links: dict) -> str:
+    """The `envpipe search` options that use ``links`` (bandwidths in gigabits per second, memory in MiB)."""
+    comm = links.get("communicator_bytes", {"collective": 0, "p2p": 0})
+    return (f"--intra-node-gbps {8 * links['p2p_gbps']:.6g} --allreduce-gbps {8 * links['allreduce_bus_gbps']:.6g} "
+            f"--latency-us {links['p2p_latency_us']:.6g} --collective-communicator-mib {comm['collective'] / MIB:.6g} "
+            f"--p2p-communicator-mib {comm['p2p'] / MIB:.6g}")
 
 
 def main() -> None:
@@ -85,12 +135,17 @@ def main() -> None:
     if on_gpu:
         torch.cuda.set_device(device)
     if on_gpu:
+        tdist.barrier()  # the world's communicator, as in every training job, before the new ones are measured
+        communicators = communicator_bytes(device)
         small, large = one_way_s(SMALL, device, args.reps), one_way_s(LARGE, device, args.reps)
         bandwidth = (LARGE - SMALL) / max(large - small, 1e-12)
         latency, p2p = max(0.0, small - SMALL / bandwidth), "measured"
-    else:
+    else:  # gloo: no device memory
         bandwidth, latency, p2p = LINK.bytes_per_s, LINK.latency_s, "simulated: the CPU's simulated GPU's link"
-    allreduce = allreduce_bus_bytes_per_s(LARGE, device, args.reps)
+        communicators = {"collective": 0, "p2p": 0}
+    sizes = ALLREDUCE_SIZES if on_gpu else (LARGE // 4, LARGE)  # CPU: gloo's all-reduce of 1 GiB takes seconds
+    times = [allreduce_s(n, device, args.reps) for n in sizes]
+    allreduce = (bus_bytes(sizes[-1]) - bus_bytes(sizes[-2])) / max(times[-1] - times[-2], 1e-12)
     if tdist.get_rank() == 0:
         links = {
             "label": f"p2p {p2p}; all-reduce measured",
@@ -100,11 +155,12 @@ def main() -> None:
             "p2p_latency_us": latency * 1e6,
             "p2p_gbps": bandwidth / 1e9,  # gigaBYTES per second (the key predates `envpipe search`'s gigabit options)
             "allreduce_bus_gbps": allreduce / 1e9,
+            "allreduce_s_by_bytes": {str(n): t for n, t in zip(sizes, times, strict=True)},
+            "communicator_bytes": communicators,
         }
         Path(args.out).write_text(json.dumps(links, indent=1) + "\n")
         print(json.dumps(links))
-        print(f"envpipe search options (gigabits per second): --intra-node-gbps {8 * bandwidth / 1e9:.3g} "
-              f"--allreduce-gbps {8 * allreduce / 1e9:.3g} --latency-us {latency * 1e6:.3g}")
+        print(search_options(links))
     tdist.barrier()
 
 

@@ -88,11 +88,12 @@ def engine_model(layers: LayerProfile) -> EngineModel:
     return SIMULATED_GPU if layers.device == "cpu" else GPU
 
 
-def device_overhead(layers: LayerProfile, engine: EngineModel) -> DeviceOverhead:
-    """The device memory a training process needs besides its allocated peak (envpipe.search.memory)."""
+def device_overhead(layers: LayerProfile, engine: EngineModel, communicator_bytes: int = 0) -> DeviceOverhead:
+    """The device memory a training process needs besides its allocated peak (envpipe.search.memory), with
+    ``communicator_bytes`` of its communicators with other ranks (envpipe.search.cluster)."""
     measured = layers.device_memory
     return DeviceOverhead(measured.workspace_bytes, engine.fragmentation,
-                          measured.outside_allocator_bytes + engine.outside_allocator_bytes)
+                          measured.outside_allocator_bytes + engine.outside_allocator_bytes + communicator_bytes)
 
 
 def load_engine_model(path: str | Path) -> EngineModel:

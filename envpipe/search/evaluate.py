@@ -6,7 +6,7 @@ size), measured at the top clock, the other clocks simulated by the frequency mo
 (envpipe.profile.from_measured); the p2p transfer of the boundary activation (the slowest link: the simulator
 takes one transfer time); per stage a tail (its layers' optimizer step, the gradient all-reduce over the
 replicas and, bf16, the weights' all-gather, and the engine's work per iteration); per stage its memory
-(envpipe.search.memory). Then
+(envpipe.search.memory) and what its process holds beside it (its communicators: envpipe.search.cluster). Then
 the simulator's 1F1B all-max baseline, and the optimal planner (envpipe.plan.optimal) in EnvPipe's
 schedule with the stages' memory in bytes (envpipe.plan.memory.StageMemory): it tries EnvPipe's extra
 warm-up forwards where they fit and plain 1F1B, and keeps the order and clocks of least energy within the
@@ -57,7 +57,7 @@ class Pipeline:
     transfer_s: float
     tail_s: np.ndarray  # (P,)
     memory: tuple[StageBytes, ...]  # in the allocator's bytes
-    overhead: DeviceOverhead  # from the allocator's bytes to the device's
+    overheads: tuple[DeviceOverhead, ...]  # per stage, from the allocator's bytes to the device's
     idle_power_w: float
     baseline_time_s: float  # 1F1B, every unit at the top clock
     baseline_energy_j: float  # one pipeline
@@ -93,8 +93,10 @@ def build_pipeline(inputs: SearchInputs, shape: Shape, cut: Cut, tables: MemoryT
                     for s, stage in enumerate(costs[:-1])), default=0.0)
     tail = np.array([_tail_s(inputs, D, s, lo, hi) + engine.iteration_s for s, (lo, hi) in enumerate(bounds)])
     base = baseline_timeline(PipelineCase.of(profile, shape.microbatches, layers.idle_power_w, transfer, tail))
+    overheads = tuple(device_overhead(layers, engine, cluster.communicator_bytes(shape.stages, D, s))
+                      for s in range(shape.stages))
     return Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
-                    device_overhead(layers, engine), layers.idle_power_w, base.iteration_time, base.energy)
+                    overheads, layers.idle_power_w, base.iteration_time, base.energy)
 
 
 def _tail_s(inputs: SearchInputs, replicas: int, stage: int, lo: int, hi: int) -> float:
@@ -130,7 +132,8 @@ class Candidate:
     @property
     def peak_bytes(self) -> tuple[int, ...]:
         """Per stage, the device memory at the peak (what must fit in the GPU)."""
-        return tuple(self.pipeline.overhead.device_bytes(b) for b in self.peak_allocated_bytes)
+        return tuple(o.device_bytes(b) for o, b in zip(self.pipeline.overheads, self.peak_allocated_bytes,
+                                                        strict=True))
 
     @property
     def shape(self) -> Shape:
@@ -167,9 +170,9 @@ def stage_memory(pipeline: Pipeline, capacity: int) -> StageMemory:
     """The planner's memory model of the pipeline: per stage, the bytes one in-flight micro-batch holds and the
     bytes left for them after the rest the stage holds at its peak (StageBytes.per_in_flight, room_taken), within
     the allocated peak that keeps the device's peak within ``capacity`` bytes."""
-    allocatable = pipeline.overhead.allocatable(capacity)
     return StageMemory(tuple(m.per_in_flight for m in pipeline.memory),
-                       tuple(max(0, allocatable - m.room_taken) for m in pipeline.memory))
+                       tuple(max(0, o.allocatable(capacity) - m.room_taken)
+                             for m, o in zip(pipeline.memory, pipeline.overheads, strict=True)))
 
 
 def peaks(pipeline: Pipeline, plan: Plan) -> tuple[int, ...]:

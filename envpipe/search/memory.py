@@ -111,7 +111,11 @@ class DeviceOverhead:
 
     def device_bytes(self, allocated: float) -> int:
         """The device memory a process with this allocated peak holds at its peak."""
-        held = math.ceil((allocated + self.workspace_bytes) * (1 + self.fragmentation))
+        return int(self.device_table(np.asarray(allocated, dtype=float)))
+
+    def device_table(self, allocated: np.ndarray) -> np.ndarray:
+        """``device_bytes`` of every allocated peak in ``allocated`` (inf stays inf)."""
+        held = np.ceil((allocated + self.workspace_bytes) * (1 + self.fragmentation))
         return held + self.outside_allocator_bytes
 
     def allocatable(self, device_bytes: float) -> int:

@@ -146,20 +146,21 @@ def _feasible_pipelines(inputs: SearchInputs, candidates: list[Shape], progress:
     unit = np.array([[layer_weight(layer.per_micro_batch[b], inputs.graphed) for layer in layers.layers]
                      for b in layers.micro_batch_sizes])
     time_tables = {b: segment_sums(unit[i]) for i, b in enumerate(layers.micro_batch_sizes)}
-    overhead = device_overhead(layers, inputs.engine)
-    allocatable = overhead.allocatable(inputs.cluster.usable_bytes)
+    cluster = inputs.cluster
     pipelines: list[Pipeline] = []
     closest: tuple[float, Shape] = (np.inf, candidates[0])
     for i, shape in enumerate(candidates):
         tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches, inputs.graphed)
         flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
+        overheads = [device_overhead(layers, inputs.engine, cluster.communicator_bytes(shape.stages, shape.replicas, s))
+                     for s in range(shape.stages)]
         peaks = np.stack([tables.peak(w) for w in flight])  # (P, L+1, L+1)
-        fits = peaks <= allocatable
+        fits = peaks <= np.array([o.allocatable(cluster.usable_bytes) for o in overheads])[:, None, None]
         cut = bottleneck_cut(np.where(fits, time_tables[shape.micro_batch][None], np.inf))
         if cut is None:
-            least = bottleneck_cut(peaks)
-            if least is not None and overhead.device_bytes(least.cost) < closest[0]:
-                closest = (overhead.device_bytes(least.cost), shape)
+            least = bottleneck_cut(np.stack([o.device_table(p) for o, p in zip(overheads, peaks, strict=True)]))
+            if least is not None and least.cost < closest[0]:
+                closest = (least.cost, shape)
         else:
             pipelines.append(build_pipeline(inputs, shape, cut, tables))
         if progress:

@@ -67,6 +67,8 @@ OPTIONS: dict[str, tuple[list[str | None], list[str]]] = {
     "--inter-node-gbps": ([None, "400"], ["0", "nan", "inf"]),
     "--allreduce-gbps": ([None, "1600"], ["0", "nan", "-5"]),
     "--latency-us": ([None, "0", "5.5"], ["-1", "nan", "inf", "1e308"]),
+    "--collective-communicator-mib": ([None, "0", "600"], ["-1", "nan", "inf", "1048577"]),
+    "--p2p-communicator-mib": ([None, "250.5"], ["-0.5", "nan", "1e308"]),
     "--max-plan-units": ([None, "0", "64"], ["-1", "131073", "9" * 30]),
     "--objective": ([None, "frontier"], ["bogus"]),
     "--out-dir": (["{d}/out", "{d}/a/b/out"], ["{file}", "{file}/out"]),

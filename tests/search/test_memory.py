@@ -4,9 +4,13 @@ memory beyond the allocator's peak; the search refuses what does not fit with th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from click.testing import CliRunner
 
 from envpipe.cli import main
+from envpipe.search.cluster import communicators
 from envpipe.search.cut import Cut
 from envpipe.search.engine_model import SIMULATED_GPU, EngineModel, device_overhead, engine_model
 from envpipe.search.evaluate import build_pipeline, stage_memory
@@ -122,3 +126,32 @@ def test_the_search_refuses_what_does_not_fit_with_the_margin(tmp_path) -> None:
         f"Error: no configuration fits 4.00 GiB per GPU less the {spare_gib + 1 / 1024:.2f} GiB margin: the least "
         f"device memory any of the 1 shapes needs is {need / (1 << 30):.2f} GiB (P=1 D=1 b=1 M=2")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("stages", "replicas", "stage", "expected"), [
+    (1, 1, 0, (0, 0)),  # one GPU: the fit's own
+    (1, 2, 0, (2, 0)),  # the world, the data-parallel group
+    (2, 1, 0, (3, 2)),  # the world, the pipe group, DeepSpeed's model group; a link's two groups
+    (2, 1, 1, (3, 2)),
+    (4, 1, 1, (3, 4)),  # a middle stage has two links
+    (2, 2, 1, (4, 2)),
+])
+def test_the_communicators_a_rank_uses(stages: int, replicas: int, stage: int, expected: tuple[int, int]) -> None:
+    assert communicators(stages, replicas, stage) == expected
+
+
+def test_a_stage_needs_its_communicators_memory() -> None:
+    """What the links benchmark measured per communicator is added outside the allocator per stage: the search's
+    device peak of a middle stage holds two more point-to-point communicators than the first; a configuration
+    that fits without them may not fit with them."""
+    profile = layer_profile([1.0] * 6, params=[1_000_000] * 6)
+    engine = EngineModel(0.0, 0.0, 1.0, 0.0, 0, "", "test")
+    hw = replace(cluster(1, 4, 1 << 14), collective_communicator_bytes=300 * MIB, p2p_communicator_bytes=100 * MIB)
+    tables = MemoryTables(profile, 1, 1, 4)
+    pipeline = build_pipeline(SearchInputs.of(profile, hw, engine), Shape(3, 1, 1, 4), Cut((2, 2, 2), 0.0), tables)
+    outside = [o.outside_allocator_bytes for o in pipeline.overheads]
+    assert outside == [3 * 300 * MIB + 2 * 100 * MIB, 3 * 300 * MIB + 4 * 100 * MIB, 3 * 300 * MIB + 2 * 100 * MIB]
+    plain = build_pipeline(SearchInputs.of(profile, cluster(1, 4, 1 << 14), engine), Shape(3, 1, 1, 4),
+                           Cut((2, 2, 2), 0.0), tables)
+    memory, without = stage_memory(pipeline, hw.memory_bytes), stage_memory(plain, hw.memory_bytes)
+    assert [a - b for a, b in zip(without.available_bytes, memory.available_bytes, strict=True)] == outside
