@@ -59,10 +59,11 @@ At the end, on GPUs, the device's memory outside the tensors: what the process h
 allocator (CUDA context, library handles, kernel images) and the workspaces that stay allocated
 (``DeviceMemory``).
 
-Clocks are never changed. On GPUs the busy power is the NVML energy counter over the device running the
-units, per micro-batch size: after a layer is timed, free rounds of its units back to back for about
-``_POWER_WINDOW_S`` (a count of rounds from its measured repeat times), the counter read around them, every
-layer's energy over every layer's time (before 2026-11-29 one busy power was read over the whole profiling, its
+Clocks are never changed. On GPUs the busy power is the device's while it computes, from the NVML energy
+counter per micro-batch size: after a layer is timed, free rounds of its units back to back for about
+``_POWER_WINDOW_S`` (a count of rounds from its measured repeat times), the counter read around them; every
+layer's energy, less the idle power over the time the device did not compute (the window less its units'
+device times), over that computing time (before 2026-11-29 one busy power was read over the whole profiling, its
 idle gaps, holds and allocation probes included: on 2 x H200 the search's energy came out 26 to 58 % below
 the training runs' measured, benchmarks/results/search_h200x2_call9.md); the idle power the counter over
 ``idle_seconds`` before any work. On CPU both come from the simulated GPU's frequency model and are labelled
@@ -344,7 +345,8 @@ def _profile_layer(module: torch.nn.Module, inputs: dict[int, torch.Tensor],
         times = {b: unit.time_on_gpu(reps, warmup, bench.hold, bench.calls_s) for b, unit in units.items()}
         flops = {b: (0.0, 0.0) for b in units}
         for b, unit in units.items():
-            bench.power.measure(b, unit.power_rounds(times[b][4] + times[b][5]))
+            run, count = unit.power_rounds(times[b][4] + times[b][5])
+            bench.power.measure(b, run, count * (times[b][0] + times[b][1]))
     else:
         measured = {b: unit.time(reps, warmup, timer) for b, unit in units.items()}
         times = {b: (f[0], bw[0], 0.0, 0.0, 0.0, 0.0) for b, (f, bw) in measured.items()}
@@ -505,16 +507,17 @@ class _Unit:
         carried = 0.0 if self.chainable else calls_s
         return tuple(max(0.0, t) for t in (fwd, bwd, fwd_host, bwd_host - carried, fwd_repeat, bwd_repeat - carried))
 
-    def power_rounds(self, unit_s: float) -> Callable[[], None]:
+    def power_rounds(self, unit_s: float) -> tuple[Callable[[], None], int]:
         """Free rounds back to back for about ``_POWER_WINDOW_S``, ``unit_s`` a unit's forward and backward
-        repeat time: the device as the engine keeps it busy, for the energy counter."""
+        repeat time: the device as the engine keeps it busy, for the energy counter; and how many units of each
+        kind they run."""
         round_of = self._chain_round if self.chainable else self._host_round
         rounds = min(_MAX_POWER_ROUNDS, max(1, math.ceil(_POWER_WINDOW_S / max(_QUEUE * unit_s, 1e-9))))
 
         def run() -> None:
             for _ in range(rounds):
                 round_of(_QUEUE)
-        return run
+        return run, rounds * _QUEUE
 
     def _held_round(self, hold: _DeviceHold, hold_s: float) -> tuple[tuple[float, float], bool]:
         """One round under a hold of ``hold_s``: the device's forward and backward time per unit, and whether
@@ -677,7 +680,8 @@ class _PowerMeter:
 
     def __init__(self, device: torch.device, idle_seconds: float) -> None:
         self.device = device
-        self._busy: dict[int, tuple[float, float]] = {}  # micro-batch size -> (joules, seconds)
+        # micro-batch size -> (joules, seconds, seconds the device computed: its units' device times)
+        self._busy: dict[int, tuple[float, float, float]] = {}
         self._idle_w: float | None = None
         self._read: Callable[[], float] | None = None
         if device.type == "cuda":
@@ -692,27 +696,37 @@ class _PowerMeter:
             self._read = None
             self._close()
 
-    def measure(self, micro_batch: int, work: Callable[[], None]) -> None:
-        """Count ``work``'s energy and time (the device synchronized around it) towards ``micro_batch``'s power."""
+    def measure(self, micro_batch: int, work: Callable[[], None], device_s: float) -> None:
+        """Count ``work``'s energy and time (the device synchronized around it) towards ``micro_batch``'s power;
+        ``device_s``: how long the device computes in it (its units' device times)."""
         if self._read is None:
             return
         _sync(self.device)
         e0, t0 = self._read(), time.perf_counter()
         work()
         _sync(self.device)
-        joules, seconds = self._busy.get(micro_batch, (0.0, 0.0))
-        self._busy[micro_batch] = (joules + self._read() - e0, seconds + time.perf_counter() - t0)
+        joules, seconds, computing = self._busy.get(micro_batch, (0.0, 0.0, 0.0))
+        self._busy[micro_batch] = (joules + self._read() - e0, seconds + time.perf_counter() - t0,
+                                   computing + device_s)
 
     def result(self, sizes: Sequence[int]) -> tuple[float, dict[int, float] | None, float, str]:
-        """(busy power, busy power per micro-batch size, idle power, label)."""
+        """(busy power, busy power per micro-batch size, idle power, label): the busy power is the device's
+        while it computes, its energy less the idle power over the rest of the time, over its computing time."""
         if self._idle_w is None:
             model = FrequencyModel.default()
             return (model.busy_power(model.max_mhz), None, model.idle_power_w,
                     f"simulated: {model.name} frequency model (no GPU)")
-        joules, seconds = (sum(v[k] for v in self._busy.values()) for k in (0, 1))
-        return (joules / seconds, {b: self._busy[b][0] / self._busy[b][1] for b in sizes}, self._idle_w,
-                f"measured: NVML energy counter (busy: the device running every layer's units back to back for "
-                f"about {_POWER_WINDOW_S:g} s per layer and micro-batch size; idle: before any work)")
+        idle = self._idle_w
+
+        def computing_w(joules: float, seconds: float, computing: float) -> float:
+            computing = min(computing, seconds)
+            return max(idle, (joules - idle * (seconds - computing)) / computing) if computing > 0 else idle
+
+        total = tuple(sum(v[k] for v in self._busy.values()) for k in range(3))
+        return (computing_w(*total), {b: computing_w(*self._busy[b]) for b in sizes}, idle,
+                f"measured: NVML energy counter (busy: while the device computes, every layer's units run back to "
+                f"back for about {_POWER_WINDOW_S:g} s per layer and micro-batch size, the idle power charged to "
+                f"the rest of that time; idle: before any work)")
 
 
 def _clocks(device: torch.device) -> tuple[str, int | None, str]:

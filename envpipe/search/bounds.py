@@ -7,8 +7,9 @@ fastest clock and transfers between stages:
 
     T >= max_s [ sum_{j<s} (f_j + x) + M (f_s + b_s) + sum_{j>s} (b_j + x) + tail_s ]
 
-Energy: E = sum_u (e_u - P_idle t_u) + S P_idle T (envpipe.plan.optimal.menus). The second term is at least
-S P_idle T_lb. The first splits by stage; stage s must fit its units into its window of the budget (the
+Energy: E = sum_u (e_u - P_idle t_u) + S P_idle T + (P_tail - P_idle) sum_s tail_s (envpipe.plan.optimal.menus;
+the tails run at their own power). The second term is at least S P_idle T_lb. The first splits by stage;
+stage s must fit its units into its window of the budget (the
 budget less the same upstream, downstream and tail times), so its part is at least the continuous
 relaxation of: choose a clock per unit, total time within the window, least total effective cost. That
 relaxation is solved exactly by walking the lower convex hulls of the forward and backward menus from
@@ -38,6 +39,8 @@ class Bounded(Protocol):
     def tail_s(self) -> np.ndarray: ...
     @property
     def idle_power_w(self) -> float: ...
+    @property
+    def tail_power_w(self) -> float: ...
 
 
 def _fastest(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +71,8 @@ def energy_lower_bound(pipeline: Bounded, budget_s: float) -> float:
                  pareto_menu(profile.bwd_time[s], profile.bwd_energy[s], idle_power_w))
         cost += microbatches * _least_cost(menus, window / microbatches)
     T = time_lower_bound(pipeline)
-    return cost + profile.num_stages * idle_power_w * T
+    tails = float(np.sum(pipeline.tail_s)) * (pipeline.tail_power_w - idle_power_w)  # above the idle power
+    return cost + profile.num_stages * idle_power_w * T + tails
 
 
 def _least_cost(menus: tuple[Menu, ...], window: float) -> float:

@@ -15,7 +15,7 @@ time budget. Every number here is simulated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -59,6 +59,7 @@ class Pipeline:
     memory: tuple[StageBytes, ...]  # in the allocator's bytes
     overheads: tuple[DeviceOverhead, ...]  # per stage, from the allocator's bytes to the device's
     idle_power_w: float
+    tail_power_w: float  # the stage's power in its tail: the profile's busy power
     baseline_time_s: float  # 1F1B, every unit at the top clock
     baseline_energy_j: float  # one pipeline
 
@@ -86,17 +87,32 @@ def build_pipeline(inputs: SearchInputs, shape: Shape, cut: Cut, tables: MemoryT
     fwd, bwd = (list(t) for t in zip(*(unit_times(stage, engine, calls.backward_s,
                                                   calls.load(b) if s in (0, len(costs) - 1) else 0.0, inputs.graphed)
                                        for s, stage in enumerate(costs)), strict=True))
-    watts = layers.busy_power_at(b)
-    profile = profile_from_measured(fwd, bwd, [t * watts for t in fwd], [t * watts for t in bwd],
-                                    clock_candidates(layers))
+    busy, idle = layers.busy_power_at(b), layers.idle_power_w
+
+    def energy(unit_s: float, device_s: float) -> float:  # the device computes at its busy power, waits at idle
+        computing = min(unit_s, device_s)
+        return computing * busy + (unit_s - computing) * idle
+
+    fwd_e = [energy(t, sum(c.forward_s for c in stage)) for t, stage in zip(fwd, costs, strict=True)]
+    bwd_e = [energy(t, sum(c.backward_s for c in stage)) for t, stage in zip(bwd, costs, strict=True)]
+    profile = profile_from_measured(fwd, bwd, fwd_e, bwd_e, clock_candidates(layers))
     transfer = max((cluster.p2p_s(stage[-1].output_bytes, cluster.link_crosses_nodes(D, s))
                     for s, stage in enumerate(costs[:-1])), default=0.0)
     tail = np.array([_tail_s(inputs, D, s, lo, hi) + engine.iteration_s for s, (lo, hi) in enumerate(bounds)])
-    base = baseline_timeline(PipelineCase.of(profile, shape.microbatches, layers.idle_power_w, transfer, tail))
-    overheads = tuple(device_overhead(layers, engine, cluster.communicator_bytes(shape.stages, D, s))
-                      for s in range(shape.stages))
-    return Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
-                    overheads, layers.idle_power_w, base.iteration_time, base.energy)
+    pipeline = Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
+                        tuple(device_overhead(layers, engine, cluster.communicator_bytes(shape.stages, D, s))
+                              for s in range(shape.stages)), idle, layers.busy_power_w, 0.0, 0.0)
+    base = baseline_timeline(case_of(pipeline))
+    return replace(pipeline, baseline_time_s=base.iteration_time, baseline_energy_j=base.energy)
+
+
+def case_of(pipeline: Pipeline, memory: StageMemory | None = None) -> PipelineCase:
+    """The planner's case of the pipeline: its stages wait at the idle power and run their tails (the optimizer
+    step, the all-reduce) at the busy power."""
+    shape = pipeline.shape
+    overheads = Overheads.broadcast(shape.stages, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s,
+                                    pipeline.tail_power_w)
+    return PipelineCase(pipeline.profile, shape.microbatches, overheads, memory)
 
 
 def _tail_s(inputs: SearchInputs, replicas: int, stage: int, lo: int, hi: int) -> float:
@@ -161,9 +177,9 @@ class Candidate:
 def order_time_s(pipeline: Pipeline, plan: Plan) -> float:
     """The iteration time of ``plan``'s order with every unit at the top clock: what runs where clocks cannot be
     set (GPUs without envpipe-clockd: the runtime deploys the order, the GPU keeps its default clocks)."""
-    p, shape = pipeline.profile, pipeline.shape
-    case = PipelineCase.of(p, shape.microbatches, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
-    return evaluate_plan(Plan.at_one_clock(plan.orders(), p.f_max, plan.schedule, plan.policy), case).iteration_time
+    p = pipeline.profile
+    return evaluate_plan(Plan.at_one_clock(plan.orders(), p.f_max, plan.schedule, plan.policy),
+                         case_of(pipeline)).iteration_time
 
 
 def stage_memory(pipeline: Pipeline, capacity: int) -> StageMemory:
@@ -195,8 +211,7 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
     if max_units is not None and units(shape) > max_units:
         return _baseline_candidate(pipeline)
     # only orders whose in-flight activations fit are tried: 1F1B always does (the cut was chosen so)
-    overheads = Overheads.broadcast(shape.stages, pipeline.idle_power_w, pipeline.transfer_s, pipeline.tail_s)
-    case = PipelineCase(pipeline.profile, shape.microbatches, overheads, stage_memory(pipeline, capacity))
+    case = case_of(pipeline, stage_memory(pipeline, capacity))
     try:
         result = optimal_plan(case, "envpipe", time_budget_s)
     except PlanTooLarge:  # its LP is beyond the planner's limit (envpipe.limits.MAX_LP_UNITS), as a large DAG is
@@ -208,8 +223,7 @@ def plan_pipeline(pipeline: Pipeline, capacity: int, time_budget_s: float | None
 
 def _baseline_candidate(pipeline: Pipeline) -> Candidate:
     shape, p = pipeline.shape, pipeline.profile
-    base = baseline_timeline(PipelineCase.of(p, shape.microbatches, pipeline.idle_power_w, pipeline.transfer_s,
-                                             pipeline.tail_s))
+    base = baseline_timeline(case_of(pipeline))
     plan = plan_from_timeline(base, np.full(base.dag.num_units, p.f_max), "1f1b", "baseline", base)
     D = shape.replicas
     return Candidate(pipeline, plan, [0] * shape.stages, base.iteration_time, D * base.energy, D * base.energy,

@@ -152,31 +152,36 @@ def test_the_accumulator_adds_as_bf16_optimizer_does() -> None:
     assert weight.grad is not None and torch.equal(weight.grad, torch.full((4, 4), 2.0, dtype=torch.bfloat16))
 
 
-def test_busy_power_per_micro_batch_is_energy_over_time_of_the_device_running_units(monkeypatch) -> None:
-    """The power meter (GPUs; here with a fake NVML counter and a fake clock): each size's busy power is the
-    counter's energy over the time of the rounds measured for it, summed over layers; the one busy power is all
-    energy over all time; the power rounds are counted from a unit's repeat time (about 0.1 s, at least one)."""
+def test_busy_power_per_micro_batch_is_the_devices_while_it_computes(monkeypatch) -> None:
+    """The power meter (GPUs; here with a fake NVML counter and a fake clock): each size's busy power is its
+    windows' energy, less the idle power over the time their units' device times leave, over those device times,
+    summed over layers; the one busy power is the same over every window; the power rounds are counted from a
+    unit's repeat time (about 0.1 s, at least one)."""
     clock = iter([0.0, 1.0, 1.0, 2.0, 2.0, 2.5])  # three windows: 1 s, 1 s and 0.5 s
     counter = iter([0.0, 300.0, 300.0, 700.0, 700.0, 900.0])  # joules
     monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: next(clock)))  # the module's alone
     meter = profiler._PowerMeter(torch.device("cpu"), 0.0)
     closed: list[bool] = []
-    meter._read, meter._close, meter._idle_w = (lambda: next(counter)), (lambda: closed.append(True)), 90.0
+    meter._read, meter._close, meter._idle_w = (lambda: next(counter)), (lambda: closed.append(True)), 100.0
     ran: list[int] = []
-    for b in (1, 2, 1):  # layer 1 at sizes 1 and 2, layer 2 at size 1
-        meter.measure(b, lambda b=b: ran.append(b))
+    for b, computing in ((1, 0.5), (2, 1.0), (1, 0.5)):  # layer 1 at sizes 1 and 2, layer 2 at size 1
+        meter.measure(b, lambda b=b: ran.append(b), computing)
     meter.close()
     meter.close()
     busy, by_size, idle, label = meter.result((1, 2))
     assert ran == [1, 2, 1] and closed == [True]
-    assert by_size == {1: pytest.approx((300 + 200) / 1.5), 2: pytest.approx(400.0)}
-    assert busy == pytest.approx(900 / 2.5) and idle == 90.0 and label.startswith("measured: NVML energy counter")
+    # size 1: 500 J in 1.5 s, 1 s of it computing: (500 - 100 x 0.5) / 1; size 2: 400 J, all of 1 s computing
+    assert by_size == {1: pytest.approx(450.0), 2: pytest.approx(400.0)}
+    assert busy == pytest.approx((900 - 100 * 0.5) / 2.0) and idle == 100.0
+    assert label.startswith("measured: NVML energy counter")
     block = Square(4)
     unit = _Unit(_LayerWork(block, None, torch.device("cpu"), None), torch.ones(2, 4), 2)
     rounds: list[int] = []
     monkeypatch.setattr(unit, "_chain_round", lambda units: rounds.append(units))
-    unit.power_rounds(0.01)()  # ceil(0.1 s / (4 units x 10 ms))
-    assert rounds == [4, 4, 4]
+    run, units = unit.power_rounds(0.01)  # ceil(0.1 s / (4 units x 10 ms)) rounds of 4
+    run()
+    assert rounds == [4, 4, 4] and units == 12
     rounds.clear()
-    unit.power_rounds(1.0)()
-    assert rounds == [4]
+    run, units = unit.power_rounds(1.0)
+    run()
+    assert rounds == [4] and units == 4

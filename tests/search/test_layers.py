@@ -51,6 +51,21 @@ def test_busy_power_per_micro_batch_round_trips_and_prices_the_units(tmp_path: P
             assert pipeline.profile.energy(kind, 0, 0) == pytest.approx(pipeline.profile.time(kind, 0, 0) * watts)
 
 
+def test_a_unit_computes_at_the_busy_power_and_waits_at_the_idle_power() -> None:
+    """A launch-bound stage (its host slower than its device): the search charges its device time at the busy
+    power and the rest of the unit's time at the idle power; its tail runs at the busy power."""
+    profile = replace(layer_profile([1.0] * 4, host_ms=[6.0] * 4), busy_power_by_micro_batch_w={1: 500.0, 2: 500.0,
+                                                                                                4: 500.0})
+    tables = MemoryTables(profile, 1, 1, 2)
+    pipeline = build_pipeline(SearchInputs.of(profile, cluster(1, 1, 1 << 14), SIMULATED_GPU), Shape(1, 1, 1, 2),
+                              Cut((4,), 0.0), tables)
+    device = sum(layer.per_micro_batch[1].forward_s for layer in profile.layers)
+    unit = pipeline.profile.time("F", 0, 0)
+    assert unit > 1.5 * device  # launch-bound
+    assert pipeline.profile.energy("F", 0, 0) == pytest.approx(device * 500.0 + (unit - device) * 80.0)
+    assert pipeline.tail_power_w == profile.busy_power_w == 300.0
+
+
 def test_a_profile_without_unit_calls_writes_zeros(tmp_path: Path) -> None:
     """Every size gets a load time (0: none measured), so that the file reads back."""
     profile = layer_profile([1.0, 2.0, 3.0])
