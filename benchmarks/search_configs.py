@@ -34,13 +34,12 @@ from envpipe.search.search import Objective, SearchOptions, search  # noqa: E402
 
 
 def cluster_from(links_path: str, gpus: int, memory_gib: float) -> Cluster:
-    """One node of ``gpus`` GPUs with the links measured by benchmarks/search_links.py (its communicators' memory
-    where it measured them: files before 2026-11-29 21:00 UTC did not)."""
+    """One node of ``gpus`` GPUs with the links measured by benchmarks/search_links.py (and a communicator's memory
+    where benchmarks/search_comms.py measured it: files before 2026-11-29 22:00 UTC have none)."""
     links = json.loads(Path(links_path).read_text())
     p2p = links["p2p_gbps"] * 1e9
-    comm = links.get("communicator_bytes", {"collective": 0, "p2p": 0})
     return Cluster(1, gpus, int(memory_gib * GIB), p2p, p2p, links["p2p_latency_us"] * 1e-6,
-                   links["allreduce_bus_gbps"] * 1e9, 0, comm["collective"], comm["p2p"])
+                   links["allreduce_bus_gbps"] * 1e9, 0, links.get("communicators", {}).get("per_group_bytes", 0))
 
 
 def shifted(candidate: Candidate, inputs: SearchInputs, shift: int) -> list[Candidate]:

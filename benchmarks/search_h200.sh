@@ -43,6 +43,7 @@ if [ "${CPU:-0}" = 1 ]; then
   ARGS[llama]="--model llama --layers 6 --hidden 256 --heads 4 --seq 128 --vocab 2048"
   if [ "${TINY:-0}" = 1 ]; then ARGS[gpt2]="--tiny"; ARGS[llama]="--tiny --model llama"; fi
   SIZES=${SIZES:-1,2,4}; BATCH=${BATCH:-16}; MEMORY_GIB=${MEMORY_GIB:-4}
+  COMMS_ARGS="--tiny"
 else
   unset ENVPIPE_CLOCKD_SOCKET 2>/dev/null || true
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off
@@ -50,6 +51,7 @@ else
   ARGS[gpt2]=${GPT2_ARGS:-"--model gpt2 --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 50304"}
   ARGS[llama]=${LLAMA_ARGS:-"--model llama --layers 16 --hidden 2048 --heads 16 --seq 1024 --vocab 32000"}
   SIZES=${SIZES:-2,4,8}; BATCH=${BATCH:-32}; MEMORY_GIB=${MEMORY_GIB:-130}
+  COMMS_ARGS="--model gpt2 --layers 2 --hidden 256 --heads 4 --seq 128 --vocab 2048"
 fi
 mkdir -p "$OUT" "$WORK"
 source benchmarks/deepspeed_whl.sh
@@ -61,14 +63,14 @@ source benchmarks/deepspeed_whl.sh
 } > "$WORK/machine.txt" 2>&1
 torchrun() { $PY -m torch.distributed.run --standalone --nproc-per-node "$1" "${@:2}"; }
 FAILED=0
-train() {  # train MODEL_DIR NAME: one found configuration, trained by the EnvPipe runtime on 2 processes
-  local dir=$1 name=$2
+train() {  # train MODEL_DIR NAME [PROCESSES]: one found configuration, trained by the EnvPipe runtime (2 processes)
+  local dir=$1 name=$2 procs=${3:-2}
   if [ -n "${DEADLINE_S:-}" ] && [ "$SECONDS" -ge "$DEADLINE_S" ]; then
     echo "$(date -u +%T) $(basename "$dir"): $name not trained (past DEADLINE_S=$DEADLINE_S)"; return
   fi
   echo "$(date -u +%T) $(basename "$dir"): train $name"
   mkdir -p "$dir/runs"
-  if ! torchrun 2 benchmarks/search_run.py --out "$dir/runs/$name.json" -- --config "$dir/configs/$name.json" \
+  if ! torchrun "$procs" benchmarks/search_run.py --out "$dir/runs/$name.json" -- --config "$dir/configs/$name.json" \
       --steps "$STEPS" --calibration-steps 2 --report-dir "$dir/report_$name" > "$dir/runs/$name.log" 2>&1; then
     echo "exit status $?, log runs/$name.log" > "$dir/runs/$name.failed"; tail -20 "$dir/runs/$name.log"; FAILED=1
   fi
@@ -93,6 +95,20 @@ fi
 
 echo "$(date -u +%T) links"
 torchrun 2 benchmarks/search_links.py --out "$WORK/links.json" > "$WORK/links.log" 2>&1 || { tail -30 "$WORK/links.log"; exit 1; }
+echo "$(date -u +%T) communicators: a tiny model in each layout (1 x 1, 2 x 1, 1 x 2)"
+comms="$WORK/communicators"
+mkdir -p "$comms"
+if $PY examples/train_gpt.py $COMMS_ARGS --profile-layers "$comms/layers.json" --profile-micro-batches 1 \
+    > "$comms/profile.log" 2>&1; then
+  for gpus in 1 2; do
+    $PY benchmarks/search_configs.py --layers "$comms/layers.json" --gpus $gpus --global-batch 2 --memory-gib "$MEMORY_GIB" \
+      --links "$WORK/links.json" --shift 0 --out "$comms/configs" > "$comms/configs$gpus.log"
+    for name in $(cat "$comms/configs/configs.txt"); do train "$comms" "$name" "$gpus"; done
+  done
+  $PY benchmarks/search_comms.py "$comms/runs" --links "$WORK/links.json" || echo "communicators not measured"
+else
+  tail -20 "$comms/profile.log"; echo "communicators not measured"
+fi
 LINKS=$($PY -c 'import json, sys; from benchmarks.search_links import search_options
 print(search_options(json.load(open(sys.argv[1]))))' "$WORK/links.json")
 for model in $MODELS; do

@@ -1,5 +1,4 @@
-"""Measure the links `envpipe search` models: p2p latency and bandwidth, all-reduce bus bandwidth, and what one
-NCCL communicator holds on the device.
+"""Measure the links `envpipe search` models: p2p latency and bandwidth, all-reduce bus bandwidth.
 
 Run under torchrun with 2 processes (on GPUs: 2 GPUs of one node, NCCL; on CPU: gloo), the backend the
 training job uses. Rank 0 writes ``--out`` (JSON) and prints the `envpipe search` options that use it:
@@ -11,10 +10,8 @@ p2p: ping-pong of a small and a large tensor (one way = half the round trip); la
 the two sizes. All-reduce: bus bandwidth 2 (D-1)/D x bytes / time between two gradient-sized tensors (256 MiB and
 1 GiB: the time a gradient's bytes add, past the sizes where a collective has not reached its speed; on 2 x H200,
 2026-11-29, 16 MiB ran at 149.5 GB/s and a training run's 1.26 GB gradients at about 257), the time of each size
-beside it. Medians of ``--reps``. Communicators (GPUs): the device memory outside the caching allocator that a new
-two-rank group's first all-reduce adds (a collective communicator), and a new group's first send and receive (a
-point-to-point one): the most over the ranks, each rank alone on its GPU (cudaMemGetInfo); `envpipe search` counts
-the communicators of a stage (envpipe.search.cluster.communicators). Nothing but tensors moves; clocks are never
+beside it. Medians of ``--reps``. What a communicator holds on the device is
+benchmarks/search_comms.py's, which writes it into the same file. Nothing but tensors moves; clocks are never
 touched. On CPU the job's p2p link is the simulated
 GPU's (its activations travel in virtual time over envpipe.runtime.clocks.SimClock's link), so that link is
 reported (simulated); the all-reduce is real work there too and is measured.
@@ -30,14 +27,12 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as tdist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_memory import outside_allocator_bytes
 from envpipe.runtime import distributed
 from envpipe.simgpu import LINK
 
@@ -90,38 +85,14 @@ def bus_bytes(nbytes: int) -> float:
     return 2 * (D - 1) / D * nbytes
 
 
-def communicator_bytes(device: torch.device) -> dict[str, int]:
-    """Device memory a new two-rank group's collective and point-to-point communicators add outside the allocator
-    (the most over the ranks)."""
-    x = torch.zeros(LARGE // 4, device=device)
-    peer = 1 - tdist.get_rank()
-
-    def p2p(group: Any) -> None:
-        if peer == 1:
-            tdist.send(x, 1, group=group)
-            tdist.recv(x, 1, group=group)
-        else:
-            tdist.recv(x, 0, group=group)
-            tdist.send(x, 0, group=group)
-
-    added = {}
-    for kind, use in (("collective", lambda g: tdist.all_reduce(x, group=g)), ("p2p", p2p)):
-        group = tdist.new_group([0, 1])
-        torch.cuda.synchronize(device)
-        before = outside_allocator_bytes(device)
-        use(group)
-        torch.cuda.synchronize(device)
-        added[kind] = torch.tensor(outside_allocator_bytes(device) - before, device=device)
-        tdist.all_reduce(added[kind], op=tdist.ReduceOp.MAX)
-    return {kind: int(value.item()) for kind, value in added.items()}
-
-
 def search_options(links: dict) -> str:
-    """The `envpipe search` options that use ``links`` (bandwidths in gigabits per second, memory in MiB)."""
-    comm = links.get("communicator_bytes", {"collective": 0, "p2p": 0})
-    return (f"--intra-node-gbps {8 * links['p2p_gbps']:.6g} --allreduce-gbps {8 * links['allreduce_bus_gbps']:.6g} "
-            f"--latency-us {links['p2p_latency_us']:.6g} --collective-communicator-mib {comm['collective'] / MIB:.6g} "
-            f"--p2p-communicator-mib {comm['p2p'] / MIB:.6g}")
+    """The `envpipe search` options that use ``links`` (bandwidths in gigabits per second, memory in MiB; a
+    communicator's where benchmarks/search_comms.py measured it)."""
+    options = (f"--intra-node-gbps {8 * links['p2p_gbps']:.6g} --allreduce-gbps {8 * links['allreduce_bus_gbps']:.6g} "
+               f"--latency-us {links['p2p_latency_us']:.6g}")
+    if "communicators" in links:
+        options += f" --communicator-mib {links['communicators']['per_group_bytes'] / MIB:.6g}"
+    return options
 
 
 def main() -> None:
@@ -135,14 +106,11 @@ def main() -> None:
     if on_gpu:
         torch.cuda.set_device(device)
     if on_gpu:
-        tdist.barrier()  # the world's communicator, as in every training job, before the new ones are measured
-        communicators = communicator_bytes(device)
         small, large = one_way_s(SMALL, device, args.reps), one_way_s(LARGE, device, args.reps)
         bandwidth = (LARGE - SMALL) / max(large - small, 1e-12)
         latency, p2p = max(0.0, small - SMALL / bandwidth), "measured"
-    else:  # gloo: no device memory
+    else:
         bandwidth, latency, p2p = LINK.bytes_per_s, LINK.latency_s, "simulated: the CPU's simulated GPU's link"
-        communicators = {"collective": 0, "p2p": 0}
     sizes = ALLREDUCE_SIZES if on_gpu else (LARGE // 4, LARGE)  # CPU: gloo's all-reduce of 1 GiB takes seconds
     times = [allreduce_s(n, device, args.reps) for n in sizes]
     allreduce = (bus_bytes(sizes[-1]) - bus_bytes(sizes[-2])) / max(times[-1] - times[-2], 1e-12)
@@ -156,7 +124,6 @@ def main() -> None:
             "p2p_gbps": bandwidth / 1e9,  # gigaBYTES per second (the key predates `envpipe search`'s gigabit options)
             "allreduce_bus_gbps": allreduce / 1e9,
             "allreduce_s_by_bytes": {str(n): t for n, t in zip(sizes, times, strict=True)},
-            "communicator_bytes": communicators,
         }
         Path(args.out).write_text(json.dumps(links, indent=1) + "\n")
         print(json.dumps(links))

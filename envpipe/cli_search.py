@@ -102,12 +102,9 @@ def _shell_words(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="all-reduce bus bandwidth within a node in gigabits per second (default: --intra-node-gbps)")
 @click.option("--latency-us", type=Finite(0, MAX_LATENCY_US), default=20.0, show_default=True,
               help="latency of one message in microseconds (assumed unless measured)")
-@click.option("--collective-communicator-mib", "collective_mib", type=Finite(0, MAX_COMMUNICATOR_MIB), default=0.0,
-              show_default=True, help="device memory of one NCCL communicator's collectives, outside the allocator "
-              "(measured by benchmarks/search_links.py; 0: not counted)")
-@click.option("--p2p-communicator-mib", "p2p_mib", type=Finite(0, MAX_COMMUNICATOR_MIB), default=0.0,
-              show_default=True, help="device memory of one NCCL communicator used for sends and receives "
-              "(measured likewise; 0: not counted)")
+@click.option("--communicator-mib", type=Finite(0, MAX_COMMUNICATOR_MIB), default=0.0, show_default=True,
+              help="device memory of one process group's NCCL communicator, outside the allocator (measured by "
+              "benchmarks/search_comms.py; 0: not counted)")
 @click.option("--max-plan-units", type=click.IntRange(0, MAX_UNITS), default=MAX_PLAN_UNITS, show_default=True,
               help="iterations with more forward/backward units keep their 1F1B all-max plan (the optimal planner "
               "takes seconds per configuration at tens of thousands of units); 0: up to the planner's limit")
@@ -125,7 +122,7 @@ def _shell_words(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batch: int, memory_gib: float | None,
                    memory_margin_gib: float, objective: str, min_throughput: float | None, max_slowdown: float | None,
                    top_k: int, intra_node_gbps: float, inter_node_gbps: float, allreduce_gbps: float | None,
-                   latency_us: float, collective_mib: float, p2p_mib: float, max_plan_units: int,
+                   latency_us: float, communicator_mib: float, max_plan_units: int,
                    engine_path: str | None, graphed: bool, out_dir: str, launch_args: str) -> None:
     """Search stages, stage cut, replicas, micro-batch size and count, order and clocks (Aceso-style).
 
@@ -152,7 +149,7 @@ def search_command(layers_path: str, nodes: int, gpus_per_node: int, global_batc
                                  f"{memory / GIB:.2f} GiB", param_hint="'--memory-margin-gib'")
     cluster = Cluster(nodes, gpus_per_node, memory, intra_node_gbps * 1e9 / BITS, inter_node_gbps * 1e9 / BITS,
                       latency_us * 1e-6, (allreduce_gbps or intra_node_gbps) * 1e9 / BITS, margin,
-                      round(collective_mib * MIB), round(p2p_mib * MIB))
+                      round(communicator_mib * MIB))
     click.echo(_assumptions(cluster, layers, memory_gib is None))
     click.echo(f"engine model: {engine.label}")
     try:
@@ -208,8 +205,7 @@ def _assumptions(cluster: Cluster, layers: LayerProfile, memory_from_profile: bo
             f"{cluster.margin_bytes / GIB:.2f} GiB; links: within a node {gbps(cluster.intra_node_bytes_per_s)} "
             f"point to point, all-reduce bus {gbps(cluster.allreduce_intra_bytes_per_s)}, between nodes "
             f"{gbps(cluster.inter_node_bytes_per_s)}, latency {cluster.latency_s * 1e6:g} us; a communicator "
-            f"{cluster.collective_communicator_bytes / MIB:g} MiB (collective), "
-            f"{cluster.p2p_communicator_bytes / MIB:g} MiB (point to point)")
+            f"{cluster.communicator_bytes / MIB:g} MiB")
 
 
 def _writable_anchor(out: Path) -> Path:

@@ -16,8 +16,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import command_of, md_row, md_table, prediction_error, shown_path
+from benchmarks.search_comms import COMMUNICATORS
 from benchmarks.search_configs import cluster_from
 from envpipe.plan.planfile import Plan
 from envpipe.search.cut import Cut
@@ -155,15 +157,27 @@ def _order_time_s(model_dir: Path, name: str, shape: dict) -> float:
     return order_time_s(pipeline, Plan.load(model_dir / "configs" / f"{name}.plan.json"))
 
 
+def _communicators(links: dict[str, Any]) -> str:
+    """A communicator's device memory, where benchmarks/search_comms.py measured it (since 2026-11-29)."""
+    comm = links.get("communicators")
+    if comm is None:
+        return ""
+    layouts = "; ".join(f"{name} {', '.join(f'{b / MIB:.0f}' for b in v['extra_bytes_per_stage'])} MiB over "
+                        f"{', '.join(map(str, v['communicators_per_stage']))}"
+                        for name, v in comm.get("by_layout", {}).items())
+    return (f"; a communicator {comm['per_group_bytes'] / MIB:.0f} MiB ({comm['label']}"
+            + (f": beyond one GPU's, {layouts} communicators per stage" if layouts else "") + ")")
+
+
 def out_section(out: Path, name: str, command: str) -> tuple[list[str], list[Scored]]:
     links = json.loads((out / "links.json").read_text())
     machine = (out / "machine.txt").read_text().strip()
     lines = [f"## {name}", "", f"Command: `{command}`", "", "Machine:", "```", machine, "```", "",
              f"Links (benchmarks/search_links.py, {links['backend']}, {links['date']}; {links['label']}): p2p latency "
              f"{links['p2p_latency_us']:.0f} us, p2p {links['p2p_gbps']:.2f} GB/s, all-reduce bus "
-             f"{links['allreduce_bus_gbps']:.2f} GB/s.", ""]
+             f"{links['allreduce_bus_gbps']:.2f} GB/s{_communicators(links)}.", ""]
     scored = []
-    for model_dir in sorted(d for d in out.iterdir() if (d / "layers.json").exists()):
+    for model_dir in sorted(d for d in out.iterdir() if (d / "layers.json").exists() and d.name != COMMUNICATORS):
         model_lines, model_scored = model_section(model_dir)
         lines += [*model_lines, ""]
         scored += model_scored

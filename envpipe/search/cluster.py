@@ -10,11 +10,12 @@ or measured: benchmarks/search_links.py): point-to-point = latency + bytes / ban
 over D = 2 (D-1) (latency + bytes / (D bandwidth)), with the all-reduce's own (bus) bandwidth within a
 node, where collectives and p2p often differ; all-gather = half of an all-reduce.
 
-Memory: every NCCL communicator of more than one rank holds its channels' buffers on the device, outside the
-caching allocator (on 2 x H200, 2026-11-29, a pipeline stage of two held 2.2 to 2.7 GB more there than one GPU's
-job: benchmarks/results/search_h200x2_call9_retrained.md). What one holds is measured once per machine
-(benchmarks/search_links.py), for a collective's and for a point-to-point communicator; ``communicators`` counts
-those a rank uses, from the groups DeepSpeed's pipeline engine and EnvPipe's runtime use.
+Memory: every process group of more than one rank has its NCCL communicator, which holds its channels' buffers
+on the device, outside the caching allocator (torch creates each at the group's creation, from the world's, as
+DeepSpeed binds the device: the NCCL logs of 2 x H200 runs, 2026-11-29, showed 6 such groups per rank of a
+P = 2 pipeline and 3 of P = 1 x D = 2). ``communicators`` counts a rank's; what one holds on average is measured
+once per machine (benchmarks/search_comms.py: a tiny model trained in each layout of the machine's GPUs, what its
+ranks hold outside the allocator beyond one GPU's, over their groups).
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ class Cluster:
     latency_s: float
     allreduce_intra_bytes_per_s: float  # bus bandwidth of an all-reduce within a node
     margin_bytes: int = 0  # the device's peak must stay this far below its memory
-    collective_communicator_bytes: int = 0  # device memory of one NCCL communicator's collectives (measured)
-    p2p_communicator_bytes: int = 0  # ... of one used for sends and receives
+    communicator_bytes: int = 0  # device memory of one process group's NCCL communicator, on average (measured)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -45,7 +45,7 @@ class Cluster:
         bandwidths = (self.intra_node_bytes_per_s, self.inter_node_bytes_per_s, self.allreduce_intra_bytes_per_s)
         if min(bandwidths) <= 0 or self.latency_s < 0:
             raise ValueError("bandwidths must be positive and the latency not negative")
-        if min(self.collective_communicator_bytes, self.p2p_communicator_bytes) < 0:
+        if self.communicator_bytes < 0:
             raise ValueError("a communicator's memory must not be negative")
 
     @property
@@ -57,10 +57,9 @@ class Cluster:
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def communicator_bytes(self, stages: int, replicas: int, stage: int) -> int:
+    def communicators_bytes(self, stages: int, replicas: int, stage: int) -> int:
         """Device memory the communicators of a rank of ``stage`` hold (``communicators``)."""
-        collective, p2p = communicators(stages, replicas, stage)
-        return collective * self.collective_communicator_bytes + p2p * self.p2p_communicator_bytes
+        return communicators(stages, replicas, stage) * self.communicator_bytes
 
     def _node(self, rank: int) -> int:
         return rank // self.gpus_per_node
@@ -92,16 +91,13 @@ class Cluster:
         return self.allreduce_s(nbytes, replicas, crosses) / 2
 
 
-def communicators(stages: int, replicas: int, stage: int) -> tuple[int, int]:
-    """The communicators of more than one rank a rank of ``stage`` uses in a P x D job, (collective,
-    point-to-point): torch makes one per process group on its first use. The world's (DeepSpeed's barriers, the
-    runtime's gathers of its measures); with P > 1 the pipe group's (the loss's broadcast) and DeepSpeed's model
-    group's, another group of the same ranks (its first all-reduce counts the parameters, the optimizer's
-    gradient norm); with D > 1 the data-parallel group's (the gradients' all-reduce, the weights' all-gather);
-    and the runtime's two groups per link to a neighbouring stage (envpipe.runtime.engine: one for the
-    activations, one for the gradients), each a point-to-point communicator."""
+def communicators(stages: int, replicas: int, stage: int) -> int:
+    """The process groups of more than one rank a rank of ``stage`` belongs to in a P x D job, each with its NCCL
+    communicator: the world, DeepSpeed's PipelineModule's own group of every rank; with P > 1 the pipe group and
+    DeepSpeed's model group (another of the same ranks); with D > 1 the data-parallel group; and the runtime's two
+    groups per link to a neighbouring stage (envpipe.runtime.engine: activations, gradients). One GPU's groups
+    (all of one rank) are in the engine model's fit."""
     if stages * replicas == 1:
-        return 0, 0
-    collective = 1 + 2 * (stages > 1) + (replicas > 1)
+        return 0
     neighbours = (stage > 0) + (stage < stages - 1)
-    return collective, 2 * neighbours
+    return 2 + 2 * (stages > 1) + (replicas > 1) + 2 * neighbours

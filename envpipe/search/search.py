@@ -152,7 +152,7 @@ def _feasible_pipelines(inputs: SearchInputs, candidates: list[Shape], progress:
     for i, shape in enumerate(candidates):
         tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches, inputs.graphed)
         flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
-        overheads = [device_overhead(layers, inputs.engine, cluster.communicator_bytes(shape.stages, shape.replicas, s))
+        overheads = [device_overhead(layers, inputs.engine, cluster.communicators_bytes(shape.stages, shape.replicas, s))
                      for s in range(shape.stages)]
         peaks = np.stack([tables.peak(w) for w in flight])  # (P, L+1, L+1)
         fits = peaks <= np.array([o.allocatable(cluster.usable_bytes) for o in overheads])[:, None, None]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.search_links import search_options
 from benchmarks.search_study.twogpu import opened
 from envpipe.search.engine_model import load_engine_model
 
@@ -77,3 +78,41 @@ def test_call9s_predictions_came_before_its_runs_and_the_retrained_runs_kept_the
                 assert first["wall_time"] > at, (archive, run.stem)
                 p = json.loads(run.read_text())["predicted"]
                 assert predicted.setdefault(run.stem, p) == p, (archive, run.stem)
+
+
+def _layout_run(runs: Path, stages: int, replicas: int, outside: list[int] | None) -> None:
+    measured = {} if outside is None else {"outside_allocator_bytes_per_stage": outside}
+    (runs / f"P{stages}_D{replicas}.json").write_text(json.dumps(
+        {"shape": {"stages": stages, "replicas": replicas}, "measured": measured}))
+
+
+def test_a_communicators_memory_is_what_the_layouts_hold_beyond_one_gpu_over_their_groups(tmp_path: Path) -> None:
+    """benchmarks/search_comms.py: each layout's stages' bytes outside the allocator less the one-GPU run's, over
+    the communicators each holds (P = 2: 6 per stage, P = 1 x D = 2: 3), written into the links file and printed
+    as `envpipe search`'s option; gloo runs measure nothing (0, labelled); no one-GPU run is one clear line."""
+    runs, links = tmp_path / "runs", tmp_path / "links.json"
+    runs.mkdir()
+    links.write_text(json.dumps(LINKS))
+    mib = 1 << 20
+    _layout_run(runs, 1, 1, [1000 * mib])
+    _layout_run(runs, 2, 1, [4000 * mib, 3400 * mib])  # 3000 and 2400 MiB beyond over 6 + 6
+    _layout_run(runs, 1, 2, [2500 * mib])  # 1500 MiB over 3
+    command = [sys.executable, "benchmarks/search_comms.py", str(runs), "--links", str(links)]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    comm = json.loads(links.read_text())["communicators"]
+    assert comm["per_group_bytes"] == round((3000 + 2400 + 1500) * mib / 15)
+    assert comm["by_layout"] == {"P1_D2": {"extra_bytes_per_stage": [1500 * mib], "communicators_per_stage": [3]},
+                                 "P2_D1": {"extra_bytes_per_stage": [3000 * mib, 2400 * mib],
+                                           "communicators_per_stage": [6, 6]}}
+    assert search_options(json.loads(links.read_text())).endswith(f"--communicator-mib {6900 / 15:.6g}")
+    for path in runs.iterdir():
+        path.unlink()
+    _layout_run(runs, 1, 1, None)
+    _layout_run(runs, 2, 1, None)
+    assert subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 0
+    assert json.loads(links.read_text())["communicators"] == {"per_group_bytes": 0,
+                                                               "label": "none: no GPU (gloo holds no device memory)"}
+    (runs / "P1_D1.json").unlink()
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.strip() == "search_comms.py: no 1 x 1 run to compare the layouts with"

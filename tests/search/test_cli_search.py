@@ -149,8 +149,8 @@ def test_frontier_objective_and_launch_args(tmp_path: Path, layers: Path) -> Non
      "Invalid value for '--allreduce-gbps': must be in [0.1, 1e+06], got 1e-300"),
     (["--nodes", "2", "--gpus-per-node", "1", "--global-batch", "16", "--inter-node-gbps", "1e-300"],
      "Invalid value for '--inter-node-gbps': must be in [0.1, 1e+06], got 1e-300"),
-    (["--gpus-per-node", "2", "--global-batch", "16", "--p2p-communicator-mib", "-1"],
-     "Invalid value for '--p2p-communicator-mib': must be in [0, 1.04858e+06], got -1"),
+    (["--gpus-per-node", "2", "--global-batch", "16", "--communicator-mib", "-1"],
+     "Invalid value for '--communicator-mib': must be in [0, 1.04858e+06], got -1"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path: Path, layers: Path, args: list[str], message: str) -> None:
     bad = tmp_path / "bad.json"

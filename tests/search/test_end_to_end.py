@@ -89,8 +89,10 @@ def test_accuracy_benchmark_cpu_path(tmp_path: Path) -> None:
     rows = [ln for ln in table.splitlines() if ln.startswith("| P")]
     assert [r.split(" | ")[0] for r in rows] == ["| P1_D2_b2_cut6", "| P2_D1_b2_cut3-3"]
     assert "Over 2 runs: iteration time |error| median" in table
-    links = json.loads((work / "links.json").read_text())  # gloo: no device memory; two all-reduce sizes timed
-    assert links["communicator_bytes"] == {"collective": 0, "p2p": 0} and len(links["allreduce_s_by_bytes"]) == 2
+    links = json.loads((work / "links.json").read_text())  # two all-reduce sizes timed; gloo: no device memory
+    assert len(links["allreduce_s_by_bytes"]) == 2 and links["communicators"]["per_group_bytes"] == 0
+    assert sorted(p.name for p in (work / "communicators" / "runs").glob("*.json")) == [
+        "P1_D1_b1_cut6.json", "P1_D2_b1_cut6.json", "P2_D1_b1_cut3-3.json"]  # the tiny model in each layout
     declared = json.loads((work / "gpt2" / "configs" / "declared.json").read_text())  # before the runs
     assert sorted(declared["configs"]) == ["P1_D2_b2_cut6", "P2_D1_b2_cut3-3"] and declared["cuda_graphs"] is False
     assert f"Predictions written at {declared['at']} (before the runs), eager" in table

@@ -129,28 +129,27 @@ def test_the_search_refuses_what_does_not_fit_with_the_margin(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("stages", "replicas", "stage", "expected"), [
-    (1, 1, 0, (0, 0)),  # one GPU: the fit's own
-    (1, 2, 0, (2, 0)),  # the world, the data-parallel group
-    (2, 1, 0, (3, 2)),  # the world, the pipe group, DeepSpeed's model group; a link's two groups
-    (2, 1, 1, (3, 2)),
-    (4, 1, 1, (3, 4)),  # a middle stage has two links
-    (2, 2, 1, (4, 2)),
+    (1, 1, 0, 0),  # one GPU: its groups are of one rank, in the engine model's fit
+    (1, 2, 0, 3),  # the world, PipelineModule's group, the data-parallel group (the NCCL log of 2 x H200: 3)
+    (2, 1, 0, 6),  # the world, PipelineModule's, the pipe and model groups, a link's two (the NCCL log: 6)
+    (2, 1, 1, 6),
+    (4, 1, 1, 8),  # a middle stage has two links
+    (2, 2, 1, 7),
 ])
-def test_the_communicators_a_rank_uses(stages: int, replicas: int, stage: int, expected: tuple[int, int]) -> None:
+def test_the_communicators_a_rank_holds(stages: int, replicas: int, stage: int, expected: int) -> None:
     assert communicators(stages, replicas, stage) == expected
 
 
 def test_a_stage_needs_its_communicators_memory() -> None:
-    """What the links benchmark measured per communicator is added outside the allocator per stage: the search's
-    device peak of a middle stage holds two more point-to-point communicators than the first; a configuration
-    that fits without them may not fit with them."""
+    """A communicator's measured memory is added outside the allocator per stage, times the stage's communicators:
+    a middle stage holds two more than the first; what the planner may give micro-batches shrinks by as much."""
     profile = layer_profile([1.0] * 6, params=[1_000_000] * 6)
     engine = EngineModel(0.0, 0.0, 1.0, 0.0, 0, "", "test")
-    hw = replace(cluster(1, 4, 1 << 14), collective_communicator_bytes=300 * MIB, p2p_communicator_bytes=100 * MIB)
+    hw = replace(cluster(1, 4, 1 << 14), communicator_bytes=300 * MIB)
     tables = MemoryTables(profile, 1, 1, 4)
     pipeline = build_pipeline(SearchInputs.of(profile, hw, engine), Shape(3, 1, 1, 4), Cut((2, 2, 2), 0.0), tables)
     outside = [o.outside_allocator_bytes for o in pipeline.overheads]
-    assert outside == [3 * 300 * MIB + 2 * 100 * MIB, 3 * 300 * MIB + 4 * 100 * MIB, 3 * 300 * MIB + 2 * 100 * MIB]
+    assert outside == [6 * 300 * MIB, 8 * 300 * MIB, 6 * 300 * MIB]
     plain = build_pipeline(SearchInputs.of(profile, cluster(1, 4, 1 << 14), engine), Shape(3, 1, 1, 4),
                            Cut((2, 2, 2), 0.0), tables)
     memory, without = stage_memory(pipeline, hw.memory_bytes), stage_memory(plain, hw.memory_bytes)
