@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "benchmarks" / "results" / "search_layers_gpt2_h200.json"  # measured on an H200
 ENGINE = ROOT / "benchmarks" / "results" / "search_accuracy" / "call7" / "engine.json"
 RAW = ROOT / "benchmarks" / "results" / "h200x2_runs"
-CALL9 = {"gpt2": ("search_gpt2_36x1152_1825", "search_gpt2_36x1152_retrain_1845"),
-         "llama": ("search_llama_24x1792_1833", "search_llama_24x1792_retrain_1848")}
+# each round's archives of a model: the first trained as declared, the others the same predictions trained again
+ROUNDS = {("call9", "gpt2"): ("search_gpt2_36x1152_1825", "search_gpt2_36x1152_retrain_1845"),
+          ("call9", "llama"): ("search_llama_24x1792_1833", "search_llama_24x1792_retrain_1848"),
+          ("call10", "gpt2"): ("search_gpt2_30x1344_2125",), ("call10", "llama"): ("search_llama_22x2176_2132",),
+          ("call11", "gpt2"): ("search_gpt2_28x1408_2157", "search_gpt2_28x1408_rest_2205")}
 LINKS = {"p2p_gbps": 300.0, "allreduce_bus_gbps": 150.0, "p2p_latency_us": 20.0}
 
 
@@ -62,10 +65,10 @@ def test_graphed_configurations_with_an_engine_model_are_declared_before_their_r
             eager_by_shape[shape]["peak_memory_bytes_per_stage"], shape
 
 
-@pytest.mark.parametrize("model", sorted(CALL9))
-def test_call9s_predictions_came_before_its_runs_and_the_retrained_runs_kept_them(model: str) -> None:
+@pytest.mark.parametrize(("call", "model"), sorted(ROUNDS))
+def test_each_rounds_predictions_came_before_its_runs_and_runs_trained_again_kept_them(call: str, model: str) -> None:
     declared_at, predicted = None, {}
-    for archive in CALL9[model]:
+    for archive in ROUNDS[(call, model)]:
         with opened(RAW / f"{archive}.tar.gz") as out:
             declared = json.loads((out / model / "configs" / "declared.json").read_text())
             at = datetime.fromisoformat(declared["at"]).timestamp()
