@@ -9,10 +9,10 @@ training job uses. Rank 0 writes ``--out`` (JSON) and prints the `envpipe search
 p2p: ping-pong of a small and a large tensor (one way = half the round trip); latency and bandwidth from
 the two sizes. All-reduce: bus bandwidth 2 (D-1)/D x bytes / time between two gradient-sized tensors (256 MiB and
 1 GiB: the time a gradient's bytes add, past the sizes where a collective has not reached its speed; on 2 x H200,
-2026-11-29, 16 MiB ran at 149.5 GB/s and a training run's 1.26 GB gradients at about 257), the time of each size
-beside it. Medians of ``--reps``. What a communicator holds on the device is
-benchmarks/search_comms.py's, which writes it into the same file. Nothing but tensors moves; clocks are never
-touched. On CPU the job's p2p link is the simulated
+2026-11-29, 16 MiB ran at 149.5 GB/s, and the runtime's report put a training run's all-reduce of 1.26 GB of
+gradients at 4.9 ms), the time of each size beside it. Medians of ``--reps``. What a communicator holds on the
+device is benchmarks/search_comms.py's, which writes it into the same file. Nothing but tensors moves; clocks are
+never touched. On CPU the job's p2p link is the simulated
 GPU's (its activations travel in virtual time over envpipe.runtime.clocks.SimClock's link), so that link is
 reported (simulated); the all-reduce is real work there too and is measured.
 """

@@ -100,10 +100,17 @@ def build_pipeline(inputs: SearchInputs, shape: Shape, cut: Cut, tables: MemoryT
                     for s, stage in enumerate(costs[:-1])), default=0.0)
     tail = np.array([_tail_s(inputs, D, s, lo, hi) + engine.iteration_s for s, (lo, hi) in enumerate(bounds)])
     pipeline = Pipeline(shape, cut, profile, transfer, tail, tuple(tables.stage(lo, hi) for lo, hi in bounds),
-                        tuple(device_overhead(layers, engine, cluster.communicators_bytes(shape.stages, D, s))
-                              for s in range(shape.stages)), idle, layers.busy_power_w, 0.0, 0.0)
+                        stage_overheads(inputs, shape), idle, layers.busy_power_w, 0.0, 0.0)
     base = baseline_timeline(case_of(pipeline))
     return replace(pipeline, baseline_time_s=base.iteration_time, baseline_energy_j=base.energy)
+
+
+def stage_overheads(inputs: SearchInputs, shape: Shape) -> tuple[DeviceOverhead, ...]:
+    """Per stage, from the allocator's bytes to the device's: the profile's and the engine model's, and what the
+    stage's communicators hold (envpipe.search.cluster)."""
+    return tuple(device_overhead(inputs.layers, inputs.engine,
+                                 inputs.cluster.communicators_bytes(shape.stages, shape.replicas, s))
+                 for s in range(shape.stages))
 
 
 def case_of(pipeline: Pipeline, memory: StageMemory | None = None) -> PipelineCase:

@@ -32,8 +32,7 @@ from envpipe.plan.schedules import one_f_one_b
 from envpipe.search.band import HostBand, host_band, undecided
 from envpipe.search.cluster import GIB
 from envpipe.search.cut import bottleneck_cut, segment_sums
-from envpipe.search.engine_model import device_overhead
-from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, plan_pipeline
+from envpipe.search.evaluate import Candidate, Pipeline, build_pipeline, plan_pipeline, stage_overheads
 from envpipe.search.inputs import SearchInputs
 from envpipe.search.memory import MemoryTables
 from envpipe.search.space import MAX_PLAN_UNITS, OBJECTIVES, SearchError, Shape, shapes
@@ -152,8 +151,7 @@ def _feasible_pipelines(inputs: SearchInputs, candidates: list[Shape], progress:
     for i, shape in enumerate(candidates):
         tables = MemoryTables(layers, shape.micro_batch, shape.replicas, shape.microbatches, inputs.graphed)
         flight = peak_in_flight(one_f_one_b(shape.stages, shape.microbatches))
-        overheads = [device_overhead(layers, inputs.engine, cluster.communicators_bytes(shape.stages, shape.replicas, s))
-                     for s in range(shape.stages)]
+        overheads = stage_overheads(inputs, shape)
         peaks = np.stack([tables.peak(w) for w in flight])  # (P, L+1, L+1)
         fits = peaks <= np.array([o.allocatable(cluster.usable_bytes) for o in overheads])[:, None, None]
         cut = bottleneck_cut(np.where(fits, time_tables[shape.micro_batch][None], np.inf))
