@@ -104,16 +104,6 @@ def test_the_cli_says_when_its_time_limit_cut_the_search(tmp_path: Path) -> None
     assert envelope.exit_code == 2 and "need --policy optimal" in envelope.output
 
 
-def test_orders_planned_at_once_give_the_plan_of_one_after_another(gpt3) -> None:
-    """Without a time limit EnvPipe's candidate orders are planned in threads at once; with one (never reached),
-    one after another: every byte of the plan is the same, and every order was tried."""
-    case = PipelineCase.of(gpt3, 48, 83.64)
-    at_once, in_turn = (optimal_plan(case, "envpipe", time_limit_s=limit) for limit in (None, 1e6))
-    assert len(at_once.tried) == len(in_turn.tried) >= 2
-    assert at_once.tried == in_turn.tried
-    assert digest(at_once.plan) == digest(in_turn.plan)
-
-
 def test_the_issues_budgets_are_monotone_now(gpt3) -> None:
     """GPT-3/A100, M = 96, 1F1B: 18.4645 s gave 26.759 % where 18.3006 s gave 26.816 % with a plan that also fits
     the longer budget; now the longer budget's plan costs no more."""
