@@ -4,7 +4,6 @@ entry point `optimal_plan`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -72,38 +71,21 @@ class OrderSearch:
         if budget_s not in self._searched:
             tried: list[tuple[list[int], float | None]] = []
             best: tuple[Solution, ClockProblem, list[int]] | None = None
-            for (r, problem), sol in zip(self.problems, self._solved(budget_s), strict=False):
-                tried.append((r, None if sol is None else sol.timeline.energy))
-                if sol is not None and (best is None or sol.timeline.energy < best[0].timeline.energy):
+            for i, (r, problem) in enumerate(self.problems):
+                if i and best is not None and self.limit.up("other unit orders"):
+                    break
+                try:
+                    sol = solve(problem, budget_s, self.limit)
+                except InfeasibleBudget:
+                    tried.append((r, None))
+                    continue
+                tried.append((r, sol.timeline.energy))
+                if best is None or sol.timeline.energy < best[0].timeline.energy:
                     best = (sol, problem, r)
             if best is None:  # every order failed at a rung it fits (numbers at the edge of floats): all-fastest
                 best = (self.fastest.solution, self.fastest.problem, self.fastest.reschedule)
             self._searched[budget_s] = Searched(budget_s, best[0], best[1], best[2], tried)
         return self._searched[budget_s]
-
-    def _solved(self, budget_s: float) -> Iterator[Solution | None]:
-        """Each order's plan at ``budget_s`` in turn (None where it does not fit). Without a time limit all orders are
-        solved at once, each in a thread: HiGHS lets go of the GIL, so their LPs run side by side on a machine with
-        cores to spare, and each order's plan is the one it gets alone. With a limit, one after another, the first
-        order first, and the others are left out once the time is up (after an order that fits)."""
-        def alone(problem: ClockProblem) -> Solution | None:
-            try:
-                return solve(problem, budget_s, self.limit)
-            except InfeasibleBudget:
-                return None
-
-        problems = [problem for _, problem in self.problems]
-        if self.limit.seconds is None and len(problems) > 1:
-            with ThreadPoolExecutor(len(problems)) as pool:
-                yield from list(pool.map(alone, problems))
-            return
-        found = False
-        for problem in problems:
-            if found and self.limit.up("other unit orders"):
-                return
-            sol = alone(problem)
-            found = found or sol is not None
-            yield sol
 
     def bound(self, budget_s: float) -> Callable[[float], float] | None:
         """A lower bound on every order's plans at any budget up to ``budget_s``: the tangents of their whole LPs
